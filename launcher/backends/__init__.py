@@ -1,0 +1,81 @@
+"""Gradient-synchronisation backends, by name.
+
+A backend has two halves. On the driver it turns a validated JobSpec into a
+Ray Train V2 trainer (:meth:`Backend.trainer`). On each worker it provides a
+:class:`TorchComm`: how to wrap the model and optimizer, and how to sum a
+tensor over all ranks. The generic training loop (:mod:`launcher.train_torch`)
+only talks to these two interfaces. Framework and backend libraries are
+imported inside the methods that need them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from workloads.registry import Registry
+
+
+class TorchComm:
+    """Worker-side collective operations for a torch training loop."""
+
+    def setup(self) -> None:
+        """Join the process group (called once per worker, before anything else)."""
+
+    @property
+    def rank(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def world_size(self) -> int:
+        raise NotImplementedError
+
+    def device(self):
+        raise NotImplementedError
+
+    def wrap_model(self, model):
+        """Return the model as it should be trained (e.g. wrapped in DDP)."""
+        return model
+
+    def wrap_optimizer(self, optimizer, model):
+        """Return the optimizer as it should be stepped (e.g. Horovod's)."""
+        return optimizer
+
+    def allreduce_sum(self, tensor):
+        """Sum ``tensor`` over all ranks; every rank gets the result."""
+        raise NotImplementedError
+
+
+class Backend:
+    """Driver-side description of a backend."""
+
+    name: str = ""
+    description: str = ""
+    frameworks: tuple[str, ...] = ()
+
+    def unavailable_reason(self, framework: str) -> str | None:
+        """None when usable here; otherwise why not and how to fix it, in one line."""
+        return None
+
+    def trainer(self, spec, train_fn: Callable[[dict], None], loop_config: dict[str, Any],
+                scaling_config, run_config):
+        """A Ray Train V2 trainer that runs ``train_fn(loop_config)`` on every worker."""
+        raise NotImplementedError
+
+    def torch_comm(self) -> TorchComm:
+        raise NotImplementedError
+
+
+REGISTRY: Registry[Backend] = Registry("backend")
+
+
+def get(name: str) -> Backend:
+    return REGISTRY.get(name)
+
+
+def _register_builtin() -> None:
+    from launcher.backends.native import NativeBackend
+
+    REGISTRY.register("native", NativeBackend())
+
+
+_register_builtin()

@@ -1,0 +1,119 @@
+"""The checkpoint manifest: what a checkpoint folder holds and where training stands.
+
+A checkpoint is a folder of framework-native files plus ``manifest.json``,
+written last by rank 0. The manifest lists the files it vouches for with their
+sizes, so a reader can tell a complete checkpoint from one cut off while it
+was being written and never resume from the latter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+
+
+class IncompleteCheckpoint(Exception):
+    """A checkpoint folder whose manifest is missing, unreadable or does not match its files."""
+
+
+@dataclass
+class Manifest:
+    """Where training stood when the checkpoint was taken.
+
+    ``epoch`` counts completed epochs; ``step_in_epoch`` counts the steps done
+    in the epoch under way (0 at an epoch boundary); ``global_step`` counts
+    optimizer steps since the run began.
+    """
+
+    epoch: int
+    step_in_epoch: int
+    global_step: int
+    world_size: int
+    framework: str
+    backend: str
+    workload: str
+    batch_size: int
+    seed: int
+    metrics: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, int] = field(default_factory=dict)  # name -> size in bytes
+    created: float = field(default_factory=time.time)
+    format: int = FORMAT_VERSION
+
+    @property
+    def position(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "step": self.global_step}
+
+
+def write_manifest(directory: str, manifest: Manifest) -> None:
+    """Record the sizes of the files already in ``directory`` and write the manifest."""
+    manifest.files = {
+        name: os.path.getsize(os.path.join(directory, name))
+        for name in sorted(os.listdir(directory)) if name != MANIFEST
+    }
+    tmp = os.path.join(directory, MANIFEST + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(asdict(manifest), f, indent=1, sort_keys=True)
+    os.replace(tmp, os.path.join(directory, MANIFEST))
+
+
+def parse_manifest(text: str) -> Manifest:
+    try:
+        raw = json.loads(text)
+        if raw.get("format") != FORMAT_VERSION:
+            raise IncompleteCheckpoint(f"manifest format {raw.get('format')!r}, expected {FORMAT_VERSION}")
+        return Manifest(**raw)
+    except (ValueError, TypeError, AttributeError) as exc:
+        raise IncompleteCheckpoint(f"unreadable manifest: {exc}") from None
+
+
+def read_manifest(directory: str) -> Manifest:
+    """Read and verify a checkpoint folder.
+
+    Raises:
+        IncompleteCheckpoint: no manifest, or a listed file is missing or has
+            the wrong size.
+    """
+    path = os.path.join(directory, MANIFEST)
+    if not os.path.isfile(path):
+        raise IncompleteCheckpoint(f"{directory} has no {MANIFEST}")
+    with open(path, encoding="utf-8") as f:
+        manifest = parse_manifest(f.read())
+    for name, size in manifest.files.items():
+        p = os.path.join(directory, name)
+        if not os.path.isfile(p):
+            raise IncompleteCheckpoint(f"{directory}: {name} is missing")
+        if os.path.getsize(p) != size:
+            raise IncompleteCheckpoint(f"{directory}: {name} has {os.path.getsize(p)} bytes, manifest says {size}")
+    return manifest
+
+
+def complete_checkpoints(storage, run: str) -> list[tuple[Manifest, str]]:
+    """The run's complete checkpoints as (manifest, path in storage), oldest first.
+
+    Folders without a readable manifest, or whose files do not match it,
+    are left out: they were cut off while being written.
+    """
+    import pyarrow.fs
+
+    found = []
+    for folder in storage.list_dirs(run):
+        if not folder.startswith("checkpoint_"):
+            continue
+        text = storage.read_text(run, folder, MANIFEST)
+        if text is None:
+            continue
+        try:
+            manifest = parse_manifest(text)
+        except IncompleteCheckpoint:
+            continue
+        infos = storage.fs.get_file_info([storage.path(run, folder, n) for n in manifest.files])
+        if all(i.type == pyarrow.fs.FileType.File and i.size == manifest.files[os.path.basename(i.path)]
+               for i in infos):
+            found.append((manifest, storage.path(run, folder)))
+    return sorted(found, key=lambda item: (item[0].global_step, item[0].created))

@@ -1,0 +1,175 @@
+"""The ``launcher`` command line: parse, call one library function, print.
+
+``main(argv)`` returns the exit code, so tests and notebooks can call it.
+User errors print one line on stderr (what, why, how to fix) and exit 2;
+a run that fails exits 1; --verbose adds tracebacks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Sequence
+
+from launcher import __version__
+from launcher.errors import UserError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
+
+# flag -> (JobSpec field, type, help); every JobSpec field but params has one.
+RUN_FLAGS: list[tuple[str, str, Any, str]] = [
+    ("--workload", "workload", str, "workload name (see `launcher workloads`); default digits-mlp"),
+    ("--framework", "framework", str, "torch"),
+    ("--backend", "backend", str, "native (Ray Train's own: torch DDP)"),
+    ("--workers", "workers", int, "number of worker processes (default 2)"),
+    ("--cpus-per-worker", "cpus_per_worker", float, "CPUs per worker (default 1)"),
+    ("--gpus-per-worker", "gpus_per_worker", float, "GPUs per worker (default 0)"),
+    ("--epochs", "epochs", int, "epochs to train in all (default: the workload's)"),
+    ("--batch-size", "batch_size", int, "batch size per worker (default: the workload's)"),
+    ("--lr", "lr", float, "learning rate (default: the workload's)"),
+    ("--seed", "seed", int, "random seed (default 0): same seed and workers, same result"),
+    ("--data", "data", str, "data path for workloads that read files"),
+    ("--storage", "storage", str, "where runs are kept (default ./runs)"),
+    ("--name", "name", str, "run name; an existing name resumes that run"),
+    ("--checkpoint-every-steps", "checkpoint_every_steps", int, "also checkpoint every N steps (default: per epoch)"),
+    ("--keep-checkpoints", "keep_checkpoints", int, "checkpoints to keep (default 3)"),
+    ("--max-failures", "max_failures", int, "worker-group restarts allowed (default 0, -1: unlimited)"),
+    ("--address", "address", str, "Ray cluster address (default: RAY_ADDRESS or a new local Ray)"),
+]
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line and exit code 2."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UserError(f"{self.prog}: {message}", f"see `{self.prog} --help`")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="launcher", description="Distributed deep-learning training on Ray, "
+                "from a laptop to a Compute Engine cluster.")
+    p.add_argument("--version", action="version", version=f"launcher {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="show Ray's logs and full tracebacks")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    run = sub.add_parser("run", help="train a workload (resumes a run of the same --name)")
+    run.add_argument("--config", help="job spec YAML; flags override its values")
+    for flag, dest, typ, help_ in RUN_FLAGS:
+        run.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
+    run.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                     help="workload parameter, e.g. --param image_size=64 (repeatable)")
+    run.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
+    run.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                     help="show Ray's logs and full tracebacks")
+
+    wl = sub.add_parser("workloads", help="list workloads, their frameworks and the data they need")
+    wl.add_argument("--json", action="store_true")
+
+    runs = sub.add_parser("runs", help="list the runs under a storage root")
+    runs.add_argument("--storage", default="./runs", help="storage root (default ./runs)")
+    runs.add_argument("--json", action="store_true")
+    return p
+
+
+def spec_from_args(args: argparse.Namespace):
+    """YAML file (if any) first, then the flags that were given."""
+    from launcher.spec import JobSpec
+    from launcher.specfile import load_spec_file
+
+    spec = load_spec_file(args.config) if args.config else JobSpec()
+    overrides = {dest: getattr(args, dest) for _, dest, _, _ in RUN_FLAGS}
+    if args.param:
+        params = dict(spec.params)
+        for item in args.param:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise UserError(f"--param {item!r} is not KEY=VALUE", "for example --param image_size=64")
+            params[key.strip()] = value.strip()
+        overrides["params"] = params
+    return spec.merged(overrides).validated()
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from launcher import driver
+
+    spec = spec_from_args(args)
+    summary = driver.run(spec, verbose=args.verbose)
+    if args.json:
+        print(json.dumps(summary, sort_keys=True, default=str))
+    else:
+        print(format_summary(summary))
+    return {"succeeded": EXIT_OK, "cancelled": EXIT_CANCELLED}.get(summary["status"], EXIT_FAILED)
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    m = s.get("metrics") or {}
+    lines = [f"run {s['name']}: {s['status']}"]
+    if s.get("note"):
+        lines.append(f"  {s['note']}")
+    lines.append(f"  {s['workload']} / {s['framework']} / {s['backend']}, {s['workers']} workers")
+    lines.append(f"  epochs {s['epochs_completed']}/{s['epochs']}, steps {s['steps_completed']}"
+                 + (f", resumed from epoch {s['resumed_from']['epoch']}" if s.get("resumed_from") else "")
+                 + (f", {s['restarts']} restart(s)" if s.get("restarts") else ""))
+    if m:
+        lines.append("  " + ", ".join(f"{k} {v:.4f}" for k, v in m.items()))
+    lines.append(f"  {s['samples_per_s']:,.0f} samples/s, wall {s['wall_s']:.1f}s")
+    if s.get("error"):
+        lines.append(f"  error: {s['error']}")
+    lines.append(f"  run log:    {s['run_dir']}")
+    if s.get("checkpoint"):
+        lines.append(f"  checkpoint: {s['checkpoint']}")
+    if s.get("model"):
+        lines.append(f"  model:      {s['model']}")
+    return "\n".join(lines)
+
+
+def cmd_workloads(args: argparse.Namespace) -> int:
+    import workloads
+
+    described = [w.describe() for w in workloads.REGISTRY]
+    if args.json:
+        print(json.dumps(described, indent=1))
+        return EXIT_OK
+    for d in described:
+        print(f"{d['name']:<20} {', '.join(d['frameworks']):<12} {d['description']}")
+        print(f"{'':<20} data: {d['data']}")
+        for name, p in d["params"].items():
+            print(f"{'':<20} --param {name}=... (default {p['default']}): {p['help']}")
+    return EXIT_OK
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from launcher.runs import format_table, list_runs
+    from launcher.spec import normalize_storage
+    from launcher.storage import Storage
+
+    storage = Storage.resolve(normalize_storage(args.storage))
+    runs = list_runs(storage)
+    print(json.dumps(runs, indent=1) if args.json else format_table(runs))
+    return EXIT_OK
+
+
+COMMANDS = {"run": cmd_run, "workloads": cmd_workloads, "runs": cmd_runs}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    verbose = "-v" in argv or "--verbose" in argv
+    try:
+        args = parser.parse_args(argv)
+        if not args.command:
+            parser.print_help()
+            return EXIT_USAGE
+        return COMMANDS[args.command](args)
+    except UserError as exc:
+        if verbose:
+            import traceback
+
+            traceback.print_exc()
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return EXIT_CANCELLED

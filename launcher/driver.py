@@ -1,0 +1,221 @@
+"""The training driver: a validated JobSpec in, a finished (or resumed) run out.
+
+:func:`run` checks everything it can before any worker starts (storage,
+data, backend, cluster size), connects to Ray, builds the backend's Ray
+Train V2 trainer with a stable run name (so a second launch resumes), shows
+progress as reports arrive, exports the final model and writes the run log.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import workloads
+from launcher import backends, raysession
+from launcher.checkpoint import Manifest, complete_checkpoints
+from launcher.errors import UserError
+from launcher.progress import Progress
+from launcher.runlog import RunLog
+from launcher.spec import JobSpec
+from launcher.state import RunStatus
+from launcher.storage import Storage
+
+POLL_S = 0.5
+METRIC_KEYS = ("loss", "accuracy", "train_loss")
+
+
+@dataclass
+class Tracker:
+    """Folds the reports of one launch into what the summary needs."""
+
+    spec: JobSpec
+    log: RunLog
+    progress: Progress
+    started: float = field(default_factory=time.time)
+    last: dict[str, Any] | None = None
+    checkpoint: str | None = None
+    resumed_from: dict[str, int] | None = None
+    attempts: list[str] = field(default_factory=list)
+    failures: int = 0
+    samples: int = 0
+    train_time: float = 0.0
+
+    def handle(self, event: dict[str, Any]) -> None:
+        if event["type"] == "failure":
+            self.failures += 1
+            first = min(event["errors"])
+            self.progress.note(f"worker group failed (rank {first}: {event['errors'][first].splitlines()[0]})")
+            return
+        m = event["metrics"]
+        if m.get("attempt") not in self.attempts:
+            if not self.attempts:
+                self.resumed_from = m.get("restored_from")
+                if self.resumed_from:
+                    self.progress.note(f"resumed from epoch {self.resumed_from['epoch']}, "
+                                       f"step {self.resumed_from['step']}")
+            else:
+                self.progress.note(f"restarted from the latest checkpoint ({m.get('restored_from')})")
+            self.attempts.append(m.get("attempt"))
+        self.last = m
+        if event.get("checkpoint"):
+            self.checkpoint = event["checkpoint"]
+        if m.get("kind") == "epoch":
+            self.samples += int(m.get("samples", 0))
+            self.train_time += float(m.get("train_time_s", 0.0))
+            self.progress.epoch(m, time.time() - self.started)
+        if m.get("kind") in ("epoch", "step"):
+            self.log.record(m)
+
+    def summary(self, status: RunStatus, **extra: Any) -> dict[str, Any]:
+        m = self.last or {}
+        restarts = self.failures - (1 if status == RunStatus.FAILED and self.failures else 0)
+        return {
+            "name": self.spec.name, "status": str(status), "workload": self.spec.workload,
+            "framework": self.spec.framework, "backend": self.spec.backend, "workers": self.spec.workers,
+            "epochs": self.spec.epochs, "epochs_completed": m.get("epoch", 0),
+            "steps_completed": m.get("global_step", 0),
+            "metrics": {k: m[k] for k in METRIC_KEYS if k in m},
+            "samples_per_s": round(self.samples / self.train_time, 2) if self.train_time else 0.0,
+            "checkpoint": self.checkpoint, "resumed_from": self.resumed_from, "restarts": max(0, restarts),
+            "wall_s": round(time.time() - self.started, 2), "launch": self.log.launch,
+            "run_dir": self.log.uri(), **extra,
+        }
+
+
+def preflight(spec: JobSpec) -> tuple[Storage, RunLog, list[tuple[Manifest, str]]]:
+    """Every check that needs no Ray: storage, data, backend, the existing run."""
+    storage = Storage.resolve(spec.storage)
+    storage.check_writable()
+    workload = workloads.get(spec.workload)
+    try:
+        workload.check_data(spec.data, spec.params)
+    except workloads.DataError as exc:
+        raise UserError(str(exc)) from None
+    reason = backends.get(spec.backend).unavailable_reason(spec.framework)
+    if reason:
+        raise UserError(f"backend {spec.backend} cannot run {spec.framework} here: {reason}")
+    log = RunLog(storage, spec.name)
+    log.check_compatible(spec)
+    return storage, log, complete_checkpoints(storage, spec.name)
+
+
+def run(spec: JobSpec, *, verbose: bool = False, show_progress: bool = True) -> dict[str, Any]:
+    """Train ``spec`` (validated) and return the summary; resumes a run of the same name.
+
+    Raises:
+        UserError: bad input found before any worker started.
+    """
+    storage, log, checkpoints = preflight(spec)
+    progress = Progress(spec.epochs, enabled=show_progress)
+    if checkpoints and checkpoints[-1][0].epoch >= spec.epochs:
+        return _already_done(spec, log, *checkpoints[-1])
+    progress.note("connecting to Ray" if spec.address else "starting a local Ray instance")
+    with raysession.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
+                            verbose=verbose) as nodes:
+        raysession.check_fits(nodes, spec.workers, spec.cpus_per_worker, spec.gpus_per_worker)
+        log.begin(spec.to_dict())
+        tracker = Tracker(spec, log, progress)
+        if checkpoints:
+            m = checkpoints[-1][0]
+            progress.note(f"run {spec.name} exists: resuming after epoch {m.epoch} (step {m.global_step})")
+        progress.note(f"starting {spec.workers} {spec.framework}/{spec.backend} workers "
+                      f"for {spec.workload}, run {spec.name}")
+        status, error, result = _fit(spec, storage, tracker, verbose)
+        progress.close()
+        model_uri = None
+        if status == RunStatus.SUCCEEDED and result is not None and result.checkpoint is not None:
+            model_uri = _export(spec, storage, result.checkpoint)
+        summary = tracker.summary(status, error=error, model=model_uri)
+        log.finish(summary)
+        return summary
+
+
+def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, verbose: bool):
+    """Run the trainer while a thread pumps reports into the tracker."""
+    import ray
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+
+    from launcher.monitor import Mailbox, ReportForwarder
+    from launcher.train_torch import train_loop_per_worker
+
+    mailbox = Mailbox.remote()
+    run_config = RunConfig(
+        name=spec.name, storage_path=storage.root,
+        storage_filesystem=None if storage.is_local else storage.fs,
+        checkpoint_config=CheckpointConfig(num_to_keep=spec.keep_checkpoints),
+        failure_config=FailureConfig(max_failures=spec.max_failures),
+        callbacks=[ReportForwarder(mailbox)],
+    )
+    resources = {"CPU": spec.cpus_per_worker}
+    if spec.gpus_per_worker:
+        resources["GPU"] = spec.gpus_per_worker
+    scaling = ScalingConfig(num_workers=spec.workers, use_gpu=spec.gpus_per_worker > 0,
+                            resources_per_worker=resources)
+    trainer = backends.get(spec.backend).trainer(
+        spec, train_loop_per_worker, {"spec": spec.to_dict()}, scaling, run_config)
+
+    stop = threading.Event()
+
+    def pump() -> None:
+        while True:
+            done = stop.wait(POLL_S)
+            for event in ray.get(mailbox.take.remote()):
+                tracker.handle(event)
+            if done:
+                return
+
+    pumper = threading.Thread(target=pump, name="launcher-progress", daemon=True)
+    pumper.start()
+    status, error, result = RunStatus.FAILED, None, None
+    try:
+        result = trainer.fit()
+        status = RunStatus.SUCCEEDED
+    except KeyboardInterrupt:
+        status, error = RunStatus.CANCELLED, "interrupted by the user"
+    except Exception as exc:  # Ray Train wraps worker errors in TrainingFailedError
+        if verbose:
+            import traceback
+
+            traceback.print_exc()
+        error = describe_failure(exc)
+    finally:
+        stop.set()
+        pumper.join(timeout=30)
+    return status, error, result
+
+
+def describe_failure(exc: BaseException) -> str:
+    """One line naming the failing rank and its error, from Ray Train's exception."""
+    failures = getattr(exc, "worker_failures", None)
+    if failures:
+        rank = min(failures)
+        inner = failures[rank]
+        cause = getattr(inner, "cause", None) or inner
+        text = str(cause).strip().splitlines()
+        return f"rank {rank}: {type(cause).__name__}: {text[-1] if text else ''}"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def _export(spec: JobSpec, storage: Storage, checkpoint) -> str | None:
+    from launcher.export import export_torch
+
+    with checkpoint.as_directory() as d:
+        return export_torch(spec, d, storage)
+
+
+def _already_done(spec: JobSpec, log: RunLog, manifest: Manifest, path: str) -> dict[str, Any]:
+    """Summary for a run whose checkpoints already cover the requested epochs."""
+    return {
+        "name": spec.name, "status": str(RunStatus.SUCCEEDED), "workload": spec.workload,
+        "framework": spec.framework, "backend": spec.backend, "workers": spec.workers,
+        "epochs": spec.epochs, "epochs_completed": manifest.epoch, "steps_completed": manifest.global_step,
+        "metrics": {k: manifest.metrics[k] for k in METRIC_KEYS if k in manifest.metrics},
+        "samples_per_s": 0.0, "checkpoint": path, "resumed_from": manifest.position, "restarts": 0,
+        "wall_s": 0.0, "launch": None, "run_dir": log.uri(), "error": None,
+        "model": log.uri("model") if log.storage.exists(spec.name, "model") else None,
+        "note": f"nothing to train: the run already completed {manifest.epoch} epoch(s)",
+    }

@@ -1,0 +1,56 @@
+"""Progress on the terminal while a run goes: one line per epoch on stderr.
+
+On a terminal an epoch bar (tqdm) shows the remaining time as well; in a pipe
+or a log file only the plain lines appear. Nothing here writes to stdout,
+which belongs to the final summary (or the --json object).
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+
+def format_epoch(m: dict[str, Any], epochs: int, elapsed: float) -> str:
+    parts = [f"epoch {m.get('epoch')}/{epochs}", f"step {m.get('global_step')}"]
+    for key, fmt in (("train_loss", "train_loss {:.4f}"), ("loss", "loss {:.4f}"),
+                     ("accuracy", "acc {:.4f}"), ("samples_per_s", "{:,.0f} samples/s")):
+        if isinstance(m.get(key), (int, float)):
+            parts.append(fmt.format(m[key]))
+    parts.append(f"elapsed {elapsed:.1f}s")
+    return "  ".join(parts)
+
+
+class Progress:
+    def __init__(self, epochs: int, stream: TextIO | None = None, enabled: bool = True) -> None:
+        self.epochs = epochs
+        self.stream = stream or sys.stderr
+        self.enabled = enabled
+        self._bar = None
+
+    def note(self, text: str) -> None:
+        if self.enabled:
+            self._write(text)
+
+    def epoch(self, metrics: dict[str, Any], elapsed: float) -> None:
+        if not self.enabled:
+            return
+        if self._bar is None and self.stream.isatty():
+            from tqdm import tqdm
+
+            start = int(metrics.get("epoch", 1)) - 1
+            self._bar = tqdm(total=self.epochs, initial=start, unit="epoch", file=self.stream, leave=False)
+        self._write(format_epoch(metrics, self.epochs, elapsed))
+        if self._bar is not None:
+            self._bar.update(1)
+
+    def _write(self, text: str) -> None:
+        if self._bar is not None:
+            self._bar.write(text, file=self.stream)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None

@@ -1,0 +1,93 @@
+"""Connecting to Ray: reuse, join or start a cluster, and check a job fits on it.
+
+With no address the launcher starts a local Ray sized to the request (at
+least the machine's cores, more when the job asks for more workers, so a
+laptop can run N worker processes on fewer cores). With ``--address`` (or
+RAY_ADDRESS) it joins that cluster and checks that the workers can be placed
+before starting anything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Iterator
+
+from launcher.errors import UserError
+
+
+@dataclass(frozen=True)
+class NodeResources:
+    node_id: str
+    cpus: float
+    gpus: float
+
+
+def _quiet_ray_loggers(verbose: bool) -> None:
+    level = logging.INFO if verbose else logging.ERROR
+    for name in ("ray", "ray.train", "ray.tune", "ray.data"):
+        logging.getLogger(name).setLevel(level)
+
+
+@contextlib.contextmanager
+def connect(address: str | None, *, workers: int, cpus_per_worker: float,
+            verbose: bool = False) -> Iterator[list[NodeResources]]:
+    """Yield the alive nodes' resources; shut Ray down afterwards only if we started it."""
+    import ray
+
+    _quiet_ray_loggers(verbose)
+    started = False
+    if not ray.is_initialized():
+        kwargs = dict(include_dashboard=False, log_to_driver=verbose,
+                      logging_level=logging.INFO if verbose else logging.ERROR)
+        address = address or os.environ.get("RAY_ADDRESS")
+        try:
+            if address:
+                ray.init(address=address, **kwargs)
+            else:
+                cpus = max(os.cpu_count() or 1, math.ceil(workers * cpus_per_worker))
+                ray.init(num_cpus=cpus, **kwargs)
+        except ConnectionError as exc:
+            raise UserError(f"cannot connect to the Ray cluster at {address}: {exc}",
+                            "check --address (or RAY_ADDRESS), or leave it out to start a local Ray") from None
+        started = True
+    try:
+        yield alive_nodes()
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def alive_nodes() -> list[NodeResources]:
+    import ray
+
+    return [NodeResources(n["NodeID"], n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0))
+            for n in ray.nodes() if n.get("Alive")]
+
+
+def placeable_workers(nodes: list[NodeResources], cpus_per_worker: float, gpus_per_worker: float) -> int:
+    """How many workers of this shape the nodes can hold at once (each worker on one node)."""
+    total = 0
+    for n in nodes:
+        fit = math.floor(n.cpus / cpus_per_worker + 1e-9) if cpus_per_worker > 0 else 10**9
+        if gpus_per_worker > 0:
+            fit = min(fit, math.floor(n.gpus / gpus_per_worker + 1e-9))
+        total += fit
+    return total
+
+
+def check_fits(nodes: list[NodeResources], workers: int, cpus_per_worker: float, gpus_per_worker: float) -> None:
+    """UserError unless ``workers`` workers of the given shape fit on the cluster."""
+    can = placeable_workers(nodes, cpus_per_worker, gpus_per_worker)
+    if can >= workers:
+        return
+    cpus = sum(n.cpus for n in nodes)
+    gpus = sum(n.gpus for n in nodes)
+    shape = f"{cpus_per_worker:g} CPU" + (f" + {gpus_per_worker:g} GPU" if gpus_per_worker else "")
+    raise UserError(
+        f"cannot place {workers} workers of {shape} each: the Ray cluster has {len(nodes)} node(s) with "
+        f"{cpus:g} CPUs and {gpus:g} GPUs in all, room for {can}",
+        "lower --workers, --cpus-per-worker or --gpus-per-worker, or add nodes")

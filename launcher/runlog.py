@@ -1,0 +1,111 @@
+"""The run log: what ran, with what configuration, for how long, with what result.
+
+Layout under ``<storage>/<name>/`` (Ray Train's checkpoint folders sit beside it):
+
+* ``run.json``       identity of the run, written by its first launch, never rewritten
+* ``launches.jsonl`` one "start" and one "end" line per launch (spec, host, status)
+* ``metrics.jsonl``  one line per epoch and per mid-epoch checkpoint, appended
+* ``summary.json``   the latest launch's summary (every summary is also in launches.jsonl)
+* ``tensorboard/``   TensorBoard event files, one file per launch
+* ``model/``         the final model in the framework's own format
+
+Nothing is overwritten except summary.json, whose history stays in launches.jsonl.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from typing import Any
+
+from launcher.errors import UserError
+from launcher.storage import Storage
+
+IDENTITY_KEYS = ("workload", "framework")
+
+
+def _line(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, sort_keys=True, default=str) + "\n"
+
+
+def read_jsonl(text: str | None) -> list[dict[str, Any]]:
+    """Parse JSON lines, skipping a torn last line (a writer cut off mid-line)."""
+    out = []
+    for line in (text or "").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+class RunLog:
+    def __init__(self, storage: Storage, name: str) -> None:
+        self.storage, self.name = storage, name
+        self.launch = 0
+        self._tb = None
+
+    def uri(self, *parts: str) -> str:
+        return self.storage.uri_of(self.name, *parts)
+
+    def identity(self) -> dict[str, Any] | None:
+        text = self.storage.read_text(self.name, "run.json")
+        return json.loads(text) if text else None
+
+    def check_compatible(self, spec) -> dict[str, Any] | None:
+        """The existing run's identity, if any; UserError when the spec cannot continue it."""
+        ident = self.identity()
+        if ident is None:
+            return None
+        for key in IDENTITY_KEYS:
+            if ident.get(key) != getattr(spec, key):
+                raise UserError(
+                    f"run {self.name} already exists in {self.storage.uri} with {key} {ident.get(key)}, "
+                    f"not {getattr(spec, key)}", "choose another --name to start a new run")
+        return ident
+
+    def begin(self, spec_dict: dict[str, Any]) -> int:
+        """Record the start of a launch; returns its index (1 for the first)."""
+        launches = [e for e in read_jsonl(self.storage.read_text(self.name, "launches.jsonl"))
+                    if e.get("event") == "start"]
+        self.launch = len(launches) + 1
+        if self.launch == 1:
+            self.storage.write_text(json.dumps({
+                "name": self.name, "created": time.time(),
+                **{k: spec_dict[k] for k in IDENTITY_KEYS}, "spec": spec_dict}, indent=1), self.name, "run.json")
+        self.storage.append_text(_line({
+            "event": "start", "launch": self.launch, "time": time.time(), "host": socket.gethostname(),
+            "pid": os.getpid(), "spec": spec_dict}), self.name, "launches.jsonl")
+        return self.launch
+
+    def record(self, metrics: dict[str, Any]) -> None:
+        """Append one metrics line and the scalars to TensorBoard."""
+        self.storage.append_text(_line({"launch": self.launch, "time": time.time(), **metrics}),
+                                 self.name, "metrics.jsonl")
+        writer = self._writer()
+        if writer is not None:
+            step = int(metrics.get("global_step", 0))
+            for key in ("loss", "accuracy", "train_loss", "samples_per_s"):
+                if isinstance(metrics.get(key), (int, float)):
+                    writer.add_scalar(key, metrics[key], step)
+            writer.flush()
+
+    def _writer(self):
+        if self._tb is None and self.storage.is_local:
+            from tensorboardX import SummaryWriter
+
+            # A distinct suffix per launch: event files are never overwritten.
+            self._tb = SummaryWriter(self.storage.path(self.name, "tensorboard"),
+                                     filename_suffix=f".launch{self.launch}")
+        return self._tb
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        self.storage.append_text(_line({"event": "end", "launch": self.launch, "time": time.time(),
+                                        "summary": summary}), self.name, "launches.jsonl")
+        self.storage.write_text(json.dumps(summary, indent=1, sort_keys=True, default=str),
+                                self.name, "summary.json")

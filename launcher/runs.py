@@ -1,0 +1,78 @@
+"""``launcher runs``: the runs under a storage root, read from their run logs."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from typing import Any
+
+from launcher.checkpoint import complete_checkpoints
+from launcher.runlog import read_jsonl
+from launcher.state import RunStatus
+from launcher.storage import Storage
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _status(launches: list[dict[str, Any]], summary: dict[str, Any] | None) -> str:
+    """The last launch's status; a launch with no end is running or was interrupted."""
+    if not launches:
+        return str(RunStatus.PENDING)
+    last = launches[-1]
+    if last.get("event") == "end":
+        return (last.get("summary") or summary or {}).get("status", "unknown")
+    if last.get("host") == socket.gethostname() and not _pid_alive(int(last.get("pid", 0))):
+        return str(RunStatus.INTERRUPTED)
+    return str(RunStatus.RUNNING)
+
+
+def describe_run(storage: Storage, name: str) -> dict[str, Any] | None:
+    ident = storage.read_text(name, "run.json")
+    if ident is None:
+        return None
+    launches = read_jsonl(storage.read_text(name, "launches.jsonl"))
+    summary_text = storage.read_text(name, "summary.json")
+    summary = json.loads(summary_text) if summary_text else None
+    metrics = [m for m in read_jsonl(storage.read_text(name, "metrics.jsonl")) if "epoch" in m]
+    checkpoints = complete_checkpoints(storage, name)
+    last_metrics = metrics[-1] if metrics else {}
+    wall = sum(float((e.get("summary") or {}).get("wall_s", 0.0)) for e in launches if e.get("event") == "end")
+    info = json.loads(ident)
+    return {
+        "name": name, "status": _status(launches, summary), "workload": info.get("workload"),
+        "framework": info.get("framework"),
+        "epochs": checkpoints[-1][0].epoch if checkpoints else last_metrics.get("epoch", 0),
+        "metrics": {k: last_metrics[k] for k in ("loss", "accuracy") if k in last_metrics},
+        "checkpoint": checkpoints[-1][1] if checkpoints else None,
+        "launches": sum(1 for e in launches if e.get("event") == "start"),
+        "restarts": sum(int((e.get("summary") or {}).get("restarts", 0)) for e in launches if e.get("event") == "end"),
+        "wall_s": round(wall, 1),
+    }
+
+
+def list_runs(storage: Storage) -> list[dict[str, Any]]:
+    runs = [describe_run(storage, name) for name in storage.list_dirs()]
+    return [r for r in runs if r is not None]
+
+
+def format_table(runs: list[dict[str, Any]]) -> str:
+    if not runs:
+        return "no runs"
+    header = ("NAME", "STATUS", "WORKLOAD", "EPOCHS", "LOSS", "ACC", "WALL", "LAST CHECKPOINT")
+    rows = [header]
+    for r in runs:
+        m = r["metrics"]
+        rows.append((r["name"], r["status"], f"{r['workload']}/{r['framework']}", str(r["epochs"]),
+                     f"{m['loss']:.4f}" if "loss" in m else "-", f"{m['accuracy']:.4f}" if "accuracy" in m else "-",
+                     f"{r['wall_s']:.0f}s", os.path.basename(r["checkpoint"] or "-")))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)

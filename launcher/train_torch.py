@@ -1,0 +1,203 @@
+"""The per-worker training loop for PyTorch, shared by every torch backend.
+
+Each Ray Train worker runs :func:`train_loop_per_worker`: join the backend's
+process group, load its own data shard, build the model, restore the latest
+checkpoint if there is one, then train epoch by epoch, reporting metrics and
+a checkpoint through ``ray.train.report``.
+
+Data order is a pure function of (seed, epoch, rank): a run restored at any
+step replays the same batches it would have seen, so resuming mid-epoch
+skips exactly the batches already trained on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import tempfile
+import time
+import uuid
+from typing import Any
+
+import numpy as np
+
+import workloads
+from launcher import backends
+from launcher.checkpoint import IncompleteCheckpoint, Manifest, read_manifest, write_manifest
+from launcher.spec import JobSpec
+
+MODEL_FILE = "model.pt"
+OPTIMIZER_FILE = "optimizer.pt"
+EVAL_BATCH = 512
+
+
+def epoch_order(seed: int, epoch: int, rank: int, n: int) -> np.ndarray:
+    """The order in which rank visits its n training samples during ``epoch``."""
+    return np.random.default_rng([seed, epoch, rank]).permutation(n)
+
+
+def make_optimizer(name: str, params, lr: float):
+    import torch
+
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    return torch.optim.Adam(params, lr=lr)
+
+
+@dataclasses.dataclass
+class Position:
+    epoch: int = 0           # completed epochs
+    step_in_epoch: int = 0   # steps done in the epoch under way
+    global_step: int = 0
+
+
+class TorchTraining:
+    """One worker's training state and the operations on it."""
+
+    def __init__(self, spec: JobSpec, comm: backends.TorchComm) -> None:
+        import torch
+
+        self.spec, self.comm = spec, comm
+        self.rank, self.world = comm.rank, comm.world_size
+        self.workload = workloads.get(spec.workload)
+        self.device = comm.device()
+        torch.set_num_threads(max(1, int(spec.cpus_per_worker)))
+        self.train = self.workload.load(spec.data, "train", self.rank, self.world, spec.params)
+        self.test = self.workload.load(spec.data, "test", self.rank, self.world, spec.params)
+        torch.manual_seed(spec.seed)  # same initial weights on every rank
+        self.module = self.workload.torch_model(spec.params).to(self.device)
+        self.optimizer = make_optimizer(self.workload.defaults.optimizer, self.module.parameters(), spec.lr)
+        torch.manual_seed(spec.seed * 1000 + self.rank + 1)  # per-rank stream (dropout, augmentation)
+        self.pos = Position()
+        self.restored_from: dict[str, int] | None = None
+        self.attempt = uuid.uuid4().hex[:12]
+        self.steps_per_epoch = math.ceil(len(self.train) / spec.batch_size)
+
+    # -- checkpoints ------------------------------------------------------------------
+    def restore(self, directory: str) -> None:
+        """Load model, optimizer, RNG state and data position from a checkpoint folder."""
+        import torch
+
+        manifest = read_manifest(directory)
+        self.module.load_state_dict(torch.load(os.path.join(directory, MODEL_FILE), map_location=self.device))
+        self.optimizer.load_state_dict(torch.load(os.path.join(directory, OPTIMIZER_FILE), map_location=self.device))
+        pos = Position(manifest.epoch, manifest.step_in_epoch, manifest.global_step)
+        same_layout = manifest.world_size == self.world and manifest.batch_size == self.spec.batch_size
+        rng_file = os.path.join(directory, f"rng_rank{self.rank}.pt")
+        if same_layout and os.path.isfile(rng_file):
+            torch.set_rng_state(torch.load(rng_file))
+        if pos.step_in_epoch and not same_layout:
+            # The shards and batches differ, so the mid-epoch position has no exact
+            # equivalent: redo the whole epoch rather than skip unseen samples.
+            pos.step_in_epoch = 0
+        self.pos = pos
+        self.restored_from = manifest.position
+
+    def save(self, directory: str, metrics: dict[str, Any]) -> None:
+        import torch
+
+        torch.save(torch.get_rng_state(), os.path.join(directory, f"rng_rank{self.rank}.pt"))
+        if self.rank != 0:
+            return
+        torch.save(self.module.state_dict(), os.path.join(directory, MODEL_FILE))
+        torch.save(self.optimizer.state_dict(), os.path.join(directory, OPTIMIZER_FILE))
+        s = self.spec
+        write_manifest(directory, Manifest(
+            epoch=self.pos.epoch, step_in_epoch=self.pos.step_in_epoch, global_step=self.pos.global_step,
+            world_size=self.world, framework=s.framework, backend=s.backend, workload=s.workload,
+            batch_size=s.batch_size, seed=s.seed, metrics=metrics))
+
+    def report(self, metrics: dict[str, Any], checkpoint: bool = True) -> None:
+        import ray.train
+
+        metrics = {**metrics, "epoch": self.pos.epoch, "step_in_epoch": self.pos.step_in_epoch,
+                   "global_step": self.pos.global_step, "world_size": self.world,
+                   "attempt": self.attempt, "restored_from": self.restored_from,
+                   "steps_per_epoch": self.steps_per_epoch}
+        if not checkpoint:
+            ray.train.report(metrics)
+            return
+        with tempfile.TemporaryDirectory(prefix="launcher-ckpt-") as d:
+            self.save(d, {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
+
+    # -- training -----------------------------------------------------------------------
+    def batch(self, split, idx: np.ndarray):
+        import torch
+
+        return (torch.from_numpy(split.x[idx]).to(self.device),
+                torch.from_numpy(split.y[idx]).to(self.device))
+
+    def run_epoch(self, model, optimizer) -> dict[str, float]:
+        """Train the rest of the current epoch; returns train loss and throughput."""
+        import torch
+        import torch.nn.functional as F
+
+        s, every = self.spec, self.spec.checkpoint_every_steps
+        order = epoch_order(s.seed, self.pos.epoch, self.rank, len(self.train))
+        model.train()
+        totals = torch.zeros(2, dtype=torch.float64)  # loss sum, samples
+        start = time.perf_counter()
+        for i in range(self.pos.step_in_epoch, self.steps_per_epoch):
+            x, y = self.batch(self.train, order[i * s.batch_size:(i + 1) * s.batch_size])
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            totals += torch.tensor([loss.item() * len(y), len(y)], dtype=torch.float64)
+            self.pos.step_in_epoch, self.pos.global_step = i + 1, self.pos.global_step + 1
+            if every and self.pos.global_step % every == 0 and i + 1 < self.steps_per_epoch:
+                self.report({"kind": "step", "train_loss": loss.item()})
+        seconds = time.perf_counter() - start
+        totals = self.comm.allreduce_sum(totals)
+        samples = int(totals[1].item())
+        return {"train_loss": totals[0].item() / max(1.0, totals[1].item()), "samples": samples,
+                "train_time_s": seconds, "samples_per_s": samples / seconds if seconds > 0 else 0.0}
+
+    def evaluate(self) -> dict[str, float]:
+        """Loss and accuracy on the whole test split (each rank scores its shard)."""
+        import torch
+        import torch.nn.functional as F
+
+        self.module.eval()
+        totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
+        with torch.no_grad():
+            for lo in range(0, len(self.test), EVAL_BATCH):
+                x, y = self.batch(self.test, np.arange(lo, min(lo + EVAL_BATCH, len(self.test))))
+                logits = self.module(x)
+                totals += torch.tensor([F.cross_entropy(logits, y, reduction="sum").item(),
+                                        (logits.argmax(1) == y).sum().item(), len(y)], dtype=torch.float64)
+        totals = self.comm.allreduce_sum(totals)
+        n = max(1.0, totals[2].item())
+        return {"loss": totals[0].item() / n, "accuracy": totals[1].item() / n}
+
+    def fit(self) -> None:
+        model = self.comm.wrap_model(self.module)
+        optimizer = self.comm.wrap_optimizer(self.optimizer, model)
+        if self.pos.epoch >= self.spec.epochs:
+            # Nothing left to train: report where the run stands so the driver sees it.
+            self.report({"kind": "done", **self.evaluate()}, checkpoint=False)
+            return
+        while self.pos.epoch < self.spec.epochs:
+            stats = self.run_epoch(model, optimizer)
+            self.pos.epoch, self.pos.step_in_epoch = self.pos.epoch + 1, 0
+            self.report({"kind": "epoch", **stats, **self.evaluate()})
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """Entry point Ray Train runs on every worker; ``config["spec"]`` is a validated JobSpec dict."""
+    import ray.train
+
+    spec = JobSpec(**config["spec"])
+    comm = backends.get(spec.backend).torch_comm()
+    comm.setup()
+    training = TorchTraining(spec, comm)
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            try:
+                training.restore(d)
+            except IncompleteCheckpoint as exc:
+                raise RuntimeError(f"cannot resume from {checkpoint.path}: {exc}") from None
+    training.fit()

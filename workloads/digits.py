@@ -1,0 +1,58 @@
+"""digits-mlp: scikit-learn's bundled 8x8 handwritten digits and an MLP.
+
+The data ship inside scikit-learn's wheel (1,797 images, 10 classes), so this
+workload needs no download and no files: it is the launcher's embedded default.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Mapping
+
+import numpy as np
+
+from workloads.base import Defaults, Split, Workload, check_split_name, take
+
+TEST_FRACTION = 0.2
+SPLIT_SEED = 0  # fixed: the train/test split never depends on the run's seed
+
+
+@lru_cache(maxsize=1)
+def _digits() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_digits
+
+    ds = load_digits()
+    x = (ds.data / 16.0).astype(np.float32)  # pixel values are 0..16
+    y = ds.target.astype(np.int64)
+    order = np.random.default_rng(SPLIT_SEED).permutation(len(y))
+    n_test = int(round(len(y) * TEST_FRACTION))
+    test, train = order[:n_test], order[n_test:]
+    return x[train], y[train], x[test], y[test]
+
+
+class DigitsMLP(Workload):
+    def __init__(self) -> None:
+        super().__init__(
+            name="digits-mlp",
+            description="scikit-learn's 8x8 digits (1,438 train / 359 test) with a 2-layer MLP",
+            defaults=Defaults(epochs=10, batch_size=32, lr=0.002, optimizer="adam"),
+            frameworks=("torch",),
+        )
+
+    def load(self, data: str | None, split: str, rank: int, world_size: int,
+             params: Mapping[str, Any]) -> Split:
+        check_split_name(split)
+        xtr, ytr, xte, yte = _digits()
+        x, y = (xtr, ytr) if split == "train" else (xte, yte)
+        return take(x, y, split, rank, world_size)
+
+    def input_shape(self, params: Mapping[str, Any]) -> tuple[int, ...]:
+        return (64,)
+
+    def num_classes(self, params: Mapping[str, Any]) -> int:
+        return 10
+
+    def torch_model(self, params: Mapping[str, Any]):
+        from workloads.torch_models import MLP
+
+        return MLP(64, (128, 64), 10)
