@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from typing import Any, Sequence
 
@@ -94,12 +95,21 @@ def cmd_run(args: argparse.Namespace) -> int:
     from launcher import driver
 
     spec = spec_from_args(args)
-    summary = driver.run(spec, verbose=args.verbose)
+    # SIGTERM (a scheduler or CI stopping us) ends the run like Ctrl-C: summary written, exit 130.
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        summary = driver.run(spec, verbose=args.verbose)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if args.json:
         print(json.dumps(summary, sort_keys=True, default=str))
     else:
         print(format_summary(summary))
     return {"succeeded": EXIT_OK, "cancelled": EXIT_CANCELLED}.get(summary["status"], EXIT_FAILED)
+
+
+def _raise_interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
 
 
 def format_summary(s: dict[str, Any]) -> str:

@@ -69,6 +69,13 @@ class Tracker:
         if m.get("kind") in ("epoch", "step"):
             self.log.record(m)
 
+    def reconcile(self, manifest: Manifest, path: str) -> None:
+        """Trust storage over the reports: checkpoints can land after the last report was seen
+        (for example while Ctrl-C is aborting the workers)."""
+        if manifest.global_step > int((self.last or {}).get("global_step", -1)):
+            self.last = {**manifest.metrics, "epoch": manifest.epoch, "global_step": manifest.global_step}
+            self.checkpoint = path
+
     def summary(self, status: RunStatus, **extra: Any) -> dict[str, Any]:
         m = self.last or {}
         restarts = self.failures - (1 if status == RunStatus.FAILED and self.failures else 0)
@@ -125,6 +132,9 @@ def run(spec: JobSpec, *, verbose: bool = False, show_progress: bool = True) -> 
                       f"for {spec.workload}, run {spec.name}")
         status, error, result = _fit(spec, storage, tracker, verbose)
         progress.close()
+        latest = complete_checkpoints(storage, spec.name)
+        if latest:
+            tracker.reconcile(*latest[-1])
         model_uri = None
         if status == RunStatus.SUCCEEDED and result is not None and result.checkpoint is not None:
             model_uri = _export(spec, storage, result.checkpoint)
@@ -173,8 +183,9 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, verbose: bool):
     try:
         result = trainer.fit()
         status = RunStatus.SUCCEEDED
-    except KeyboardInterrupt:
-        status, error = RunStatus.CANCELLED, "interrupted by the user"
+    except (KeyboardInterrupt, SystemExit):
+        # Ray Train's own SIGINT handler aborts the workers, then exits via SystemExit.
+        status, error = RunStatus.CANCELLED, "interrupted (SIGINT/SIGTERM); run again with the same --name to resume"
     except Exception as exc:  # Ray Train wraps worker errors in TrainingFailedError
         if verbose:
             import traceback

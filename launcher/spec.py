@@ -21,6 +21,7 @@ import workloads
 from launcher.errors import UserError
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
+URI_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")
 FRAMEWORKS = ("torch",)
 DEFAULT_STORAGE = "./runs"
 
@@ -146,6 +147,9 @@ def check_name(name: str) -> None:
 
 def normalize_storage(storage: str) -> str:
     """A local storage path made absolute (Ray Train needs one); URIs are checked for a known scheme."""
+    if URI_LIKE.match(storage) and "://" not in storage:
+        raise UserError(f"storage {storage!r} looks like a URI but is malformed",
+                        "write scheme://bucket/prefix, or ./path for a local folder")
     if "://" in storage:
         scheme = storage.split("://", 1)[0]
         raise UserError(f"storage {storage!r}: the {scheme}:// scheme is not supported",

@@ -1,0 +1,109 @@
+"""CLI tests that need no Ray: bad input is one clear line and a non-zero exit, before any worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from datafiles import write_mnist_idx
+from launcher.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def assert_one_line_error(code: int, err: str, *needles: str) -> None:
+    assert code == 2
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: ")
+    assert "Traceback" not in err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (["--workload", "mnist"], ["unknown workload 'mnist'", "valid: digits-mlp, mnist-mlp, mnist-cnn"]),
+    (["--framework", "jax"], ["unknown framework 'jax'", "valid: torch"]),
+    (["--backend", "hvd"], ["unknown backend 'hvd'", "valid: native"]),
+    (["--workers", "0"], ["workers must be >= 1, got 0", "--workers"]),
+    (["--batch-size", "0"], ["batch_size must be >= 1", "--batch-size"]),
+    (["--name", "my-run"], ["invalid run name 'my-run'", "letters, digits and underscores"]),
+    (["--workers", "two"], ["invalid int value: 'two'"]),
+    (["--param", "image_size"], ["is not KEY=VALUE"]),
+    (["--storage", "gs:/bucket"], ["looks like a URI but is malformed"]),
+    (["--storage", "s3://bucket/x"], ["s3:// scheme is not supported"]),
+])
+def test_bad_flags(capsys, tmp_path, argv, needles):
+    code, out, err = run_cli(capsys, "run", "--storage", str(tmp_path), *argv)
+    assert_one_line_error(code, err, *needles)
+    assert out == ""
+    assert not os.path.exists(tmp_path / "runs")
+
+
+def test_verbose_adds_traceback(capsys):
+    code, _, err = run_cli(capsys, "run", "--workers", "0", "--verbose")
+    assert code == 2 and "Traceback" in err and "workers must be >= 1" in err
+
+
+def test_yaml_unknown_key(capsys, tmp_path):
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text("workload: digits-mlp\nnum_wokers: 2\n")
+    code, _, err = run_cli(capsys, "run", "--config", str(cfg))
+    assert_one_line_error(code, err, "unknown key 'num_wokers'", "did you mean workers?")
+
+
+def test_missing_and_malformed_data(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "run", "--workload", "mnist-cnn", "--storage", str(tmp_path / "s"))
+    assert_one_line_error(code, err, "needs --data", "IDX files")
+    code, _, err = run_cli(capsys, "run", "--workload", "mnist-cnn", "--data", str(tmp_path / "none"),
+                           "--storage", str(tmp_path / "s"))
+    assert_one_line_error(code, err, "does not exist")
+    folder = write_mnist_idx(str(tmp_path / "mnist"), n_train=20, n_test=10)
+    with open(os.path.join(folder, "t10k-images-idx3-ubyte"), "r+b") as f:
+        f.truncate(1000)
+    code, _, err = run_cli(capsys, "run", "--workload", "mnist-cnn", "--data", folder,
+                           "--storage", str(tmp_path / "s"))
+    assert_one_line_error(code, err, "t10k-images-idx3-ubyte holds 1000 bytes", "truncated")
+
+
+def test_unwritable_storage(capsys, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    code, _, err = run_cli(capsys, "run", "--storage", str(blocker / "runs"))
+    assert_one_line_error(code, err, "cannot write to storage", "--storage")
+
+
+def test_workloads_listing(capsys):
+    code, out, _ = run_cli(capsys, "workloads")
+    assert code == 0
+    assert "digits-mlp" in out and "cifar10-cnn" in out and "--param image_size" in out
+    code, out, _ = run_cli(capsys, "workloads", "--json")
+    listed = {w["name"]: w for w in json.loads(out)}
+    assert listed["mnist-cnn"]["frameworks"] == ["torch"]
+    assert "IDX" in listed["mnist-cnn"]["data"] and listed["digits-mlp"]["data"].startswith("none")
+
+
+def test_runs_on_empty_storage(capsys, tmp_path):
+    code, out, _ = run_cli(capsys, "runs", "--storage", str(tmp_path))
+    assert code == 0 and out.strip() == "no runs"
+
+
+def test_module_entry_point_help_is_fast_and_light():
+    # `python -m launcher --help` must not import Ray, torch or the workers' code.
+    probe = ("import sys, runpy; sys.argv=['launcher','--help']\n"
+             "try:\n runpy.run_module('launcher', run_name='__main__')\n"
+             "except SystemExit: pass\n"
+             "print('HEAVY', sorted(m for m in ('ray','torch','tensorflow') if m in sys.modules))")
+    res = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "usage: launcher" in res.stdout
+    assert "HEAVY []" in res.stdout

@@ -1,0 +1,150 @@
+"""Integration tests: real training with 2 workers on a real local Ray (shared across tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import workloads
+from datafiles import write_cifar_tar, write_mnist_idx
+from launcher.checkpoint import complete_checkpoints
+from launcher.cli import main
+from launcher.runlog import read_jsonl
+from launcher.storage import Storage
+
+pytestmark = pytest.mark.integration
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SUMMARY_KEYS = {"name", "status", "workload", "framework", "backend", "workers", "epochs_completed",
+                "steps_completed", "metrics", "samples_per_s", "checkpoint", "resumed_from", "restarts", "wall_s"}
+
+
+def launch(capsys, *argv: str) -> tuple[int, dict]:
+    code = main(["run", "--json", *argv])
+    out, err = capsys.readouterr()
+    lines = [line for line in out.splitlines() if line.strip()]
+    assert len(lines) == 1, f"stdout must hold exactly one JSON object:\n{out}\nstderr:\n{err}"
+    return code, json.loads(lines[0])
+
+
+def test_default_run_learns_logs_and_exports(ray_local, capsys, storage):
+    code, s = launch(capsys, "--storage", storage, "--name", "digits_default")
+    assert code == 0, s
+    assert SUMMARY_KEYS <= set(s)
+    assert (s["status"], s["workers"], s["epochs_completed"], s["restarts"]) == ("succeeded", 2, 10, 0)
+    assert s["steps_completed"] == 10 * 23  # 719 samples per rank, batches of 32
+    assert s["metrics"]["accuracy"] >= 0.90 and s["metrics"]["loss"] < 0.5
+    assert s["resumed_from"] is None and s["samples_per_s"] > 0
+
+    run_dir = os.path.join(storage, "digits_default")
+    epochs = [m for m in read_jsonl(open(os.path.join(run_dir, "metrics.jsonl")).read()) if m["kind"] == "epoch"]
+    assert [m["epoch"] for m in epochs] == list(range(1, 11))
+    assert epochs[-1]["loss"] < epochs[0]["loss"]
+    launches = read_jsonl(open(os.path.join(run_dir, "launches.jsonl")).read())
+    assert [e["event"] for e in launches] == ["start", "end"]
+    assert launches[0]["spec"]["workers"] == 2 and launches[1]["summary"]["status"] == "succeeded"
+    assert json.load(open(os.path.join(run_dir, "summary.json")))["steps_completed"] == 230
+    assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(run_dir, "tensorboard")))
+    # keep_checkpoints defaults to 3; the last is the final epoch
+    kept = complete_checkpoints(Storage.resolve(storage), "digits_default")
+    assert [m.epoch for m, _ in kept] == [8, 9, 10]
+    assert s["checkpoint"] == kept[-1][1]
+
+    import torch
+
+    model = torch.export.load(os.path.join(run_dir, "model", "model.pt2")).module()
+    test = workloads.get("digits-mlp").load(None, "test", 0, 1, {})
+    with torch.no_grad():
+        predicted = model(torch.from_numpy(test.x)).argmax(1).numpy()
+    assert (predicted == test.y).mean() >= 0.90
+
+
+def test_resume_continues_exactly_where_it_stopped(ray_local, capsys, storage):
+    common = ["--storage", storage, "--seed", "7", "--checkpoint-every-steps", "10", "--keep-checkpoints", "20"]
+    code, full = launch(capsys, *common, "--name", "straight", "--epochs", "3")
+    assert code == 0
+    code, first = launch(capsys, *common, "--name", "stopped", "--epochs", "1")
+    assert code == 0 and first["epochs_completed"] == 1
+    code, resumed = launch(capsys, *common, "--name", "stopped", "--epochs", "3")
+    assert code == 0
+    assert resumed["resumed_from"] == {"epoch": 1, "step": 23}
+    assert (resumed["epochs_completed"], resumed["steps_completed"]) == (3, 69)
+    # Same seed and workers: resuming at an epoch boundary changes nothing.
+    assert resumed["metrics"] == full["metrics"]
+
+    steps = [(m.global_step, m.step_in_epoch) for m, _ in complete_checkpoints(Storage.resolve(storage), "straight")]
+    assert steps == [(10, 10), (20, 20), (23, 0), (30, 7), (40, 17), (46, 0), (50, 4), (60, 14), (69, 0)]
+    epochs = [m["epoch"] for m in read_jsonl(open(os.path.join(storage, "stopped", "metrics.jsonl")).read())
+              if m["kind"] == "epoch"]
+    assert epochs == [1, 2, 3]  # the second launch trained only the remaining epochs
+
+    code, again = launch(capsys, *common, "--name", "stopped", "--epochs", "3")
+    assert code == 0 and "nothing to train" in again["note"] and again["epochs_completed"] == 3
+
+    assert main(["runs", "--storage", storage, "--json"]) == 0
+    runs = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert runs["stopped"]["status"] == "succeeded" and runs["stopped"]["launches"] == 2
+    assert runs["stopped"]["epochs"] == 3
+    assert runs["straight"]["metrics"] == {k: full["metrics"][k] for k in ("loss", "accuracy")}
+
+
+def test_sigint_stops_the_run_and_the_next_launch_resumes(storage):
+    cmd = [sys.executable, "-m", "launcher", "run", "--storage", storage, "--name", "sig", "--epochs", "30",
+           "--json"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 240
+    err_lines = []
+    for line in proc.stderr:
+        err_lines.append(line)
+        if line.startswith("epoch 2/30") or time.time() > deadline:
+            break
+    proc.send_signal(signal.SIGINT)
+    out, rest = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(err_lines) + rest
+    stopped = json.loads(out)
+    assert stopped["status"] == "cancelled" and 2 <= stopped["epochs_completed"] < 30
+
+    cmd[cmd.index("30")] = str(stopped["epochs_completed"] + 1)
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    resumed = json.loads(res.stdout)
+    assert resumed["resumed_from"]["epoch"] == stopped["epochs_completed"]
+    assert resumed["epochs_completed"] == stopped["epochs_completed"] + 1
+    assert "resumed from epoch" in res.stderr
+
+
+def test_cluster_too_small_is_rejected_before_start(ray_local, capsys, storage):
+    code = main(["run", "--storage", storage, "--workers", "3"])
+    err = capsys.readouterr().err
+    assert code == 2 and "cannot place 3 workers of 1 CPU each" in err and "2 CPUs and 0 GPUs" in err
+    code = main(["run", "--storage", storage, "--gpus-per-worker", "1"])
+    err = capsys.readouterr().err
+    assert code == 2 and "1 CPU + 1 GPU" in err and "room for 0" in err
+    assert not os.path.exists(os.path.join(storage, os.listdir(storage)[0], "launches.jsonl")) \
+        if os.listdir(storage) else True
+
+
+@pytest.mark.parametrize("workload,extra,min_acc", [
+    ("mnist-cnn", ["--epochs", "2"], 0.7),
+    ("cifar10-cnn", ["--epochs", "2"], 0.3),
+    ("resnet18-synthetic", ["--param", "image_size=32", "--param", "num_samples=64", "--param", "num_classes=10",
+                            "--batch-size", "8"], None),
+])
+def test_file_and_synthetic_workloads_train(ray_local, capsys, storage, tmp_path, workload, extra, min_acc):
+    data = []
+    if workload.startswith("mnist"):
+        data = ["--data", write_mnist_idx(str(tmp_path / "mnist"), n_train=1200, n_test=300, gz=True)]
+    elif workload.startswith("cifar"):
+        data = ["--data", write_cifar_tar(str(tmp_path / "cifar-10-python.tar.gz"), per_batch=240, n_test=300)]
+    code, s = launch(capsys, "--workload", workload, "--storage", storage, *data, *extra)
+    assert code == 0 and s["status"] == "succeeded", s
+    assert np.isfinite(s["metrics"]["loss"])
+    if min_acc is not None:
+        assert s["metrics"]["accuracy"] >= min_acc, s["metrics"]
+    assert os.path.isfile(os.path.join(storage, s["name"], "model", "model.pt2"))
