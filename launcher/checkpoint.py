@@ -93,27 +93,60 @@ def read_manifest(directory: str) -> Manifest:
     return manifest
 
 
+def verify(fs, path: str) -> Manifest:
+    """Read the manifest of the checkpoint at ``path`` on pyarrow filesystem ``fs``
+    and check every file it lists is there with the listed size.
+
+    Raises:
+        IncompleteCheckpoint: when it is not a complete checkpoint.
+    """
+    import pyarrow.fs
+
+    try:
+        with fs.open_input_stream(f"{path}/{MANIFEST}") as f:
+            manifest = parse_manifest(f.read().decode("utf-8"))
+    except (FileNotFoundError, OSError) as exc:
+        raise IncompleteCheckpoint(f"{path} has no readable {MANIFEST}: {exc}") from None
+    infos = fs.get_file_info([f"{path}/{name}" for name in manifest.files])
+    for info in infos:
+        want = manifest.files[os.path.basename(info.path)]
+        if info.type != pyarrow.fs.FileType.File or info.size != want:
+            raise IncompleteCheckpoint(f"{info.path}: expected a file of {want} bytes")
+    return manifest
+
+
 def complete_checkpoints(storage, run: str) -> list[tuple[Manifest, str]]:
     """The run's complete checkpoints as (manifest, path in storage), oldest first.
 
     Folders without a readable manifest, or whose files do not match it,
     are left out: they were cut off while being written.
     """
-    import pyarrow.fs
-
     found = []
     for folder in storage.list_dirs(run):
         if not folder.startswith("checkpoint_"):
             continue
-        text = storage.read_text(run, folder, MANIFEST)
-        if text is None:
-            continue
+        path = storage.path(run, folder)
         try:
-            manifest = parse_manifest(text)
+            found.append((verify(storage.fs, path), path))
         except IncompleteCheckpoint:
             continue
-        infos = storage.fs.get_file_info([storage.path(run, folder, n) for n in manifest.files])
-        if all(i.type == pyarrow.fs.FileType.File and i.size == manifest.files[os.path.basename(i.path)]
-               for i in infos):
-            found.append((manifest, storage.path(run, folder)))
     return sorted(found, key=lambda item: (item[0].global_step, item[0].created))
+
+
+def newest_complete(options: list[tuple[object, str]]) -> tuple[object, str, Manifest] | None:
+    """Among (filesystem, path) options, the complete checkpoint with the most steps.
+
+    Ray Train offers the newest checkpoint it registered; the driver offers
+    the newest complete ones it found in storage (a checkpoint can finish
+    uploading after Ray stopped listening, e.g. during Ctrl-C). Taking the
+    newest complete one loses the least work and never uses a partial one.
+    """
+    best = None
+    for fs, path in options:
+        try:
+            manifest = verify(fs, path)
+        except IncompleteCheckpoint:
+            continue
+        if best is None or manifest.global_step > best[2].global_step:
+            best = (fs, path, manifest)
+    return best

@@ -130,7 +130,8 @@ def run(spec: JobSpec, *, verbose: bool = False, show_progress: bool = True) -> 
             progress.note(f"run {spec.name} exists: resuming after epoch {m.epoch} (step {m.global_step})")
         progress.note(f"starting {spec.workers} {spec.framework}/{spec.backend} workers "
                       f"for {spec.workload}, run {spec.name}")
-        status, error, result = _fit(spec, storage, tracker, verbose)
+        resume = [path for _, path in reversed(checkpoints)][:5]
+        status, error, result = _fit(spec, storage, tracker, resume, verbose)
         progress.close()
         latest = complete_checkpoints(storage, spec.name)
         if latest:
@@ -143,7 +144,7 @@ def run(spec: JobSpec, *, verbose: bool = False, show_progress: bool = True) -> 
         return summary
 
 
-def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, verbose: bool):
+def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], verbose: bool):
     """Run the trainer while a thread pumps reports into the tracker."""
     import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -165,7 +166,7 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, verbose: bool):
     scaling = ScalingConfig(num_workers=spec.workers, use_gpu=spec.gpus_per_worker > 0,
                             resources_per_worker=resources)
     trainer = backends.get(spec.backend).trainer(
-        spec, train_loop_per_worker, {"spec": spec.to_dict()}, scaling, run_config)
+        spec, train_loop_per_worker, {"spec": spec.to_dict(), "resume": resume}, scaling, run_config)
 
     stop = threading.Event()
 

@@ -24,7 +24,7 @@ import numpy as np
 
 import workloads
 from launcher import backends
-from launcher.checkpoint import IncompleteCheckpoint, Manifest, read_manifest, write_manifest
+from launcher.checkpoint import Manifest, newest_complete, read_manifest, write_manifest
 from launcher.spec import JobSpec
 
 MODEL_FILE = "model.pt"
@@ -186,18 +186,29 @@ class TorchTraining:
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """Entry point Ray Train runs on every worker; ``config["spec"]`` is a validated JobSpec dict."""
+    """Entry point Ray Train runs on every worker.
+
+    ``config["spec"]`` is a validated JobSpec dict; ``config["resume"]`` lists
+    complete checkpoints the driver found in storage, newest first.
+    """
     import ray.train
+
+    from launcher.storage import Storage
 
     spec = JobSpec(**config["spec"])
     comm = backends.get(spec.backend).torch_comm()
     comm.setup()
     training = TorchTraining(spec, comm)
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as d:
-            try:
-                training.restore(d)
-            except IncompleteCheckpoint as exc:
-                raise RuntimeError(f"cannot resume from {checkpoint.path}: {exc}") from None
+    storage = Storage.resolve(spec.storage)
+    options = [(storage.fs, path) for path in config.get("resume", [])]
+    offered = ray.train.get_checkpoint()
+    if offered is not None:
+        options.insert(0, (offered.filesystem, offered.path))
+    chosen = newest_complete(options)
+    if chosen is not None:
+        fs, path, _ = chosen
+        with ray.train.Checkpoint(path, filesystem=fs).as_directory() as d:
+            training.restore(d)
+    elif offered is not None:
+        raise RuntimeError(f"cannot resume: checkpoint {offered.path} is incomplete and no other is complete")
     training.fit()
