@@ -8,10 +8,13 @@ a run that fails exits 1; --verbose adds tracebacks.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import os
 import signal
 import sys
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence, TextIO
 
 from launcher import __version__
 from launcher.errors import UserError
@@ -98,14 +101,38 @@ def cmd_run(args: argparse.Namespace) -> int:
     # SIGTERM (a scheduler or CI stopping us) ends the run like Ctrl-C: summary written, exit 130.
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
-        summary = driver.run(spec, verbose=args.verbose)
+        with summary_stream() as out:
+            summary = driver.run(spec, verbose=args.verbose)
+            text = json.dumps(summary, sort_keys=True, default=str) if args.json else format_summary(summary)
+            print(text, file=out, flush=True)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    if args.json:
-        print(json.dumps(summary, sort_keys=True, default=str))
-    else:
-        print(format_summary(summary))
     return {"succeeded": EXIT_OK, "cancelled": EXIT_CANCELLED}.get(summary["status"], EXIT_FAILED)
+
+
+@contextlib.contextmanager
+def summary_stream() -> Iterator[TextIO]:
+    """Yield the stream for the summary; meanwhile file descriptor 1 points at stderr.
+
+    Ray prints some messages (a worker that died, ...) straight to stdout. While
+    a run goes, everything written to stdout at any level lands on stderr, so
+    stdout holds the summary alone (scripts parse `--json`).
+    """
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):  # captured (tests, notebooks)
+        yield sys.stdout
+        return
+    sys.stdout.flush()
+    saved = os.dup(fd)
+    os.dup2(sys.stderr.fileno(), fd)
+    try:
+        with os.fdopen(os.dup(saved), "w") as out:
+            yield out
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, fd)
+        os.close(saved)
 
 
 def _raise_interrupt(signum, frame) -> None:

@@ -46,7 +46,8 @@ def connect(address: str | None, *, workers: int, cpus_per_worker: float,
         address = address or os.environ.get("RAY_ADDRESS")
         try:
             if address:
-                ray.init(address=address, **kwargs)
+                # Ship this launcher's code with the job, so a cluster runs the driver's version.
+                ray.init(address=address, runtime_env=code_runtime_env(), **kwargs)
             else:
                 cpus = max(os.cpu_count() or 1, math.ceil(workers * cpus_per_worker))
                 ray.init(num_cpus=cpus, **kwargs)
@@ -59,6 +60,14 @@ def connect(address: str | None, *, workers: int, cpus_per_worker: float,
     finally:
         if started:
             ray.shutdown()
+
+
+def code_runtime_env() -> dict:
+    import launcher
+    import workloads
+
+    modules = [os.path.dirname(os.path.abspath(m.__file__)) for m in (launcher, workloads)]
+    return {"py_modules": modules}
 
 
 def alive_nodes() -> list[NodeResources]:

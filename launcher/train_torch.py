@@ -143,6 +143,10 @@ class TorchTraining:
             x, y = self.batch(self.train, order[i * s.batch_size:(i + 1) * s.batch_size])
             optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(x), y)
+            if not math.isfinite(loss.item()):
+                raise FloatingPointError(
+                    f"training diverged: loss is {loss.item()} at epoch {self.pos.epoch + 1}, "
+                    f"step {self.pos.global_step + 1}; lower --lr (now {s.lr:g})")
             loss.backward()
             optimizer.step()
             totals += torch.tensor([loss.item() * len(y), len(y)], dtype=torch.float64)

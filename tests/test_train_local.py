@@ -148,3 +148,72 @@ def test_file_and_synthetic_workloads_train(ray_local, capsys, storage, tmp_path
     if min_acc is not None:
         assert s["metrics"]["accuracy"] >= min_acc, s["metrics"]
     assert os.path.isfile(os.path.join(storage, s["name"], "model", "model.pt2"))
+
+
+def _train_worker_pids() -> list[int]:
+    """PIDs of Ray Train worker processes (Ray titles them ray::RayTrainWorker...)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        if cmdline.startswith("ray::RayTrainWorker"):
+            pids.append(int(entry))
+    return pids
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds Ray's worker processes through /proc")
+def test_killed_worker_restarts_from_latest_checkpoint(storage):
+    """A worker process dies mid-run (SIGKILL): Ray Train restarts the group from the latest checkpoint."""
+    cmd = [sys.executable, "-m", "launcher", "run", "--storage", storage, "--name", "chaos", "--epochs", "6",
+           "--max-failures", "1", "--json"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if line.startswith("epoch 2/6"):
+            break
+    victims = _train_worker_pids()
+    assert victims, "no Ray Train worker process found"
+    os.kill(victims[-1], signal.SIGKILL)
+    out, rest = proc.communicate(timeout=300)
+    assert proc.returncode == 0, "".join(seen) + rest
+    s = json.loads(out)
+    assert s["status"] == "succeeded" and s["restarts"] == 1
+    assert (s["epochs_completed"], s["steps_completed"]) == (6, 6 * 23)
+    assert "restarted from the latest checkpoint" in rest
+
+
+def test_runs_across_nodes_of_a_multi_node_cluster(storage):
+    """Two 1-CPU worker nodes and a head without CPUs: the two workers must land on different nodes."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    try:
+        for _ in range(2):
+            cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        cmd = [sys.executable, "-m", "launcher", "run", "--storage", storage, "--epochs", "2",
+               "--address", cluster.address, "--json"]
+        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        s = json.loads(res.stdout)
+        assert s["status"] == "succeeded" and s["epochs_completed"] == 2 and s["workers"] == 2
+        too_many = subprocess.run(cmd[:-1] + ["--workers", "3"], cwd=ROOT, capture_output=True, text=True,
+                                  timeout=120)
+        assert too_many.returncode == 2
+        assert "3 node(s) with 2 CPUs and 0 GPUs in all, room for 2" in too_many.stderr
+    finally:
+        cluster.shutdown()
+
+
+def test_diverging_run_fails_with_one_clear_error(ray_local, capsys, storage):
+    code, s = launch(capsys, "--storage", storage, "--lr", "1e30", "--epochs", "1", "--name", "diverge")
+    assert code == 1 and s["status"] == "failed"
+    assert s["error"].startswith("rank ") and "training diverged" in s["error"] and "lower --lr" in s["error"]
+    launches = read_jsonl(open(os.path.join(storage, "diverge", "launches.jsonl")).read())
+    assert launches[-1]["summary"]["status"] == "failed"

@@ -150,3 +150,13 @@ def test_resnet_parameter_counts_match_published():
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert count(resnet18(1000)) == 11_689_512
     assert count(resnet50(1000)) == 25_557_032
+
+
+def test_mnist_labels_out_of_range(tmp_path):
+    from datafiles import idx_bytes
+
+    folder = write_mnist_idx(str(tmp_path / "m"), n_train=20, n_test=10)
+    with open(os.path.join(folder, "train-labels-idx1-ubyte"), "wb") as f:
+        f.write(idx_bytes(np.full(20, 12, dtype=np.uint8)))
+    with pytest.raises(workloads.DataError, match="train-labels-idx1-ubyte: MNIST labels must be 0..9, found 12..12"):
+        workloads.get("mnist-cnn").check_data(folder, {})

@@ -117,6 +117,13 @@ def _check_images_labels(images: tuple[int, ...], labels: tuple[int, ...], where
         raise DataError(f"{where}: {images[0]} images but labels of shape {labels}")
 
 
+def _check_labels(labels: np.ndarray, where: str) -> None:
+    """Labels are read whole on the driver (60,000 bytes) to catch a wrong file early."""
+    if labels.size and (labels.min() < 0 or labels.max() > 9):
+        raise DataError(f"{where}: MNIST labels must be 0..9, found {labels.min()}..{labels.max()}; "
+                        "is this a labels file?")
+
+
 class MNIST(Workload):
     def __init__(self, model: str) -> None:
         super().__init__(
@@ -140,12 +147,14 @@ class MNIST(Workload):
             arrays = self._open_npz(npz)
             for split in ("train", "test"):
                 _check_images_labels(arrays[f"x_{split}"].shape, arrays[f"y_{split}"].shape, npz)
+                _check_labels(arrays[f"y_{split}"], f"{npz}:y_{split}")
             return
         if not os.path.isdir(data):
             raise DataError(f"--data {data} is neither a folder nor an .npz file: expected {DATA_HELP}")
         for split in ("train", "test"):
             images, labels = self._headers(data, split)
             _check_images_labels(images.dims, labels.dims, f"{images.path} / {labels.path}")
+            _check_labels(_read_idx(labels, slice(None)), labels.path)
 
     def _headers(self, folder: str, split: str) -> tuple[IdxHeader, IdxHeader]:
         return (read_idx_header(_find(folder, FILES[(split, "images")])),
@@ -176,8 +185,7 @@ class MNIST(Workload):
             hi, hl = self._headers(data, split)
             idx = shard_indices(hl.dims[0], rank, world_size, equal=(split == "train"))
             images, labels = _read_idx(hi, idx), _read_idx(hl, idx)
-        if labels.size and (labels.min() < 0 or labels.max() > 9):
-            raise DataError(f"MNIST labels in {data} must be 0..9, found {labels.min()}..{labels.max()}")
+        _check_labels(labels, data)
         x = ((images.astype(np.float32) / 255.0 - MEAN) / STD)[:, None, :, :]
         return Split(x, labels.astype(np.int64))
 
