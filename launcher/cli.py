@@ -33,8 +33,8 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--batch-size", "batch_size", int, "batch size per worker (default: the workload's)"),
     ("--lr", "lr", float, "learning rate (default: the workload's)"),
     ("--seed", "seed", int, "random seed (default 0): same seed and workers, same result"),
-    ("--data", "data", str, "data path for workloads that read files"),
-    ("--storage", "storage", str, "where runs are kept (default ./runs)"),
+    ("--data", "data", str, "data for workloads that read files: a local path or gs://BUCKET/PREFIX"),
+    ("--storage", "storage", str, "where runs are kept: a folder or gs://BUCKET/PREFIX (default ./runs)"),
     ("--name", "name", str, "run name; an existing name resumes that run"),
     ("--checkpoint-every-steps", "checkpoint_every_steps", int, "also checkpoint every N steps (default: per epoch)"),
     ("--keep-checkpoints", "keep_checkpoints", int, "checkpoints to keep (default 3)"),
@@ -71,8 +71,15 @@ def build_parser() -> argparse.ArgumentParser:
     wl.add_argument("--json", action="store_true")
 
     runs = sub.add_parser("runs", help="list the runs under a storage root")
-    runs.add_argument("--storage", default="./runs", help="storage root (default ./runs)")
+    runs.add_argument("--storage", default="./runs", help="storage root: a folder or gs://BUCKET/PREFIX "
+                      "(default ./runs)")
     runs.add_argument("--json", action="store_true")
+
+    data = sub.add_parser("data", help="data on Cloud Storage")
+    data_sub = data.add_subparsers(dest="data_command", metavar="ACTION", parser_class=_Parser, required=True)
+    up = data_sub.add_parser("upload", help="upload a data file or folder; prints the URI to pass as --data")
+    up.add_argument("local", help="file or folder to upload")
+    up.add_argument("uri", help="gs://BUCKET/PREFIX to upload under")
     return p
 
 
@@ -187,7 +194,15 @@ def cmd_runs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-COMMANDS = {"run": cmd_run, "workloads": cmd_workloads, "runs": cmd_runs}
+def cmd_data(args: argparse.Namespace) -> int:
+    from launcher.datacache import upload
+
+    uri = upload(args.local, args.uri)
+    print(uri)
+    return EXIT_OK
+
+
+COMMANDS = {"run": cmd_run, "workloads": cmd_workloads, "runs": cmd_runs, "data": cmd_data}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import workloads
-from launcher import backends, raysession
+from launcher import backends, datacache, gcs, raysession
 from launcher.checkpoint import Manifest, complete_checkpoints
 from launcher.errors import UserError
 from launcher.progress import Progress
@@ -61,7 +61,7 @@ class Tracker:
             self.attempts.append(m.get("attempt"))
         self.last = m
         if event.get("checkpoint"):
-            self.checkpoint = event["checkpoint"]
+            self.checkpoint = self.log.storage.to_uri(event["checkpoint"])
         if m.get("kind") == "epoch":
             self.samples += int(m.get("samples", 0))
             self.train_time += float(m.get("train_time_s", 0.0))
@@ -74,7 +74,7 @@ class Tracker:
         (for example while Ctrl-C is aborting the workers)."""
         if manifest.global_step > int((self.last or {}).get("global_step", -1)):
             self.last = {**manifest.metrics, "epoch": manifest.epoch, "global_step": manifest.global_step}
-            self.checkpoint = path
+            self.checkpoint = self.log.storage.to_uri(path)
 
     def summary(self, status: RunStatus, **extra: Any) -> dict[str, Any]:
         m = self.last or {}
@@ -92,13 +92,15 @@ class Tracker:
         }
 
 
-def preflight(spec: JobSpec) -> tuple[Storage, RunLog, list[tuple[Manifest, str]]]:
+def preflight(spec: JobSpec, progress: Progress) -> tuple[Storage, RunLog, list[tuple[Manifest, str]]]:
     """Every check that needs no Ray: storage, data, backend, the existing run."""
     storage = Storage.resolve(spec.storage)
-    storage.check_writable()
+    where = storage.check_writable()
+    if not storage.is_local:
+        progress.note(f"storage: {where}")
     workload = workloads.get(spec.workload)
     try:
-        workload.check_data(spec.data, spec.params)
+        workload.check_data(datacache.local_data(spec.data, progress.note), spec.params)
     except workloads.DataError as exc:
         raise UserError(str(exc)) from None
     reason = backends.get(spec.backend).unavailable_reason(spec.framework)
@@ -115,8 +117,8 @@ def run(spec: JobSpec, *, verbose: bool = False, show_progress: bool = True) -> 
     Raises:
         UserError: bad input found before any worker started.
     """
-    storage, log, checkpoints = preflight(spec)
     progress = Progress(spec.epochs, enabled=show_progress)
+    storage, log, checkpoints = preflight(spec, progress)
     if checkpoints and checkpoints[-1][0].epoch >= spec.epochs:
         return _already_done(spec, log, *checkpoints[-1])
     progress.note("connecting to Ray" if spec.address else "starting a local Ray instance")
@@ -166,7 +168,7 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
     scaling = ScalingConfig(num_workers=spec.workers, use_gpu=spec.gpus_per_worker > 0,
                             resources_per_worker=resources)
     trainer = backends.get(spec.backend).trainer(
-        spec, train_loop_per_worker, {"spec": spec.to_dict(), "resume": resume}, scaling, run_config)
+        spec, train_loop_per_worker, {"spec": spec.to_dict(), "resume": resume, "env": gcs.worker_env()}, scaling, run_config)
 
     stop = threading.Event()
 
@@ -226,7 +228,7 @@ def _already_done(spec: JobSpec, log: RunLog, manifest: Manifest, path: str) -> 
         "framework": spec.framework, "backend": spec.backend, "workers": spec.workers,
         "epochs": spec.epochs, "epochs_completed": manifest.epoch, "steps_completed": manifest.global_step,
         "metrics": {k: manifest.metrics[k] for k in METRIC_KEYS if k in manifest.metrics},
-        "samples_per_s": 0.0, "checkpoint": path, "resumed_from": manifest.position, "restarts": 0,
+        "samples_per_s": 0.0, "checkpoint": log.storage.to_uri(path), "resumed_from": manifest.position, "restarts": 0,
         "wall_s": 0.0, "launch": None, "run_dir": log.uri(), "error": None,
         "model": log.uri("model") if log.storage.exists(spec.name, "model") else None,
         "note": f"nothing to train: the run already completed {manifest.epoch} epoch(s)",

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import tempfile
 import time
 from typing import Any
 
@@ -46,6 +47,7 @@ class RunLog:
         self.storage, self.name = storage, name
         self.launch = 0
         self._tb = None
+        self._tb_dir = ""
 
     def uri(self, *parts: str) -> str:
         return self.storage.uri_of(self.name, *parts)
@@ -91,19 +93,27 @@ class RunLog:
                 if isinstance(metrics.get(key), (int, float)):
                     writer.add_scalar(key, metrics[key], step)
             writer.flush()
+            self._sync_tensorboard()
 
     def _writer(self):
-        if self._tb is None and self.storage.is_local:
+        if self._tb is None:
             from tensorboardX import SummaryWriter
 
+            # Object stores cannot append: write locally, upload after each flush.
+            self._tb_dir = (self.storage.path(self.name, "tensorboard") if self.storage.is_local
+                            else tempfile.mkdtemp(prefix="launcher-tb-"))
             # A distinct suffix per launch: event files are never overwritten.
-            self._tb = SummaryWriter(self.storage.path(self.name, "tensorboard"),
-                                     filename_suffix=f".launch{self.launch}")
+            self._tb = SummaryWriter(self._tb_dir, filename_suffix=f".launch{self.launch}")
         return self._tb
+
+    def _sync_tensorboard(self) -> None:
+        if self._tb is not None and not self.storage.is_local:
+            self.storage.upload_dir(self._tb_dir, self.name, "tensorboard")
 
     def finish(self, summary: dict[str, Any]) -> None:
         if self._tb is not None:
             self._tb.close()
+            self._sync_tensorboard()
             self._tb = None
         self.storage.append_text(_line({"event": "end", "launch": self.launch, "time": time.time(),
                                         "summary": summary}), self.name, "launches.jsonl")

@@ -52,7 +52,7 @@ def describe_run(storage: Storage, name: str) -> dict[str, Any] | None:
         "framework": info.get("framework"),
         "epochs": checkpoints[-1][0].epoch if checkpoints else last_metrics.get("epoch", 0),
         "metrics": {k: last_metrics[k] for k in ("loss", "accuracy") if k in last_metrics},
-        "checkpoint": checkpoints[-1][1] if checkpoints else None,
+        "checkpoint": storage.to_uri(checkpoints[-1][1]) if checkpoints else None,
         "launches": sum(1 for e in launches if e.get("event") == "start"),
         "restarts": sum(int((e.get("summary") or {}).get("restarts", 0)) for e in launches if e.get("event") == "end"),
         "wall_s": round(wall, 1),

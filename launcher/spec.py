@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 import workloads
 from launcher.errors import UserError
+from launcher.gcs import parse_gs_uri
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
 URI_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")
@@ -150,18 +151,25 @@ def normalize_storage(storage: str) -> str:
     if URI_LIKE.match(storage) and "://" not in storage:
         raise UserError(f"storage {storage!r} looks like a URI but is malformed",
                         "write scheme://bucket/prefix, or ./path for a local folder")
+    if storage.startswith("gs://"):
+        return parse_gs_uri(storage).uri
     if "://" in storage:
         scheme = storage.split("://", 1)[0]
         raise UserError(f"storage {storage!r}: the {scheme}:// scheme is not supported",
-                        "use a local folder path")
+                        "use a local folder or gs://BUCKET/PREFIX")
     if not storage:
         raise UserError("storage is empty", f"use a local folder, for example {DEFAULT_STORAGE}")
     return os.path.abspath(os.path.expanduser(storage))
 
 
 def normalize_data(data: str | None) -> str | None:
-    if data is None or "://" in data:
-        return data
+    if data is None:
+        return None
+    if data.startswith("gs://"):
+        return parse_gs_uri(data, what="--data").uri
+    if URI_LIKE.match(data):
+        raise UserError(f"--data {data!r}: only local paths and gs:// URIs are supported",
+                        "write gs://BUCKET/PREFIX or a local path")
     return os.path.abspath(os.path.expanduser(data))
 
 

@@ -1,9 +1,9 @@
-"""Where runs live: a storage root resolved to a pyarrow filesystem.
+"""Where runs live: a storage root (local folder or gs://bucket/prefix) as a pyarrow filesystem.
 
 Everything the launcher writes outside Ray Train's own checkpoints (run logs,
 summaries, exported models) goes through :class:`Storage`, so the code is the
-same for a local folder and, once it is added, an object store: paths are
-relative to the root and joined with "/".
+same for a local folder and a Cloud Storage bucket: paths are relative to the
+root and joined with "/". Ray Train gets the same filesystem and root.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import posixpath
 import uuid
 from dataclasses import dataclass
 
+from launcher import gcs
 from launcher.errors import UserError
 
 
@@ -23,23 +24,31 @@ class Storage:
     uri: str
     fs: object  # pyarrow.fs.FileSystem
     root: str
+    bucket: gcs.GcsPath | None = None
 
     @classmethod
     def resolve(cls, uri: str) -> "Storage":
         """Resolve a normalised storage location (see spec.normalize_storage)."""
         import pyarrow.fs
 
+        if uri.startswith("gs://"):
+            where = gcs.parse_gs_uri(uri)
+            return cls(uri=where.uri, fs=gcs.filesystem(), root=where.fs_path, bucket=where)
         if "://" in uri:
-            raise UserError(f"storage {uri!r}: only local folders are supported", "use a local folder path")
+            raise UserError(f"storage {uri!r}: unsupported scheme", "use a local folder or gs://BUCKET/PREFIX")
         return cls(uri=uri, fs=pyarrow.fs.LocalFileSystem(), root=uri)
 
     @property
     def is_local(self) -> bool:
-        return "://" not in self.uri
+        return self.bucket is None
 
     def path(self, *parts: str) -> str:
         """Path inside the filesystem (what pyarrow and Ray Train take)."""
         return posixpath.join(self.root, *parts)
+
+    def to_uri(self, fs_path: str) -> str:
+        """A filesystem path (as Ray Train reports it) as the user writes it."""
+        return fs_path if self.is_local else f"gs://{fs_path}"
 
     def uri_of(self, *parts: str) -> str:
         """Path as the user writes it (a local path or a URI)."""
@@ -62,10 +71,23 @@ class Storage:
         """Names of the folders directly inside ``parts`` (empty when it does not exist)."""
         import pyarrow.fs
 
+        if self.bucket is not None:
+            return self._gcs_list_dirs(*parts)
         if not self.exists(*parts):
             return []
         infos = self.fs.get_file_info(pyarrow.fs.FileSelector(self.path(*parts)))
         return sorted(posixpath.basename(i.path) for i in infos if i.type == pyarrow.fs.FileType.Directory)
+
+    def _gcs_list_dirs(self, *parts: str) -> list[str]:
+        # pyarrow does not list GCS "folders" that exist only as object-name
+        # prefixes; the JSON API's delimiter listing does.
+        prefix = "/".join(p for p in (self.bucket.prefix, *parts) if p) + "/"
+        prefix = prefix.lstrip("/")
+        blobs = gcs.client().list_blobs(self.bucket.bucket, prefix=prefix, delimiter="/",
+                                        retry=gcs.retry_policy())
+        for _ in blobs:  # the prefixes are filled in as the pages are read
+            pass
+        return sorted(p[len(prefix):].rstrip("/") for p in blobs.prefixes)
 
     # -- writing ----------------------------------------------------------------
     def makedirs(self, *parts: str) -> None:
@@ -98,8 +120,14 @@ class Storage:
         self.makedirs(*parts)
         pyarrow.fs.copy_files(local_dir, self.path(*parts), destination_filesystem=self.fs)
 
-    def check_writable(self) -> None:
-        """Create the root and write then delete a marker file, or raise UserError."""
+    def check_writable(self) -> str:
+        """Create the root and write then delete a marker; returns where the storage is.
+
+        Raises:
+            UserError: no such bucket, permission denied, or a path that cannot be written.
+        """
+        if self.bucket is not None:
+            return self._gcs_check_writable()
         marker = f".launcher-write-test-{uuid.uuid4().hex[:8]}"
         try:
             self.makedirs()
@@ -109,3 +137,19 @@ class Storage:
             reason = exc.strerror or str(exc).splitlines()[0]
             raise UserError(f"cannot write to storage {self.uri}: {reason}",
                             "pass --storage a folder you can write to") from None
+        return f"local folder {self.uri}"
+
+    def _gcs_check_writable(self) -> str:
+        client = gcs.client()
+        try:
+            bucket = client.get_bucket(self.bucket.bucket, retry=gcs.retry_policy())
+        except Exception as exc:
+            raise gcs.explain(exc, self.uri, "use") from None
+        name = "/".join(p for p in (self.bucket.prefix, f".launcher-write-test-{uuid.uuid4().hex[:8]}") if p)
+        try:
+            blob = bucket.blob(name)
+            blob.upload_from_string(b"ok", retry=gcs.retry_policy())
+            blob.delete(retry=gcs.retry_policy())
+        except Exception as exc:
+            raise gcs.explain(exc, self.uri, "write to") from None
+        return f"{self.uri} (bucket location {bucket.location})"

@@ -58,13 +58,16 @@ class TorchTraining:
     def __init__(self, spec: JobSpec, comm: backends.TorchComm) -> None:
         import torch
 
+        from launcher.datacache import local_data
+
         self.spec, self.comm = spec, comm
         self.rank, self.world = comm.rank, comm.world_size
         self.workload = workloads.get(spec.workload)
         self.device = comm.device()
         torch.set_num_threads(max(1, int(spec.cpus_per_worker)))
-        self.train = self.workload.load(spec.data, "train", self.rank, self.world, spec.params)
-        self.test = self.workload.load(spec.data, "test", self.rank, self.world, spec.params)
+        data = local_data(spec.data)  # gs:// data: this node's verified copy
+        self.train = self.workload.load(data, "train", self.rank, self.world, spec.params)
+        self.test = self.workload.load(data, "test", self.rank, self.world, spec.params)
         torch.manual_seed(spec.seed)  # same initial weights on every rank
         self.module = self.workload.torch_model(spec.params).to(self.device)
         self.optimizer = make_optimizer(self.workload.defaults.optimizer, self.module.parameters(), spec.lr)
@@ -199,6 +202,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     from launcher.storage import Storage
 
+    os.environ.update(config.get("env", {}))  # e.g. the storage emulator's address
     spec = JobSpec(**config["spec"])
     comm = backends.get(spec.backend).torch_comm()
     comm.setup()

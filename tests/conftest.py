@@ -24,3 +24,32 @@ def ray_local():
 @pytest.fixture()
 def storage(tmp_path):
     return str(tmp_path / "runs")
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator(tmp_path_factory):
+    """fake-gcs-server on a free loopback port for the whole session."""
+    from gcs_emulator import Emulator
+
+    emulator = Emulator(str(tmp_path_factory.mktemp("gcs"))).start()
+    yield emulator
+    emulator.stop()
+
+
+@pytest.fixture()
+def gcs(gcs_emulator, monkeypatch):
+    """STORAGE_EMULATOR_HOST set for this test; returns (emulator, client)."""
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.url)
+    from launcher import gcs as launcher_gcs
+
+    return gcs_emulator, launcher_gcs.client()
+
+
+@pytest.fixture()
+def bucket(gcs, request):
+    """A fresh bucket named after the test."""
+    import re
+
+    _, client = gcs
+    name = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:50] + "-b"
+    return client.create_bucket(name).name
