@@ -17,7 +17,7 @@ import sys
 import tempfile
 from typing import Any, Iterator, Sequence, TextIO
 
-from launcher import __version__
+from launcher import __version__, startup
 from launcher.errors import UserError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                      help="workload parameter, e.g. --param image_size=64 (repeatable)")
     run.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
+    run.add_argument("--profile-startup", action="store_true",
+                     help="print where the time went before the first training step")
     run.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                      help="show Ray's logs and full tracebacks")
 
@@ -122,6 +124,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         with summary_stream() as out:
             summary = driver.run(spec, verbose=args.verbose)
+            if args.profile_startup:
+                print(startup.format_table(summary["startup"]), file=sys.stderr)
             text = json.dumps(summary, sort_keys=True, default=str) if args.json else format_summary(summary)
             print(text, file=out, flush=True)
     finally:
@@ -264,6 +268,8 @@ COMMANDS = {"run": cmd_run, "workloads": cmd_workloads, "runs": cmd_runs, "data"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:  # a real command line: time the process from its start
+        startup.begin_cli()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     verbose = "-v" in argv or "--verbose" in argv

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import workloads
-from launcher import backends, datacache, gcs, raysession
+from launcher import backends, datacache, gcs, raysession, startup
 from launcher.checkpoint import Manifest, complete_checkpoints
 from launcher.errors import UserError
 from launcher.progress import Progress
@@ -40,12 +40,15 @@ class Tracker:
     resumed_from: dict[str, int] | None = None
     attempts: list[str] = field(default_factory=list)
     failures: int = 0
+    failed_at: float | None = None
+    recoveries: list[float] = field(default_factory=list)
     samples: int = 0
     train_time: float = 0.0
 
     def handle(self, event: dict[str, Any]) -> None:
         if event["type"] == "failure":
             self.failures += 1
+            self.failed_at = event["time"]
             first = min(event["errors"])
             self.progress.note(f"worker group failed (rank {first}: {event['errors'][first].splitlines()[0]})")
             return
@@ -59,6 +62,13 @@ class Tracker:
             else:
                 self.progress.note(f"restarted from the latest checkpoint ({m.get('restored_from')})")
             self.attempts.append(m.get("attempt"))
+        marks = m.pop("startup_marks", None) or {}
+        for name, when in marks.items():
+            startup.mark(name, when)
+        if self.failed_at is not None and "first_step" in marks:
+            # failure seen -> first step of the restarted worker group
+            self.recoveries.append(round(marks["first_step"] - self.failed_at, 2))
+            self.failed_at = None
         self.last = m
         if event.get("checkpoint"):
             self.checkpoint = self.log.storage.to_uri(event["checkpoint"])
@@ -87,6 +97,7 @@ class Tracker:
             "metrics": {k: m[k] for k in METRIC_KEYS if k in m},
             "samples_per_s": round(self.samples / self.train_time, 2) if self.train_time else 0.0,
             "checkpoint": self.checkpoint, "resumed_from": self.resumed_from, "restarts": max(0, restarts),
+            "recovery_s": self.recoveries,
             "wall_s": round(time.time() - self.started, 2), "launch": self.log.launch,
             "run_dir": self.log.uri(), **extra,
         }
@@ -117,13 +128,16 @@ def run(spec: JobSpec, *, verbose: bool = False, show_progress: bool = True) -> 
     Raises:
         UserError: bad input found before any worker started.
     """
+    startup.begin_run()
     progress = Progress(spec.epochs, enabled=show_progress)
     storage, log, checkpoints = preflight(spec, progress)
+    startup.mark("checks_done")
     if checkpoints and checkpoints[-1][0].epoch >= spec.epochs:
         return _already_done(spec, log, *checkpoints[-1])
     progress.note("connecting to Ray" if spec.address else "starting a local Ray instance")
     with raysession.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
                             verbose=verbose) as nodes:
+        startup.mark("ray_ready")
         raysession.check_fits(nodes, spec.workers, spec.cpus_per_worker, spec.gpus_per_worker)
         log.begin(spec.to_dict())
         tracker = Tracker(spec, log, progress)
@@ -134,6 +148,7 @@ def run(spec: JobSpec, *, verbose: bool = False, show_progress: bool = True) -> 
                       f"for {spec.workload}, run {spec.name}")
         resume = [path for _, path in reversed(checkpoints)][:5]
         status, error, result = _fit(spec, storage, tracker, resume, verbose)
+        startup.mark("fit_returned")
         progress.close()
         latest = complete_checkpoints(storage, spec.name)
         if latest:
@@ -143,24 +158,25 @@ def run(spec: JobSpec, *, verbose: bool = False, show_progress: bool = True) -> 
             model_uri = _export(spec, storage, result.checkpoint)
         summary = tracker.summary(status, error=error, model=model_uri)
         log.finish(summary)
-        return summary
+    startup.mark("done")
+    summary["startup"] = startup.report(startup.MARKS)
+    return summary
 
 
 def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], verbose: bool):
     """Run the trainer while a thread pumps reports into the tracker."""
-    import ray
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
-    from launcher.monitor import Mailbox, ReportForwarder
+    from launcher.monitor import EventChannel
     from launcher.train_torch import train_loop_per_worker
 
-    mailbox = Mailbox.remote()
+    channel = EventChannel()
     run_config = RunConfig(
         name=spec.name, storage_path=storage.root,
         storage_filesystem=None if storage.is_local else storage.fs,
         checkpoint_config=CheckpointConfig(num_to_keep=spec.keep_checkpoints),
         failure_config=FailureConfig(max_failures=spec.max_failures),
-        callbacks=[ReportForwarder(mailbox)],
+        callbacks=[channel.forwarder],
     )
     resources = {"CPU": spec.cpus_per_worker}
     if spec.gpus_per_worker:
@@ -175,7 +191,7 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
     def pump() -> None:
         while True:
             done = stop.wait(POLL_S)
-            for event in ray.get(mailbox.take.remote()):
+            for event in channel.take():
                 tracker.handle(event)
             if done:
                 return
@@ -198,6 +214,7 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
     finally:
         stop.set()
         pumper.join(timeout=30)
+        channel.close()
     return status, error, result
 
 

@@ -76,6 +76,7 @@ class TorchTraining:
         self.restored_from: dict[str, int] | None = None
         self.attempt = uuid.uuid4().hex[:12]
         self.steps_per_epoch = math.ceil(len(self.train) / spec.batch_size)
+        self.marks: dict[str, float] = {}  # start-up milestones, sent with the first report
 
     # -- checkpoints ------------------------------------------------------------------
     def restore(self, directory: str) -> None:
@@ -118,6 +119,8 @@ class TorchTraining:
                    "global_step": self.pos.global_step, "world_size": self.world,
                    "attempt": self.attempt, "restored_from": self.restored_from,
                    "steps_per_epoch": self.steps_per_epoch}
+        if self.marks:
+            metrics["startup_marks"], self.marks = self.marks, {}
         if not checkpoint:
             ray.train.report(metrics)
             return
@@ -152,6 +155,8 @@ class TorchTraining:
                     f"step {self.pos.global_step + 1}; lower --lr (now {s.lr:g})")
             loss.backward()
             optimizer.step()
+            if "first_step" not in self.marks and "worker_ready" in self.marks:
+                self.marks["first_step"] = time.time()
             totals += torch.tensor([loss.item() * len(y), len(y)], dtype=torch.float64)
             self.pos.step_in_epoch, self.pos.global_step = i + 1, self.pos.global_step + 1
             if every and self.pos.global_step % every == 0 and i + 1 < self.steps_per_epoch:
@@ -198,6 +203,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     ``config["spec"]`` is a validated JobSpec dict; ``config["resume"]`` lists
     complete checkpoints the driver found in storage, newest first.
     """
+    started = time.time()
     import ray.train
 
     from launcher.storage import Storage
@@ -219,4 +225,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             training.restore(d)
     elif offered is not None:
         raise RuntimeError(f"cannot resume: checkpoint {offered.path} is incomplete and no other is complete")
+    if comm.rank == 0:
+        training.marks.update(worker_start=started, worker_ready=time.time())
     training.fit()

@@ -34,8 +34,13 @@ def launch(capsys, *argv: str) -> tuple[int, dict]:
 
 
 def test_default_run_learns_logs_and_exports(ray_local, capsys, storage):
-    code, s = launch(capsys, "--storage", storage, "--name", "digits_default")
+    code, s = launch(capsys, "--storage", storage, "--name", "digits_default", "--profile-startup")
     assert code == 0, s
+    phases = s["startup"]["phases"]
+    for phase in ("Ray start or connect", "controller and worker group start",
+                  "worker setup (process group, data, model, restore)", "first training step", "training"):
+        assert phases[phase] >= 0, phases
+    assert phases["training"] < s["wall_s"]
     assert SUMMARY_KEYS <= set(s)
     assert (s["status"], s["workers"], s["epochs_completed"], s["restarts"]) == ("succeeded", 2, 10, 0)
     assert s["steps_completed"] == 10 * 23  # 719 samples per rank, batches of 32
@@ -111,9 +116,11 @@ def test_sigint_stops_the_run_and_the_next_launch_resumes(storage):
     assert stopped["status"] == "cancelled" and 2 <= stopped["epochs_completed"] < 30
 
     cmd[cmd.index("30")] = str(stopped["epochs_completed"] + 1)
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(cmd + ["--profile-startup"], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     resumed = json.loads(res.stdout)
+    assert "start-up profile:" in res.stderr and "time to first step (from process start)" in res.stderr
+    assert resumed["startup"]["time_to_first_step_s"] > resumed["startup"]["phases"]["Ray start or connect"]
     assert resumed["resumed_from"]["epoch"] == stopped["epochs_completed"]
     assert resumed["epochs_completed"] == stopped["epochs_completed"] + 1
     assert "resumed from epoch" in res.stderr
@@ -184,6 +191,7 @@ def test_killed_worker_restarts_from_latest_checkpoint(storage):
     assert proc.returncode == 0, "".join(seen) + rest
     s = json.loads(out)
     assert s["status"] == "succeeded" and s["restarts"] == 1
+    assert len(s["recovery_s"]) == 1 and 0 < s["recovery_s"][0] < 120  # failure -> first step after restart
     assert (s["epochs_completed"], s["steps_completed"]) == (6, 6 * 23)
     assert "restarted from the latest checkpoint" in rest
 

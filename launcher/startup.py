@@ -1,0 +1,80 @@
+"""Where the time goes before training: timestamps from the driver and rank 0, as phases.
+
+The driver marks its milestones here (CLI entry, checks done, Ray ready, fit
+returned, done); rank 0 marks its own (train function entered, ready to
+train, first step done) and sends them with its first report. Marks are wall
+clock times, so they compare across processes on one machine (on a cluster,
+up to the clocks' skew).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+MARKS: dict[str, float] = {}
+
+# (phase, from mark, to mark)
+PHASES = (
+    ("python start and imports", "process_start", "cli_main"),
+    ("spec, storage and data checks", "cli_main", "checks_done"),
+    ("Ray start or connect", "checks_done", "ray_ready"),
+    ("controller and worker group start", "ray_ready", "worker_start"),
+    ("worker setup (process group, data, model, restore)", "worker_start", "worker_ready"),
+    ("first training step", "worker_ready", "first_step"),
+    ("training", "first_step", "fit_returned"),
+    ("export, run log and Ray shutdown", "fit_returned", "done"),
+)
+
+
+def mark(name: str, when: float | None = None) -> None:
+    """Record a milestone (the first time only)."""
+    MARKS.setdefault(name, time.time() if when is None else when)
+
+
+def begin_cli() -> None:
+    """Called first thing by the command line: the process's own start counts."""
+    MARKS.clear()
+    mark("process_start", process_start())
+    mark("cli_main")
+
+
+def begin_run() -> None:
+    """Forget the marks of an earlier run in this process (tests, notebooks)."""
+    for key in list(MARKS):
+        if key not in ("process_start", "cli_main"):
+            del MARKS[key]
+    mark("cli_main")
+
+
+def process_start() -> float:
+    """When this process started (the interpreter's own start-up counts too); Linux /proc."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22: start time, clock ticks
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return time.time()
+
+
+def phases(marks: dict[str, float]) -> dict[str, float]:
+    """Seconds per phase, for the phases whose two marks are known."""
+    return {name: round(marks[b] - marks[a], 3) for name, a, b in PHASES if a in marks and b in marks}
+
+
+def report(marks: dict[str, float]) -> dict:
+    out = {"phases": phases(marks)}
+    if "first_step" in marks and "process_start" in marks:
+        out["time_to_first_step_s"] = round(marks["first_step"] - marks["process_start"], 3)
+    return out
+
+
+def format_table(rep: dict) -> str:
+    lines = ["start-up profile:"]
+    for name, seconds in rep["phases"].items():
+        lines.append(f"  {name:<52} {seconds:8.2f} s")
+    if "time_to_first_step_s" in rep:
+        lines.append(f"  {'time to first step (from process start)':<52} {rep['time_to_first_step_s']:8.2f} s")
+    return "\n".join(lines)
