@@ -78,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
                       "(default ./runs)")
     runs.add_argument("--json", action="store_true")
 
+    up = sub.add_parser("up", help="start a warm local Ray head that `launcher run` uses until `launcher down`")
+    up.add_argument("--num-cpus", type=int, default=None, help="logical CPUs of the head (default: this machine's)")
+    up.add_argument("--port", type=int, default=6390, help="the head's GCS port on 127.0.0.1 (default 6390)")
+    sub.add_parser("down", help="stop the warm local Ray head started by `launcher up`")
+
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", parser_class=_Parser, required=True)
     ck = bench_sub.add_parser("checkpoint", help="checkpoint save/restore throughput (ResNet-50 training state)")
@@ -88,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--repeats", type=int, default=3)
     ck.add_argument("--model", choices=("resnet50", "resnet18"), default="resnet50")
     ck.add_argument("--out", default="./bench-results", help="folder for JSON, CSV and PNG results")
+    ov = bench_sub.add_parser("overhead", help="1-epoch job under launcher (cold, warm) and torchrun, alternating")
+    ov.add_argument("--repeats", type=int, default=3)
+    ov.add_argument("--workers", type=int, default=2)
+    ov.add_argument("--out", default="./bench-results", help="folder for JSON, CSV and PNG results")
 
     data = sub.add_parser("data", help="data on Cloud Storage")
     data_sub = data.add_subparsers(dest="data_command", metavar="ACTION", parser_class=_Parser, required=True)
@@ -218,14 +227,49 @@ def cmd_data(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_up(args: argparse.Namespace) -> int:
+    from launcher import localhead
+
+    if args.num_cpus is not None and args.num_cpus < 1:
+        raise UserError(f"--num-cpus must be >= 1, got {args.num_cpus}")
+    state = localhead.up(args.num_cpus, args.port)
+    verb = "already running" if state.get("already_running") else "started"
+    print(f"warm local Ray {verb} at {state['address']} with {state['num_cpus']} CPUs; "
+          "`launcher run` uses it until `launcher down`")
+    return EXIT_OK
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from launcher import localhead
+
+    print("stopped the warm local Ray" if localhead.down() else "no warm local Ray was running")
+    return EXIT_OK
+
+
+def _note(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.repeats < 1:
+        raise UserError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.bench_command == "overhead":
+        from benchmarks import overhead
+
+        samples = overhead.run(args.repeats, args.workers, _note)
+        rows = overhead.summarize(samples)
+        print(overhead.format_rows(rows))
+        for path in overhead.write_results(rows, samples, args.out):
+            print(f"wrote {path}")
+        return EXIT_OK
+    return _bench_checkpoint(args)
+
+
+def _bench_checkpoint(args: argparse.Namespace) -> int:
     from benchmarks import checkpoint_io
     from launcher.spec import normalize_storage
     from launcher.storage import Storage
 
-    if args.repeats < 1:
-        raise UserError(f"--repeats must be >= 1, got {args.repeats}")
-    note = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     with contextlib.ExitStack() as stack:
         uris = list(args.storage)
         if not uris:
@@ -235,7 +279,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         storages = [Storage.resolve(normalize_storage(u)) for u in uris]
         for storage in storages:
             storage.check_writable()
-        samples = checkpoint_io.run(storages, args.repeats, args.model, note)
+        samples = checkpoint_io.run(storages, args.repeats, args.model, _note)
     rows = checkpoint_io.summarize(samples)
     print(checkpoint_io.format_rows(rows))
     for path in checkpoint_io.write_results(rows, samples, args.out):
@@ -264,7 +308,8 @@ def _bench_emulator() -> Iterator[str]:
                 os.environ[gcs.EMULATOR_ENV] = previous
 
 
-COMMANDS = {"run": cmd_run, "workloads": cmd_workloads, "runs": cmd_runs, "data": cmd_data, "bench": cmd_bench}
+COMMANDS = {"run": cmd_run, "workloads": cmd_workloads, "runs": cmd_runs, "data": cmd_data, "bench": cmd_bench,
+            "up": cmd_up, "down": cmd_down}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,13 +8,14 @@ progress as reports arrive, exports the final model and writes the run log.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import workloads
-from launcher import backends, datacache, gcs, raysession, startup
+from launcher import backends, datacache, gcs, localhead, raysession, startup
 from launcher.checkpoint import Manifest, complete_checkpoints
 from launcher.errors import UserError
 from launcher.progress import Progress
@@ -134,7 +135,11 @@ def run(spec: JobSpec, *, verbose: bool = False, show_progress: bool = True) -> 
     startup.mark("checks_done")
     if checkpoints and checkpoints[-1][0].epoch >= spec.epochs:
         return _already_done(spec, log, *checkpoints[-1])
-    progress.note("connecting to Ray" if spec.address else "starting a local Ray instance")
+    head = None if spec.address or os.environ.get("RAY_ADDRESS") else localhead.running_head()
+    if head:
+        progress.note(f"using the warm local Ray at {head['address']} (`launcher down` stops it)")
+    else:
+        progress.note("connecting to Ray" if spec.address else "starting a local Ray instance")
     with raysession.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
                             verbose=verbose) as nodes:
         startup.mark("ray_ready")

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Iterator
 
+from launcher import localhead
 from launcher.errors import UserError
 
 
@@ -36,6 +37,11 @@ def _quiet_ray_loggers(verbose: bool) -> None:
 def connect(address: str | None, *, workers: int, cpus_per_worker: float,
             verbose: bool = False) -> Iterator[list[NodeResources]]:
     """Yield the alive nodes' resources; shut Ray down afterwards only if we started it."""
+    address = address or os.environ.get("RAY_ADDRESS")
+    head = None if address else localhead.running_head()
+    if head:
+        # Ray reads its auth mode once, when it is first imported.
+        os.environ.setdefault(localhead.AUTH_ENV, head.get("auth_mode", "token"))
     import ray
 
     _quiet_ray_loggers(verbose)
@@ -43,17 +49,20 @@ def connect(address: str | None, *, workers: int, cpus_per_worker: float,
     if not ray.is_initialized():
         kwargs = dict(include_dashboard=False, log_to_driver=verbose,
                       logging_level=logging.INFO if verbose else logging.ERROR)
-        address = address or os.environ.get("RAY_ADDRESS")
         try:
-            if address:
+            if head:  # `launcher up`'s warm head on this machine: same code, nothing to ship
+                address = head["address"]
+                ray.init(address=address, **kwargs)
+            elif address:
                 # Ship this launcher's code with the job, so a cluster runs the driver's version.
                 ray.init(address=address, runtime_env=code_runtime_env(), **kwargs)
             else:
                 cpus = max(os.cpu_count() or 1, math.ceil(workers * cpus_per_worker))
-                ray.init(num_cpus=cpus, **kwargs)
+                ray.init(address="local", num_cpus=cpus, **kwargs)  # never a running cluster by surprise
         except ConnectionError as exc:
             raise UserError(f"cannot connect to the Ray cluster at {address}: {exc}",
-                            "check --address (or RAY_ADDRESS), or leave it out to start a local Ray") from None
+                            "check --address (or RAY_ADDRESS); a cluster with token authentication also needs "
+                            "RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH)") from None
         started = True
     try:
         yield alive_nodes()

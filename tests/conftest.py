@@ -9,6 +9,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+# Tests never pick up a warm local Ray that a developer started with `launcher up`.
+os.environ["LAUNCHER_STATE_DIR"] = os.path.join(ROOT, ".pytest_cache", "launcher-state")
 
 
 @pytest.fixture(scope="session")

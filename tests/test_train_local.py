@@ -225,3 +225,35 @@ def test_diverging_run_fails_with_one_clear_error(ray_local, capsys, storage):
     assert s["error"].startswith("rank ") and "training diverged" in s["error"] and "lower --lr" in s["error"]
     launches = read_jsonl(open(os.path.join(storage, "diverge", "launches.jsonl")).read())
     assert launches[-1]["summary"]["status"] == "failed"
+
+
+def test_warm_local_head_is_used_until_down(storage, tmp_path):
+    """`launcher up` starts a head; `launcher run` connects to it instead of starting Ray; `down` stops it."""
+    from launcher.gcs_emulator import free_port
+
+    env = {**os.environ, "LAUNCHER_STATE_DIR": str(tmp_path / "state")}
+    env.pop("RAY_ADDRESS", None)
+    port = str(free_port())
+    up = subprocess.run([sys.executable, "-m", "launcher", "up", "--num-cpus", "2", "--port", port], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=120)
+    try:
+        assert up.returncode == 0 and f"started at 127.0.0.1:{port} with 2 CPUs" in up.stdout, up.stderr
+        again = subprocess.run([sys.executable, "-m", "launcher", "up"], cwd=ROOT, env=env, capture_output=True,
+                               text=True, timeout=60)
+        assert "already running" in again.stdout
+        res = subprocess.run([sys.executable, "-m", "launcher", "run", "--storage", storage, "--epochs", "1",
+                              "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr
+        assert f"using the warm local Ray at 127.0.0.1:{port}" in res.stderr
+        assert json.loads(res.stdout)["status"] == "succeeded"
+        too_big = subprocess.run([sys.executable, "-m", "launcher", "run", "--storage", storage, "--workers", "3"],
+                                 cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+        assert too_big.returncode == 2 and "room for 2" in too_big.stderr
+    finally:
+        down = subprocess.run([sys.executable, "-m", "launcher", "down"], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=120)
+    assert "stopped the warm local Ray" in down.stdout
+    import socket
+
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", int(port)), timeout=1).close()

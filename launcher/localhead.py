@@ -1,0 +1,103 @@
+"""A warm local Ray head: ``launcher up`` starts one, ``launcher down`` stops it.
+
+Starting Ray is a fixed cost of every local run (several seconds on a small
+machine, plus its shutdown). With a head kept running, ``launcher run``
+without --address finds it through a small state file and connects instead.
+The head listens on loopback only and has no dashboard.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from launcher.errors import UserError
+
+STATE_ENV = "LAUNCHER_STATE_DIR"
+# Ray's token authentication: on for the head we start (its token is Ray's
+# default, ~/.ray/auth_token); a driver connecting to an explicit address must
+# say so, as Ray never turns it on by itself for one.
+AUTH_ENV = "RAY_AUTH_MODE"
+
+
+def state_file() -> str:
+    root = os.environ.get(STATE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "launcher")
+    return os.path.join(root, "local-head.json")
+
+
+def _ray_cli() -> str:
+    return shutil.which("ray", path=os.path.dirname(sys.executable)) or shutil.which("ray") or "ray"
+
+
+def _reachable(address: str) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=1.0):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
+def running_head() -> dict | None:
+    """The warm head's state ({"address", "num_cpus"}) if one is up, else None."""
+    try:
+        with open(state_file(), encoding="utf-8") as f:
+            state = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return state if _reachable(state.get("address", "")) else None
+
+
+def up(num_cpus: int | None = None, port: int = 6390, timeout_s: float = 60.0) -> dict:
+    """Start a local head (idempotent) and record its address.
+
+    The head runs under ``ray start --block`` in its own session: stopping that
+    one process (``down``) stops this head's processes and no other Ray.
+    """
+    state = running_head()
+    if state:
+        return {**state, "already_running": True}
+    cpus = num_cpus or os.cpu_count() or 1
+    os.makedirs(os.path.dirname(state_file()), exist_ok=True)
+    log_path = os.path.join(os.path.dirname(state_file()), "local-head.log")
+    cmd = [_ray_cli(), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
+           f"--num-cpus={cpus}", "--include-dashboard=false", "--disable-usage-stats"]
+    env = {**os.environ, AUTH_ENV: os.environ.get(AUTH_ENV, "token")}
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    address = f"127.0.0.1:{port}"
+    deadline = time.time() + timeout_s
+    while not _reachable(address):
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            with open(log_path) as f:
+                tail = [line for line in f.read().splitlines() if line.strip()][-1:] or ["no output"]
+            raise UserError(f"`ray start --head` failed: {tail[0]}",
+                            f"is another Ray using port {port}? see {log_path}")
+        time.sleep(0.2)
+    state = {"address": address, "num_cpus": cpus, "pid": proc.pid, "auth_mode": env[AUTH_ENV]}
+    with open(state_file(), "w", encoding="utf-8") as f:
+        json.dump(state, f)
+    return state
+
+
+def down(timeout_s: float = 30.0) -> bool:
+    """Stop the head recorded by ``up``; returns whether one was running."""
+    state = running_head()
+    with contextlib.suppress(FileNotFoundError):
+        os.remove(state_file())
+    if state is None:
+        return False
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(int(state["pid"]), signal.SIGTERM)
+    deadline = time.time() + timeout_s
+    while _reachable(state["address"]) and time.time() < deadline:
+        time.sleep(0.2)
+    return True
