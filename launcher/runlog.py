@@ -87,13 +87,12 @@ class RunLog:
         self.storage.append_text(_line({"launch": self.launch, "time": time.time(), **metrics}),
                                  self.name, "metrics.jsonl")
         writer = self._writer()
-        if writer is not None:
-            step = int(metrics.get("global_step", 0))
-            for key in ("loss", "accuracy", "train_loss", "samples_per_s"):
-                if isinstance(metrics.get(key), (int, float)):
-                    writer.add_scalar(key, metrics[key], step)
-            writer.flush()
-            self._sync_tensorboard()
+        step = int(metrics.get("global_step", 0))
+        for key in ("loss", "accuracy", "train_loss", "samples_per_s"):
+            if isinstance(metrics.get(key), (int, float)):
+                writer.add_scalar(key, metrics[key], step)
+        writer.flush()
+        self._sync_tensorboard()
 
     def _writer(self):
         if self._tb is None:
