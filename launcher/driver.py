@@ -62,7 +62,8 @@ class Tracker:
                     self.progress.note(f"resumed from epoch {self.resumed_from['epoch']}, "
                                        f"step {self.resumed_from['step']}")
             else:
-                self.progress.note(f"restarted from the latest checkpoint ({m.get('restored_from')})")
+                back = m.get("restored_from") or {"epoch": 0, "step": 0}
+                self.progress.note(f"restarted from the latest checkpoint: epoch {back['epoch']}, step {back['step']}")
             self.attempts.append(m.get("attempt"))
         marks = m.pop("startup_marks", None) or {}
         for name, when in marks.items():
@@ -131,6 +132,7 @@ def run(spec: JobSpec, *, verbose: bool = False, show_progress: bool = True) -> 
         UserError: bad input found before any worker started.
     """
     startup.begin_run()
+    launched = time.time()
     progress = Progress(spec.epochs, enabled=show_progress)
     storage, log, checkpoints = preflight(spec, progress)
     startup.mark("checks_done")
@@ -146,7 +148,7 @@ def run(spec: JobSpec, *, verbose: bool = False, show_progress: bool = True) -> 
         startup.mark("ray_ready")
         raysession.check_fits(nodes, spec.workers, spec.cpus_per_worker, spec.gpus_per_worker)
         log.begin(spec.to_dict())
-        tracker = Tracker(spec, log, progress)
+        tracker = Tracker(spec, log, progress, started=launched)
         if checkpoints:
             m = checkpoints[-1][0]
             progress.note(f"run {spec.name} exists: resuming after epoch {m.epoch} (step {m.global_step})")

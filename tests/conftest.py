@@ -18,7 +18,7 @@ def ray_local():
     """A real local Ray with 2 CPUs, shared by every integration test (start-up is slow)."""
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
     yield ray
     ray.shutdown()
 
