@@ -16,6 +16,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 from launcher.errors import UserError
@@ -100,4 +101,16 @@ def down(timeout_s: float = 30.0) -> bool:
     deadline = time.time() + timeout_s
     while _reachable(state["address"]) and time.time() < deadline:
         time.sleep(0.2)
+    _forget_default_address(state["address"])
     return True
+
+
+def _forget_default_address(address: str) -> None:
+    """Remove Ray's note of the 'current' local cluster if it names the head just stopped;
+    a stale note makes a later plain ``ray.init()`` try to join a dead cluster."""
+    note = os.path.join(tempfile.gettempdir(), "ray", "ray_current_cluster")
+    with contextlib.suppress(OSError):
+        with open(note, encoding="utf-8") as f:
+            current = f.read().strip()
+        if current.rpartition(":")[2] == address.rpartition(":")[2]:
+            os.remove(note)
