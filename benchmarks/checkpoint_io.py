@@ -10,7 +10,6 @@ manifest, then copied to storage) and read back the way a resume reads them
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import tempfile
@@ -128,24 +127,10 @@ def _label(row: dict) -> str:
 
 
 def write_results(rows: list[dict], samples: list[Sample], out_dir: str) -> list[str]:
-    """results.json, results.csv and a bar chart (PNG) of save and restore MB/s."""
-    import csv
+    """checkpoint.json, checkpoint.csv and a bar chart (PNG) of save and restore MB/s."""
+    from benchmarks import results
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    os.makedirs(out_dir, exist_ok=True)
-    paths = [os.path.join(out_dir, n) for n in ("checkpoint.json", "checkpoint.csv", "checkpoint.png")]
-    with open(paths[0], "w") as f:
-        json.dump({"summary": rows, "samples": [asdict(s) for s in samples],
-                   "save_target_s": SAVE_TARGET_S}, f, indent=1)
-    with open(paths[1], "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = results.new_figure()
     xs = range(len(rows))
     ax.bar([x - 0.2 for x in xs], [r["save_mb_s"] for r in rows], 0.4, label="save")
     ax.bar([x + 0.2 for x in xs], [r["restore_mb_s"] for r in rows], 0.4, label="restore")
@@ -155,7 +140,5 @@ def write_results(rows: list[dict], samples: list[Sample], out_dir: str) -> list
     ax.set_ylabel("MB/s (median)")
     ax.set_title(f"Checkpoint throughput, {rows[0]['mb']:.0f} MB training state")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(paths[2], dpi=120)
-    plt.close(fig)
-    return paths
+    return results.write(out_dir, "checkpoint", rows,
+                         {"samples": [asdict(s) for s in samples], "save_target_s": SAVE_TARGET_S}, fig)

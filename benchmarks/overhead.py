@@ -89,22 +89,10 @@ def format_rows(rows: list[dict]) -> str:
 
 
 def write_results(rows: list[dict], samples: list[dict], out_dir: str) -> list[str]:
-    import csv
+    """overhead.json, overhead.csv and a bar chart (PNG) of wall times against 2x and 3x torchrun."""
+    from benchmarks import results
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    os.makedirs(out_dir, exist_ok=True)
-    paths = [os.path.join(out_dir, n) for n in ("overhead.json", "overhead.csv", "overhead.png")]
-    with open(paths[0], "w") as f:
-        json.dump({"summary": rows, "samples": samples}, f, indent=1)
-    with open(paths[1], "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = results.new_figure()
     xs = range(len(rows))
     med = [r["wall_s_median"] for r in rows]
     err = [[m - r["wall_s_min"] for m, r in zip(med, rows)], [r["wall_s_max"] - m for m, r in zip(med, rows)]]
@@ -116,7 +104,4 @@ def write_results(rows: list[dict], samples: list[dict], out_dir: str) -> list[s
     ax.set_ylabel("wall time, 1-epoch digits-mlp job (s)")
     ax.set_title("Launcher overhead (median, min-max)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(paths[2], dpi=120)
-    plt.close(fig)
-    return paths
+    return results.write(out_dir, "overhead", rows, {"samples": samples}, fig)

@@ -1,0 +1,36 @@
+"""Writing a benchmark's results: JSON (everything), CSV (the summary table) and a PNG plot."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from typing import Any
+
+
+def new_figure():
+    """A matplotlib figure and axes, drawn off-screen."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(figsize=(7, 4))
+
+
+def write(out_dir: str, stem: str, rows: list[dict], payload: dict[str, Any], fig) -> list[str]:
+    """<stem>.json ({"summary": rows, **payload}), <stem>.csv (rows) and <stem>.png (fig); returns the paths."""
+    import matplotlib.pyplot as plt
+
+    os.makedirs(out_dir, exist_ok=True)
+    paths = [os.path.join(out_dir, f"{stem}.{ext}") for ext in ("json", "csv", "png")]
+    with open(paths[0], "w") as f:
+        json.dump({"summary": rows, **payload}, f, indent=1)
+    with open(paths[1], "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    fig.tight_layout()
+    fig.savefig(paths[2], dpi=120)
+    plt.close(fig)
+    return paths

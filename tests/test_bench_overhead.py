@@ -1,0 +1,26 @@
+"""The overhead benchmark's arithmetic and output files (its runs are measured by hand, not in CI)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import overhead
+
+
+def test_summary_ratios_and_files(tmp_path):
+    walls = {"launcher-cold": [30.0, 34.0, 31.0], "launcher-warm": [20.0, 22.0, 21.0], "torchrun": [7.0, 8.0, 6.0]}
+    samples = [{"variant": v, "repeat": i, "wall_s": w, "first_step_s": (w - 5 if v != "torchrun" else None),
+                "accuracy": 0.56} for v, ws in walls.items() for i, w in enumerate(ws)]
+    rows = {r["variant"]: r for r in overhead.summarize(samples)}
+    assert rows["launcher-cold"]["wall_s_median"] == 31.0
+    assert rows["launcher-cold"]["vs_torchrun"] == pytest.approx(31.0 / 7.0)
+    assert rows["launcher-warm"]["vs_torchrun"] == pytest.approx(3.0)
+    assert (rows["launcher-warm"]["wall_s_min"], rows["launcher-warm"]["wall_s_max"]) == (20.0, 22.0)
+    assert rows["launcher-warm"]["first_step_s_median"] == 16.0 and rows["torchrun"]["first_step_s_median"] is None
+    table = overhead.format_rows(list(rows.values()))
+    assert "launcher-warm" in table and "3.00" in table
+    paths = overhead.write_results(list(rows.values()), samples, str(tmp_path))
+    assert json.load(open(paths[0]))["samples"] == samples
+    assert open(paths[2], "rb").read(4) == b"\x89PNG"
