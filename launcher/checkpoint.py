@@ -73,24 +73,10 @@ def parse_manifest(text: str) -> Manifest:
 
 
 def read_manifest(directory: str) -> Manifest:
-    """Read and verify a checkpoint folder.
+    """Read and verify a local checkpoint folder (see :func:`verify`)."""
+    import pyarrow.fs
 
-    Raises:
-        IncompleteCheckpoint: no manifest, or a listed file is missing or has
-            the wrong size.
-    """
-    path = os.path.join(directory, MANIFEST)
-    if not os.path.isfile(path):
-        raise IncompleteCheckpoint(f"{directory} has no {MANIFEST}")
-    with open(path, encoding="utf-8") as f:
-        manifest = parse_manifest(f.read())
-    for name, size in manifest.files.items():
-        p = os.path.join(directory, name)
-        if not os.path.isfile(p):
-            raise IncompleteCheckpoint(f"{directory}: {name} is missing")
-        if os.path.getsize(p) != size:
-            raise IncompleteCheckpoint(f"{directory}: {name} has {os.path.getsize(p)} bytes, manifest says {size}")
-    return manifest
+    return verify(pyarrow.fs.LocalFileSystem(), os.path.abspath(directory))
 
 
 def verify(fs, path: str) -> Manifest:
@@ -105,13 +91,15 @@ def verify(fs, path: str) -> Manifest:
     try:
         with fs.open_input_stream(f"{path}/{MANIFEST}") as f:
             manifest = parse_manifest(f.read().decode("utf-8"))
-    except (FileNotFoundError, OSError) as exc:
-        raise IncompleteCheckpoint(f"{path} has no readable {MANIFEST}: {exc}") from None
-    infos = fs.get_file_info([f"{path}/{name}" for name in manifest.files])
-    for info in infos:
-        want = manifest.files[os.path.basename(info.path)]
-        if info.type != pyarrow.fs.FileType.File or info.size != want:
-            raise IncompleteCheckpoint(f"{info.path}: expected a file of {want} bytes")
+    except (FileNotFoundError, OSError):
+        raise IncompleteCheckpoint(f"{path} has no {MANIFEST}") from None
+    names = list(manifest.files)
+    for name, info in zip(names, fs.get_file_info([f"{path}/{n}" for n in names])):
+        want = manifest.files[name]
+        if info.type != pyarrow.fs.FileType.File:
+            raise IncompleteCheckpoint(f"{path}: {name} is missing")
+        if info.size != want:
+            raise IncompleteCheckpoint(f"{path}: {name} has {info.size} bytes, manifest says {want}")
     return manifest
 
 
