@@ -133,8 +133,8 @@ def test_cluster_too_small_is_rejected_before_start(ray_local, capsys, storage):
     code = main(["run", "--storage", storage, "--gpus-per-worker", "1"])
     err = capsys.readouterr().err
     assert code == 2 and "1 CPU + 1 GPU" in err and "room for 0" in err
-    assert not os.path.exists(os.path.join(storage, os.listdir(storage)[0], "launches.jsonl")) \
-        if os.listdir(storage) else True
+    runs = os.listdir(storage) if os.path.isdir(storage) else []
+    assert not any(os.path.exists(os.path.join(storage, r, "launches.jsonl")) for r in runs)  # no launch began
 
 
 @pytest.mark.parametrize("workload,extra,min_acc", [
