@@ -149,18 +149,19 @@ class TorchTraining:
             x, y = self.batch(self.train, order[i * s.batch_size:(i + 1) * s.batch_size])
             optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(x), y)
-            if not math.isfinite(loss.item()):
+            value = loss.item()  # one device sync per step, reused below
+            if not math.isfinite(value):
                 raise FloatingPointError(
-                    f"training diverged: loss is {loss.item()} at epoch {self.pos.epoch + 1}, "
+                    f"training diverged: loss is {value} at epoch {self.pos.epoch + 1}, "
                     f"step {self.pos.global_step + 1}; lower --lr (now {s.lr:g})")
             loss.backward()
             optimizer.step()
             if "first_step" not in self.marks and "worker_ready" in self.marks:
                 self.marks["first_step"] = time.time()
-            totals += torch.tensor([loss.item() * len(y), len(y)], dtype=torch.float64)
+            totals += torch.tensor([value * len(y), len(y)], dtype=torch.float64)
             self.pos.step_in_epoch, self.pos.global_step = i + 1, self.pos.global_step + 1
             if every and self.pos.global_step % every == 0 and i + 1 < self.steps_per_epoch:
-                self.report({"kind": "step", "train_loss": loss.item()})
+                self.report({"kind": "step", "train_loss": value})
         seconds = time.perf_counter() - start
         totals = self.comm.allreduce_sum(totals)
         samples = int(totals[1].item())
