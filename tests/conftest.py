@@ -10,6 +10,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 # Tests never pick up a warm local Ray that a developer started with `launcher up`.
+# TensorFlow runs with the legacy tf.keras (tf-keras), selected before it is first imported.
+os.environ["TF_USE_LEGACY_KERAS"] = "1"
 os.environ["LAUNCHER_STATE_DIR"] = os.path.join(ROOT, ".pytest_cache", "launcher-state")
 
 

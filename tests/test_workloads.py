@@ -160,3 +160,23 @@ def test_mnist_labels_out_of_range(tmp_path):
         f.write(idx_bytes(np.full(20, 12, dtype=np.uint8)))
     with pytest.raises(workloads.DataError, match="train-labels-idx1-ubyte: MNIST labels must be 0..9, found 12..12"):
         workloads.get("mnist-cnn").check_data(folder, {})
+
+
+@pytest.mark.parametrize("name,params", [
+    ("digits-mlp", {}), ("mnist-mlp", {}), ("mnist-cnn", {}), ("cifar10-cnn", {}),
+    ("resnet18-synthetic", {"image_size": "32", "num_classes": "1000"}),
+    ("resnet50-synthetic", {"image_size": "32", "num_classes": "1000"}),
+])
+def test_tensorflow_model_matches_torch_model(name, params):
+    """Same architecture in both frameworks: equal trainable parameter counts and output shapes
+    on the same (channels-first) inputs."""
+    import torch
+
+    w = workloads.get(name)
+    assert "tensorflow" in w.frameworks
+    p = w.resolve_params(params)
+    tf_model, torch_model = w.tf_model(p), w.torch_model(p)
+    trainable = sum(int(np.prod(v.shape)) for v in tf_model.trainable_weights)
+    assert trainable == sum(t.numel() for t in torch_model.parameters())
+    x = np.random.default_rng(0).standard_normal((2, *w.input_shape(p))).astype(np.float32)
+    assert tuple(tf_model(x).shape) == tuple(torch_model(torch.from_numpy(x)).shape) == (2, w.num_classes(p))

@@ -81,7 +81,7 @@ class Workload:
     name: str
     description: str
     defaults: Defaults
-    frameworks: tuple[str, ...] = ("torch",)
+    frameworks: tuple[str, ...] = ("torch", "tensorflow")
     data_help: str | None = None  # what --data must point at; None: needs no files
     params: tuple[Param, ...] = field(default_factory=tuple)
 
@@ -137,6 +137,13 @@ class Workload:
 
     def torch_model(self, params: Mapping[str, Any]):
         """A fresh, randomly initialised torch.nn.Module producing class logits."""
+        raise NotImplementedError
+
+    def tf_model(self, params: Mapping[str, Any]):
+        """A fresh tf.keras model (legacy Keras, see workloads.tf_models) producing class logits.
+
+        It takes the same inputs as the torch model (channels-first images).
+        """
         raise NotImplementedError
 
     def describe(self) -> dict[str, Any]:

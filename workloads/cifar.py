@@ -99,7 +99,6 @@ class CifarCNN(Workload):
             name="cifar10-cnn",
             description="CIFAR-10 with a 3-stage CNN",
             defaults=Defaults(epochs=5, batch_size=64, lr=0.001, optimizer="adam"),
-            frameworks=("torch",),
             data_help=DATA_HELP,
         )
 
@@ -129,3 +128,8 @@ class CifarCNN(Workload):
         from workloads.torch_models import SmallCNN
 
         return SmallCNN(3, 32, (32, 64, 128), 10, hidden=256)
+
+    def tf_model(self, params: Mapping[str, Any]):
+        from workloads.tf_models import small_cnn
+
+        return small_cnn(3, 32, (32, 64, 128), 10, hidden=256)

@@ -36,7 +36,6 @@ class DigitsMLP(Workload):
             name="digits-mlp",
             description="scikit-learn's 8x8 digits (1,438 train / 359 test) with a 2-layer MLP",
             defaults=Defaults(epochs=10, batch_size=32, lr=0.002, optimizer="adam"),
-            frameworks=("torch",),
         )
 
     def load(self, data: str | None, split: str, rank: int, world_size: int,
@@ -56,3 +55,8 @@ class DigitsMLP(Workload):
         from workloads.torch_models import MLP
 
         return MLP(64, (128, 64), 10)
+
+    def tf_model(self, params: Mapping[str, Any]):
+        from workloads.tf_models import mlp
+
+        return mlp((64,), (128, 64), 10)

@@ -131,7 +131,6 @@ class MNIST(Workload):
             description=("MNIST with a 2-layer MLP" if model == "mlp"
                          else "MNIST with a 2-stage CNN"),
             defaults=Defaults(epochs=3, batch_size=64, lr=0.001, optimizer="adam"),
-            frameworks=("torch",),
             data_help=DATA_HELP,
         )
         self.model = model
@@ -202,3 +201,10 @@ class MNIST(Workload):
         if self.model == "mlp":
             return MLP(28 * 28, (256, 128), 10)
         return SmallCNN(1, 28, (16, 32), 10)
+
+    def tf_model(self, params: Mapping[str, Any]):
+        from workloads.tf_models import mlp, small_cnn
+
+        if self.model == "mlp":
+            return mlp((1, 28, 28), (256, 128), 10)
+        return small_cnn(1, 28, (16, 32), 10)

@@ -36,7 +36,6 @@ class SyntheticResNet(Workload):
             name=f"resnet{depth}-synthetic",
             description=f"ResNet-{depth} on random images (for benchmarks; accuracy is chance)",
             defaults=Defaults(epochs=1, batch_size=32, lr=0.01, optimizer="sgd"),
-            frameworks=("torch",),
             params=(
                 Param("image_size", _image_size, 224, "height and width of the square images"),
                 Param("num_samples", _positive, 256, "training images in total (all ranks)"),
@@ -71,3 +70,8 @@ class SyntheticResNet(Workload):
 
         build = resnet18 if self.depth == 18 else resnet50
         return build(params["num_classes"])
+
+    def tf_model(self, params: Mapping[str, Any]):
+        from workloads.tf_models import resnet
+
+        return resnet(self.depth, params["num_classes"], params["image_size"])
