@@ -176,7 +176,11 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
     from launcher.monitor import EventChannel
-    from launcher.train_torch import train_loop_per_worker
+
+    if spec.framework == "tensorflow":
+        from launcher.train_tf import train_loop_per_worker
+    else:
+        from launcher.train_torch import train_loop_per_worker
 
     # Ray Train's controller polls its workers every 2 s by default, so it notices
     # the end of training up to 2 s late; 0.2 s measured ~2-4 s off a short run.
@@ -243,10 +247,11 @@ def describe_failure(exc: BaseException) -> str:
 
 
 def _export(spec: JobSpec, storage: Storage, checkpoint) -> str | None:
-    from launcher.export import export_torch
+    from launcher.export import export_tensorflow, export_torch
 
+    export = export_tensorflow if spec.framework == "tensorflow" else export_torch
     with checkpoint.as_directory() as d:
-        return export_torch(spec, d, storage)
+        return export(spec, d, storage)
 
 
 def _already_done(spec: JobSpec, log: RunLog, manifest: Manifest, path: str) -> dict[str, Any]:

@@ -4,17 +4,47 @@ For PyTorch: ``model.pt2`` (a ``torch.export`` program with a dynamic batch
 dimension: ``torch.export.load(path).module()(x)`` needs none of our code),
 ``state_dict.pt`` (the weights, for ``load_state_dict``) and ``model.json``
 (workload, input shape, classes).
+
+For TensorFlow: ``saved_model/`` (TensorFlow's SavedModel format:
+``tf.saved_model.load(path).serve(x)`` or ``tf_keras.models.load_model``),
+``model.weights.npz`` and the same ``model.json``. Both take the same input:
+the workload's channels-first layout.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import sys
 import tempfile
+from typing import Iterator
 
 import workloads
 from launcher.storage import Storage
 from launcher.train_torch import MODEL_FILE
+
+
+@contextlib.contextmanager
+def native_stderr_silenced() -> Iterator[None]:
+    """Send file descriptor 2 to /dev/null meanwhile: C++ libraries log there before any
+    setting can stop them. Python exceptions still propagate (and print afterwards)."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _describe(spec, workload, shape, files: dict[str, str], directory: str) -> None:
+    with open(os.path.join(directory, "model.json"), "w", encoding="utf-8") as f:
+        json.dump({"workload": spec.workload, "framework": spec.framework, "input_shape": list(shape),
+                   "num_classes": workload.num_classes(spec.params), "params": spec.params,
+                   "files": files}, f, indent=1)
 
 
 def export_torch(spec, checkpoint_dir: str, storage: Storage) -> str:
@@ -31,10 +61,34 @@ def export_torch(spec, checkpoint_dir: str, storage: Storage) -> str:
     with tempfile.TemporaryDirectory(prefix="launcher-export-") as d:
         torch.export.save(program, os.path.join(d, "model.pt2"))
         torch.save(model.state_dict(), os.path.join(d, "state_dict.pt"))
-        with open(os.path.join(d, "model.json"), "w", encoding="utf-8") as f:
-            json.dump({"workload": spec.workload, "framework": "torch", "input_shape": list(shape),
-                       "num_classes": workload.num_classes(spec.params), "params": spec.params,
-                       "files": {"model.pt2": "torch.export program: torch.export.load(p).module()",
-                                 "state_dict.pt": "weights for the workload's torch model"}}, f, indent=1)
+        _describe(spec, workload, shape, {"model.pt2": "torch.export program: torch.export.load(p).module()",
+                                          "state_dict.pt": "weights for the workload's torch model"}, d)
+        storage.upload_dir(d, spec.name, "model")
+    return storage.uri_of(spec.name, "model")
+
+
+def export_tensorflow(spec, checkpoint_dir: str, storage: Storage) -> str:
+    """Write the TensorFlow model in ``checkpoint_dir`` as a SavedModel under ``<storage>/<name>/model/``."""
+    import shutil
+
+    from launcher.train_tf import MODEL_FILE as TF_MODEL_FILE, load_arrays
+    from workloads.tf_models import keras
+
+    workload = workloads.get(spec.workload)
+    with native_stderr_silenced():  # TensorFlow's C++ start-up notes (no GPU, CPU features)
+        keras()  # selects the legacy tf.keras before TensorFlow loads
+        import tensorflow as tf
+
+        model = workload.tf_model(spec.params)
+    model.set_weights(load_arrays(os.path.join(checkpoint_dir, TF_MODEL_FILE)))
+    shape = workload.input_shape(spec.params)
+    serve = tf.function(lambda x: model(x, training=False),
+                        input_signature=[tf.TensorSpec((None, *shape), tf.float32, name="x")])
+    with tempfile.TemporaryDirectory(prefix="launcher-export-") as d:
+        tf.saved_model.save(model, os.path.join(d, "saved_model"), signatures={"serving_default": serve})
+        shutil.copy(os.path.join(checkpoint_dir, TF_MODEL_FILE), d)
+        _describe(spec, workload, shape, {
+            "saved_model": "TensorFlow SavedModel: tf.saved_model.load(p).signatures['serving_default'](x=...)",
+            TF_MODEL_FILE: "weights for the workload's tf.keras model (model.set_weights)"}, d)
         storage.upload_dir(d, spec.name, "model")
     return storage.uri_of(spec.name, "model")

@@ -23,7 +23,7 @@ from launcher.gcs import parse_gs_uri
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
 URI_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")
-FRAMEWORKS = ("torch",)
+FRAMEWORKS = ("torch", "tensorflow")
 DEFAULT_STORAGE = "./runs"
 
 

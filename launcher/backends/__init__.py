@@ -2,9 +2,10 @@
 
 A backend has two halves. On the driver it turns a validated JobSpec into a
 Ray Train V2 trainer (:meth:`Backend.trainer`). On each worker it provides a
-:class:`TorchComm`: how to wrap the model and optimizer, and how to sum a
-tensor over all ranks. The generic training loop (:mod:`launcher.train_torch`)
-only talks to these two interfaces. Framework and backend libraries are
+:class:`TorchComm` (how to wrap the model and optimizer, and how to sum a
+tensor over all ranks) or, for TensorFlow, a :class:`TFComm` (the variable
+scope and the synchronous train step). The generic training loops
+(:mod:`launcher.train_torch`, :mod:`launcher.train_tf`) only talk to these. Framework and backend libraries are
 imported inside the methods that need them.
 """
 
@@ -45,6 +46,42 @@ class TorchComm:
         raise NotImplementedError
 
 
+class TFComm:
+    """Worker-side collective operations for a TensorFlow training loop."""
+
+    def setup(self) -> None:
+        """Join the workers (called once per worker, before any TensorFlow variable exists)."""
+
+    @property
+    def rank(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def world_size(self) -> int:
+        raise NotImplementedError
+
+    def scope(self):
+        """Context in which the model and optimizer variables are created."""
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def train_step(self, model, optimizer, loss):
+        """A callable ``step(x, y) -> this rank's mean loss`` doing one synchronous update.
+
+        ``loss(y, logits)`` returns per-example losses. The update must follow the
+        gradient of the mean loss over the global batch (all ranks' examples).
+        """
+        raise NotImplementedError
+
+    def after_restore(self, model, optimizer) -> None:
+        """Called once the variables hold their initial or restored values, before training."""
+
+    def allreduce_sum(self, values):
+        """Sum a float64 numpy vector over all ranks; every rank gets the result."""
+        raise NotImplementedError
+
+
 class Backend:
     """Driver-side description of a backend."""
 
@@ -62,6 +99,9 @@ class Backend:
         raise NotImplementedError
 
     def torch_comm(self) -> TorchComm:
+        raise NotImplementedError
+
+    def tf_comm(self) -> TFComm:
         raise NotImplementedError
 
 

@@ -1,8 +1,9 @@
-"""Ray Train's native backend: torch DistributedDataParallel (gloo on CPU, nccl on GPU)."""
+"""Ray Train's native backends: torch DistributedDataParallel (gloo on CPU, nccl on GPU)
+and TensorFlow's MultiWorkerMirroredStrategy."""
 
 from __future__ import annotations
 
-from launcher.backends import Backend, TorchComm
+from launcher.backends import Backend, TFComm, TorchComm
 
 
 class DDPComm(TorchComm):
@@ -43,12 +44,114 @@ class DDPComm(TorchComm):
         return tensor
 
 
+class MirroredComm(TFComm):
+    """TensorFlow's MultiWorkerMirroredStrategy, on the TF_CONFIG Ray's TensorflowTrainer sets."""
+
+    def setup(self) -> None:
+        import json
+        import os
+
+        import tensorflow as tf
+
+        task = json.loads(os.environ["TF_CONFIG"])
+        self._rank, self._world = task["task"]["index"], len(task["cluster"]["worker"])
+        self.strategy = tf.distribute.MultiWorkerMirroredStrategy()
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world
+
+    def scope(self):
+        return self.strategy.scope()
+
+    def train_step(self, model, optimizer, loss):
+        import tensorflow as tf
+
+        strategy, world = self.strategy, self._world
+
+        def replica_step(x, y):
+            with tf.GradientTape() as tape:
+                per_example = loss(y, model(x, training=True))
+                # The strategy sums gradients over the workers, so divide by the global batch.
+                global_batch = tf.cast(tf.shape(per_example)[0] * world, per_example.dtype)
+                scaled = tf.reduce_sum(per_example) / global_batch
+            grads = tape.gradient(scaled, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return tf.reduce_mean(per_example)
+
+        @tf.function(reduce_retracing=True)
+        def step(x, y):
+            return strategy.experimental_local_results(strategy.run(replica_step, args=(x, y)))[0]
+
+        return step
+
+    def allreduce_sum(self, values):
+        import tensorflow as tf
+
+        if self._world == 1:
+            return values
+        tensor = tf.constant(values)
+        per_replica = self.strategy.run(lambda: tf.identity(tensor))
+        return self.strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None).numpy()
+
+
+def _worker_address() -> str:
+    import socket
+
+    import ray.util
+
+    with socket.socket() as sock:  # a port free now; TensorFlow binds it moments later
+        sock.bind(("", 0))
+        port = sock.getsockname()[1]
+    return f"{ray.util.get_node_ip_address()}:{port}"
+
+
+def _set_tf_config(addresses: list[str], index: int) -> None:
+    import json
+    import os
+
+    os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": addresses},
+                                          "task": {"type": "worker", "index": index}})
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+
+
+def tf_config():
+    """A Ray Train BackendConfig that gives every worker the TF_CONFIG of one worker cluster."""
+    from ray.train.backend import Backend as RayBackend, BackendConfig
+
+    class TFConfigBackend(RayBackend):
+        def on_start(self, worker_group, backend_config) -> None:
+            import ray
+
+            addresses = worker_group.execute(_worker_address)
+            ray.get([worker_group.execute_single_async(i, _set_tf_config, addresses, i)
+                     for i in range(len(addresses))])
+
+    class TFConfig(BackendConfig):
+        @property
+        def backend_cls(self):
+            return TFConfigBackend
+
+    return TFConfig()
+
+
 class NativeBackend(Backend):
     name = "native"
-    description = "Ray Train's own: torch DDP (gloo on CPU, nccl on GPU)"
-    frameworks = ("torch",)
+    description = "Ray Train's own: torch DDP (gloo on CPU, nccl on GPU), TF MultiWorkerMirroredStrategy"
+    frameworks = ("torch", "tensorflow")
 
     def trainer(self, spec, train_fn, loop_config, scaling_config, run_config):
+        if spec.framework == "tensorflow":
+            # Ray's TensorflowTrainer does the same, but importing ray.train.tensorflow
+            # imports TensorFlow into the driver (seconds, and C++ log noise) for nothing.
+            from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+            return DataParallelTrainer(train_fn, train_loop_config=loop_config, backend_config=tf_config(),
+                                       scaling_config=scaling_config, run_config=run_config)
         from ray.train.torch import TorchConfig, TorchTrainer
 
         return TorchTrainer(
@@ -61,3 +164,6 @@ class NativeBackend(Backend):
 
     def torch_comm(self) -> TorchComm:
         return DDPComm()
+
+    def tf_comm(self) -> TFComm:
+        return MirroredComm()

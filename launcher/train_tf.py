@@ -1,0 +1,185 @@
+"""The per-worker training loop for TensorFlow, shared by every TensorFlow backend.
+
+The same shape as :mod:`launcher.train_torch`: the backend's
+:class:`~launcher.backends.TFComm` joins the workers (MultiWorkerMirroredStrategy
+or Horovod) and supplies the distributed train step; this module loads the
+rank's shard, builds the workload's tf.keras model, restores the newest
+complete checkpoint, and trains with the same data order, batch semantics
+(``batch_size`` per worker; the gradient is that of the mean loss over the
+global batch), checkpoints and reports as the torch loop.
+
+Checkpoints hold the model's weights (``model.weights.npz``: every variable,
+batch-norm statistics included) and the optimizer's variables
+(``optimizer.npz``) as plain arrays, so reading them needs no distribution
+strategy, and the same manifest as torch checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+import workloads
+from launcher import backends
+from launcher.checkpoint import Manifest, read_manifest, write_manifest
+from launcher.loop import Position, Reporter, checkpoint_to_resume, diverged, epoch_order
+from launcher.spec import JobSpec
+
+MODEL_FILE = "model.weights.npz"
+OPTIMIZER_FILE = "optimizer.npz"
+EVAL_BATCH = 512
+
+
+def configure_tensorflow(threads: int) -> None:
+    """Select the legacy tf.keras and size TensorFlow's thread pools; call before TF starts."""
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+    except RuntimeError:  # already initialised (a second run in the same process)
+        pass
+
+
+def make_optimizer(name: str, lr: float):
+    from workloads.tf_models import keras
+
+    k = keras()
+    if name == "sgd":
+        return k.optimizers.SGD(learning_rate=lr, momentum=0.9)
+    return k.optimizers.Adam(learning_rate=lr)
+
+
+def save_arrays(path: str, arrays: list[np.ndarray]) -> None:
+    np.savez(path, **{f"a{i:04d}": a for i, a in enumerate(arrays)})
+
+
+def load_arrays(path: str) -> list[np.ndarray]:
+    with np.load(path) as f:
+        return [f[f"a{i:04d}"] for i in range(len(f.files))]
+
+
+class TFTraining:
+    """One worker's TensorFlow training state and the operations on it."""
+
+    def __init__(self, spec: JobSpec, comm: backends.TFComm) -> None:
+        import tensorflow as tf
+
+        from launcher.datacache import local_data
+
+        self.spec, self.comm = spec, comm
+        self.rank, self.world = comm.rank, comm.world_size
+        self.workload = workloads.get(spec.workload)
+        data = local_data(spec.data)
+        self.train = self.workload.load(data, "train", self.rank, self.world, spec.params)
+        self.test = self.workload.load(data, "test", self.rank, self.world, spec.params)
+        tf.random.set_seed(spec.seed)  # same initial weights on every rank
+        with comm.scope():
+            self.model = self.workload.tf_model(spec.params)
+            self.optimizer = make_optimizer(self.workload.defaults.optimizer, spec.lr)
+            self.optimizer.build(self.model.trainable_variables)
+        self.loss = tf.keras.losses.SparseCategoricalCrossentropy(
+            from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
+        self.pos = Position()
+        self.steps_per_epoch = math.ceil(len(self.train) / spec.batch_size)
+        self.reporter = Reporter(self.pos, self.world, self.steps_per_epoch)
+
+    # -- checkpoints ------------------------------------------------------------------
+    def restore(self, directory: str) -> None:
+        manifest = read_manifest(directory)
+        if manifest.framework != "tensorflow":
+            raise RuntimeError(f"checkpoint {directory} was written by {manifest.framework}, not tensorflow")
+        self.model.set_weights(load_arrays(os.path.join(directory, MODEL_FILE)))
+        for var, value in zip(self.optimizer.variables, load_arrays(os.path.join(directory, OPTIMIZER_FILE))):
+            var.assign(value)
+        pos = Position(manifest.epoch, manifest.step_in_epoch, manifest.global_step)
+        if pos.step_in_epoch and (manifest.world_size != self.world or manifest.batch_size != self.spec.batch_size):
+            pos.step_in_epoch = 0  # other shards and batches: redo the epoch rather than skip samples
+        self.pos.__dict__.update(pos.__dict__)
+        self.reporter.restored_from = manifest.position
+
+    def save(self, directory: str, metrics: dict[str, Any]) -> None:
+        if self.rank != 0:
+            return
+        save_arrays(os.path.join(directory, MODEL_FILE), self.model.get_weights())
+        save_arrays(os.path.join(directory, OPTIMIZER_FILE), [v.numpy() for v in self.optimizer.variables])
+        s = self.spec
+        write_manifest(directory, Manifest(
+            epoch=self.pos.epoch, step_in_epoch=self.pos.step_in_epoch, global_step=self.pos.global_step,
+            world_size=self.world, framework=s.framework, backend=s.backend, workload=s.workload,
+            batch_size=s.batch_size, seed=s.seed, metrics=metrics))
+
+    def report(self, metrics: dict[str, Any], checkpoint: bool = True) -> None:
+        self.reporter.report(metrics, self.save if checkpoint else None)
+
+    # -- training -----------------------------------------------------------------------
+    def run_epoch(self, step) -> dict[str, float]:
+        s, every = self.spec, self.spec.checkpoint_every_steps
+        order = epoch_order(s.seed, self.pos.epoch, self.rank, len(self.train))
+        loss_sum, count = 0.0, 0
+        start = time.perf_counter()
+        for i in range(self.pos.step_in_epoch, self.steps_per_epoch):
+            idx = order[i * s.batch_size:(i + 1) * s.batch_size]
+            value = float(step(self.train.x[idx], self.train.y[idx]))
+            if not math.isfinite(value):
+                raise diverged(value, self.pos, s.lr)
+            self.reporter.mark_first_step()
+            loss_sum, count = loss_sum + value * len(idx), count + len(idx)
+            self.pos.step_in_epoch, self.pos.global_step = i + 1, self.pos.global_step + 1
+            if every and self.pos.global_step % every == 0 and i + 1 < self.steps_per_epoch:
+                self.report({"kind": "step", "train_loss": value})
+        seconds = time.perf_counter() - start
+        totals = self.comm.allreduce_sum(np.array([loss_sum, count], dtype=np.float64))
+        samples = int(totals[1])
+        return {"train_loss": totals[0] / max(1.0, totals[1]), "samples": samples,
+                "train_time_s": seconds, "samples_per_s": samples / seconds if seconds > 0 else 0.0}
+
+    def evaluate(self) -> dict[str, float]:
+        """Loss and accuracy on the whole test split (each rank scores its shard)."""
+        totals = np.zeros(3, dtype=np.float64)  # loss sum, correct, count
+        for lo in range(0, len(self.test), EVAL_BATCH):
+            x, y = self.test.x[lo:lo + EVAL_BATCH], self.test.y[lo:lo + EVAL_BATCH]
+            logits = self.model(x, training=False).numpy()
+            totals += [float(np.sum(self.loss(y, logits).numpy())), float(np.sum(logits.argmax(1) == y)), len(y)]
+        totals = self.comm.allreduce_sum(totals)
+        n = max(1.0, totals[2])
+        return {"loss": totals[0] / n, "accuracy": totals[1] / n}
+
+    def fit(self) -> None:
+        self.comm.after_restore(self.model, self.optimizer)
+        if self.pos.epoch >= self.spec.epochs:
+            self.report({"kind": "done", **self.evaluate()}, checkpoint=False)
+            return
+        step = self.comm.train_step(self.model, self.optimizer, self.loss)
+        while self.pos.epoch < self.spec.epochs:
+            stats = self.run_epoch(step)
+            self.pos.epoch, self.pos.step_in_epoch = self.pos.epoch + 1, 0
+            self.report({"kind": "epoch", **stats, **self.evaluate()})
+
+
+def train_loop_per_worker(config: dict[str, Any]) -> None:
+    """Entry point Ray Train runs on every TensorFlow worker (see train_torch's for ``config``)."""
+    started = time.time()
+    os.environ.update(config.get("env", {}))
+    spec = JobSpec(**config["spec"])
+    configure_tensorflow(max(1, int(spec.cpus_per_worker)))
+    import ray.train
+
+    from launcher.storage import Storage
+
+    comm = backends.get(spec.backend).tf_comm()
+    comm.setup()
+    training = TFTraining(spec, comm)
+    chosen = checkpoint_to_resume(config, Storage.resolve(spec.storage))
+    if chosen is not None:
+        with ray.train.Checkpoint(chosen[1], filesystem=chosen[0]).as_directory() as d:
+            training.restore(d)
+    if comm.rank == 0:
+        training.reporter.marks.update(worker_start=started, worker_ready=time.time())
+    training.fit()
