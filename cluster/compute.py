@@ -12,6 +12,7 @@ anonymous credentials instead. Nothing here prints or stores a credential.
 
 from __future__ import annotations
 
+import datetime as _dt
 import os
 from dataclasses import dataclass
 
@@ -116,7 +117,15 @@ class Compute:
             instance = op.target_link.rstrip("/").rsplit("/", 1)[-1]
             if instance.startswith(name_prefix):
                 found.append(Preemption(instance, zone, op.insert_time or op.start_time, op.status_message))
-        return sorted(found, key=lambda p: p.time)
+        return sorted(found, key=lambda p: _when(p.time))
+
+
+def _when(rfc3339: str) -> _dt.datetime:
+    """Compute Engine's times carry their own UTC offsets: compare them as instants."""
+    try:
+        return _dt.datetime.fromisoformat(rfc3339).astimezone(_dt.timezone.utc)
+    except ValueError:
+        return _dt.datetime.max.replace(tzinfo=_dt.timezone.utc)
 
 
 def parse_image(source_image: str) -> tuple[str, str | None, str | None]:
