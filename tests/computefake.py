@@ -62,7 +62,8 @@ class FakeCompute:
         self.world = default_world()
         self.requests: list[str] = []
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
+                                       daemon=True)
 
     @property
     def url(self) -> str:
