@@ -29,8 +29,9 @@ REMOTE_SOURCE = "~/launcher"
 RAY_SERVICE_ACCOUNT = "ray-autoscaler-sa-v1@{project}.iam.gserviceaccount.com"
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"  # CPU-only VMs skip GBs of CUDA wheels
 WATCH_COMMAND = "nohup launcher preemption watch < /dev/null > /tmp/launcher-preemption-watch.log 2>&1 &"
-RSYNC_EXCLUDE = ["**/.git", "**/.git/**", "**/.venv", "**/.venv/**", "**/__pycache__", "**/.pytest_cache",
-                 "**/runs", "**/bench-results"]
+# rsync --exclude patterns: a bare name matches at any depth, a leading / at the project root only
+# (.gitignore is applied too, through rsync_filter).
+RSYNC_EXCLUDE = [".git", ".venv", "__pycache__", ".pytest_cache", "*.egg-info", "/runs", "/bench-results", "/build"]
 
 
 def ray_cluster_config(spec: ClusterSpec, version: str) -> dict[str, Any]:

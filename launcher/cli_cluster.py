@@ -104,7 +104,8 @@ def spec_from_args(args: argparse.Namespace):
     overrides["horovod"] = args.horovod
     if spec.project is None and overrides["project"] is None:
         overrides["project"] = _env_project()
-    if spec.install is None and overrides["install"] is None:
+    # The source goes to the nodes to be installed, or for scripts/install-horovod.
+    if (spec.install is None and overrides["install"] is None) or spec.horovod or overrides["horovod"]:
         overrides["source_dir"] = project_source_dir()
     return spec.merged(overrides).validated()
 

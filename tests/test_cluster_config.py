@@ -123,7 +123,7 @@ def test_bundled_gpu_machine_types_take_no_guest_accelerators():
 def test_install_source_and_horovod():
     config = build(preset="standard-1", horovod=True)
     assert config["file_mounts"] == {"~/launcher": "/home/me/launcher"}
-    assert "**/.venv" in config["rsync_exclude"]
+    assert {".venv", ".git", "/runs"} <= set(config["rsync_exclude"])
     for key in ("head_setup_commands", "worker_setup_commands"):
         commands = config[key]
         assert commands[0].endswith("pip install --quiet --extra-index-url https://download.pytorch.org/whl/cpu "
