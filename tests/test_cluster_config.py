@@ -198,3 +198,12 @@ def test_cli_config_from_flags_and_spec_file(tmp_path, capsys, monkeypatch):
     assert err.strip().splitlines() == [f"error: {spec_file}: unknown key 'max_wokers'; did you mean max_workers?"]
     assert main(["cluster", "config", "--preset", "basic"]) == 2
     assert "no Google Cloud project given" in capsys.readouterr().err
+
+
+def test_cluster_package_never_imports_workloads():
+    import subprocess
+    import sys
+
+    code = ("import sys, cluster.config, cluster.preflight, cluster.compute, launcher.cli_cluster; "
+            "sys.exit('workloads' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], env={**os.environ}).returncode == 0
