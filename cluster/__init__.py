@@ -1,5 +1,8 @@
 """Google Compute Engine: Ray cluster files, preflight checks and instance queries.
 
-Empty for now: the cluster-file generator and the Compute Engine client layer
-arrive with the Compute Engine work. This package never imports workloads/.
+spec.py (ClusterSpec and its presets), config.py (ClusterSpec -> Ray cluster
+file for the GCP provider), compute.py (google-cloud-compute look-ups),
+preflight.py (checks before `ray up`). Ray stays the provisioner. This package
+never imports workloads/; from launcher/ it uses only the leaf modules errors
+and gcs.
 """

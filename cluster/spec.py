@@ -1,0 +1,287 @@
+"""ClusterSpec: one typed, validated description of a Compute Engine Ray cluster.
+
+A spec starts from a preset (named after AI Platform's scale tiers), then a
+YAML file's keys, then command-line flags (each layer wins over the one
+before). :meth:`ClusterSpec.validated` checks every field and fills the values
+that depend on others (region from zone, GPU image, vCPU counts). Everything
+here is pure: checks against a real project live in :mod:`cluster.preflight`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from launcher.errors import UserError
+
+PROVISIONING = ("standard", "spot", "preemptible")
+TERMINATION_ACTIONS = ("DELETE", "STOP")
+IMAGE_PROJECT = "projects/deeplearning-platform-release/global/images/family"
+# Deep Learning VM families: CUDA 12.9 with the NVIDIA 580 driver preinstalled (T4, L4, V100, A100, H100
+# all run on 580); the CPU family is the one Ray's own GCP defaults use.
+GPU_IMAGE = f"{IMAGE_PROJECT}/common-cu129-ubuntu-2204-nvidia-580"
+CPU_IMAGE = f"{IMAGE_PROJECT}/common-cpu"
+SCOPE_PREFIX = "https://www.googleapis.com/auth/"
+# Least privilege: read/write Cloud Storage (checkpoints, data) and write logs and metrics. The head also
+# needs the Compute scope because Ray's autoscaler on it creates and deletes the worker VMs.
+WORKER_SCOPES = ("devstorage.read_write", "logging.write", "monitoring.write")
+HEAD_EXTRA_SCOPES = ("compute",)
+# Ray names VMs ray-<cluster>-worker-<8 hex>-compute (at most 64 characters) and labels them with the name.
+CLUSTER_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$")
+ZONE_RE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """A GPU model: its Compute Engine name, quota metric and the machine series it attaches to."""
+
+    name: str
+    quota: str
+    series: tuple[str, ...]
+    bundled: bool = False  # A2/A3/G2: the machine type brings its GPUs, no guestAccelerators
+
+
+ACCELERATORS = {a.name: a for a in (
+    Accelerator("nvidia-tesla-t4", "NVIDIA_T4_GPUS", ("n1",)),
+    Accelerator("nvidia-tesla-v100", "NVIDIA_V100_GPUS", ("n1",)),
+    Accelerator("nvidia-tesla-p100", "NVIDIA_P100_GPUS", ("n1",)),
+    Accelerator("nvidia-tesla-p4", "NVIDIA_P4_GPUS", ("n1",)),
+    Accelerator("nvidia-l4", "NVIDIA_L4_GPUS", ("g2",), bundled=True),
+    Accelerator("nvidia-tesla-a100", "NVIDIA_A100_GPUS", ("a2",), bundled=True),
+    Accelerator("nvidia-a100-80gb", "NVIDIA_A100_80GB_GPUS", ("a2",), bundled=True),
+    Accelerator("nvidia-h100-80gb", "NVIDIA_H100_GPUS", ("a3",), bundled=True),
+)}
+# vCPUs of the bundled-GPU machine types (the name does not say); N1/N2/E2/C2... types end in it.
+VCPUS = {"a2-highgpu-1g": 12, "a2-highgpu-2g": 24, "a2-highgpu-4g": 48, "a2-highgpu-8g": 96,
+         "a2-megagpu-16g": 96, "a2-ultragpu-1g": 12, "a2-ultragpu-2g": 24, "a2-ultragpu-4g": 48,
+         "a2-ultragpu-8g": 96, "a3-highgpu-1g": 26, "a3-highgpu-2g": 52, "a3-highgpu-4g": 104,
+         "a3-highgpu-8g": 208}
+G2_GPUS = {"g2-standard-48": 4, "g2-standard-96": 8}  # every other g2 type has one L4
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """What to provision. ``None`` means "derived" (see :meth:`validated`)."""
+
+    preset: str = "custom"
+    project: str | None = None
+    region: str | None = None  # default: the zone's region
+    zone: str = "us-central1-a"
+    cluster_name: str = "launcher"
+    head_machine_type: str = "n1-standard-4"
+    worker_machine_type: str = "n1-standard-8"
+    min_workers: int = 2
+    max_workers: int = 2
+    accelerator_type: str | None = None  # on the workers, or on the head when max_workers is 0
+    accelerator_count: int = 0
+    provisioning: str = "standard"  # of the worker nodes; the head is always standard
+    termination_action: str = "DELETE"  # Spot only
+    disk_size_gb: int = 100
+    image: str | None = None  # default: a Deep Learning VM family, with CUDA on GPU nodes, without on others
+    service_account: str | None = None  # default: the service account `ray up` creates
+    scopes: tuple[str, ...] = ()  # default: least privilege (see WORKER_SCOPES)
+    network: str | None = None
+    subnetwork: str | None = None
+    idle_timeout_minutes: int = 5
+    horovod: bool = False
+    install: str | None = None  # default: copy the project source to every node and pip install it
+    source_dir: str | None = None  # the local project folder copied to nodes (filled in by the CLI)
+    ssh_user: str = "ubuntu"
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any], source: str = "spec") -> "ClusterSpec":
+        """Build a spec from a preset and a mapping (YAML or flags); unknown keys are errors."""
+        preset = values.get("preset", "custom")
+        base = preset_values(str(preset))
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        for key, value in values.items():
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1)
+                hint = f"did you mean {close[0]}?" if close else f"valid keys: {', '.join(known)}"
+                raise UserError(f"{source}: unknown key {key!r}", hint)
+            if value is not None:
+                base[key] = _coerce(key, value, known[key].type, source)
+        return cls(**base)
+
+    def merged(self, overrides: Mapping[str, Any], source: str = "flags") -> "ClusterSpec":
+        """A copy with ``overrides`` (values not None) applied and type-checked."""
+        values = {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return ClusterSpec.from_mapping(values, source)
+
+    # -- derived values ----------------------------------------------------------
+    @property
+    def gpu_on_head(self) -> bool:
+        return bool(self.accelerator_type) and self.max_workers == 0
+
+    @property
+    def preemptible_workers(self) -> bool:
+        return self.provisioning != "standard" and self.max_workers > 0
+
+    def validated(self) -> "ClusterSpec":
+        """Check every field; return a copy with the derived fields filled in."""
+        if self.preset not in PRESETS:
+            raise UserError(f"unknown preset {self.preset!r}", f"valid presets: {', '.join(PRESETS)}")
+        if not self.project:
+            raise UserError("no Google Cloud project given",
+                            "pass --project PROJECT_ID (or set GOOGLE_CLOUD_PROJECT)")
+        m = ZONE_RE.match(self.zone)
+        if not m:
+            raise UserError(f"zone {self.zone!r} is not a zone name", "write it like us-central1-a")
+        region = self.region or m.group(1)
+        if region != m.group(1):
+            raise UserError(f"zone {self.zone} is not in region {region}",
+                            f"use --region {m.group(1)} or a zone of {region}")
+        if not CLUSTER_NAME_RE.match(self.cluster_name):
+            raise UserError(f"cluster name {self.cluster_name!r} is not valid",
+                            "use 2-40 lowercase letters, digits and '-', starting with a letter")
+        _check_workers(self)
+        _check_choices(self)
+        gpus = _check_accelerator(self)
+        for name in ("disk_size_gb", "idle_timeout_minutes"):
+            if getattr(self, name) < (10 if name == "disk_size_gb" else 1):
+                raise UserError(f"{name} is too small: {getattr(self, name)}",
+                                f"set {_flag(name)} to at least {10 if name == 'disk_size_gb' else 1}")
+        scopes = tuple(expand_scope(s) for s in self.scopes)
+        for machine in (self.head_machine_type, self.worker_machine_type):
+            machine_vcpus(machine)  # raises when the count cannot be known
+        return dataclasses.replace(self, region=region, scopes=scopes, accelerator_count=gpus)
+
+    def node_image(self, head: bool) -> str:
+        """The boot image of the head (head=True) or worker VMs."""
+        return self.image or (GPU_IMAGE if self.node_gpus(head) else CPU_IMAGE)
+
+    def node_gpus(self, head: bool) -> int:
+        """GPUs on one head (head=True) or worker VM."""
+        return self.accelerator_count if self.accelerator_type and head == self.gpu_on_head else 0
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # AI Platform's BASIC: one machine. Here: a head VM that also trains.
+    "basic": {"head_machine_type": "n1-standard-8", "min_workers": 0, "max_workers": 0},
+    # STANDARD_1: a master and several CPU workers.
+    "standard-1": {"head_machine_type": "n1-standard-4", "worker_machine_type": "n1-standard-8",
+                   "min_workers": 4, "max_workers": 4},
+    # BASIC_GPU: one machine with one GPU (AI Platform used a K80; T4 is today's entry GPU).
+    "basic-gpu": {"head_machine_type": "n1-standard-8", "min_workers": 0, "max_workers": 0,
+                  "accelerator_type": "nvidia-tesla-t4", "accelerator_count": 1},
+    # CUSTOM: the dataclass defaults, every field set by flags or the YAML file.
+    "custom": {},
+}
+
+
+def preset_values(name: str) -> dict[str, Any]:
+    if name not in PRESETS:
+        raise UserError(f"unknown preset {name!r}", f"valid presets: {', '.join(PRESETS)}")
+    return {"preset": name, **PRESETS[name]}
+
+
+def expand_scope(scope: str) -> str:
+    """'devstorage.read_write' -> the full OAuth scope URL (full URLs pass through)."""
+    scope = scope.strip()
+    if not scope:
+        raise UserError("an empty scope was given", "list scopes separated by commas, e.g. devstorage.read_write")
+    return scope if scope.startswith("https://") else SCOPE_PREFIX + scope
+
+
+def machine_series(machine_type: str) -> str:
+    return machine_type.split("-", 1)[0]
+
+
+def machine_vcpus(machine_type: str) -> int:
+    """vCPUs of a machine type, from its name (n1-standard-8 -> 8) or the table of GPU types."""
+    if machine_type in VCPUS:
+        return VCPUS[machine_type]
+    m = re.match(r"^[a-z][a-z0-9]*-(standard|highmem|highcpu|megamem|ultramem|custom)-(\d+)", machine_type)
+    if not m:
+        raise UserError(f"machine type {machine_type!r} is not one whose vCPU count is known",
+                        "use a type like n1-standard-8, n2-highmem-16, g2-standard-8 or a2-highgpu-1g")
+    return int(m.group(2))
+
+
+def bundled_gpus(machine_type: str) -> int:
+    """GPUs that come with an A2/A3/G2 machine type (0 for other series)."""
+    series = machine_series(machine_type)
+    if series == "g2":
+        return G2_GPUS.get(machine_type, 1)
+    m = re.match(r"^a[23]-\w+-(\d+)g$", machine_type)
+    return int(m.group(1)) if m else 0
+
+
+def _check_workers(spec: ClusterSpec) -> None:
+    if spec.max_workers < 0 or spec.min_workers < 0:
+        raise UserError(f"worker counts must be >= 0, got min {spec.min_workers}, max {spec.max_workers}",
+                        "set --min-workers and --max-workers to 0 or more")
+    if spec.min_workers > spec.max_workers:
+        raise UserError(f"min_workers ({spec.min_workers}) is above max_workers ({spec.max_workers})",
+                        "raise --max-workers or lower --min-workers")
+
+
+def _check_choices(spec: ClusterSpec) -> None:
+    if spec.provisioning not in PROVISIONING:
+        raise UserError(f"unknown provisioning model {spec.provisioning!r}", f"valid: {', '.join(PROVISIONING)}")
+    if spec.termination_action not in TERMINATION_ACTIONS:
+        raise UserError(f"unknown Spot termination action {spec.termination_action!r}",
+                        f"valid: {', '.join(TERMINATION_ACTIONS)}")
+    if spec.provisioning != "standard" and spec.max_workers == 0:
+        raise UserError(f"provisioning {spec.provisioning} applies to worker VMs, and this cluster has none",
+                        "set --max-workers to 1 or more, or use --provisioning standard (the head is never Spot)")
+
+
+def _check_accelerator(spec: ClusterSpec) -> int:
+    """Check the GPU type and count; return the count (implied by the machine type for A2/A3/G2)."""
+    if not spec.accelerator_type:
+        if spec.accelerator_count:
+            raise UserError(f"accelerator_count is {spec.accelerator_count} but no accelerator type is given",
+                            f"add --accelerator (one of {', '.join(ACCELERATORS)})")
+        return 0
+    acc = ACCELERATORS.get(spec.accelerator_type)
+    if acc is None:
+        close = difflib.get_close_matches(spec.accelerator_type, ACCELERATORS, n=1)
+        raise UserError(f"unknown accelerator type {spec.accelerator_type!r}",
+                        f"did you mean {close[0]}?" if close else f"valid: {', '.join(ACCELERATORS)}")
+    machine = spec.head_machine_type if spec.gpu_on_head else spec.worker_machine_type
+    flag = "--head-machine-type" if spec.gpu_on_head else "--worker-machine-type"
+    if machine_series(machine) not in acc.series:
+        raise UserError(f"{acc.name} attaches to {'/'.join(s.upper() for s in acc.series)} machine types, "
+                        f"not {machine}", f"set {flag} to a {acc.series[0]}-... type")
+    if acc.bundled:
+        count = bundled_gpus(machine)
+        if spec.accelerator_count not in (0, count):
+            raise UserError(f"{machine} comes with {count} x {acc.name}, not {spec.accelerator_count}",
+                            f"set --accelerator-count {count} or pick the machine type with that many GPUs")
+        return count
+    if spec.accelerator_count == 0:  # a GPU type without a count: one GPU
+        return 1
+    if spec.accelerator_count not in (1, 2, 4, 8):
+        raise UserError(f"accelerator_count must be 1, 2, 4 or 8 for {acc.name}, got {spec.accelerator_count}",
+                        "set --accelerator-count")
+    return spec.accelerator_count
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _coerce(key: str, value: Any, annotation: Any, source: str) -> Any:
+    """Check a YAML/flag value against the field's type; ints may come as strings from flags."""
+    kind = str(annotation)
+    if "tuple" in kind:
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
+            raise UserError(f"{source}: {key} must be a list of strings, got {value!r}")
+        return tuple(i.strip() for i in items if i.strip())
+    if kind == "bool":
+        if not isinstance(value, bool):
+            raise UserError(f"{source}: {key} must be true or false, got {value!r}")
+        return value
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise UserError(f"{source}: {key} must be an integer, got {value!r}")
+        return value
+    if not isinstance(value, str) or not value.strip():
+        raise UserError(f"{source}: {key} must be a non-empty string, got {value!r}")
+    return value.strip()

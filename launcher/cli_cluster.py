@@ -1,0 +1,243 @@
+"""``launcher cluster ...``: Compute Engine cluster files, preflight, up/down and preemption history.
+
+Ray stays the provisioner: ``cluster up`` runs the preflight and then Ray's own
+``ray up``; ``cluster down`` runs ``ray down``. Everything else is a library
+call into :mod:`cluster`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import subprocess
+import sys
+from typing import Any
+
+from launcher.errors import UserError
+
+EXIT_OK, EXIT_FAILED = 0, 1
+PROJECT_ENVS = ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT")
+
+# flag -> (ClusterSpec field, type, help)
+SPEC_FLAGS: list[tuple[str, str, Any, str]] = [
+    ("--preset", "preset", str, "basic | standard-1 | basic-gpu | custom (default custom)"),
+    ("--project", "project", str, "Google Cloud project id (default: GOOGLE_CLOUD_PROJECT)"),
+    ("--region", "region", str, "region (default: the zone's)"),
+    ("--zone", "zone", str, "zone (default us-central1-a)"),
+    ("--name", "cluster_name", str, "cluster name (default launcher)"),
+    ("--head-machine-type", "head_machine_type", str, "head VM type (default n1-standard-4)"),
+    ("--worker-machine-type", "worker_machine_type", str, "worker VM type (default n1-standard-8)"),
+    ("--min-workers", "min_workers", int, "workers kept running (default: the preset's)"),
+    ("--max-workers", "max_workers", int, "most workers (default: the preset's)"),
+    ("--accelerator", "accelerator_type", str, "GPU type on the workers (on the head if --max-workers 0), "
+     "e.g. nvidia-tesla-t4, nvidia-l4, nvidia-tesla-v100, nvidia-tesla-a100"),
+    ("--accelerator-count", "accelerator_count", int, "GPUs per VM (default 1; implied for A2/A3/G2 types)"),
+    ("--provisioning", "provisioning", str, "standard | spot | preemptible (worker VMs; default standard)"),
+    ("--termination-action", "termination_action", str, "what Compute Engine does to a preempted Spot VM: "
+     "DELETE (default) | STOP"),
+    ("--disk-size-gb", "disk_size_gb", int, "boot disk size (default 100)"),
+    ("--image", "image", str, "boot image (default: a Deep Learning VM family, with CUDA on GPU nodes)"),
+    ("--service-account", "service_account", str, "service account email (default: the one `ray up` creates)"),
+    ("--scopes", "scopes", str, "comma-separated OAuth scopes (default: devstorage.read_write,logging.write,"
+     "monitoring.write; the head adds compute)"),
+    ("--network", "network", str, "VPC network (default: the project's default)"),
+    ("--subnetwork", "subnetwork", str, "subnetwork of the region"),
+    ("--idle-timeout-minutes", "idle_timeout_minutes", int, "minutes before an idle worker above min is removed"),
+    ("--install", "install", str, "command that installs this launcher on each node (default: copy this "
+     "project to ~/launcher and pip install it)"),
+]
+
+
+def add_parsers(sub, parser_class) -> None:
+    """Add `launcher cluster ACTION` to the top-level subparsers."""
+    cluster = sub.add_parser("cluster", help="Compute Engine: cluster file, preflight, up/down, preemptions")
+    actions = cluster.add_subparsers(dest="cluster_command", metavar="ACTION", parser_class=parser_class,
+                                     required=True)
+    cfg = actions.add_parser("config", help="write a Ray cluster file for GCP on stdout (> cluster.yaml)")
+    cfg.add_argument("--spec", help="cluster spec YAML (keys as the flags, e.g. max_workers: 4); flags win")
+    for flag, dest, typ, help_ in SPEC_FLAGS:
+        cfg.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
+    cfg.add_argument("--horovod", action="store_true", default=None, help="build Horovod on every node")
+    cfg.add_argument("-o", "--output", help="write to this file instead of stdout")
+
+    pre = actions.add_parser("preflight", help="check a cluster file against the project before `ray up`")
+    pre.add_argument("cluster_file")
+    pre.add_argument("--bucket", help="gs://BUCKET[/PREFIX] the runs will use: exists, in the cluster's region")
+    pre.add_argument("--json", action="store_true")
+
+    up = actions.add_parser("up", help="preflight, then `ray up -y CLUSTER_FILE`")
+    up.add_argument("cluster_file")
+    up.add_argument("--bucket", help="also check this gs:// bucket (see preflight)")
+    up.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
+    up.add_argument("--skip-preflight", action="store_true", help="go straight to `ray up`")
+
+    down = actions.add_parser("down", help="`ray down -y CLUSTER_FILE`: delete the cluster's VMs")
+    down.add_argument("cluster_file")
+    down.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
+
+    pe = actions.add_parser("preemptions", help="list the preemptions of a cluster's VMs, with times")
+    pe.add_argument("--project", help="project id (default: GOOGLE_CLOUD_PROJECT)")
+    pe.add_argument("--zone", required=True)
+    pe.add_argument("--cluster", help="cluster name: only its VMs (ray-NAME-...); default all VMs of the zone")
+    pe.add_argument("--json", action="store_true")
+
+
+def cmd_cluster(args: argparse.Namespace) -> int:
+    return {"config": _config, "preflight": _preflight, "up": _up, "down": _down,
+            "preemptions": _preemptions}[args.cluster_command](args)
+
+
+def spec_from_args(args: argparse.Namespace):
+    """Preset, then the --spec file, then flags; validated."""
+    from cluster.spec import ClusterSpec
+
+    values: dict[str, Any] = _load_yaml(args.spec, "--spec") if args.spec else {}
+    if not isinstance(values, dict):
+        raise UserError(f"--spec {args.spec}: expected a mapping of spec keys (zone: ..., max_workers: ...)")
+    source = args.spec or "spec"
+    if args.preset:  # the preset decides the base values, so it must be known before the rest
+        values["preset"] = args.preset
+    spec = ClusterSpec.from_mapping(values, source)
+    overrides = {dest: getattr(args, dest) for _, dest, _, _ in SPEC_FLAGS}
+    overrides["horovod"] = args.horovod
+    if spec.project is None and overrides["project"] is None:
+        overrides["project"] = _env_project()
+    # The source goes to the nodes to be installed, or for scripts/install-horovod.
+    if (spec.install is None and overrides["install"] is None) or spec.horovod or overrides["horovod"]:
+        overrides["source_dir"] = project_source_dir()
+    return spec.merged(overrides).validated()
+
+
+def project_source_dir() -> str | None:
+    """This project's checkout (the folder with pyproject.toml above launcher/), or None if installed."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(root, "pyproject.toml")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return root if 'name = "launcher"' in f.read() else None
+    except OSError:
+        return None
+
+
+def _config(args: argparse.Namespace) -> int:
+    from cluster.config import ray_cluster_config, to_yaml
+    from launcher import __version__
+
+    spec = spec_from_args(args)
+    text = to_yaml(ray_cluster_config(spec, __version__), spec, __version__)
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(text)
+        print(f"wrote {args.output}; next: launcher cluster preflight {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return EXIT_OK
+
+
+def _preflight(args: argparse.Namespace) -> int:
+    from cluster.preflight import FAIL, format_checks
+
+    checks = run_preflight(args.cluster_file, args.bucket)
+    if args.json:
+        print(json.dumps([c.__dict__ for c in checks], indent=1))
+    else:
+        print(format_checks(checks))
+    return EXIT_FAILED if any(c.status == FAIL for c in checks) else EXIT_OK
+
+
+def run_preflight(cluster_file: str, bucket: str | None):
+    from cluster.compute import Compute
+    from cluster.preflight import run_checks
+
+    config = _load_yaml(cluster_file, "cluster file")
+    if not isinstance(config, dict):
+        raise UserError(f"{cluster_file}: not a Ray cluster file (expected a mapping)")
+    project = (config.get("provider") or {}).get("project_id") or ""
+    return run_checks(config, Compute(project), bucket)
+
+
+def _up(args: argparse.Namespace) -> int:
+    from cluster.preflight import FAIL, format_checks
+
+    command = [_ray(), "up", "-y", args.cluster_file]
+    if args.dry_run:
+        if not args.skip_preflight:
+            print(f"would run: launcher cluster preflight {shlex.quote(args.cluster_file)}"
+                  + (f" --bucket {shlex.quote(args.bucket)}" if args.bucket else ""))
+        print("would run: " + shlex.join(command))
+        return EXIT_OK
+    if not args.skip_preflight:
+        checks = run_preflight(args.cluster_file, args.bucket)
+        print(format_checks(checks), flush=True)
+        if any(c.status == FAIL for c in checks):
+            print("not starting the cluster: fix the failed checks (or pass --skip-preflight)", file=sys.stderr)
+            return EXIT_FAILED
+    return _run(command)
+
+
+def _down(args: argparse.Namespace) -> int:
+    _load_yaml(args.cluster_file, "cluster file")  # a clear error for a missing file, before Ray's
+    command = [_ray(), "down", "-y", args.cluster_file]
+    if args.dry_run:
+        print("would run: " + shlex.join(command))
+        return EXIT_OK
+    return _run(command)
+
+
+def _preemptions(args: argparse.Namespace) -> int:
+    from cluster.compute import Compute
+
+    project = args.project or _env_project()
+    if not project:
+        raise UserError("no Google Cloud project given", "pass --project PROJECT_ID (or set GOOGLE_CLOUD_PROJECT)")
+    prefix = f"ray-{args.cluster}-" if args.cluster else ""
+    found = Compute(project).preemptions(args.zone, prefix)
+    if args.json:
+        print(json.dumps([p.__dict__ for p in found], indent=1))
+        return EXIT_OK
+    who = f"cluster {args.cluster}" if args.cluster else "all VMs"
+    if not found:
+        print(f"no preemptions of {who} in {args.zone} (Compute Engine keeps operations for a limited time)")
+        return EXIT_OK
+    print(f"{len(found)} preemption(s) of {who} in {args.zone}:")
+    print(f"  {'time':<31} instance")
+    for p in found:
+        print(f"  {p.time:<31} {p.instance}")
+    return EXIT_OK
+
+
+def _ray() -> str:
+    """The `ray` command of this Python environment (so `ray up` uses the pinned Ray)."""
+    here = os.path.join(os.path.dirname(sys.executable), "ray")
+    return here if os.path.exists(here) else "ray"
+
+
+def _run(command: list[str]) -> int:
+    print("running: " + shlex.join(command), flush=True)
+    try:
+        return subprocess.call(command)
+    except FileNotFoundError:
+        raise UserError(f"{command[0]} not found", "install Ray's CLI: pip install 'ray[default]==2.60.0'") from None
+
+
+def _env_project() -> str | None:
+    return next((os.environ[e] for e in PROJECT_ENVS if os.environ.get(e)), None)
+
+
+def _load_yaml(path: str, what: str) -> Any:
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        raise UserError(f"{what} {path} does not exist", "check the path") from None
+    except OSError as exc:
+        raise UserError(f"cannot read {what} {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise UserError(f"{path}: {getattr(exc, 'problem', None) or 'invalid YAML'}{where}",
+                        "fix the YAML syntax") from None

@@ -1,0 +1,183 @@
+"""A small Compute Engine REST server on loopback for tests (there is no official emulator).
+
+It answers the GET paths the real google-cloud-compute client calls with the
+REST transport (zones, machine types, accelerator types, regions with quotas,
+images by family, zone operations with a filter and paging), with JSON shaped
+like the real API's, and 404 errors like Compute Engine's. The world it
+serves is plain data that each test can change.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+API = "https://www.googleapis.com/compute/v1"
+PROJECT = "test-project"
+PAGE = 2  # operations per page, so the client's pager has to follow nextPageToken
+
+
+def default_world() -> dict:
+    t4, v100, l4 = "nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-l4"
+    n1 = {"n1-standard-4": 4, "n1-standard-8": 8, "n1-standard-16": 16}
+    return {
+        "zones": {"us-central1-a": "UP", "us-central1-b": "DOWN", "us-central1-f": "UP", "europe-west4-a": "UP"},
+        "machine_types": {"us-central1-a": {**n1, "g2-standard-8": 8}, "us-central1-b": n1,
+                          "us-central1-f": n1, "europe-west4-a": n1},
+        "accelerators": {"us-central1-a": {t4: 4, v100: 8, l4: 1}, "us-central1-b": {t4: 4},
+                         "us-central1-f": {t4: 4}, "europe-west4-a": {t4: 4, v100: 8}},
+        "quotas": {
+            "us-central1": [("CPUS", 96, 8), ("PREEMPTIBLE_CPUS", 0, 0), ("G2_CPUS", 48, 0),
+                            ("NVIDIA_T4_GPUS", 16, 0), ("PREEMPTIBLE_NVIDIA_T4_GPUS", 4, 0),
+                            ("NVIDIA_V100_GPUS", 8, 0), ("NVIDIA_L4_GPUS", 4, 0), ("INSTANCES", 1000, 3)],
+            "europe-west4": [("CPUS", 48, 0), ("NVIDIA_T4_GPUS", 4, 0)],
+        },
+        "images": {"deeplearning-platform-release": {
+            "common-cpu": "common-cpu-v20261101-debian-11",
+            "common-cu129-ubuntu-2204-nvidia-580": "common-cu129-v20261101-ubuntu-2204-nvidia-580"}},
+        "operations": {"us-central1-a": []},
+    }
+
+
+def operation(zone: str, instance: str, when: str, kind: str = "compute.instances.preempted") -> dict:
+    """A zone operation as Compute Engine lists it."""
+    return {
+        "kind": "compute#operation", "id": str(abs(hash((zone, instance, when))) % 10**18),
+        "name": f"systemevent-{abs(hash(when)) % 10**12}-{instance[-6:]}", "zone": f"{API}/projects/{PROJECT}/zones/{zone}",
+        "operationType": kind, "targetLink": f"{API}/projects/{PROJECT}/zones/{zone}/instances/{instance}",
+        "targetId": "4242", "status": "DONE", "user": "system",
+        "statusMessage": "Instance was preempted." if kind.endswith("preempted") else "",
+        "progress": 100, "insertTime": when, "startTime": when, "endTime": when,
+        "selfLink": f"{API}/projects/{PROJECT}/zones/{zone}/operations/op-{instance}",
+    }
+
+
+class FakeCompute:
+    """The server and its world; `requests` lists the paths the client asked for."""
+
+    def __init__(self) -> None:
+        self.world = default_world()
+        self.requests: list[str] = []
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
+                                       daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def start(self) -> "FakeCompute":
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _handler(self):
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                parsed = urllib.parse.urlparse(self.path)
+                fake.requests.append(parsed.path)
+                status, body = fake.answer(parsed.path, urllib.parse.parse_qs(parsed.query))
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json; charset=UTF-8")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args) -> None:
+                pass
+
+        return Handler
+
+    def answer(self, path: str, query: dict) -> tuple[int, dict]:
+        m = re.match(r"^/compute/v1/projects/([^/]+)/(.*)$", path)
+        if not m or (m.group(1) != PROJECT and not m.group(2).startswith("global/images")):
+            return _not_found(path)
+        rest = m.group(2)
+        for pattern, fn in (
+            (r"^zones/([^/]+)$", self._zone),
+            (r"^zones/([^/]+)/machineTypes/([^/]+)$", self._machine_type),
+            (r"^zones/([^/]+)/acceleratorTypes/([^/]+)$", self._accelerator),
+            (r"^regions/([^/]+)$", self._region),
+            (r"^global/images/family/([^/]+)$", lambda family: self._image(m.group(1), family)),
+            (r"^zones/([^/]+)/operations$", lambda zone: self._operations(zone, query)),
+        ):
+            hit = re.match(pattern, rest)
+            if hit:
+                return fn(*hit.groups())
+        return _not_found(path)
+
+    def _zone(self, zone):
+        status = self.world["zones"].get(zone)
+        if status is None:
+            return _not_found(f"projects/{PROJECT}/zones/{zone}")
+        region = zone.rsplit("-", 1)[0]
+        return 200, {"kind": "compute#zone", "id": "2000", "creationTimestamp": "1969-12-31T16:00:00.000-08:00",
+                     "name": zone, "description": zone, "status": status,
+                     "region": f"{API}/projects/{PROJECT}/regions/{region}",
+                     "selfLink": f"{API}/projects/{PROJECT}/zones/{zone}",
+                     "availableCpuPlatforms": ["Intel Cascade Lake", "AMD Milan"], "supportsPzs": False}
+
+    def _machine_type(self, zone, name):
+        cpus = self.world["machine_types"].get(zone, {}).get(name)
+        if cpus is None:
+            return _not_found(f"projects/{PROJECT}/zones/{zone}/machineTypes/{name}")
+        return 200, {"kind": "compute#machineType", "id": "3008", "name": name, "guestCpus": cpus,
+                     "memoryMb": cpus * 3840, "maximumPersistentDisks": 128, "zone": zone,
+                     "isSharedCpu": False, "description": f"{cpus} vCPUs, {cpus * 3.75:g} GB RAM",
+                     "selfLink": f"{API}/projects/{PROJECT}/zones/{zone}/machineTypes/{name}"}
+
+    def _accelerator(self, zone, name):
+        most = self.world["accelerators"].get(zone, {}).get(name)
+        if most is None:
+            return _not_found(f"projects/{PROJECT}/zones/{zone}/acceleratorTypes/{name}")
+        return 200, {"kind": "compute#acceleratorType", "id": "10002", "name": name,
+                     "description": name.replace("-", " ").title(), "maximumCardsPerInstance": most,
+                     "zone": f"{API}/projects/{PROJECT}/zones/{zone}",
+                     "selfLink": f"{API}/projects/{PROJECT}/zones/{zone}/acceleratorTypes/{name}"}
+
+    def _region(self, region):
+        quotas = self.world["quotas"].get(region)
+        if quotas is None:
+            return _not_found(f"projects/{PROJECT}/regions/{region}")
+        zones = [f"{API}/projects/{PROJECT}/zones/{z}" for z in self.world["zones"] if z.startswith(region + "-")]
+        return 200, {"kind": "compute#region", "id": "1000", "name": region, "status": "UP", "zones": zones,
+                     "quotas": [{"metric": q, "limit": float(lim), "usage": float(use)} for q, lim, use in quotas],
+                     "selfLink": f"{API}/projects/{PROJECT}/regions/{region}"}
+
+    def _image(self, project, family):
+        name = self.world["images"].get(project, {}).get(family)
+        if name is None:
+            return _not_found(f"projects/{project}/global/images/family/{family}")
+        return 200, {"kind": "compute#image", "id": "7001", "name": name, "family": family, "status": "READY",
+                     "diskSizeGb": "50", "sourceType": "RAW", "architecture": "X86_64",
+                     "selfLink": f"{API}/projects/{project}/global/images/{name}"}
+
+    def _operations(self, zone, query):
+        if zone not in self.world["zones"]:
+            return _not_found(f"projects/{PROJECT}/zones/{zone}")
+        ops = list(self.world["operations"].get(zone, []))
+        wanted = re.search(r'operationType\s*=\s*"?([\w.]+)"?', (query.get("filter") or [""])[0])
+        if wanted:
+            ops = [o for o in ops if o["operationType"] == wanted.group(1)]
+        start = int((query.get("pageToken") or ["0"])[0])
+        body = {"kind": "compute#operationList", "id": f"projects/{PROJECT}/zones/{zone}/operations",
+                "items": ops[start:start + PAGE],
+                "selfLink": f"{API}/projects/{PROJECT}/zones/{zone}/operations"}
+        if start + PAGE < len(ops):
+            body["nextPageToken"] = str(start + PAGE)
+        return 200, body
+
+
+def _not_found(resource: str) -> tuple[int, dict]:
+    message = f"The resource '{resource}' was not found"
+    return 404, {"error": {"code": 404, "message": message,
+                           "errors": [{"message": message, "domain": "global", "reason": "notFound"}]}}

@@ -1,0 +1,211 @@
+"""cluster.compute and cluster.preflight with the real google-cloud-compute client (REST transport,
+anonymous credentials) against a Compute Engine REST server on loopback, and `launcher cluster ...`."""
+
+from __future__ import annotations
+
+import os
+import stat
+import sys
+
+import pytest
+import yaml
+
+from cluster.compute import ENDPOINT_ENV, Compute
+from cluster.config import ray_cluster_config
+from cluster.preflight import FAIL, OK, WARN, node_plans, run_checks
+from cluster.spec import ClusterSpec
+from computefake import PROJECT, FakeCompute, operation
+from launcher import cli_cluster
+from launcher.cli import main
+
+
+@pytest.fixture()
+def fake(monkeypatch):
+    server = FakeCompute().start()
+    monkeypatch.setenv(ENDPOINT_ENV, server.url)
+    yield server
+    server.stop()
+
+
+def cluster_file(tmp_path, **values) -> str:
+    spec = ClusterSpec.from_mapping({"project": PROJECT, "source_dir": "/src", **values}).validated()
+    path = tmp_path / "cluster.yaml"
+    path.write_text(yaml.safe_dump(ray_cluster_config(spec, "0.1.0")))
+    return str(path)
+
+
+def checks_for(tmp_path, **values):
+    with open(cluster_file(tmp_path, **values)) as f:
+        config = yaml.safe_load(f)
+    return run_checks(config, Compute(PROJECT))
+
+
+def by_status(checks, status):
+    return [c for c in checks if c.status == status]
+
+
+def test_passing_preflight(tmp_path, fake, capsys):
+    path = cluster_file(tmp_path, preset="standard-1", accelerator_type="nvidia-tesla-t4", accelerator_count=2)
+    assert main(["cluster", "preflight", path]) == 0
+    out = capsys.readouterr().out
+    assert "zone us-central1-a is UP" in out
+    assert "quota NVIDIA_T4_GPUS in us-central1: needs 8, 16 free" in out  # 4 workers x 2 GPUs
+    assert "quota CPUS in us-central1: needs 36, 88 free" in out  # head 4 + 4 x 8 vCPUs
+    assert "common-cu129-ubuntu-2204-nvidia-580 resolves to common-cu129-v20261101-ubuntu-2204-nvidia-580" in out
+    assert out.strip().endswith("preflight: all checks passed")
+    # The real client made the REST calls.
+    assert f"/compute/v1/projects/{PROJECT}/zones/us-central1-a/acceleratorTypes/nvidia-tesla-t4" in fake.requests
+    assert f"/compute/v1/projects/{PROJECT}/regions/us-central1" in fake.requests
+
+
+def test_missing_preemptible_gpu_quota_for_spot(tmp_path, fake, capsys):
+    path = cluster_file(tmp_path, preset="custom", max_workers=2, accelerator_type="nvidia-tesla-t4",
+                        accelerator_count=4, provisioning="spot")
+    assert main(["cluster", "preflight", path]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  quota PREEMPTIBLE_NVIDIA_T4_GPUS in us-central1: the cluster needs 8, 4 free (limit 4, in use 0)" in out
+    assert "request more PREEMPTIBLE_NVIDIA_T4_GPUS quota for us-central1" in out
+    assert "preflight: 1 check(s) failed" in out
+    # Spot CPUs fall back to the standard CPUS quota: the project has no PREEMPTIBLE_CPUS granted.
+    assert "ok    quota CPUS in us-central1" in out
+
+
+def test_accelerator_not_in_zone(tmp_path, fake):
+    checks = checks_for(tmp_path, zone="us-central1-f", accelerator_type="nvidia-tesla-v100")
+    failed = by_status(checks, FAIL)
+    assert [c.what for c in failed] == ["accelerator nvidia-tesla-v100 (ray_worker) is not offered in us-central1-f"]
+    assert "pick a zone that has it" in failed[0].fix
+
+
+def test_too_many_gpus_per_vm(tmp_path, fake):
+    checks = checks_for(tmp_path, accelerator_type="nvidia-tesla-t4", accelerator_count=8)
+    assert [c.what for c in by_status(checks, FAIL)] == [
+        "8 x nvidia-tesla-t4 per VM (ray_worker): us-central1-a allows at most 4"]
+
+
+def test_zone_down(tmp_path, fake):
+    checks = checks_for(tmp_path, zone="us-central1-b")
+    assert [(c.what, c.fix) for c in by_status(checks, FAIL)] == [
+        ("zone us-central1-b is DOWN", "pick another zone of the region (--zone)")]
+
+
+def test_unknown_zone_stops_early(tmp_path, fake):
+    checks = checks_for(tmp_path, zone="us-central1-z")
+    assert checks[-1].status == FAIL and "zone us-central1-z does not exist" in checks[-1].what
+    assert not any("quota" in c.what for c in checks)
+
+
+def test_machine_type_and_image_missing(tmp_path, fake):
+    checks = checks_for(tmp_path, worker_machine_type="n1-standard-96",
+                        image="projects/deeplearning-platform-release/global/images/family/common-cu999")
+    failed = [c.what for c in by_status(checks, FAIL)]
+    assert "machine type n1-standard-96 is not offered in us-central1-a" in failed
+    assert "image projects/deeplearning-platform-release/global/images/family/common-cu999 does not resolve" in failed
+
+
+def test_dashboard_on_all_interfaces_is_a_warning(tmp_path, fake):
+    with open(cluster_file(tmp_path)) as f:
+        config = yaml.safe_load(f)
+    config["head_start_ray_commands"][-1] = config["head_start_ray_commands"][-1].replace("127.0.0.1", "0.0.0.0")
+    warned = by_status(run_checks(config, Compute(PROJECT)), WARN)
+    assert len(warned) == 1 and "on 0.0.0.0" in warned[0].what
+
+
+def test_node_plans_of_a_hand_written_file():
+    config = {"head_node_type": "head", "max_workers": 3, "available_node_types": {
+        "head": {"resources": {}, "node_config": {"machineType": "n1-standard-4"}},
+        "gpu": {"resources": {}, "max_workers": 2, "node_config": {
+            "machineType": "zones/us-central1-a/machineTypes/a2-highgpu-2g", "scheduling": [{"preemptible": True}]}}}}
+    head, gpu = node_plans(config)
+    assert (head.count, head.accelerator, head.spot) == (1, None, False)
+    assert (gpu.machine_type, gpu.count, gpu.accelerator, gpu.gpus, gpu.spot) == (
+        "a2-highgpu-2g", 2, "nvidia-tesla-a100", 2, True)
+
+
+@pytest.mark.gcs
+def test_bucket_region(tmp_path, fake, bucket, capsys):
+    # The emulator's buckets are in EUROPE-WEST4.
+    near = cluster_file(tmp_path, zone="europe-west4-a", max_workers=1, min_workers=1)
+    assert main(["cluster", "preflight", near, "--bucket", f"gs://{bucket}/runs"]) == 0
+    assert f"ok    bucket gs://{bucket} is in europe-west4, the cluster's region" in capsys.readouterr().out
+
+    far = cluster_file(tmp_path, zone="us-central1-a", max_workers=1, min_workers=1)
+    assert main(["cluster", "preflight", far, "--bucket", f"gs://{bucket}"]) == 0  # a warning does not fail
+    out = capsys.readouterr().out
+    assert f"warn  bucket gs://{bucket} is in EUROPE-WEST4, the cluster in us-central1" in out
+    assert "use a bucket in us-central1" in out and "1 warning(s)" in out
+
+    assert main(["cluster", "preflight", near, "--bucket", "gs://no-such-bucket-here"]) == 1
+    assert "FAIL  bucket gs://no-such-bucket-here does not exist" in capsys.readouterr().out
+
+
+def test_preemptions_of_a_cluster(fake, capsys):
+    fake.world["operations"]["us-central1-a"] = [
+        operation("us-central1-a", "ray-demo-worker-1a2b3c4d-compute", "2026-11-20T10:00:00.000-08:00"),
+        operation("us-central1-a", "ray-demo-head-00aa11bb-compute", "2026-11-20T09:00:00.000-08:00",
+                  kind="compute.instances.insert"),
+        operation("us-central1-a", "ray-other-worker-99887766-compute", "2026-11-20T11:00:00.000-08:00"),
+        operation("us-central1-a", "ray-demo-worker-5e6f7a8b-compute", "2026-11-20T17:30:00.000+00:00"),
+    ]
+    assert main(["cluster", "preemptions", "--project", PROJECT, "--zone", "us-central1-a", "--cluster", "demo"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "2 preemption(s) of cluster demo in us-central1-a:"
+    # Oldest first, comparing instants across UTC offsets (17:30Z is before 10:00-08:00).
+    assert lines[2].split() == ["2026-11-20T17:30:00.000+00:00", "ray-demo-worker-5e6f7a8b-compute"]
+    assert lines[3].split() == ["2026-11-20T10:00:00.000-08:00", "ray-demo-worker-1a2b3c4d-compute"]
+    assert main(["cluster", "preemptions", "--project", PROJECT, "--zone", "us-central1-a"]) == 0
+    assert capsys.readouterr().out.startswith("3 preemption(s) of all VMs in us-central1-a:")
+    assert main(["cluster", "preemptions", "--project", PROJECT, "--zone", "us-central1-f"]) == 0
+    assert capsys.readouterr().out.startswith("no preemptions of all VMs in us-central1-f")
+
+
+def fake_ray(tmp_path, monkeypatch) -> str:
+    """A stand-in for the `ray` program that records its arguments (we never start real VMs in tests)."""
+    log = tmp_path / "ray-calls.txt"
+    script = tmp_path / "ray"
+    script.write_text(f"#!{sys.executable}\nimport sys\nopen({str(log)!r}, 'a').write(' '.join(sys.argv[1:]) + '\\n')\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setattr(cli_cluster, "_ray", lambda: str(script))
+    return str(log)
+
+
+def test_up_runs_preflight_then_ray_up(tmp_path, fake, monkeypatch, capsys):
+    log = fake_ray(tmp_path, monkeypatch)
+    good = cluster_file(tmp_path)
+    assert main(["cluster", "up", good, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"would run: launcher cluster preflight {good}" in out and f"up -y {good}" in out
+    assert not os.path.exists(log)  # a dry run runs nothing
+    assert main(["cluster", "up", good]) == 0
+    assert "preflight: all checks passed" in capsys.readouterr().out
+    assert open(log).read() == f"up -y {good}\n"
+    assert main(["cluster", "down", good]) == 0
+    assert open(log).read().splitlines()[-1] == f"down -y {good}"
+
+
+def test_up_stops_on_a_failed_check(tmp_path, fake, monkeypatch, capsys):
+    log = fake_ray(tmp_path, monkeypatch)
+    bad = cluster_file(tmp_path, zone="us-central1-b")
+    assert main(["cluster", "up", bad]) == 1
+    captured = capsys.readouterr()
+    assert "FAIL  zone us-central1-b is DOWN" in captured.out
+    assert "not starting the cluster" in captured.err
+    assert not os.path.exists(log)
+
+
+def test_missing_cluster_file(tmp_path, capsys):
+    assert main(["cluster", "preflight", str(tmp_path / "nope.yaml")]) == 2
+    assert "cluster file" in capsys.readouterr().err
+
+
+@pytest.mark.cloud
+@pytest.mark.skipif(not (os.environ.get("GOOGLE_APPLICATION_CREDENTIALS") and os.environ.get("LAUNCHER_TEST_PROJECT")),
+                    reason="needs GOOGLE_APPLICATION_CREDENTIALS and LAUNCHER_TEST_PROJECT")
+def test_live_project(monkeypatch):
+    monkeypatch.delenv(ENDPOINT_ENV, raising=False)
+    project = os.environ["LAUNCHER_TEST_PROJECT"]
+    spec = ClusterSpec.from_mapping({"project": project, "preset": "basic", "install": "true"}).validated()
+    checks = run_checks(ray_cluster_config(spec, "0.1.0"), Compute(project))
+    assert any(c.status == OK and c.what == "zone us-central1-a is UP" for c in checks)
+    assert any(c.status == OK and c.what.startswith("image common-cpu resolves") for c in checks)
+    assert any(c.what.startswith("quota CPUS in us-central1") for c in checks)
