@@ -72,6 +72,7 @@ class TFTraining:
         import tensorflow as tf
 
         from launcher.datacache import local_data
+        from workloads.tf_models import keras
 
         self.spec, self.comm = spec, comm
         self.rank, self.world = comm.rank, comm.world_size
@@ -79,7 +80,9 @@ class TFTraining:
         data = local_data(spec.data)
         self.train = self.workload.load(data, "train", self.rank, self.world, spec.params)
         self.test = self.workload.load(data, "test", self.rank, self.world, spec.params)
-        tf.random.set_seed(spec.seed)  # same initial weights on every rank
+        # Same initial weights on every rank and in every run of this seed: tf.keras's
+        # unseeded initializers draw from Python's and NumPy's generators as well as TF's.
+        keras().utils.set_random_seed(spec.seed)
         with comm.scope():
             self.model = self.workload.tf_model(spec.params)
             self.optimizer = make_optimizer(self.workload.defaults.optimizer, spec.lr)

@@ -1,0 +1,93 @@
+"""TensorFlow training: the data path of the loop, and real 2-worker runs on a local Ray."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+import workloads
+from launcher.backends import TFComm
+from launcher.cli import main
+from launcher.spec import JobSpec
+from test_train_local import launch
+
+
+class RecordingComm(TFComm):
+    """One rank of a pretend world, stepping nothing: it records the batches the loop feeds it."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        self._rank, self._world, self.batches = rank, world, []
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world
+
+    def train_step(self, model, optimizer, loss):
+        def step(x, y):
+            self.batches.append(np.array(x))
+            return 0.5
+
+        return step
+
+    def allreduce_sum(self, values):
+        return values
+
+
+def test_tf_loop_gives_each_sample_to_one_rank_once_per_epoch():
+    from launcher.train_tf import TFTraining
+
+    spec = JobSpec(framework="tensorflow", workers=2, epochs=1).validated()
+    seen = []
+    for rank in range(2):
+        training = TFTraining(spec, RecordingComm(rank, 2))
+        comm = training.comm
+        training.run_epoch(comm.train_step(None, None, None))
+        rows = [r.tobytes() for batch in comm.batches for r in batch]
+        assert max(len(b) for b in comm.batches) == spec.batch_size  # batch_size is per worker
+        assert len(rows) == len(set(rows)) == 719  # its whole shard, each sample once
+        seen.append(set(rows))
+    assert not seen[0] & seen[1]  # no sample given to two workers
+    everything = {r.tobytes() for r in workloads.get("digits-mlp").load(None, "train", 0, 1, {}).x}
+    assert seen[0] | seen[1] <= everything and len(seen[0] | seen[1]) == 1438
+
+
+@pytest.mark.integration
+def test_tf_run_learns_resumes_and_exports_a_saved_model(ray_local, capsys, storage):
+    common = ["--framework", "tensorflow", "--storage", storage, "--seed", "3"]
+    code, full = launch(capsys, *common, "--name", "tf_full", "--epochs", "4")
+    assert code == 0, full
+    assert (full["status"], full["framework"], full["backend"]) == ("succeeded", "tensorflow", "native")
+    assert (full["epochs_completed"], full["steps_completed"]) == (4, 4 * 23)
+    assert full["metrics"]["accuracy"] >= 0.85
+
+    import tensorflow as tf
+
+    loaded = tf.saved_model.load(os.path.join(storage, "tf_full", "model", "saved_model"))
+    test = workloads.get("digits-mlp").load(None, "test", 0, 1, {})
+    logits = next(iter(loaded.signatures["serving_default"](x=tf.constant(test.x)).values())).numpy()
+    assert (logits.argmax(1) == test.y).mean() >= 0.85
+
+    code, first = launch(capsys, *common, "--name", "tf_stopped", "--epochs", "2")
+    assert code == 0 and first["epochs_completed"] == 2
+    code, resumed = launch(capsys, *common, "--name", "tf_stopped", "--epochs", "4")
+    assert code == 0, resumed
+    assert resumed["resumed_from"] == {"epoch": 2, "step": 46}
+    assert (resumed["epochs_completed"], resumed["steps_completed"]) == (4, 92)
+    # Same seed and workers: stopping at epoch 2 and resuming gives the uninterrupted run's result.
+    for key in ("loss", "accuracy", "train_loss"):
+        assert resumed["metrics"][key] == pytest.approx(full["metrics"][key], rel=1e-5), (key, resumed, full)
+
+
+@pytest.mark.integration
+def test_tf_checkpoint_does_not_resume_a_torch_run(ray_local, capsys, storage):
+    code, _ = launch(capsys, "--storage", storage, "--name", "mixed", "--epochs", "1")
+    assert code == 0
+    code = main(["run", "--storage", storage, "--name", "mixed", "--framework", "tensorflow", "--epochs", "2"])
+    err = capsys.readouterr().err
+    assert code == 2 and "framework torch, not tensorflow" in err and "another --name" in err
