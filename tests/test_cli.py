@@ -89,7 +89,7 @@ def test_workloads_listing(capsys):
     assert "digits-mlp" in out and "cifar10-cnn" in out and "--param image_size" in out
     code, out, _ = run_cli(capsys, "workloads", "--json")
     listed = {w["name"]: w for w in json.loads(out)}
-    assert listed["mnist-cnn"]["frameworks"] == ["torch"]
+    assert listed["mnist-cnn"]["frameworks"] == ["torch", "tensorflow"]
     assert "IDX" in listed["mnist-cnn"]["data"] and listed["digits-mlp"]["data"].startswith("none")
 
 
@@ -107,3 +107,16 @@ def test_module_entry_point_help_is_fast_and_light():
     res = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert "usage: launcher" in res.stdout
     assert "HEAVY []" in res.stdout
+
+
+def test_torch_runs_never_import_tensorflow():
+    # Everything a torch run loads on the driver and the workers, TensorFlow excluded.
+    probe = ("import sys\n"
+             "import launcher.cli, launcher.driver, launcher.train_torch, launcher.export, launcher.backends.native\n"
+             "from launcher.spec import JobSpec\n"
+             "import workloads\n"
+             "spec = JobSpec(workload='mnist-cnn').validated()\n"
+             "workloads.get('mnist-cnn').torch_model({})\n"
+             "print('TF', 'tensorflow' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert "TF False" in res.stdout, res.stderr
