@@ -8,14 +8,14 @@ import os
 from typing import Any
 
 
-def new_figure():
-    """A matplotlib figure and axes, drawn off-screen."""
+def new_figure(ncols: int = 1, figsize: tuple[float, float] = (7, 4)):
+    """A matplotlib figure and axes (one per column), drawn off-screen."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(figsize=(7, 4))
+    return plt.subplots(ncols=ncols, figsize=figsize)
 
 
 def write(out_dir: str, stem: str, rows: list[dict], payload: dict[str, Any], fig) -> list[str]:
@@ -27,7 +27,7 @@ def write(out_dir: str, stem: str, rows: list[dict], payload: dict[str, Any], fi
     with open(paths[0], "w") as f:
         json.dump({"summary": rows, **payload}, f, indent=1)
     with open(paths[1], "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["note"])
         writer.writeheader()
         writer.writerows(rows)
     fig.tight_layout()
