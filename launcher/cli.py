@@ -14,10 +14,9 @@ import json
 import os
 import signal
 import sys
-import tempfile
 from typing import Any, Iterator, Sequence, TextIO
 
-from launcher import __version__, cli_cluster, startup
+from launcher import __version__, cli_bench, cli_cluster, startup
 from launcher.errors import UserError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
@@ -83,20 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=6390, help="the head's GCS port on 127.0.0.1 (default 6390)")
     sub.add_parser("down", help="stop the warm local Ray head started by `launcher up`")
 
-    bench = sub.add_parser("bench", help="benchmarks")
-    bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", parser_class=_Parser, required=True)
-    ck = bench_sub.add_parser("checkpoint", help="checkpoint save/restore throughput (ResNet-50 training state)")
-    ck.add_argument("--storage", action="append", default=[],
-                    help="destination (folder or gs://BUCKET/PREFIX; repeatable; default: a local temp folder)")
-    ck.add_argument("--emulator", action="store_true",
-                    help="also measure against a Cloud Storage emulator started on loopback")
-    ck.add_argument("--repeats", type=int, default=3)
-    ck.add_argument("--model", choices=("resnet50", "resnet18"), default="resnet50")
-    ck.add_argument("--out", default="./bench-results", help="folder for JSON, CSV and PNG results")
-    ov = bench_sub.add_parser("overhead", help="1-epoch job under launcher (cold, warm) and torchrun, alternating")
-    ov.add_argument("--repeats", type=int, default=3)
-    ov.add_argument("--workers", type=int, default=2)
-    ov.add_argument("--out", default="./bench-results", help="folder for JSON, CSV and PNG results")
+    cli_bench.add_parsers(sub, _Parser)
 
     data = sub.add_parser("data", help="data on Cloud Storage")
     data_sub = data.add_subparsers(dest="data_command", metavar="ACTION", parser_class=_Parser, required=True)
@@ -247,69 +233,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _note(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    if args.repeats < 1:
-        raise UserError(f"--repeats must be >= 1, got {args.repeats}")
-    if args.bench_command == "overhead":
-        from benchmarks import overhead
-
-        samples = overhead.run(args.repeats, args.workers, _note)
-        rows = overhead.summarize(samples)
-        print(overhead.format_rows(rows))
-        for path in overhead.write_results(rows, samples, args.out):
-            print(f"wrote {path}")
-        return EXIT_OK
-    return _bench_checkpoint(args)
-
-
-def _bench_checkpoint(args: argparse.Namespace) -> int:
-    from benchmarks import checkpoint_io
-    from launcher.spec import normalize_storage
-    from launcher.storage import Storage
-
-    with contextlib.ExitStack() as stack:
-        uris = list(args.storage)
-        if not uris:
-            uris.append(stack.enter_context(tempfile.TemporaryDirectory(prefix="launcher-bench-")))
-        if args.emulator:
-            uris.append(stack.enter_context(_bench_emulator()))
-        storages = [Storage.resolve(normalize_storage(u)) for u in uris]
-        for storage in storages:
-            storage.check_writable()
-        samples = checkpoint_io.run(storages, args.repeats, args.model, _note)
-    rows = checkpoint_io.summarize(samples)
-    print(checkpoint_io.format_rows(rows))
-    for path in checkpoint_io.write_results(rows, samples, args.out):
-        print(f"wrote {path}")
-    return EXIT_OK
-
-
-@contextlib.contextmanager
-def _bench_emulator() -> Iterator[str]:
-    """A fake-gcs-server on loopback with a bucket; yields the gs:// URI to use."""
-    from launcher import gcs
-    from launcher.gcs_emulator import Emulator
-
-    with tempfile.TemporaryDirectory(prefix="launcher-gcs-") as root:
-        emulator = Emulator(root).start()
-        previous = os.environ.get(gcs.EMULATOR_ENV)
-        os.environ[gcs.EMULATOR_ENV] = emulator.url
-        try:
-            gcs.client().create_bucket("launcher-bench")
-            yield "gs://launcher-bench/checkpoints"
-        finally:
-            emulator.stop()
-            if previous is None:
-                os.environ.pop(gcs.EMULATOR_ENV, None)
-            else:
-                os.environ[gcs.EMULATOR_ENV] = previous
-
-
-COMMANDS = {"run": cmd_run, "workloads": cmd_workloads, "runs": cmd_runs, "data": cmd_data, "bench": cmd_bench,
+COMMANDS = {"run": cmd_run, "workloads": cmd_workloads, "runs": cmd_runs, "data": cmd_data, "bench": cli_bench.cmd_bench,
             "up": cmd_up, "down": cmd_down, "cluster": cli_cluster.cmd_cluster}
 
 

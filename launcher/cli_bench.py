@@ -1,0 +1,286 @@
+"""``launcher bench ...``: the benchmark commands' parsers and handlers.
+
+Each handler checks its flags (one clear line per mistake, before anything
+starts), runs a library function from ``benchmarks/``, prints the machine
+header and the table on stdout, progress on stderr, and writes
+JSON/CSV/PNG under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+import tempfile
+from typing import Iterator
+
+from launcher.errors import UserError
+
+EXIT_OK = 0
+FRAMEWORKS = ("torch", "tensorflow")
+
+
+def add_parsers(sub, parser_class) -> None:
+    bench = sub.add_parser("bench", help="benchmarks (scaling, allreduce, overhead, checkpoint, project)")
+    bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", parser_class=parser_class,
+                                     required=True)
+    out_help = "folder for JSON, CSV and PNG results"
+
+    sc = bench_sub.add_parser("scaling", help="training throughput and scaling efficiency against workers")
+    sc.add_argument("--workload", default="resnet50-synthetic", help="a synthetic workload (see `launcher workloads`)")
+    sc.add_argument("--frameworks", default="torch", help="comma-separated: torch,tensorflow")
+    sc.add_argument("--backends", default="native", help="comma-separated: native,horovod")
+    sc.add_argument("--workers", default="1,2", help="comma-separated worker counts, e.g. 1,2,4")
+    sc.add_argument("--image-size", type=int, default=64)
+    sc.add_argument("--batch-size", type=int, default=32, help="images per worker per step")
+    sc.add_argument("--warmup", type=int, default=10, help="untimed steps first")
+    sc.add_argument("--iters", type=int, default=10, help="timed iterations")
+    sc.add_argument("--batches-per-iter", type=int, default=10, help="steps per timed iteration")
+    sc.add_argument("--threads", type=int, default=1, help="threads per worker (torch/TF/OMP)")
+    sc.add_argument("--num-classes", type=int, default=1000)
+    sc.add_argument("--out", default="./bench-results", help=out_help)
+
+    ar = bench_sub.add_parser("allreduce", help="allreduce bandwidth (algbw, busbw) and latency per message size")
+    ar.add_argument("--sizes", default="4KB..256MB", help="LO..HI (powers of two) or a list 4KB,1MB,...")
+    ar.add_argument("--backends", default="gloo,horovod,nccl", help="comma-separated: gloo,horovod,nccl")
+    ar.add_argument("--workers", type=int, default=2)
+    ar.add_argument("--threads", type=int, default=1, help="threads per worker")
+    ar.add_argument("--out", default="./bench-results", help=out_help)
+
+    pr = bench_sub.add_parser("project", help="project scaling efficiency to many GPUs (ring-allreduce model)")
+    pr.add_argument("--from", dest="source", action="append", default=[],
+                    help="a scaling.json from `launcher bench scaling` (repeatable)")
+    pr.add_argument("--figures", action="append", default=[],
+                    help="YAML/JSON list of {model, gradient_bytes|gradient_mb|params, step_time_s} (repeatable)")
+    pr.add_argument("--model", action="append", default=[], metavar="NAME:GRADIENT_MB:STEP_S",
+                    help="a published per-GPU figure, e.g. resnet101:178:0.25 (repeatable)")
+    pr.add_argument("--network-gbps", default="25,100,200", help="per-node network bandwidth(s), Gbit/s")
+    pr.add_argument("--gpus", default="8,16,32,64,128,256,512,1024", help="GPU counts")
+    pr.add_argument("--gpus-per-node", type=int, default=8)
+    pr.add_argument("--intra-node-gbps", type=float, default=1200.0, help="link inside a node (NVLink), Gbit/s")
+    pr.add_argument("--fusion-mb", type=float, default=64.0, help="tensor fusion buffer (Horovod's threshold), MiB")
+    pr.add_argument("--latency-us", type=float, default=30.0, help="per ring step and buffer")
+    pr.add_argument("--overlap", type=float, default=0.5, help="share of the backward pass that hides communication")
+    pr.add_argument("--out", default="./bench-results", help=out_help)
+
+    ck = bench_sub.add_parser("checkpoint", help="checkpoint save/restore throughput (ResNet-50 training state)")
+    ck.add_argument("--storage", action="append", default=[],
+                    help="destination (folder or gs://BUCKET/PREFIX; repeatable; default: a local temp folder)")
+    ck.add_argument("--emulator", action="store_true",
+                    help="also measure against a Cloud Storage emulator started on loopback")
+    ck.add_argument("--repeats", type=int, default=3)
+    ck.add_argument("--model", choices=("resnet50", "resnet18"), default="resnet50")
+    ck.add_argument("--out", default="./bench-results", help=out_help)
+
+    ov = bench_sub.add_parser("overhead", help="1-epoch job under launcher (cold, warm), torchrun and horovodrun")
+    ov.add_argument("--repeats", type=int, default=3)
+    ov.add_argument("--workers", type=int, default=2)
+    ov.add_argument("--out", default="./bench-results", help=out_help)
+
+
+def note(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _ints(flag: str, text: str, low: int = 1) -> list[int]:
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise UserError(f"{flag} {text!r} is not a comma-separated list of integers", f"for example {flag} 1,2,4") from None
+    if not values or min(values) < low:
+        raise UserError(f"{flag} {text!r}: every value must be >= {low}", f"for example {flag} 1,2,4")
+    return sorted(dict.fromkeys(values))
+
+
+def _floats(flag: str, text: str) -> list[float]:
+    try:
+        values = [float(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise UserError(f"{flag} {text!r} is not a comma-separated list of numbers", f"for example {flag} 25,100") from None
+    if not values or min(values) <= 0:
+        raise UserError(f"{flag} {text!r}: every value must be > 0", f"for example {flag} 25,100")
+    return values
+
+
+def _names(flag: str, text: str, valid: tuple[str, ...] | list[str]) -> list[str]:
+    names = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
+    bad = [n for n in names if n not in valid]
+    if bad or not names:
+        raise UserError(f"{flag}: unknown {', '.join(bad) or 'empty list'}", f"valid: {', '.join(valid)}")
+    return names
+
+
+def _positive(flag: str, value: int) -> None:
+    if value < 1:
+        raise UserError(f"{flag} must be >= 1, got {value}")
+
+
+def _wrote(paths: list[str]) -> None:
+    for path in paths:
+        print(f"wrote {path}")
+
+
+def cmd_scaling(args: argparse.Namespace) -> int:
+    import workloads
+    from benchmarks import machine, scaling
+
+    if args.workload not in ("resnet18-synthetic", "resnet50-synthetic"):
+        try:
+            workloads.get(args.workload)
+        except workloads.UnknownName as exc:
+            raise UserError(f"--workload: {exc}") from None
+    frameworks = _names("--frameworks", args.frameworks, FRAMEWORKS)
+    backend_names = [t.strip() for t in args.backends.split(",") if t.strip()]
+    if not backend_names:
+        raise UserError("--backends is empty", "for example --backends native,horovod")
+    counts = _ints("--workers", args.workers)
+    for flag in ("image_size", "batch_size", "iters", "batches_per_iter", "threads", "num_classes"):
+        _positive("--" + flag.replace("_", "-"), getattr(args, flag))
+    if args.warmup < 0:
+        raise UserError(f"--warmup must be >= 0, got {args.warmup}")
+    if args.image_size < 32:
+        raise UserError(f"--image-size must be at least 32 (the ResNet downsamples 32x), got {args.image_size}")
+    settings = scaling.Settings(workload=args.workload, image_size=args.image_size, batch_size=args.batch_size,
+                                warmup=args.warmup, iters=args.iters, batches_per_iter=args.batches_per_iter,
+                                threads=args.threads, num_classes=args.num_classes)
+    info = machine.describe(args.threads)
+    print(machine.header(info, f"scaling: {args.workload}, image {args.image_size}, batch {args.batch_size}/worker, "
+                               f"{args.warmup} warm-up + {args.iters} x {args.batches_per_iter} steps"), flush=True)
+    measured, skipped = scaling.run(settings, frameworks, backend_names, counts, note)
+    rows = scaling.summarize(measured)
+    print(scaling.format_rows(rows, skipped))
+    _wrote(scaling.write_results(rows, measured, skipped, info, settings, args.out))
+    return EXIT_OK if measured else 1
+
+
+def cmd_allreduce(args: argparse.Namespace) -> int:
+    from benchmarks import allreduce, machine
+
+    try:
+        sizes = allreduce.parse_sizes(args.sizes)
+    except ValueError as exc:
+        raise UserError(f"--sizes: {exc}", "for example --sizes 4KB..256MB or --sizes 4KB,1MB") from None
+    names = _names("--backends", args.backends, allreduce.CHOICES)
+    if args.workers < 2:
+        raise UserError(f"--workers must be >= 2 for an allreduce to move data, got {args.workers}")
+    _positive("--threads", args.threads)
+    info = machine.describe(args.threads)
+    print(machine.header(info, f"allreduce: float32 sum, {args.workers} workers, "
+                               f"{allreduce.human(sizes[0])}..{allreduce.human(sizes[-1])}"), flush=True)
+    measured, skipped, copy_bw = allreduce.run(names, sizes, args.workers, args.threads, note)
+    rows = allreduce.summarize(measured, copy_bw)
+    print(allreduce.format_rows(rows, skipped, copy_bw))
+    _wrote(allreduce.write_results(rows, skipped, copy_bw, info, args.out))
+    return EXIT_OK if measured else 1
+
+
+def cmd_project(args: argparse.Namespace) -> int:
+    from benchmarks import machine, project
+
+    inputs: list[project.Workload] = []
+    try:
+        for path in args.source:
+            inputs += project.from_scaling_results(path)
+        for path in args.figures:
+            inputs += project.from_figures_file(path)
+        for item in args.model:
+            parts = item.rsplit(":", 2)
+            if len(parts) != 3:
+                raise ValueError(f"--model {item!r} is not NAME:GRADIENT_MB:STEP_S (e.g. resnet101:178:0.25)")
+            inputs.append(project.figure({"model": parts[0], "gradient_mb": parts[1], "step_time_s": parts[2]},
+                                         f"--model {item}"))
+    except OSError as exc:
+        raise UserError(f"cannot read {exc.filename}: {exc.strerror}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise UserError(str(exc).strip("'\""), "see `launcher bench project --help` for the input formats") from None
+    if not inputs:
+        raise UserError("nothing to project", "give --from scaling.json, --figures FILE or --model NAME:GRADIENT_MB:STEP_S")
+    networks = _floats("--network-gbps", args.network_gbps)
+    gpus = _ints("--gpus", args.gpus)
+    _positive("--gpus-per-node", args.gpus_per_node)
+    if not 0 <= args.overlap <= 1:
+        raise UserError(f"--overlap must be between 0 and 1, got {args.overlap}")
+    for flag in ("fusion_mb", "intra_node_gbps"):
+        if getattr(args, flag) <= 0:
+            raise UserError(f"--{flag.replace('_', '-')} must be > 0")
+    if args.latency_us < 0:
+        raise UserError(f"--latency-us must be >= 0, got {args.latency_us}")
+    model = project.Model(fusion_bytes=args.fusion_mb * 1024 * 1024, latency_s=args.latency_us * 1e-6,
+                          overlap=args.overlap, gpus_per_node=args.gpus_per_node,
+                          intra_node_gbps=args.intra_node_gbps)
+    info = machine.describe()
+    print(machine.header(info, "projection: analytic ring-allreduce model (no measurement; inputs below)"))
+    for w in inputs:
+        print(f"# input {w.name}: gradients {w.gradient_bytes / 1e6:.1f} MB, compute {1000 * w.step_time_s:.1f} ms/step"
+              + (f" ({w.source})" if w.source else ""))
+    rows = project.project(inputs, networks, gpus, model)
+    print(project.format_rows(rows, gpus))
+    _wrote(project.write_results(rows, inputs, model, info, args.out))
+    return EXIT_OK
+
+
+def cmd_overhead(args: argparse.Namespace) -> int:
+    from benchmarks import machine, overhead
+
+    _positive("--repeats", args.repeats)
+    _positive("--workers", args.workers)
+    info = machine.describe(overhead.THREADS)
+    print(machine.header(info, f"overhead: 1-epoch digits-mlp, {args.workers} workers, {args.repeats} repeats"),
+          flush=True)
+    samples = overhead.run(args.repeats, args.workers, note)
+    rows = overhead.summarize(samples)
+    print(overhead.format_rows(rows))
+    _wrote(overhead.write_results(rows, samples, args.out, info))
+    return EXIT_OK
+
+
+def cmd_checkpoint(args: argparse.Namespace) -> int:
+    from benchmarks import checkpoint_io
+    from launcher.spec import normalize_storage
+    from launcher.storage import Storage
+
+    _positive("--repeats", args.repeats)
+    with contextlib.ExitStack() as stack:
+        uris = list(args.storage)
+        if not uris:
+            uris.append(stack.enter_context(tempfile.TemporaryDirectory(prefix="launcher-bench-")))
+        if args.emulator:
+            uris.append(stack.enter_context(_bench_emulator()))
+        storages = [Storage.resolve(normalize_storage(u)) for u in uris]
+        for storage in storages:
+            storage.check_writable()
+        samples = checkpoint_io.run(storages, args.repeats, args.model, note)
+    rows = checkpoint_io.summarize(samples)
+    print(checkpoint_io.format_rows(rows))
+    _wrote(checkpoint_io.write_results(rows, samples, args.out))
+    return EXIT_OK
+
+
+@contextlib.contextmanager
+def _bench_emulator() -> Iterator[str]:
+    """A fake-gcs-server on loopback with a bucket; yields the gs:// URI to use."""
+    from launcher import gcs
+    from launcher.gcs_emulator import Emulator
+
+    with tempfile.TemporaryDirectory(prefix="launcher-gcs-") as root:
+        emulator = Emulator(root).start()
+        previous = os.environ.get(gcs.EMULATOR_ENV)
+        os.environ[gcs.EMULATOR_ENV] = emulator.url
+        try:
+            gcs.client().create_bucket("launcher-bench")
+            yield "gs://launcher-bench/checkpoints"
+        finally:
+            emulator.stop()
+            if previous is None:
+                os.environ.pop(gcs.EMULATOR_ENV, None)
+            else:
+                os.environ[gcs.EMULATOR_ENV] = previous
+
+
+HANDLERS = {"scaling": cmd_scaling, "allreduce": cmd_allreduce, "project": cmd_project,
+            "overhead": cmd_overhead, "checkpoint": cmd_checkpoint}
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    return HANDLERS[args.bench_command](args)
