@@ -1,13 +1,18 @@
-"""Launcher overhead: the same 1-epoch digits-mlp job under three launchers, alternating.
+"""Launcher overhead: the same 1-epoch digits-mlp job under several launchers, alternating.
 
 * ``launcher-cold``: ``launcher run`` starting its own local Ray (and stopping it);
 * ``launcher-warm``: ``launcher run`` with a warm local head from ``launcher up``;
 * ``torchrun``: ``benchmarks/torchrun_digits.py`` under torchrun, the same
-  training code without Ray.
+  training code without Ray;
+* ``horovodrun`` (where Horovod's torch extension loads): the same script
+  with ``--comm horovod`` under ``horovodrun -np N -H localhost:N``.
 
-Runs go A B C A B C ... so drift in the machine's state hits all three alike.
+Runs go A B C D A B C D ... so drift in the machine's state hits all alike.
 Every run is a fresh process timed from outside (wall clock, start to exit),
-with OMP_NUM_THREADS=1 and one torch thread per worker in all three.
+with OMP_NUM_THREADS=1 and one torch thread per worker in all of them
+(TorchTraining sets the torch thread count from cpus_per_worker = 1). Besides
+wall time, each reports its steady-state training throughput (samples/s of the
+epoch, from the training loop itself) and, for the launcher, time to first step.
 """
 
 from __future__ import annotations
@@ -22,14 +27,41 @@ import time
 from typing import Callable
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VARIANTS = ("launcher-cold", "launcher-warm", "torchrun")
+VARIANTS = ("launcher-cold", "launcher-warm", "torchrun", "horovodrun")
+THREADS = 1  # OMP_NUM_THREADS and torch threads per worker, equal for every launcher
+
+
+def horovodrun_reason() -> str | None:
+    """None when horovodrun can run the torch loop here, else why not."""
+    import shutil
+
+    from benchmarks import raywork
+
+    if not shutil.which("horovodrun") and not os.path.exists(_horovodrun()):
+        return "horovodrun is not installed"
+    return raywork.backend_or_reason("horovod", "torch")[1]
+
+
+def _horovodrun() -> str:
+    return os.path.join(os.path.dirname(sys.executable), "horovodrun")
+
+
+def variants(note: Callable[[str], None]) -> tuple[str, ...]:
+    reason = horovodrun_reason()
+    if reason:
+        note(f"horovodrun: unavailable: {reason}")
+        return VARIANTS[:3]
+    return VARIANTS
 
 
 def _command(variant: str, workers: int, storage: str, index: int) -> list[str]:
+    script = os.path.join(ROOT, "benchmarks", "torchrun_digits.py")
     if variant == "torchrun":
         torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-        return [torchrun, f"--nproc-per-node={workers}", os.path.join(ROOT, "benchmarks", "torchrun_digits.py"),
-                "--epochs", "1"]
+        return [torchrun, f"--nproc-per-node={workers}", script, "--epochs", "1"]
+    if variant == "horovodrun":
+        return [_horovodrun(), "-np", str(workers), "-H", f"localhost:{workers}", sys.executable, script,
+                "--epochs", "1", "--comm", "horovod"]
     return [sys.executable, "-m", "launcher", "run", "--epochs", "1", "--workers", str(workers),
             "--storage", storage, "--name", f"overhead_{variant.replace('-', '_')}_{index}", "--json"]
 
@@ -38,57 +70,80 @@ def run(repeats: int, workers: int, note: Callable[[str], None]) -> list[dict]:
     from launcher import localhead
 
     samples = []
+    chosen = variants(note)
+    note(f"every worker: OMP_NUM_THREADS={THREADS}, torch threads {THREADS}")
     with tempfile.TemporaryDirectory(prefix="launcher-overhead-") as tmp:
         cold_state, warm_state = os.path.join(tmp, "cold-state"), os.path.join(tmp, "warm-state")
-        base = {**os.environ, "OMP_NUM_THREADS": "1"}
+        base = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
         base.pop("RAY_ADDRESS", None)
         os.environ[localhead.STATE_ENV] = warm_state
         try:
             localhead.up()
             for i in range(repeats):
-                for variant in VARIANTS:
+                for variant in chosen:
                     env = {**base, localhead.STATE_ENV: warm_state if variant == "launcher-warm" else cold_state}
                     cmd = _command(variant, workers, os.path.join(tmp, "runs"), i)
+                    env["BENCH_LAUNCHED"] = repr(time.time())
                     start = time.perf_counter()
                     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
                     wall = time.perf_counter() - start
                     if res.returncode != 0:
                         raise RuntimeError(f"{variant} failed: {res.stderr.strip().splitlines()[-1:]}")
                     out = json.loads(res.stdout.strip().splitlines()[-1])
-                    first = (out.get("startup") or {}).get("time_to_first_step_s")
+                    first = (out.get("startup") or {}).get("time_to_first_step_s") or out.get("first_step_s")
                     samples.append({"variant": variant, "repeat": i, "wall_s": wall, "first_step_s": first,
+                                    "samples_per_s": out.get("samples_per_s"), "threads": out.get("threads", THREADS),
                                     "accuracy": out.get("accuracy") or out.get("metrics", {}).get("accuracy")})
                     note(f"{i + 1}/{repeats} {variant:<14} wall {wall:6.2f}s"
-                         + (f"  first step after {first:.2f}s" if first else ""))
+                         + (f"  first step after {first:.2f}s" if first else "")
+                         + (f"  {out['samples_per_s']:,.0f} samples/s" if out.get("samples_per_s") else ""))
         finally:
             localhead.down()
             os.environ.pop(localhead.STATE_ENV, None)
     return samples
 
 
+def _median(values: list) -> float | None:
+    values = [v for v in values if v]
+    return statistics.median(values) if values else None
+
+
 def summarize(samples: list[dict]) -> list[dict]:
     base = statistics.median(s["wall_s"] for s in samples if s["variant"] == "torchrun")
+    base_rate = _median([s.get("samples_per_s") for s in samples if s["variant"] == "torchrun"])
     rows = []
     for variant in VARIANTS:
-        walls = [s["wall_s"] for s in samples if s["variant"] == variant]
-        firsts = [s["first_step_s"] for s in samples if s["variant"] == variant and s["first_step_s"]]
+        mine = [s for s in samples if s["variant"] == variant]
+        if not mine:
+            continue
+        walls = [s["wall_s"] for s in mine]
+        rates = [s.get("samples_per_s") for s in mine if s.get("samples_per_s")]
+        rate = _median(rates)
         rows.append({"variant": variant, "runs": len(walls), "wall_s_median": statistics.median(walls),
                      "wall_s_min": min(walls), "wall_s_max": max(walls),
                      "vs_torchrun": statistics.median(walls) / base,
-                     "first_step_s_median": statistics.median(firsts) if firsts else None})
+                     "first_step_s_median": _median([s["first_step_s"] for s in mine]),
+                     "samples_per_s_median": rate, "samples_per_s_min": min(rates) if rates else None,
+                     "samples_per_s_max": max(rates) if rates else None,
+                     "throughput_vs_torchrun": rate / base_rate if rate and base_rate else None})
     return rows
 
 
 def format_rows(rows: list[dict]) -> str:
-    lines = [f"{'launcher':<15} {'runs':>4} {'wall median':>12} {'min-max':>15} {'x torchrun':>10} {'first step':>11}"]
+    lines = [f"{'launcher':<15} {'runs':>4} {'wall median':>12} {'min-max':>15} {'x torchrun':>10} {'first step':>11}"
+             f" {'samples/s (min-max)':>24} {'x torchrun':>10}"]
     for r in rows:
         first = f"{r['first_step_s_median']:.2f}s" if r["first_step_s_median"] else "-"
+        rate = (f"{r['samples_per_s_median']:,.0f} ({r['samples_per_s_min']:,.0f}-{r['samples_per_s_max']:,.0f})"
+                if r.get("samples_per_s_median") else "-")
+        ratio = f"{r['throughput_vs_torchrun']:.2f}" if r.get("throughput_vs_torchrun") else "-"
         lines.append(f"{r['variant']:<15} {r['runs']:>4} {r['wall_s_median']:>11.2f}s "
-                     f"{r['wall_s_min']:>6.2f}-{r['wall_s_max']:<6.2f}s {r['vs_torchrun']:>10.2f} {first:>11}")
+                     f"{r['wall_s_min']:>6.2f}-{r['wall_s_max']:<6.2f}s {r['vs_torchrun']:>10.2f} {first:>11}"
+                     f" {rate:>24} {ratio:>10}")
     return "\n".join(lines)
 
 
-def write_results(rows: list[dict], samples: list[dict], out_dir: str) -> list[str]:
+def write_results(rows: list[dict], samples: list[dict], out_dir: str, info: dict | None = None) -> list[str]:
     """overhead.json, overhead.csv and a bar chart (PNG) of wall times against 2x and 3x torchrun."""
     from benchmarks import results
 
@@ -96,12 +151,13 @@ def write_results(rows: list[dict], samples: list[dict], out_dir: str) -> list[s
     xs = range(len(rows))
     med = [r["wall_s_median"] for r in rows]
     err = [[m - r["wall_s_min"] for m, r in zip(med, rows)], [r["wall_s_max"] - m for m, r in zip(med, rows)]]
-    ax.bar(list(xs), med, yerr=err, capsize=6, color=["#c0504d", "#4f81bd", "#9bbb59"])
-    torchrun = rows[-1]["wall_s_median"]
+    ax.bar(list(xs), med, yerr=err, capsize=6, color=["#c0504d", "#4f81bd", "#9bbb59", "#8064a2"][:len(rows)])
+    torchrun = next(r["wall_s_median"] for r in rows if r["variant"] == "torchrun")
     for factor, style in ((2, "--"), (3, ":")):
         ax.axhline(factor * torchrun, color="grey", linestyle=style, label=f"{factor}x torchrun")
     ax.set_xticks(list(xs), [r["variant"] for r in rows])
     ax.set_ylabel("wall time, 1-epoch digits-mlp job (s)")
     ax.set_title("Launcher overhead (median, min-max)")
     ax.legend()
-    return results.write(out_dir, "overhead", rows, {"samples": samples}, fig)
+    return results.write(out_dir, "overhead", rows, {"samples": samples, "machine": info,
+                                                     "threads_per_worker": THREADS}, fig)
