@@ -17,7 +17,7 @@ import sys
 import tempfile
 from typing import Any, Iterator, Sequence, TextIO
 
-from launcher import __version__, startup
+from launcher import __version__, cli_submit, startup
 from launcher.errors import UserError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
@@ -103,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
     up = data_sub.add_parser("upload", help="upload a data file or folder; prints the URI to pass as --data")
     up.add_argument("local", help="file or folder to upload")
     up.add_argument("uri", help="gs://BUCKET/PREFIX to upload under")
+    cli_submit.add_parsers(sub, _Parser)
     return p
 
 
@@ -309,7 +310,7 @@ def _bench_emulator() -> Iterator[str]:
 
 
 COMMANDS = {"run": cmd_run, "workloads": cmd_workloads, "runs": cmd_runs, "data": cmd_data, "bench": cmd_bench,
-            "up": cmd_up, "down": cmd_down}
+            "up": cmd_up, "down": cmd_down, **cli_submit.COMMANDS}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
