@@ -79,10 +79,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
     spec = spec_from_args(args)  # bad flags stop here: nothing is sent
     _quiet_ray(args.verbose)
+    job = submit.submit(spec, args.job_server)
     if not spec.storage.startswith("gs://"):
         _note(f"note: storage {spec.storage} is a local path: every node of the cluster must see it "
               "(on a cloud cluster use --storage gs://BUCKET/PREFIX)")
-    job = submit.submit(spec, args.job_server)
     if args.json:
         print(json.dumps({"job_id": job.job_id, "name": job.name, "address": job.address,
                           "entrypoint": job.entrypoint}), flush=True)

@@ -122,7 +122,7 @@ def connect(address: str | None):
         with _without_address_env():
             return JobSubmissionClient(url, headers=auth_headers())
     except AuthenticationError:
-        raise UserError(f"the Ray cluster at {url} refused the request: it needs Ray's authentication token",
+        raise UserError(f"the Ray cluster at {url} refused the request: its authentication token is missing or wrong",
                         "put the cluster's token in RAY_AUTH_TOKEN or ~/.ray/auth_token (on the head: "
                         "`ray get-auth-token`)") from None
     except (ConnectionError, RuntimeError) as exc:
