@@ -113,8 +113,6 @@ def ray_head(num_cpus: int = 2):
     It runs under `ray start --block` in a new session; stopping means ending that
     process group (and any process left that names this head's temp dir), never `ray stop`.
     """
-    import psutil
-
     temp = tempfile.mkdtemp(prefix="lsub-")  # short: Ray's socket paths live under it
     dashboard = free_port()
     env = {k: v for k, v in os.environ.items() if k not in submit.ADDRESS_ENVS}
@@ -146,12 +144,22 @@ def ray_head(num_cpus: int = 2):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
-        for p in psutil.process_iter(["pid", "cmdline"]):  # workers Ray put in sessions of their own
-            if any(temp in part for part in p.info["cmdline"] or ()):
-                with contextlib.suppress(psutil.Error):
-                    p.kill()
+        for pid in _pids_naming(temp):  # any process of this head that left the group
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         log.close()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+def _pids_naming(text: str) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    if text.encode() in f.read():
+                        pids.append(int(entry))
+    return pids
 
 
 def _wait_for_job_server(proc, address: str, token: str, temp: str) -> None:
