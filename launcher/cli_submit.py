@@ -34,8 +34,6 @@ def add_parsers(sub, parser_class) -> None:
     sb.add_argument("--follow", action="store_true",
                     help="then stream the job's logs until it ends; exit code as for `launcher logs --follow`")
     sb.add_argument("--json", action="store_true", help="print the job id, run name and address as one JSON object")
-    sb.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                    help="show Ray's logs and full tracebacks")
 
     jobs = sub.add_parser("jobs", help="list the runs submitted to a Ray cluster")
     _address(jobs)
@@ -59,14 +57,23 @@ def add_parsers(sub, parser_class) -> None:
 
 
 def _address(parser: argparse.ArgumentParser) -> None:
+    """--address and -v, the options every job command takes."""
     parser.add_argument("--address", dest="job_server", default=None, metavar="URL", help=ADDRESS_HELP)
+    parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="show Ray's logs and full tracebacks")
 
 
 def _quiet_ray(verbose: bool) -> None:
-    """Ray's job client logs every package upload and socket close at INFO."""
-    if not verbose:
-        for name in ("ray.dashboard", "ray._private.runtime_env"):
-            logging.getLogger(name).setLevel(logging.WARNING)
+    """Ray's job client logs every package upload and socket close at INFO; its modules
+    set that level when imported, so import them first."""
+    if verbose:
+        return
+    import ray.dashboard.modules.dashboard_sdk
+    import ray.dashboard.modules.job.sdk  # noqa: F401
+
+    for name in ("ray.dashboard.modules.dashboard_sdk", "ray.dashboard.modules.job.sdk",
+                 "ray._private.runtime_env.packaging"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _note(text: str) -> None:
@@ -96,7 +103,11 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 
 def _follow(submit, address: str | None, job_id: str) -> int:
-    status = submit.follow(address, job_id, submit.write_stdout)
+    try:
+        status = submit.follow(address, job_id, submit.write_stdout)
+    except KeyboardInterrupt:
+        _note(f"stopped following; job {job_id} goes on (`launcher stop {job_id}` stops it)")
+        return 130
     _note(f"job {job_id}: {status}")
     return submit.exit_code(status)
 

@@ -73,9 +73,9 @@ def auth_headers() -> dict[str, str]:
     """Ray's token header when a token is at hand (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or
     ~/.ray/auth_token) and RAY_AUTH_MODE is not 'disabled'.
 
-    Ray 2.60 heads require the token by default, but Ray's client only sends it when
-    RAY_AUTH_MODE=token was set before Ray was imported; passing the header ourselves
-    works either way. The token is sent only to the address the user named.
+    A Ray 2.60 head turns token authentication on by itself when a token exists on it,
+    but Ray's client only sends one when RAY_AUTH_MODE=token was set before Ray was
+    imported; passing the header ourselves works either way. The token is sent only to the address the user named.
     """
     if os.environ.get("RAY_AUTH_MODE", "").lower() == "disabled":
         return {}
@@ -139,6 +139,10 @@ def _job_errors(client, job_id: str) -> Iterator[None]:
     """Ray's 404 for an unknown id (a RuntimeError with the HTTP body) as a UserError."""
     try:
         yield
+    except OSError as exc:  # requests' and aiohttp's connection errors are OSErrors
+        raise UserError(f"lost the connection to the Ray job server at {client.get_address()}: "
+                        f"{_first_line(exc)}", "is the cluster still up? `launcher status` and "
+                        "`launcher logs --follow` can be run again at any time") from None
     except RuntimeError as exc:
         if "does not exist" in str(exc) or "status code 404" in str(exc):
             raise UserError(f"no job {job_id!r} on the Ray cluster at {client.get_address()}",
