@@ -24,6 +24,7 @@ import pytest
 from launcher import submit
 from launcher.cli import build_parser, main, spec_from_args
 from launcher.gcs_emulator import free_port
+from launcher.storage import Storage
 
 HEAD_START_S = 120
 
@@ -206,6 +207,8 @@ def test_submit_follow_to_succeeded(head, capsys, tmp_path):
     assert lines[0] == "launcher-sub_ok"
     assert "run sub_ok: succeeded" in out and "epochs 1/1" in out, out
     assert "job launcher-sub_ok: SUCCEEDED" in err
+    # The run joined the head through the RAY_ADDRESS Ray gave the job; it started no Ray of its own.
+    assert "connecting to Ray at " in out and "starting a local Ray" not in out
     summary = json.load(open(os.path.join(storage, "sub_ok", "summary.json")))
     assert (summary["status"], summary["workers"], summary["epochs_completed"]) == ("succeeded", 2, 1)
     assert summary["checkpoint"] and os.path.isdir(summary["checkpoint"])
@@ -215,6 +218,7 @@ def test_submit_follow_to_succeeded(head, capsys, tmp_path):
     code, out, _ = run_cli(capsys, "status", "launcher-sub_ok", "--address", head, "--json")
     details = json.loads(out)
     assert details["status"] == "SUCCEEDED" and details["driver_exit_code"] == 0
+    assert len(details["runtime_env"]["py_modules"]) == 2  # launcher/ and workloads/, shipped
     code, out, _ = run_cli(capsys, "logs", "launcher-sub_ok", "--address", head)
     assert code == 0 and "run sub_ok: succeeded" in out
 
@@ -231,9 +235,12 @@ def test_submit_follow_to_succeeded(head, capsys, tmp_path):
 
 
 @pytest.mark.integration
-def test_stop_a_long_run(head, capsys, tmp_path):
-    storage = str(tmp_path / "runs")
-    code, out, err = run_cli(capsys, "submit", "--address", head, "--workers", "2", "--epochs", "1000",
+@pytest.mark.gcs
+def test_stop_a_long_run(head, capsys, bucket):
+    # Storage on the Cloud Storage emulator: the job reaches it only through the
+    # STORAGE_EMULATOR_HOST that submit passes on (the head was started without it).
+    storage = f"gs://{bucket}/runs"
+    code, out, err = run_cli(capsys, "submit", "--address", head, "--workers", "1", "--epochs", "1000",
                              "--storage", storage, "--name", "sub_long")
     assert code == 0, err
     job = out.strip()
@@ -246,7 +253,7 @@ def test_stop_a_long_run(head, capsys, tmp_path):
     code, out, _ = run_cli(capsys, "logs", job, "--address", head, "--follow")
     assert code == 130 and "epoch 1/1000" in out
     # The run caught SIGTERM in the grace Ray gave it and recorded itself as cancelled.
-    summary = json.load(open(os.path.join(storage, "sub_long", "summary.json")))
+    summary = json.loads(Storage.resolve(storage).read_text("sub_long", "summary.json"))
     assert summary["status"] == "cancelled" and 1 <= summary["epochs_completed"] < 1000
     code, out, _ = run_cli(capsys, "stop", job, "--address", head)
     assert code == 0 and "had already ended: STOPPED" in out
