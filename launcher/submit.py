@@ -212,7 +212,15 @@ def submit(spec, address: str | None) -> Submitted:
     command = entrypoint(spec)
     env = runtime_env()
     metadata = {"launcher_run": spec.name, "launcher_version": __version__}
-    taken = {j.submission_id for j in client.list_jobs() if j.submission_id}
+    jobs = client.list_jobs()
+    for j in jobs:
+        status = str(getattr(j.status, "value", j.status))
+        if (j.metadata or {}).get("launcher_run") == spec.name and status not in TERMINAL:
+            raise UserError(f"run {spec.name} is already {status} as job {j.submission_id} on this cluster "
+                            "(two launches of one run would write the same checkpoints)",
+                            f"wait for it (`launcher logs {j.submission_id} --follow`), stop it, or pass "
+                            "another --name")
+    taken = {j.submission_id for j in jobs if j.submission_id}
     for _ in range(5):  # someone may take the id between our look and our submit
         job_id = job_id_for(spec.name, taken)
         try:

@@ -245,6 +245,8 @@ def test_stop_a_long_run(head, capsys, bucket):
     assert code == 0, err
     job = out.strip()
     assert job == "launcher-sub_long"
+    code, out, err = run_cli(capsys, "submit", "--address", head, "--storage", storage, "--name", "sub_long")
+    one_line_error(code, err, "run sub_long is already", "as job launcher-sub_long")
     # Stop it once it trains (an epoch line in its logs), not while it starts.
     wait_for(lambda: "epoch 1/1000" in submit.logs(head, job), 150, "the first epoch")
     code, out, err = run_cli(capsys, "stop", job, "--address", head)
@@ -260,13 +262,18 @@ def test_stop_a_long_run(head, capsys, bucket):
 
 
 @pytest.mark.integration
-def test_bad_flags_and_unknown_jobs_against_a_head(head, capsys):
+def test_bad_flags_and_unknown_jobs_against_a_head(head, capsys, tmp_path):
     before = run_cli(capsys, "jobs", "--address", head, "--json")[1]
     code, out, err = run_cli(capsys, "submit", "--address", head, "--workers", "0")
     one_line_error(code, err, "workers must be >= 1")
     code, out, err = run_cli(capsys, "submit", "--address", head, "--workload", "mnist")
     one_line_error(code, err, "unknown workload 'mnist'")
     assert run_cli(capsys, "jobs", "--address", head, "--json")[1] == before  # nothing was submitted
+    # Data is checked where the run runs, so a missing file fails the job, not the submission.
+    code, out, err = run_cli(capsys, "submit", "--address", head, "--workload", "mnist-mlp", "--data",
+                             "/no/such/mnist", "--name", "sub_nodata", "--storage", str(tmp_path), "--follow")
+    assert code == 1, out + err
+    assert "launcher-sub_nodata: FAILED" in err and "/no/such/mnist" in out
     for command in ("status", "logs", "stop"):
         code, out, err = run_cli(capsys, command, "launcher-nope", "--address", head)
         one_line_error(code, err, "no job 'launcher-nope'", "launcher jobs --address")
