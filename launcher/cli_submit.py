@@ -19,7 +19,8 @@ ADDRESS_HELP = ("the head's dashboard (Ray job API), e.g. http://127.0.0.1:8265;
 
 
 def add_parsers(sub, parser_class) -> None:
-    """Add the job commands to the ``launcher`` subparsers ``sub``."""
+    """Add the job commands to the ``launcher`` subparsers ``sub`` (``parser_class`` is for nested
+    subcommands; these have none)."""
     from launcher.cli import RUN_FLAGS
 
     sb = sub.add_parser("submit", help="submit a run to a running Ray cluster as a Ray job; prints the job id")
