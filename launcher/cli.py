@@ -17,7 +17,7 @@ import sys
 import tempfile
 from typing import Any, Iterator, Sequence, TextIO
 
-from launcher import __version__, cli_cluster, startup
+from launcher import __version__, cli_cluster, cli_submit, startup
 from launcher.errors import UserError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
@@ -104,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("local", help="file or folder to upload")
     up.add_argument("uri", help="gs://BUCKET/PREFIX to upload under")
     cli_cluster.add_parsers(sub, _Parser)
+    cli_submit.add_parsers(sub, _Parser)
     return p
 
 
@@ -310,7 +311,7 @@ def _bench_emulator() -> Iterator[str]:
 
 
 COMMANDS = {"run": cmd_run, "workloads": cmd_workloads, "runs": cmd_runs, "data": cmd_data, "bench": cmd_bench,
-            "up": cmd_up, "down": cmd_down, "cluster": cli_cluster.cmd_cluster}
+            "up": cmd_up, "down": cmd_down, "cluster": cli_cluster.cmd_cluster, **cli_submit.COMMANDS}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
