@@ -16,7 +16,7 @@ import signal
 import sys
 from typing import Any, Iterator, Sequence, TextIO
 
-from launcher import __version__, cli_bench, cli_cluster, startup
+from launcher import __version__, cli_bench, cli_cluster, cli_submit, startup
 from launcher.errors import UserError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
@@ -90,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("local", help="file or folder to upload")
     up.add_argument("uri", help="gs://BUCKET/PREFIX to upload under")
     cli_cluster.add_parsers(sub, _Parser)
+    cli_submit.add_parsers(sub, _Parser)
     return p
 
 
@@ -234,7 +235,7 @@ def cmd_down(args: argparse.Namespace) -> int:
 
 
 COMMANDS = {"run": cmd_run, "workloads": cmd_workloads, "runs": cmd_runs, "data": cmd_data, "bench": cli_bench.cmd_bench,
-            "up": cmd_up, "down": cmd_down, "cluster": cli_cluster.cmd_cluster}
+            "up": cmd_up, "down": cmd_down, "cluster": cli_cluster.cmd_cluster, **cli_submit.COMMANDS}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

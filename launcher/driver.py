@@ -142,7 +142,8 @@ def run(spec: JobSpec, *, verbose: bool = False, show_progress: bool = True) -> 
     if head:
         progress.note(f"using the warm local Ray at {head['address']} (`launcher down` stops it)")
     else:
-        progress.note("connecting to Ray" if spec.address else "starting a local Ray instance")
+        address = spec.address or os.environ.get("RAY_ADDRESS")
+        progress.note(f"connecting to Ray at {address}" if address else "starting a local Ray instance")
     with raysession.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
                             verbose=verbose) as nodes:
         startup.mark("ray_ready")

@@ -19,6 +19,8 @@ from typing import Iterator
 from launcher import localhead
 from launcher.errors import UserError
 
+JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # ray._private.runtime_env.constants, not imported: heavy
+
 
 @dataclass(frozen=True)
 class NodeResources:
@@ -53,6 +55,10 @@ def connect(address: str | None, *, workers: int, cpus_per_worker: float,
             if head:  # `launcher up`'s warm head on this machine: same code, nothing to ship
                 address = head["address"]
                 ray.init(address=address, **kwargs)
+            elif address and in_ray_job():
+                # `launcher submit`: the job's runtime env already carries our code, and Ray
+                # refuses a second py_modules from ray.init ("Failed to merge the Job's runtime env").
+                ray.init(address=address, **kwargs)
             elif address:
                 # Ship this launcher's code with the job, so a cluster runs the driver's version.
                 ray.init(address=address, runtime_env=code_runtime_env(), **kwargs)
@@ -69,6 +75,12 @@ def connect(address: str | None, *, workers: int, cpus_per_worker: float,
     finally:
         if started:
             ray.shutdown()
+
+
+def in_ray_job() -> bool:
+    """Whether this process is the entrypoint of a submitted Ray job (Ray's job supervisor
+    sets this variable, and RAY_ADDRESS to the cluster's GCS, for the entrypoint)."""
+    return JOB_CONFIG_ENV in os.environ
 
 
 def code_runtime_env() -> dict:

@@ -1,0 +1,184 @@
+"""``launcher submit / jobs / status / logs / stop``: runs as Ray jobs on a running cluster.
+
+Parsers and handlers only; the work is in :mod:`launcher.submit`. Every
+command takes ``--address http://HEAD:8265`` (the dashboard's job API), or
+reads RAY_API_SERVER_ADDRESS / RAY_ADDRESS. ``submit`` takes every
+``launcher run`` flag and validates the spec here, before anything is sent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+ADDRESS_HELP = ("the head's dashboard (Ray job API), e.g. http://127.0.0.1:8265; "
+                "default RAY_API_SERVER_ADDRESS, else RAY_ADDRESS")
+
+
+def add_parsers(sub, parser_class) -> None:
+    """Add the job commands to the ``launcher`` subparsers ``sub`` (``parser_class`` is for nested
+    subcommands; these have none)."""
+    from launcher.cli import RUN_FLAGS
+
+    sb = sub.add_parser("submit", help="submit a run to a running Ray cluster as a Ray job; prints the job id")
+    sb.add_argument("--config", help="job spec YAML; flags override its values")
+    for flag, dest, typ, help_ in RUN_FLAGS:
+        if flag != "--address":  # here --address is the job server, not the run's cluster
+            sb.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
+    sb.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                    help="workload parameter, e.g. --param image_size=64 (repeatable)")
+    sb.set_defaults(address=None)
+    _address(sb)
+    sb.add_argument("--follow", action="store_true",
+                    help="then stream the job's logs until it ends; exit code as for `launcher logs --follow`")
+    sb.add_argument("--json", action="store_true", help="print the job id, run name and address as one JSON object")
+
+    jobs = sub.add_parser("jobs", help="list the runs submitted to a Ray cluster")
+    _address(jobs)
+    jobs.add_argument("--json", action="store_true")
+
+    st = sub.add_parser("status", help="a submitted job's status and Ray's message about it")
+    st.add_argument("job_id", metavar="JOB", help="the id `launcher submit` printed")
+    _address(st)
+    st.add_argument("--json", action="store_true", help="Ray's full job details as one JSON object")
+
+    lg = sub.add_parser("logs", help="a submitted job's output (--follow: stream it until the job ends)")
+    lg.add_argument("job_id", metavar="JOB")
+    _address(lg)
+    lg.add_argument("--follow", "-f", action="store_true",
+                    help="stream until the job ends, then exit 0 if it SUCCEEDED, 1 if FAILED, 130 if STOPPED")
+
+    sp = sub.add_parser("stop", help="stop a submitted job (the run writes its summary; the same --name resumes)")
+    sp.add_argument("job_id", metavar="JOB")
+    _address(sp)
+    sp.add_argument("--no-wait", action="store_true", help="return once the stop is requested")
+
+
+def _address(parser: argparse.ArgumentParser) -> None:
+    """--address and -v, the options every job command takes."""
+    parser.add_argument("--address", dest="job_server", default=None, metavar="URL", help=ADDRESS_HELP)
+    parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="show Ray's logs and full tracebacks")
+
+
+def _quiet_ray(verbose: bool) -> None:
+    """Ray's job client logs every package upload and socket close at INFO; its modules
+    set that level when imported, so import them first."""
+    if verbose:
+        return
+    import ray.dashboard.modules.dashboard_sdk
+    import ray.dashboard.modules.job.sdk  # noqa: F401
+
+    for name in ("ray.dashboard.modules.dashboard_sdk", "ray.dashboard.modules.job.sdk",
+                 "ray._private.runtime_env.packaging"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _note(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from launcher import submit
+    from launcher.cli import spec_from_args
+
+    spec = spec_from_args(args)  # bad flags stop here: nothing is sent
+    _quiet_ray(args.verbose)
+    job = submit.submit(spec, args.job_server)
+    if not spec.storage.startswith("gs://"):
+        _note(f"note: storage {spec.storage} is a local path: every node of the cluster must see it "
+              "(on a cloud cluster use --storage gs://BUCKET/PREFIX)")
+    if args.json:
+        print(json.dumps({"job_id": job.job_id, "name": job.name, "address": job.address,
+                          "entrypoint": job.entrypoint}), flush=True)
+    else:
+        print(job.job_id, flush=True)
+    _note(f"submitted run {job.name} as job {job.job_id} to {job.address}; follow it with "
+          f"`launcher logs {job.job_id} --follow --address {job.address}`")
+    if not args.follow:
+        return 0
+    return _follow(submit, args.job_server, job.job_id)
+
+
+def _follow(submit, address: str | None, job_id: str) -> int:
+    try:
+        status = submit.follow(address, job_id, submit.write_stdout)
+    except KeyboardInterrupt:
+        _note(f"stopped following; job {job_id} goes on (`launcher stop {job_id}` stops it)")
+        return 130
+    _note(f"job {job_id}: {status}")
+    return submit.exit_code(status)
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    from launcher import submit
+
+    _quiet_ray(args.verbose)
+    jobs = submit.list_jobs(args.job_server)
+    if args.json:
+        print(json.dumps(jobs, indent=1))
+        return 0
+    if not jobs:
+        print("no launcher jobs on this cluster")
+        return 0
+    print(f"{'JOB':<40} {'RUN':<36} STATUS")
+    for j in jobs:
+        print(f"{j['job_id']:<40} {j['run']:<36} {j['status']}")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from launcher import submit
+
+    _quiet_ray(args.verbose)
+    details = submit.info(args.job_server, args.job_id)
+    if args.json:
+        print(json.dumps(details, sort_keys=True, default=str))
+    else:
+        print(format_status(details))
+    return 0
+
+
+def format_status(d: dict[str, Any]) -> str:
+    lines = [f"job {d.get('submission_id') or d.get('job_id')}: {d['status']}"]
+    if d.get("message"):
+        lines.append(f"  {d['message']}")
+    run = (d.get("metadata") or {}).get("launcher_run")
+    if run:
+        lines.append(f"  run: {run}")
+    if d.get("start_time") and d.get("end_time"):
+        lines.append(f"  wall: {(d['end_time'] - d['start_time']) / 1000:.1f}s")
+    if d.get("driver_exit_code") is not None:
+        lines.append(f"  exit code: {d['driver_exit_code']}")
+    return "\n".join(lines)
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from launcher import submit
+
+    _quiet_ray(args.verbose)
+    if args.follow:
+        return _follow(submit, args.job_server, args.job_id)
+    submit.write_stdout(submit.logs(args.job_server, args.job_id))
+    return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    from launcher import submit
+
+    _quiet_ray(args.verbose)
+    if args.no_wait:
+        was_running, status = submit.stop(args.job_server, args.job_id, wait_s=0)
+    else:
+        was_running, status = submit.stop(args.job_server, args.job_id)
+    if not was_running:
+        print(f"job {args.job_id} had already ended: {status}")
+    else:
+        print(f"job {args.job_id}: {status}" + ("" if status in submit.TERMINAL else " (stop requested)"))
+    return 0
+
+
+COMMANDS = {"submit": cmd_submit, "jobs": cmd_jobs, "status": cmd_status, "logs": cmd_logs, "stop": cmd_stop}
