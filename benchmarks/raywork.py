@@ -28,7 +28,11 @@ def backend_or_reason(name: str, framework: str):
     backend = backends.get(name)
     if framework not in backend.frameworks:
         return None, f"backend {name} does not support {framework} (it supports {', '.join(backend.frameworks)})"
-    return (None, backend.unavailable_reason(framework)) if backend.unavailable_reason(framework) else (backend, None)
+    method = "tf_comm" if framework == "tensorflow" else "torch_comm"
+    if getattr(type(backend), method) is getattr(backends.Backend, method):
+        return None, f"backend {name} has no {framework} worker side ({method}) in this launcher build"
+    reason = backend.unavailable_reason(framework)  # may probe the library in a subprocess: ask once
+    return (None, reason) if reason else (backend, None)
 
 
 def hand_back(rank: int, result: dict[str, Any]) -> None:
