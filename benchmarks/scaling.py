@@ -226,7 +226,7 @@ def run(settings: Settings, frameworks: list[str], backend_names: list[str], wor
             m = {"framework": fw, "backend": backend.name, "workers": n, **out, "wall_s": time.perf_counter() - start}
             measured.append(m)
             note(f"[{i}/{len(combos)}] {statistics.mean(out['rates']):,.1f} images/s "
-                 f"({m['wall_s']:.0f}s)")
+                 f"({m['wall_s']:.0f}s)" + (f"; note: {out['note']}" if out.get("note") else ""))
     return measured, skipped
 
 
