@@ -110,7 +110,7 @@ def torch_worker(config: dict[str, Any]) -> None:
 
     def stepper(m, opt):
         def step():
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad()  # Horovod's optimizer takes no set_to_none; torch defaults to it
             F.cross_entropy(m(x), y).backward()
             opt.step()
             if device.type == "cuda":
