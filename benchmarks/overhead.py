@@ -66,6 +66,14 @@ def _command(variant: str, workers: int, storage: str, index: int) -> list[str]:
             "--storage", storage, "--name", f"overhead_{variant.replace('-', '_')}_{index}", "--json"]
 
 
+def last_json(stdout: str) -> dict:
+    """The last JSON object printed; horovodrun prefixes each line with ``[rank]<stdout>:``."""
+    lines = [line[line.index("{"):] for line in stdout.strip().splitlines() if "{" in line]
+    if not lines:
+        raise RuntimeError(f"no JSON result in the output: {stdout.strip()[-200:]!r}")
+    return json.loads(lines[-1])
+
+
 def run(repeats: int, workers: int, note: Callable[[str], None]) -> list[dict]:
     from launcher import localhead
 
@@ -89,7 +97,7 @@ def run(repeats: int, workers: int, note: Callable[[str], None]) -> list[dict]:
                     wall = time.perf_counter() - start
                     if res.returncode != 0:
                         raise RuntimeError(f"{variant} failed: {res.stderr.strip().splitlines()[-1:]}")
-                    out = json.loads(res.stdout.strip().splitlines()[-1])
+                    out = last_json(res.stdout)
                     first = (out.get("startup") or {}).get("time_to_first_step_s") or out.get("first_step_s")
                     samples.append({"variant": variant, "repeat": i, "wall_s": wall, "first_step_s": first,
                                     "samples_per_s": out.get("samples_per_s"), "threads": out.get("threads", THREADS),

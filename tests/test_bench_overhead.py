@@ -24,3 +24,10 @@ def test_summary_ratios_and_files(tmp_path):
     paths = overhead.write_results(list(rows.values()), samples, str(tmp_path))
     assert json.load(open(paths[0]))["samples"] == samples
     assert open(paths[2], "rb").read(4) == b"\x89PNG"
+
+
+def test_result_line_with_and_without_horovodrun_prefix():
+    assert overhead.last_json('noise\n{"a": 1}\n') == {"a": 1}
+    assert overhead.last_json('[0]<stdout>:{"samples_per_s": 5.0, "threads": 1}\n') == {"samples_per_s": 5.0, "threads": 1}
+    with pytest.raises(RuntimeError):
+        overhead.last_json("no result")
