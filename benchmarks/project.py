@@ -155,6 +155,9 @@ def write_results(rows: list[dict], workloads: list[Workload], model: Model, inf
         ax.plot([r["gpus"] for r in mine], [r["efficiency"] for r in mine], marker="o",
                 label=f"{key[0]}, {key[1]:g} Gbit/s")
     ax.set_xscale("log", base=2)
+    counts = sorted({r["gpus"] for r in rows})
+    ax.set_xticks(counts, [str(n) for n in counts])
+    ax.minorticks_off()
     ax.set(xlabel="GPUs", ylabel="projected scaling efficiency", ylim=(0, 1.05),
            title="Ring-allreduce projection (tensor fusion, overlap with backward)")
     ax.legend(fontsize=7)
