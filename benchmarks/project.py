@@ -139,10 +139,10 @@ def figure(item: dict[str, Any], where: str) -> Workload:
 
 def format_rows(rows: list[dict], gpus: list[int]) -> str:
     """One line per (model, network): efficiency at each GPU count."""
-    lines = [f"{'model':<34} {'Gbit/s':>6} " + " ".join(f"{n:>6}" for n in gpus)]
+    lines = [f"{'model':<40} {'Gbit/s':>6} " + " ".join(f"{n:>6}" for n in gpus)]
     for key in dict.fromkeys((r["model"], r["network_gbps"]) for r in rows):
         mine = {r["gpus"]: r for r in rows if (r["model"], r["network_gbps"]) == key}
-        lines.append(f"{key[0][:34]:<34} {key[1]:>6g} " + " ".join(f"{100 * mine[n]['efficiency']:>5.1f}%" for n in gpus))
+        lines.append(f"{key[0][:40]:<40} {key[1]:>6g} " + " ".join(f"{100 * mine[n]['efficiency']:>5.1f}%" for n in gpus))
     return "\n".join(lines)
 
 
