@@ -31,3 +31,14 @@ def test_result_line_with_and_without_horovodrun_prefix():
     assert overhead.last_json('[0]<stdout>:{"samples_per_s": 5.0, "threads": 1}\n') == {"samples_per_s": 5.0, "threads": 1}
     with pytest.raises(RuntimeError):
         overhead.last_json("no result")
+
+
+def test_failed_runs_are_counted_not_summarised():
+    samples = [{"variant": "torchrun", "repeat": 0, "wall_s": 7.0, "first_step_s": 3.0, "samples_per_s": 100.0},
+               {"variant": "launcher-cold", "repeat": 0, "wall_s": 30.0, "first_step_s": 25.0, "samples_per_s": 80.0},
+               {"variant": "launcher-cold", "repeat": 1, "wall_s": 99.0, "failed": "worker group failed"}]
+    rows = {r["variant"]: r for r in overhead.summarize(samples)}
+    assert rows["launcher-cold"]["runs"] == 1 and rows["launcher-cold"]["failed_runs"] == 1
+    assert rows["launcher-cold"]["wall_s_max"] == 30.0
+    assert rows["launcher-cold"]["throughput_vs_torchrun"] == pytest.approx(0.8)
+    assert "1+1F" in overhead.format_rows(list(rows.values()))
