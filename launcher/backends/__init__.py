@@ -40,6 +40,16 @@ class TorchComm:
         """Return the optimizer as it should be stepped (e.g. Horovod's)."""
         return optimizer
 
+    def after_restore(self, model, optimizer) -> None:
+        """Called once before training, after any checkpoint was restored and the
+        model and optimizer wrapped: make every rank's state equal (e.g. broadcast
+        rank 0's). DDP needs nothing here: it broadcasts when wrapping the model."""
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Backward passes per optimizer step (gradients accumulate locally in between)."""
+        return 1
+
     def allreduce_sum(self, tensor):
         """Sum ``tensor`` over all ranks; every rank gets the result."""
         raise NotImplementedError
@@ -61,7 +71,8 @@ class Backend:
         """A Ray Train V2 trainer that runs ``train_fn(loop_config)`` on every worker."""
         raise NotImplementedError
 
-    def torch_comm(self) -> TorchComm:
+    def torch_comm(self, spec=None) -> TorchComm:
+        """The worker-side half, configured from the (validated) spec."""
         raise NotImplementedError
 
 
@@ -75,7 +86,10 @@ def get(name: str) -> Backend:
 def _register_builtin() -> None:
     from launcher.backends.native import NativeBackend
 
+    from launcher.backends.horovod import HorovodBackend
+
     REGISTRY.register("native", NativeBackend())
+    REGISTRY.register("horovod", HorovodBackend())
 
 
 _register_builtin()

@@ -59,5 +59,5 @@ class NativeBackend(Backend):
             run_config=run_config,
         )
 
-    def torch_comm(self) -> TorchComm:
+    def torch_comm(self, spec=None) -> TorchComm:
         return DDPComm()
