@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
             run.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
     run.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                      help="workload parameter, e.g. --param image_size=64 (repeatable)")
+    run.add_argument("--script", help="run this unmodified training script on every worker instead of a "
+                     "workload, with the backend's environment (e.g. horovodrun's); arguments after --")
+    run.add_argument("script_args", nargs="*", metavar="-- SCRIPT_ARGS", help="arguments for --script")
     run.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
     run.add_argument("--profile-startup", action="store_true",
                      help="print where the time went before the first training step")
@@ -133,6 +136,10 @@ def spec_from_args(args: argparse.Namespace):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.script or args.script_args:
+        from launcher.script import cmd_script
+
+        return cmd_script(args)
     from launcher import driver
 
     spec = spec_from_args(args)

@@ -71,6 +71,19 @@ class Backend:
         """A Ray Train V2 trainer that runs ``train_fn(loop_config)`` on every worker."""
         raise NotImplementedError
 
+    # -- script mode (launcher.script): a backend sets runs_scripts and may override both
+    runs_scripts: bool = False
+
+    def script_trainer(self, spec, train_fn: Callable[[dict], None], config: dict[str, Any],
+                       scaling_config, run_config):
+        """The trainer that runs ``train_fn(config)`` for script mode; by default the training one."""
+        return self.trainer(spec, train_fn, config, scaling_config, run_config)
+
+    def script_env(self, framework: str) -> dict[str, str]:
+        """Runs on each worker just before its script starts: the variables that a script
+        written for this backend's own launcher (horovodrun, torchrun, ...) expects."""
+        return {}
+
     def torch_comm(self, spec=None) -> TorchComm:
         """The worker-side half, configured from the (validated) spec."""
         raise NotImplementedError

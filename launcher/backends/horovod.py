@@ -129,6 +129,12 @@ class HorovodBackend(Backend):
         return DataParallelTrainer(train_fn, train_loop_config=loop_config, backend_config=self.config(spec),
                                    scaling_config=scaling_config, run_config=run_config)
 
+    runs_scripts = True
+
+    def script_env(self, framework: str) -> dict[str, str]:
+        # HorovodRayBackend.on_start already put the ring variables in this worker's environment.
+        return {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")}
+
     def torch_comm(self, spec=None) -> TorchComm:
         if spec is None:
             return HorovodComm()
