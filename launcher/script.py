@@ -157,7 +157,7 @@ class Outcome:
         return 0, None
 
 
-def run_script(spec, script: str, args: list[str], *, out: TextIO = sys.stdout, verbose: bool = False) -> int:
+def run_script(spec, script: str, args: list[str], *, out: TextIO | None = None, verbose: bool = False) -> int:
     """Run ``script`` (checked) with ``args`` on spec.workers workers; returns the exit status.
 
     Raises:
@@ -166,6 +166,7 @@ def run_script(spec, script: str, args: list[str], *, out: TextIO = sys.stdout, 
     from launcher import backends, raysession
     from launcher.driver import describe_failure
 
+    out = out or sys.stdout
     backend = backends.get(spec.backend)
     if not backend.runs_scripts:
         able = [b.name for b in backends.REGISTRY if b.runs_scripts]
