@@ -103,3 +103,27 @@ def test_horovodrun_style_script_runs_on_every_rank_and_failures_propagate(ray_l
     assert code == 3, out + err
     assert "[rank 1] failing on purpose" in out
     assert "error: rank 1 exited with status 3" in err
+
+
+TORCHRUN_SCRIPT = textwrap.dedent("""
+    import os
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")  # env://, as under torchrun
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    print(f"rank {dist.get_rank()} of {dist.get_world_size()} local {os.environ['LOCAL_RANK']} sum {t.item():g}")
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.integration
+def test_torchrun_style_script_runs_under_the_native_backend(ray_local, tmp_path, capsys):
+    script = tmp_path / "ddp_train.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    code = main(["run", "--script", str(script), "--workers", "2", "--storage", str(tmp_path / "runs")])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    for r in range(2):
+        assert f"[rank {r}] rank {r} of 2 local {r} sum 3" in out
