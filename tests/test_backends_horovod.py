@@ -156,6 +156,18 @@ def test_horovod_matches_ddp_learns_and_resumes_across_backends(ray_local, capsy
 
 @needs_horovod
 @pytest.mark.integration
+def test_horovod_options_train(ray_local, capsys, storage):
+    """fp16 compression, a 1 MiB fusion buffer and 2 backward passes per step still learn."""
+    code, s = _launch(capsys, "--storage", storage, "--backend", "horovod", "--name", "hvd_opts", "--epochs", "2",
+                      "--hvd-fp16", "--hvd-fusion-mb", "1", "--hvd-backward-passes", "2")
+    assert code == 0 and s["status"] == "succeeded", s
+    assert s["steps_completed"] == 2 * 23
+    losses = _epoch_losses(storage, "hvd_opts")
+    assert losses[2] < losses[1] < 2.4  # ln(10) = 2.30: it learns from the first epoch
+
+
+@needs_horovod
+@pytest.mark.integration
 def test_ring_ranks_follow_node_placement_on_a_two_node_cluster(tmp_path):
     """2 nodes x 2 CPUs, 4 workers (the head has no CPUs): every worker's hvd ranks match its node."""
     from ray.cluster_utils import Cluster
