@@ -92,11 +92,14 @@ def _allreduce_worker(config):
 @needs_horovod
 @pytest.mark.integration
 def test_allreduce_sums_and_averages_over_the_ring(ray_local, tmp_path):
+    import ray
     from ray.train import RunConfig, ScalingConfig
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
     from launcher.backends.horovod_train import HorovodConfig
 
+    # The workers cannot import this test module: ship _allreduce_worker by value.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
     DataParallelTrainer(_allreduce_worker, train_loop_config={"out": str(tmp_path)},
                         backend_config=HorovodConfig(fusion_threshold_bytes=1 << 20),
                         scaling_config=ScalingConfig(num_workers=2),
