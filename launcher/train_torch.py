@@ -148,7 +148,8 @@ class TorchTraining:
         model.train()
         totals = torch.zeros(2, dtype=torch.float64)  # loss sum, samples
         start = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
+        # zero_grad() sets gradients to None (torch >= 2.0); Horovod's optimizer takes no arguments.
+        optimizer.zero_grad()
         for i in range(self.pos.step_in_epoch, self.steps_per_epoch):
             x, y = self.batch(self.train, order[i * s.batch_size:(i + 1) * s.batch_size])
             loss = F.cross_entropy(model(x), y)
@@ -161,7 +162,7 @@ class TorchTraining:
             boundary = (i + 1) % accumulate == 0 or i + 1 == self.steps_per_epoch
             if boundary:
                 optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad()
             if "first_step" not in self.marks and "worker_ready" in self.marks:
                 self.marks["first_step"] = time.time()
             totals += torch.tensor([value * len(y), len(y)], dtype=torch.float64)
