@@ -195,6 +195,9 @@ class TorchTraining:
     def fit(self) -> None:
         model = self.comm.wrap_model(self.module)
         optimizer = self.comm.wrap_optimizer(self.optimizer, model)
+        # Checkpoints save the optimizer that is stepped: Horovod's wrapper is a new object
+        # with its own state (its state_dict has the plain torch format).
+        self.optimizer = optimizer
         self.comm.after_restore(self.module, optimizer)
         if self.pos.epoch >= self.spec.epochs:
             # Nothing left to train: report where the run stands so the driver sees it.

@@ -87,21 +87,18 @@ SCRIPT = textwrap.dedent("""
 
 @needs_horovod
 @pytest.mark.integration
-def test_horovodrun_style_script_runs_on_every_rank_and_failures_propagate(ray_local, tmp_path, capsys):
+def test_horovodrun_style_script_runs_on_every_rank_and_a_failure_propagates(ray_local, tmp_path, capsys):
     script = tmp_path / "hvd_train.py"
     script.write_text(SCRIPT)
-    common = ["run", "--script", str(script), "--backend", "horovod", "--workers", "2",
-              "--storage", str(tmp_path / "runs")]
-    code = main([*common, "--", "--lr", "0.5", "x y"])
+    code = main(["run", "--script", str(script), "--backend", "horovod", "--workers", "2",
+                 "--storage", str(tmp_path / "runs"), "--", "--lr", "0.5", "x y", "--fail-rank", "1"])
     out, err = capsys.readouterr()
-    assert code == 0, out + err
+    args = "['--lr', '0.5', 'x y', '--fail-rank', '1']"
     for r in range(2):
-        assert f"[rank {r}] hello from {r} of 2 local {r} sum 3 args ['--lr', '0.5', 'x y']" in out
+        assert f"[rank {r}] hello from {r} of 2 local {r} sum 3 args {args}" in out, out + err
         assert f"[rank {r}] second line" in out
-    code = main([*common, "--", "--fail-rank", "1"])
-    out, err = capsys.readouterr()
-    assert code == 3, out + err
     assert "[rank 1] failing on purpose" in out
+    assert code == 3, out + err  # rank 1's exit status
     assert "error: rank 1 exited with status 3" in err
 
 

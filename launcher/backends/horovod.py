@@ -183,9 +183,15 @@ class HorovodComm(TorchComm):
     def wrap_optimizer(self, optimizer, model):
         hvd = self.hvd
         compression = hvd.Compression.fp16 if self.fp16 else hvd.Compression.none
-        return hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                        compression=compression,
-                                        backward_passes_per_step=self.backward_passes, op=hvd.Average)
+        restored = optimizer.state_dict()
+        wrapped = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                           compression=compression,
+                                           backward_passes_per_step=self.backward_passes, op=hvd.Average)
+        # The wrapper is a new optimizer built from the param groups, with empty state:
+        # carry over what a restored checkpoint put into the original.
+        if restored["state"]:
+            wrapped.load_state_dict(restored)
+        return wrapped
 
     def after_restore(self, model, optimizer) -> None:
         """Make every rank start from rank 0's parameters and optimizer state."""
