@@ -153,7 +153,15 @@ def test_horovod_matches_ddp_learns_and_resumes_across_backends(ray_local, capsy
     for epoch in (3, 4):
         assert _close(resumed[epoch], straight[epoch]), ("native->horovod", epoch, resumed[epoch], straight[epoch])
 
-    run("horovod", "hvd_then_ddp", 2)
+    # The straight Horovod run's epoch-2 checkpoint, alone in a new run folder, resumed by DDP.
+    import shutil
+
+    from launcher.checkpoint import complete_checkpoints
+    from launcher.storage import Storage
+
+    (at_2, path), = [(m, p) for m, p in complete_checkpoints(Storage.resolve(storage), "hvd") if m.epoch == 2]
+    assert at_2.backend == "horovod"
+    shutil.copytree(path, os.path.join(storage, "hvd_then_ddp", os.path.basename(path)))
     s, resumed = run("native", "hvd_then_ddp", 3)  # horovod checkpoint -> native
     assert s["resumed_from"] == {"epoch": 2, "step": 46} and s["epochs_completed"] == 3
     assert _close(resumed[3], straight[3]), ("horovod->native", resumed[3], straight[3])
