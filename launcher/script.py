@@ -9,7 +9,7 @@ put in the worker's environment; torch native: torchrun's MASTER_ADDR, RANK,
 subprocess's output, line by line, to the driver through a small Ray actor
 (so it works across nodes and does not depend on Ray's log_to_driver). The
 driver prints each line as ``[rank R] ...`` and exits with the script's
-status: the lowest failing rank's exit status, or 0 when every rank succeeded.
+status: that of the rank that failed first, or 0 when every rank succeeded.
 
 A backend opts in by returning a trainer from ``Backend.script_trainer`` and
 the per-worker variables from ``Backend.script_env`` (see launcher.backends).
@@ -115,7 +115,7 @@ def script_worker(config: dict[str, Any]) -> None:
     while lines:
         ship()
     status = proc.returncode
-    ray.get(pending + [sink.put.remote({"rank": rank, "exit": status})])
+    ray.get(pending + [sink.put.remote({"rank": rank, "exit": status, "time": time.time()})])
     if status != 0:
         raise ScriptFailed(rank, status)
 
@@ -130,9 +130,10 @@ class ScriptFailed(RuntimeError):
 
 @dataclass
 class Outcome:
-    """What the ranks said: their exit statuses, and the lines printed."""
+    """What the ranks said: their exit statuses (and when), and the lines printed."""
 
     statuses: dict[int, int] = field(default_factory=dict)
+    ended: dict[int, float] = field(default_factory=dict)
     lines: int = 0
 
     def handle(self, event: dict[str, Any], out: TextIO) -> None:
@@ -143,14 +144,17 @@ class Outcome:
             self.lines += len(event["lines"])
         if "exit" in event:
             self.statuses[rank] = event["exit"]
+            self.ended[rank] = event.get("time", 0.0)
 
     def exit_code(self, workers: int, error: str | None) -> tuple[int, str | None]:
-        """(exit status, message): the lowest failing rank's status; 1 when no rank reported one."""
-        failed = sorted(r for r, s in self.statuses.items() if s != 0)
+        """(exit status, message): the status of the rank that failed first (when one rank
+        dies, the others usually fail after it, e.g. "Horovod has been shut down");
+        1 when no rank reported one."""
+        failed = sorted((r for r, s in self.statuses.items() if s != 0), key=lambda r: (self.ended[r], r))
         if failed:
             rank, status = failed[0], self.statuses[failed[0]]
             code = 128 - status if status < 0 else status  # killed by signal N -> 128+N, like a shell
-            others = f" (also failed: rank {', '.join(map(str, failed[1:]))})" if failed[1:] else ""
+            others = f" (then also: rank {', '.join(map(str, failed[1:]))})" if failed[1:] else ""
             return code, f"rank {rank} exited with status {status}{others}"
         if error is not None or len(self.statuses) < workers:
             return 1, error or "not every rank reported an exit status"

@@ -55,18 +55,21 @@ def test_script_args_without_a_script_are_an_error(capsys):
     assert "script arguments go after --script" in capsys.readouterr().err
 
 
-def test_outcome_exits_with_the_lowest_failing_ranks_status():
+def test_outcome_exits_with_the_status_of_the_rank_that_failed_first():
     out = io.StringIO()
     o = Outcome()
     o.handle({"rank": 1, "lines": ["a", "b"]}, out)
-    o.handle({"rank": 0, "exit": 0}, out)
+    o.handle({"rank": 0, "exit": 0, "time": 5.0}, out)
     assert out.getvalue() == "[rank 1] a\n[rank 1] b\n"
     assert o.exit_code(2, None)[0] == 1  # rank 1 never reported: not a success
-    o.handle({"rank": 1, "exit": 0}, out)
+    o.handle({"rank": 1, "exit": 0, "time": 5.0}, out)
     assert o.exit_code(2, None) == (0, None)
-    o.handle({"rank": 1, "exit": 4}, out)
-    o.handle({"rank": 0, "exit": -9}, out)
-    assert o.exit_code(2, "rank 1: ScriptFailed") == (137, "rank 0 exited with status -9 (also failed: rank 1)")
+    # rank 0 reports first, but rank 1 died first: rank 1's status is the script's
+    o.handle({"rank": 0, "exit": 1, "time": 7.5}, out)
+    o.handle({"rank": 1, "exit": 4, "time": 7.0}, out)
+    assert o.exit_code(2, "rank 0: ScriptFailed") == (4, "rank 1 exited with status 4 (then also: rank 0)")
+    o.handle({"rank": 1, "exit": -9, "time": 7.0}, out)
+    assert o.exit_code(2, None)[0] == 137  # killed by SIGKILL, as a shell reports it
 
 
 SCRIPT = textwrap.dedent("""
