@@ -42,7 +42,7 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--max-failures", "max_failures", int, "worker-group restarts allowed (default 0, -1: unlimited)"),
     ("--address", "address", str, "Ray cluster address (default: RAY_ADDRESS or a new local Ray)"),
     ("--hvd-fp16", "hvd_fp16", bool, "Horovod: compress gradients to fp16 for the allreduce"),
-    ("--hvd-fusion-mb", "hvd_fusion_mb", float, "Horovod: tensor-fusion buffer in MiB (default 64; 0: off)"),
+    ("--hvd-fusion-mb", "hvd_fusion_mb", float, "Horovod: tensor-fusion buffer in MiB (default 128; 0: off)"),
     ("--hvd-backward-passes", "hvd_backward_passes", int,
      "Horovod: backward passes (batches) whose gradients add up locally per optimizer step (default 1)"),
 ]

@@ -55,7 +55,7 @@ class JobSpec:
     address: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     # Horovod only (--backend horovod): fp16 gradient compression, the tensor-fusion
-    # buffer in MiB (None: Horovod's 64), backward passes accumulated per optimizer step.
+    # buffer in MiB (None: Horovod's 128), backward passes accumulated per optimizer step.
     hvd_fp16: bool = False
     hvd_fusion_mb: float | None = None
     hvd_backward_passes: int = 1

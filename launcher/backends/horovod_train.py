@@ -29,7 +29,7 @@ class HorovodConfig(BackendConfig):
 
     Args:
         timeout_s: how long Gloo waits for every rank at the rendezvous.
-        fusion_threshold_bytes: Horovod's tensor-fusion buffer (None: its default, 64 MiB).
+        fusion_threshold_bytes: Horovod's tensor-fusion buffer (None: its default, 128 MiB).
         extra_env: more variables for every worker (e.g. HOROVOD_LOG_LEVEL).
     """
 
