@@ -17,7 +17,7 @@ import sys
 import tempfile
 from typing import Any, Iterator, Sequence, TextIO
 
-from launcher import __version__, cli_cluster, cli_submit, startup
+from launcher import __version__, cli_cluster, cli_doctor, cli_submit, startup
 from launcher.errors import UserError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
@@ -26,7 +26,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
 RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--workload", "workload", str, "workload name (see `launcher workloads`); default digits-mlp"),
     ("--framework", "framework", str, "torch"),
-    ("--backend", "backend", str, "native (Ray Train's own: torch DDP)"),
+    ("--backend", "backend", str, "native (Ray Train's own: torch DDP) or horovod (see `launcher doctor`)"),
     ("--workers", "workers", int, "number of worker processes (default 2)"),
     ("--cpus-per-worker", "cpus_per_worker", float, "CPUs per worker (default 1)"),
     ("--gpus-per-worker", "gpus_per_worker", float, "GPUs per worker (default 0)"),
@@ -41,6 +41,10 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--keep-checkpoints", "keep_checkpoints", int, "checkpoints to keep (default 3)"),
     ("--max-failures", "max_failures", int, "worker-group restarts allowed (default 0, -1: unlimited)"),
     ("--address", "address", str, "Ray cluster address (default: RAY_ADDRESS or a new local Ray)"),
+    ("--hvd-fp16", "hvd_fp16", bool, "Horovod: compress gradients to fp16 for the allreduce"),
+    ("--hvd-fusion-mb", "hvd_fusion_mb", float, "Horovod: tensor-fusion buffer in MiB (default 128; 0: off)"),
+    ("--hvd-backward-passes", "hvd_backward_passes", int,
+     "Horovod: backward passes (batches) whose gradients add up locally per optimizer step (default 1)"),
 ]
 
 
@@ -61,9 +65,15 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="train a workload (resumes a run of the same --name)")
     run.add_argument("--config", help="job spec YAML; flags override its values")
     for flag, dest, typ, help_ in RUN_FLAGS:
-        run.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
+        if typ is bool:  # a switch; None when absent so the YAML's value stands
+            run.add_argument(flag, dest=dest, action="store_const", const=True, default=None, help=help_)
+        else:
+            run.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
     run.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                      help="workload parameter, e.g. --param image_size=64 (repeatable)")
+    run.add_argument("--script", help="run this unmodified training script on every worker instead of a "
+                     "workload, with the backend's environment (e.g. horovodrun's); arguments after --")
+    run.add_argument("script_args", nargs="*", metavar="-- SCRIPT_ARGS", help="arguments for --script")
     run.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
     run.add_argument("--profile-startup", action="store_true",
                      help="print where the time went before the first training step")
@@ -105,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("uri", help="gs://BUCKET/PREFIX to upload under")
     cli_cluster.add_parsers(sub, _Parser)
     cli_submit.add_parsers(sub, _Parser)
+    cli_doctor.add_parsers(sub, _Parser)
     return p
 
 
@@ -127,6 +138,10 @@ def spec_from_args(args: argparse.Namespace):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.script or args.script_args:
+        from launcher.script import cmd_script
+
+        return cmd_script(args)
     from launcher import driver
 
     spec = spec_from_args(args)
@@ -311,7 +326,8 @@ def _bench_emulator() -> Iterator[str]:
 
 
 COMMANDS = {"run": cmd_run, "workloads": cmd_workloads, "runs": cmd_runs, "data": cmd_data, "bench": cmd_bench,
-            "up": cmd_up, "down": cmd_down, "cluster": cli_cluster.cmd_cluster, **cli_submit.COMMANDS}
+            "up": cmd_up, "down": cmd_down, "cluster": cli_cluster.cmd_cluster, **cli_submit.COMMANDS,
+            **cli_doctor.COMMANDS}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

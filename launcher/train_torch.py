@@ -141,13 +141,17 @@ class TorchTraining:
         import torch.nn.functional as F
 
         s, every = self.spec, self.spec.checkpoint_every_steps
+        # accumulate > 1: gradients of that many batches add up locally before one
+        # optimizer step (Horovod's backward_passes_per_step).
+        accumulate = self.comm.accumulation_steps
         order = epoch_order(s.seed, self.pos.epoch, self.rank, len(self.train))
         model.train()
         totals = torch.zeros(2, dtype=torch.float64)  # loss sum, samples
         start = time.perf_counter()
+        # zero_grad() sets gradients to None (torch >= 2.0); Horovod's optimizer takes no arguments.
+        optimizer.zero_grad()
         for i in range(self.pos.step_in_epoch, self.steps_per_epoch):
             x, y = self.batch(self.train, order[i * s.batch_size:(i + 1) * s.batch_size])
-            optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(x), y)
             value = loss.item()  # one device sync per step, reused below
             if not math.isfinite(value):
@@ -155,12 +159,15 @@ class TorchTraining:
                     f"training diverged: loss is {value} at epoch {self.pos.epoch + 1}, "
                     f"step {self.pos.global_step + 1}; lower --lr (now {s.lr:g})")
             loss.backward()
-            optimizer.step()
+            boundary = (i + 1) % accumulate == 0 or i + 1 == self.steps_per_epoch
+            if boundary:
+                optimizer.step()
+                optimizer.zero_grad()
             if "first_step" not in self.marks and "worker_ready" in self.marks:
                 self.marks["first_step"] = time.time()
             totals += torch.tensor([value * len(y), len(y)], dtype=torch.float64)
             self.pos.step_in_epoch, self.pos.global_step = i + 1, self.pos.global_step + 1
-            if every and self.pos.global_step % every == 0 and i + 1 < self.steps_per_epoch:
+            if every and boundary and self.pos.global_step % every == 0 and i + 1 < self.steps_per_epoch:
                 self.report({"kind": "step", "train_loss": value})
         seconds = time.perf_counter() - start
         totals = self.comm.allreduce_sum(totals)
@@ -188,6 +195,10 @@ class TorchTraining:
     def fit(self) -> None:
         model = self.comm.wrap_model(self.module)
         optimizer = self.comm.wrap_optimizer(self.optimizer, model)
+        # Checkpoints save the optimizer that is stepped: Horovod's wrapper is a new object
+        # with its own state (its state_dict has the plain torch format).
+        self.optimizer = optimizer
+        self.comm.after_restore(self.module, optimizer)
         if self.pos.epoch >= self.spec.epochs:
             # Nothing left to train: report where the run stands so the driver sees it.
             self.report({"kind": "done", **self.evaluate()}, checkpoint=False)
@@ -211,7 +222,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     os.environ.update(config.get("env", {}))  # e.g. the storage emulator's address
     spec = JobSpec(**config["spec"])
-    comm = backends.get(spec.backend).torch_comm()
+    comm = backends.get(spec.backend).torch_comm(spec)
     comm.setup()
     training = TorchTraining(spec, comm)
     storage = Storage.resolve(spec.storage)
