@@ -127,3 +127,45 @@ def test_torchrun_style_script_runs_under_the_native_backend(ray_local, tmp_path
     assert code == 0, out + err
     for r in range(2):
         assert f"[rank {r}] rank {r} of 2 local {r} sum 3" in out
+
+
+TF_CONFIG_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    import numpy as np
+    import tensorflow as tf
+
+    task = json.loads(os.environ["TF_CONFIG"])["task"]
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(float(task["index"] + 1))), axis=None)
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.layers.Input((4,)), tf.keras.layers.Dense(2)])
+        model.compile(optimizer="sgd", loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = np.ones((16, 4), np.float32), np.zeros(16, np.int64)
+    history = model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    print(f"worker {task['index']} sum {total.numpy():g} fit {len(history.history['loss'])} epochs args {sys.argv[1:]}")
+    if str(task["index"]) in sys.argv[1:]:
+        sys.exit(5)
+""")
+
+
+@pytest.mark.integration
+def test_tf_config_script_runs_under_the_native_backend_and_a_failure_propagates(ray_local, tmp_path, capsys):
+    script = tmp_path / "tf_train.py"
+    script.write_text(TF_CONFIG_SCRIPT)
+    code = main(["run", "--script", str(script), "--framework", "tensorflow", "--workers", "2",
+                 "--storage", str(tmp_path / "runs"), "--", "1"])
+    out, err = capsys.readouterr()
+    for r in range(2):
+        assert f"[rank {r}] worker {r} sum 3 fit 2 epochs args ['1']" in out, out + err
+    assert code == 5, out + err
+    assert "error: rank 1 exited with status 5" in err
+
+
+@pytest.mark.integration
+def test_torchrun_style_script_failure_propagates(ray_local, tmp_path, capsys):
+    script = tmp_path / "ddp_fail.py"
+    script.write_text(TORCHRUN_SCRIPT + "import sys\nsys.exit(7 if int(os.environ['RANK']) == 0 else 0)\n")
+    code = main(["run", "--script", str(script), "--workers", "2", "--storage", str(tmp_path / "runs")])
+    out, err = capsys.readouterr()
+    assert code == 7, out + err
+    assert "error: rank 0 exited with status 7" in err
