@@ -39,7 +39,10 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--name", "name", str, "run name; an existing name resumes that run"),
     ("--checkpoint-every-steps", "checkpoint_every_steps", int, "also checkpoint every N steps (default: per epoch)"),
     ("--keep-checkpoints", "keep_checkpoints", int, "checkpoints to keep (default 3)"),
-    ("--max-failures", "max_failures", int, "worker-group restarts allowed (default 0, -1: unlimited)"),
+    ("--max-failures", "max_failures", int, "worker-group restarts allowed after failures (default 0, -1: "
+     "unlimited); preemptions never count"),
+    ("--preemption-check-steps", "preemption_check_steps", int, "check for a preemption notice every N steps "
+     "and checkpoint at once on one (default 10, 0: never)"),
     ("--address", "address", str, "Ray cluster address (default: RAY_ADDRESS or a new local Ray)"),
 ]
 
@@ -180,6 +183,8 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.append(f"  epochs {s['epochs_completed']}/{s['epochs']}, steps {s['steps_completed']}"
                  + (f", resumed from epoch {s['resumed_from']['epoch']}" if s.get("resumed_from") else "")
                  + (f", {s['restarts']} restart(s)" if s.get("restarts") else ""))
+    if s.get("restarts") or s.get("preemption_notices"):
+        lines.append("  " + format_interruptions(s))
     if m:
         lines.append("  " + ", ".join(f"{k} {v:.4f}" for k, v in m.items()))
     lines.append(f"  {s['samples_per_s']:,.0f} samples/s, wall {s['wall_s']:.1f}s")
@@ -191,6 +196,12 @@ def format_summary(s: dict[str, Any]) -> str:
     if s.get("model"):
         lines.append(f"  model:      {s['model']}")
     return "\n".join(lines)
+
+
+def format_interruptions(s: dict[str, Any]) -> str:
+    pre, notices = s.get("preemptions", 0), s.get("preemption_notices", 0)
+    return (f"preemptions {pre} ({notices} checkpointed on a notice), failures {s['restarts'] - pre}; "
+            f"steps lost {s.get('steps_lost', 0)}, time lost {s.get('time_lost_s', 0.0):.1f}s")
 
 
 def cmd_workloads(args: argparse.Namespace) -> int:

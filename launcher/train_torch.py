@@ -8,11 +8,18 @@ a checkpoint through ``ray.train.report``.
 Data order is a pure function of (seed, epoch, rank): a run restored at any
 step replays the same batches it would have seen, so resuming mid-epoch
 skips exactly the batches already trained on.
+
+Every ``preemption_check_steps`` steps all ranks ask Ray Train whether a node
+of theirs is being preempted (a barrier, so every rank asks at the same
+steps). On a notice they checkpoint at once and then hold, training no
+further: Ray Train stops the group at the drain deadline and restarts it from
+that checkpoint, so an announced preemption costs no training steps.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 import tempfile
@@ -24,7 +31,7 @@ import numpy as np
 
 import workloads
 from launcher import backends
-from launcher.checkpoint import Manifest, newest_complete, read_manifest, write_manifest
+from launcher.checkpoint import Manifest, complete_checkpoints, newest_complete, read_manifest, write_manifest
 from launcher.spec import JobSpec
 
 MODEL_FILE = "model.pt"
@@ -35,6 +42,18 @@ EVAL_BATCH = 512
 def epoch_order(seed: int, epoch: int, rank: int, n: int) -> np.ndarray:
     """The order in which rank visits its n training samples during ``epoch``."""
     return np.random.default_rng([seed, epoch, rank]).permutation(n)
+
+
+def weights_digest(state_dict) -> str:
+    """sha256 over a model's tensors (names, dtypes, shapes and bytes, in name order)."""
+    import torch
+
+    h = hashlib.sha256()
+    for name in sorted(state_dict):
+        t = state_dict[name].detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def make_optimizer(name: str, params, lr: float):
@@ -77,6 +96,8 @@ class TorchTraining:
         self.attempt = uuid.uuid4().hex[:12]
         self.steps_per_epoch = math.ceil(len(self.train) / spec.batch_size)
         self.marks: dict[str, float] = {}  # start-up milestones, sent with the first report
+        self.board = None  # the driver's ProgressBoard actor (rank 0 writes to it)
+        self.start_step = 0
 
     # -- checkpoints ------------------------------------------------------------------
     def restore(self, directory: str) -> None:
@@ -96,6 +117,7 @@ class TorchTraining:
             # equivalent: redo the whole epoch rather than skip unseen samples.
             pos.step_in_epoch = 0
         self.pos = pos
+        self.start_step = pos.global_step
         self.restored_from = manifest.position
 
     def save(self, directory: str, metrics: dict[str, Any]) -> None:
@@ -116,7 +138,7 @@ class TorchTraining:
         import ray.train
 
         metrics = {**metrics, "epoch": self.pos.epoch, "step_in_epoch": self.pos.step_in_epoch,
-                   "global_step": self.pos.global_step, "world_size": self.world,
+                   "global_step": self.pos.global_step, "world_size": self.world, "time": time.time(),
                    "attempt": self.attempt, "restored_from": self.restored_from,
                    "steps_per_epoch": self.steps_per_epoch}
         if self.marks:
@@ -160,6 +182,10 @@ class TorchTraining:
                 self.marks["first_step"] = time.time()
             totals += torch.tensor([value * len(y), len(y)], dtype=torch.float64)
             self.pos.step_in_epoch, self.pos.global_step = i + 1, self.pos.global_step + 1
+            self.note_progress()
+            if self.preemption_noticed():
+                self.report({"kind": "preemption", "notice": 1, "train_loss": value})
+                self.hold()
             if every and self.pos.global_step % every == 0 and i + 1 < self.steps_per_epoch:
                 self.report({"kind": "step", "train_loss": value})
         seconds = time.perf_counter() - start
@@ -167,6 +193,30 @@ class TorchTraining:
         samples = int(totals[1].item())
         return {"train_loss": totals[0].item() / max(1.0, totals[1].item()), "samples": samples,
                 "train_time_s": seconds, "samples_per_s": samples / seconds if seconds > 0 else 0.0}
+
+    # -- preemption -----------------------------------------------------------------------
+    def note_progress(self) -> None:
+        """Rank 0 tells the driver's board how far it got (fire and forget)."""
+        if self.board is not None and self.rank == 0:
+            self.board.step.remote(self.attempt, self.start_step, self.pos.global_step, time.time())
+
+    def preemption_noticed(self) -> bool:
+        """Every K steps, on every rank alike (Ray's barrier): is a node of ours being preempted?"""
+        k = self.spec.preemption_check_steps
+        if not k or self.pos.global_step % k:
+            return False
+        import ray.train
+
+        return ray.train.get_preemption_info() is not None
+
+    def hold(self) -> None:
+        """Train no further: the notice checkpoint is where the restarted group resumes,
+        so any step taken now would be thrown away. Ray Train stops this worker at the
+        drain deadline (or sooner, when the node goes)."""
+        print(f"rank {self.rank}: preemption notice: checkpointed step {self.pos.global_step}, "
+              "waiting for Ray Train to restart the group", flush=True)
+        while True:
+            time.sleep(1.0)
 
     def evaluate(self) -> dict[str, float]:
         """Loss and accuracy on the whole test split (each rank scores its shard)."""
@@ -195,7 +245,9 @@ class TorchTraining:
         while self.pos.epoch < self.spec.epochs:
             stats = self.run_epoch(model, optimizer)
             self.pos.epoch, self.pos.step_in_epoch = self.pos.epoch + 1, 0
-            self.report({"kind": "epoch", **stats, **self.evaluate()})
+            extra = {"weights_sha256": weights_digest(self.module.state_dict())} if (
+                self.pos.epoch == self.spec.epochs and self.rank == 0) else {}
+            self.report({"kind": "epoch", **stats, **self.evaluate(), **extra})
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -215,7 +267,11 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     comm.setup()
     training = TorchTraining(spec, comm)
     storage = Storage.resolve(spec.storage)
-    options = [(storage.fs, path) for path in config.get("resume", [])]
+    training.board = config.get("board")
+    # A restarted group looks at storage again: Ray's newest checkpoint may be cut off,
+    # and the driver's list is from launch time.
+    found = [path for _, path in reversed(complete_checkpoints(storage, spec.name))][:5]
+    options = [(storage.fs, path) for path in found + list(config.get("resume", []))]
     offered = ray.train.get_checkpoint()
     if offered is not None:
         options.insert(0, (offered.filesystem, offered.path))
