@@ -77,9 +77,13 @@ class PreemptionLab:
         metadata = FakeMetadataServer().start()
         stop = threading.Event()
         lab_node = LabNode(node, metadata, stop, threading.Thread())
-        drain = node_drainer(self.cluster.address, node.node_id, lab_node.log.append)
-        watcher = Watcher(metadata.host, drain, lab_node.log.append, self.notice_s, self.margin_s, stop,
-                          poll_timeout_s=30)
+
+        def log(text: str) -> None:
+            lab_node.log.append(text)
+            self.note(f"watcher on node {node.node_id[:8]}: {text}")
+
+        drain = node_drainer(self.cluster.address, node.node_id, log)
+        watcher = Watcher(metadata.host, drain, log, self.notice_s, self.margin_s, stop, poll_timeout_s=30)
         lab_node.thread = threading.Thread(target=watcher.run, name=f"watcher-{node.node_id[:6]}", daemon=True)
         lab_node.thread.start()
         self.nodes.append(lab_node)

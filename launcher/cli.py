@@ -101,6 +101,11 @@ def build_parser() -> argparse.ArgumentParser:
     ov.add_argument("--workers", type=int, default=2)
     ov.add_argument("--out", default="./bench-results", help="folder for JSON, CSV and PNG results")
 
+    from launcher import cli_preemption
+
+    cli_preemption.add_bench_parser(bench_sub)
+    cli_preemption.add_parsers(sub, _Parser)
+
     data = sub.add_parser("data", help="data on Cloud Storage")
     data_sub = data.add_subparsers(dest="data_command", metavar="ACTION", parser_class=_Parser, required=True)
     up = data_sub.add_parser("upload", help="upload a data file or folder; prints the URI to pass as --data")
@@ -262,6 +267,10 @@ def _note(text: str) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.bench_command == "preemption":
+        from launcher.cli_preemption import cmd_bench_preemption
+
+        return cmd_bench_preemption(args)
     if args.repeats < 1:
         raise UserError(f"--repeats must be >= 1, got {args.repeats}")
     if args.bench_command == "overhead":
@@ -319,8 +328,14 @@ def _bench_emulator() -> Iterator[str]:
                 os.environ[gcs.EMULATOR_ENV] = previous
 
 
+def cmd_preemption(args: argparse.Namespace) -> int:
+    from launcher.cli_preemption import cmd_preemption as run_preemption_command
+
+    return run_preemption_command(args)
+
+
 COMMANDS = {"run": cmd_run, "workloads": cmd_workloads, "runs": cmd_runs, "data": cmd_data, "bench": cmd_bench,
-            "up": cmd_up, "down": cmd_down}
+            "up": cmd_up, "down": cmd_down, "preemption": cmd_preemption}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
