@@ -90,9 +90,10 @@ class Tracker:
             self.checkpoint = self.log.storage.to_uri(event["checkpoint"])
             self.checkpoint_times.setdefault(int(m.get("global_step", 0)), float(m.get("time", event["time"])))
         if m.get("kind") == "preemption":
-            self.notices.append({"step": m.get("global_step"), "time": m.get("time")})
-            self.progress.note(f"checkpointed at step {m.get('global_step')} on the preemption notice; "
-                               "holding until Ray restarts the workers")
+            if not any(n["attempt"] == m.get("attempt") for n in self.notices):
+                self.notices.append({"attempt": m.get("attempt"), "step": m.get("global_step")})
+            self.progress.note(f"checkpointed at step {m.get('global_step')} on the preemption notice; " + (
+                "holding until Ray restarts the workers" if m.get("held") else "training on until the deadline"))
         if m.get("kind") == "epoch":
             self.samples += int(m.get("samples", 0))
             self.train_time += float(m.get("train_time_s", 0.0))

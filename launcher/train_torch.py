@@ -11,9 +11,11 @@ skips exactly the batches already trained on.
 
 Every ``preemption_check_steps`` steps all ranks ask Ray Train whether a node
 of theirs is being preempted (a barrier, so every rank asks at the same
-steps). On a notice they checkpoint at once and then hold, training no
-further: Ray Train stops the group at the drain deadline and restarts it from
-that checkpoint, so an announced preemption costs no training steps.
+steps). On a notice they checkpoint at once, then keep training while the
+drain deadline is far enough off, and when it comes close (rank 0's clock
+decides, so all ranks agree) they checkpoint once more and hold, training no
+further: Ray Train stops the group at the deadline and restarts it from that
+last checkpoint, so an announced preemption costs no training steps.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from launcher.spec import JobSpec
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
 EVAL_BATCH = 512
+RESERVE_MIN_S = 3.0  # stop training at least this long before the drain deadline
 
 
 def epoch_order(seed: int, epoch: int, rank: int, n: int) -> np.ndarray:
@@ -98,6 +101,9 @@ class TorchTraining:
         self.marks: dict[str, float] = {}  # start-up milestones, sent with the first report
         self.board = None  # the driver's ProgressBoard actor (rank 0 writes to it)
         self.start_step = 0
+        self.noticed = False
+        self.step_s = 0.0        # recent time per step, for the reserve before a drain deadline
+        self.checkpoint_s = 0.0  # time the last checkpoint took
 
     # -- checkpoints ------------------------------------------------------------------
     def restore(self, directory: str) -> None:
@@ -146,9 +152,11 @@ class TorchTraining:
         if not checkpoint:
             ray.train.report(metrics)
             return
+        started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="launcher-ckpt-") as d:
             self.save(d, {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
+        self.checkpoint_s = time.perf_counter() - started
 
     # -- training -----------------------------------------------------------------------
     def batch(self, split, idx: np.ndarray):
@@ -168,6 +176,7 @@ class TorchTraining:
         totals = torch.zeros(2, dtype=torch.float64)  # loss sum, samples
         start = time.perf_counter()
         for i in range(self.pos.step_in_epoch, self.steps_per_epoch):
+            step_started = time.perf_counter()
             x, y = self.batch(self.train, order[i * s.batch_size:(i + 1) * s.batch_size])
             optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(x), y)
@@ -183,9 +192,13 @@ class TorchTraining:
             totals += torch.tensor([value * len(y), len(y)], dtype=torch.float64)
             self.pos.step_in_epoch, self.pos.global_step = i + 1, self.pos.global_step + 1
             self.note_progress()
-            if self.preemption_noticed():
-                self.report({"kind": "preemption", "notice": 1, "train_loss": value})
-                self.hold()
+            self.step_s = 0.9 * self.step_s + 0.1 * (time.perf_counter() - step_started) if self.step_s else (
+                time.perf_counter() - step_started)
+            action = self.preemption_action()
+            if action:
+                self.report({"kind": "preemption", "notice": 1, "held": int(action == "hold"), "train_loss": value})
+                if action == "hold":
+                    self.hold()
             if every and self.pos.global_step % every == 0 and i + 1 < self.steps_per_epoch:
                 self.report({"kind": "step", "train_loss": value})
         seconds = time.perf_counter() - start
@@ -200,17 +213,35 @@ class TorchTraining:
         if self.board is not None and self.rank == 0:
             self.board.step.remote(self.attempt, self.start_step, self.pos.global_step, time.time())
 
-    def preemption_noticed(self) -> bool:
-        """Every K steps, on every rank alike (Ray's barrier): is a node of ours being preempted?"""
+    def preemption_action(self) -> str | None:
+        """Every K steps, on every rank alike (Ray's barrier): None (train on), "checkpoint"
+        (a notice just came and there is time to train on) or "hold" (checkpoint and stop)."""
         k = self.spec.preemption_check_steps
         if not k or self.pos.global_step % k:
-            return False
+            return None
         import ray.train
 
-        return ray.train.get_preemption_info() is not None
+        info = ray.train.get_preemption_info()  # the same answer on every rank
+        if info is None:
+            return None
+        first, self.noticed = not self.noticed, True
+        if self._deadline_close(info.deadline_ms, k):
+            return "hold"
+        return "checkpoint" if first else None
+
+    def _deadline_close(self, deadline_ms: int | None, k: int) -> bool:
+        """Rank 0 decides whether the deadline is near (the ranks' clocks and timings differ);
+        the others take its answer through an all-reduce."""
+        import torch
+
+        close = 0.0
+        if self.rank == 0:
+            reserve = max(RESERVE_MIN_S, 2 * self.checkpoint_s + 2 * k * self.step_s)
+            close = float(deadline_ms is None or deadline_ms / 1000 - time.time() <= reserve)
+        return bool(self.comm.allreduce_sum(torch.tensor([close], dtype=torch.float64))[0].item() > 0)
 
     def hold(self) -> None:
-        """Train no further: the notice checkpoint is where the restarted group resumes,
+        """Train no further: the checkpoint just taken is where the restarted group resumes,
         so any step taken now would be thrown away. Ray Train stops this worker at the
         drain deadline (or sooner, when the node goes)."""
         print(f"rank {self.rank}: preemption notice: checkpointed step {self.pos.global_step}, "

@@ -97,7 +97,7 @@ def test_truncated_latest_checkpoint_resumes_from_the_previous_good_one(lab, run
     found = {}
 
     def truncate_notice_checkpoint() -> None:
-        manifest, path = run.wait_for_checkpoint(lambda m: m.metrics.get("notice") == 1)
+        manifest, path = run.wait_for_checkpoint(lambda m: m.metrics.get("held") == 1)
         found["notice_step"] = manifest.global_step
         model = os.path.join(path, "model.pt")
         size = os.path.getsize(model)
