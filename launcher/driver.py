@@ -49,6 +49,7 @@ class Tracker:
     notices: list[dict[str, Any]] = field(default_factory=list)    # checkpoints taken on a notice
     checkpoint_times: dict[int, float] = field(default_factory=dict)
     lost: list[dict[str, Any]] = field(default_factory=list)       # per restart, from the progress board
+    attempt_log: list[dict[str, Any]] = field(default_factory=list)  # per worker group: steps and times
     recoveries: list[float] = field(default_factory=list)
     samples: int = 0
     train_time: float = 0.0
@@ -117,6 +118,8 @@ class Tracker:
         from launcher.monitor import lost_work
 
         self.lost = lost_work(attempts, self.checkpoint_times)
+        self.attempt_log = [{k: a[k] for k in ("start_step", "first_time", "last_step", "last_time")}
+                            for a in attempts]
 
     def reconcile(self, manifest: Manifest, path: str) -> None:
         """Trust storage over the reports: checkpoints can land after the last report was seen
@@ -146,7 +149,7 @@ class Tracker:
             "preemption_notices": len(self.notices),
             "steps_lost": sum(int(i["steps_lost"] or 0) for i in interruptions),
             "time_lost_s": round(sum(float(i["time_lost_s"] or 0.0) for i in interruptions), 2),
-            "interruptions": interruptions, "weights_sha256": m.get("weights_sha256"),
+            "interruptions": interruptions, "attempts": self.attempt_log, "weights_sha256": m.get("weights_sha256"),
             "recovery_s": self.recoveries,
             "wall_s": round(time.time() - self.started, 2), "launch": self.log.launch,
             "run_dir": self.log.uri(), **extra,
