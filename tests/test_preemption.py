@@ -138,3 +138,15 @@ def test_runs_columns():
     assert format_restarts(r) == "2 (1 preempted)"
     assert format_lost(r) == "7 steps, 28s [10s/17s]"  # round half to even: 27.5 -> 28, 10.5 -> 10
     assert (format_restarts({"restarts": 0}), format_lost({"restarts": 0})) == ("0", "-")
+
+
+def test_bench_goodput_and_recovery():
+    from benchmarks.preemption import goodput, recoveries
+
+    straight = [{"start_step": 0, "first_time": 0.0, "last_step": 100, "last_time": 50.0}]
+    assert goodput(straight) == 1.0
+    # 60 steps in 30 s, 20 s lost (10 redone steps = 5 s, plus 15 s waiting), then 50 steps in 25 s
+    interrupted = [{"start_step": 0, "first_time": 0.0, "last_step": 60, "last_time": 30.0},
+                   {"start_step": 50, "first_time": 45.0, "last_step": 100, "last_time": 70.0}]
+    assert goodput(interrupted) == pytest.approx((25.0 + 25.0) / 70.0)
+    assert recoveries(interrupted, [40.0]) == [5.0]
