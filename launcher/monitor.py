@@ -171,10 +171,16 @@ class EventChannel:
         return [json.loads(line) for line in data[:end].splitlines() if line.strip()]
 
     def attempts(self) -> list[dict[str, Any]]:
-        try:
-            return ray.get(self.board.attempts.remote(), timeout=30)
-        except Exception:  # noqa: BLE001 - accounting only; never fail a finished run over it
-            return []
+        error = None
+        for _ in range(3):  # a loaded machine can be slow to answer; accounting is worth a retry
+            try:
+                return ray.get(self.board.attempts.remote(), timeout=30)
+            except Exception as exc:  # noqa: BLE001 - accounting only; never fail a finished run over it
+                error = exc
+        import sys
+
+        print(f"launcher: steps lost are unknown ({type(error).__name__}: {error})", file=sys.stderr)
+        return []
 
     def close(self) -> None:
         ray.kill(self.board)
