@@ -50,7 +50,7 @@ class PreemptionLab:
 
         if ray.is_initialized():
             ray.shutdown()
-        self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+        self.cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
         for _ in range(self.size):
             self.add_node(wait=False)
         self.cluster.wait_for_nodes()

@@ -141,7 +141,8 @@ def _on_this_node() -> dict[str, Any]:
     if client_ray.is_connected():
         return {}
     node = ray.get_runtime_context().get_node_id()
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=True)}
+    # Hard affinity: a soft one was seen landing on a worker node that was then preempted.
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
 
 
 class EventChannel:
