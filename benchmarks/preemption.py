@@ -15,7 +15,6 @@ the run's attempts (each worker group's first/last step and time):
 from __future__ import annotations
 
 import tempfile
-import threading
 import time
 from typing import Any, Callable
 
@@ -58,17 +57,14 @@ def run(every_s: float, epochs: int, notice_s: float, with_notice: bool, note: C
                        address=lab.address, max_failures=-1, keep_checkpoints=3).validated()
         job = run_in_background(spec, note)
         job.wait_for_checkpoint(lambda m: m.global_step > 0, timeout_s=600)
-        stop = threading.Event()
-
-        def chaos() -> None:
-            while not stop.wait(every_s) and job.running:
+        # The chaos stays in this (main) thread: Ray's Cluster.add_node installs signal handlers.
+        next_at = time.time() + every_s
+        while job.running:
+            time.sleep(0.2)
+            if time.time() >= next_at and job.running:
                 (lab.preempt if with_notice else lab.kill)(0)
-
-        thread = threading.Thread(target=chaos, daemon=True)
-        thread.start()
+                next_at = time.time() + every_s
         summary = job.wait(timeout_s=3600)
-        stop.set()
-        thread.join()
         removals = [e["time"] for e in lab.events if e["event"].startswith("node removed")]
     attempts = summary.get("attempts") or []
     return {"every_s": every_s, "notice_s": notice_s if with_notice else None, "epochs": epochs,

@@ -9,6 +9,8 @@ to TRUE (the watcher drains the node), waits out the drain deadline, removes
 the node and adds a replacement, as GCE and Ray's autoscaler would.
 :meth:`PreemptionLab.kill` removes a node without notice. The chaos tests,
 ``launcher preemption demo`` and ``launcher bench preemption`` all use it.
+Call the lab from the main thread: Ray's ``Cluster.add_node`` installs signal
+handlers; the run goes in a background thread (:func:`run_in_background`).
 """
 
 from __future__ import annotations
