@@ -199,7 +199,7 @@ class TorchTraining:
                 self.report({"kind": "preemption", "notice": 1, "held": int(action == "hold"), "train_loss": value})
                 if action == "hold":
                     self.hold()
-            if every and self.pos.global_step % every == 0 and i + 1 < self.steps_per_epoch:
+            elif every and self.pos.global_step % every == 0 and i + 1 < self.steps_per_epoch:
                 self.report({"kind": "step", "train_loss": value})
         seconds = time.perf_counter() - start
         totals = self.comm.allreduce_sum(totals)
