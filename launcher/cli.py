@@ -39,7 +39,10 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--name", "name", str, "run name; an existing name resumes that run"),
     ("--checkpoint-every-steps", "checkpoint_every_steps", int, "also checkpoint every N steps (default: per epoch)"),
     ("--keep-checkpoints", "keep_checkpoints", int, "checkpoints to keep (default 3)"),
-    ("--max-failures", "max_failures", int, "worker-group restarts allowed (default 0, -1: unlimited)"),
+    ("--max-failures", "max_failures", int, "worker-group restarts allowed after failures (default 0, -1: "
+     "unlimited); preemptions never count"),
+    ("--preemption-check-steps", "preemption_check_steps", int, "check for a preemption notice every N steps "
+     "and checkpoint at once on one (default 10, 0: never)"),
     ("--address", "address", str, "Ray cluster address (default: RAY_ADDRESS or a new local Ray)"),
     ("--hvd-fp16", "hvd_fp16", bool, "Horovod: compress gradients to fp16 for the allreduce"),
     ("--hvd-fusion-mb", "hvd_fusion_mb", float, "Horovod: tensor-fusion buffer in MiB (default 128; 0: off)"),
@@ -107,6 +110,11 @@ def build_parser() -> argparse.ArgumentParser:
     ov.add_argument("--repeats", type=int, default=3)
     ov.add_argument("--workers", type=int, default=2)
     ov.add_argument("--out", default="./bench-results", help="folder for JSON, CSV and PNG results")
+
+    from launcher import cli_preemption
+
+    cli_preemption.add_bench_parser(bench_sub)
+    cli_preemption.add_parsers(sub, _Parser)
 
     data = sub.add_parser("data", help="data on Cloud Storage")
     data_sub = data.add_subparsers(dest="data_command", metavar="ACTION", parser_class=_Parser, required=True)
@@ -197,6 +205,8 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.append(f"  epochs {s['epochs_completed']}/{s['epochs']}, steps {s['steps_completed']}"
                  + (f", resumed from epoch {s['resumed_from']['epoch']}" if s.get("resumed_from") else "")
                  + (f", {s['restarts']} restart(s)" if s.get("restarts") else ""))
+    if s.get("restarts") or s.get("preemption_notices"):
+        lines.append("  " + format_interruptions(s))
     if m:
         lines.append("  " + ", ".join(f"{k} {v:.4f}" for k, v in m.items()))
     lines.append(f"  {s['samples_per_s']:,.0f} samples/s, wall {s['wall_s']:.1f}s")
@@ -208,6 +218,12 @@ def format_summary(s: dict[str, Any]) -> str:
     if s.get("model"):
         lines.append(f"  model:      {s['model']}")
     return "\n".join(lines)
+
+
+def format_interruptions(s: dict[str, Any]) -> str:
+    pre, notices = s.get("preemptions", 0), s.get("preemption_notices", 0)
+    return (f"preemptions {pre} ({notices} checkpointed on a notice), failures {s['restarts'] - pre}; "
+            f"steps lost {s.get('steps_lost', 0)}, time lost {s.get('time_lost_s', 0.0):.1f}s")
 
 
 def cmd_workloads(args: argparse.Namespace) -> int:
@@ -268,6 +284,10 @@ def _note(text: str) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.bench_command == "preemption":
+        from launcher.cli_preemption import cmd_bench_preemption
+
+        return cmd_bench_preemption(args)
     if args.repeats < 1:
         raise UserError(f"--repeats must be >= 1, got {args.repeats}")
     if args.bench_command == "overhead":
@@ -325,9 +345,15 @@ def _bench_emulator() -> Iterator[str]:
                 os.environ[gcs.EMULATOR_ENV] = previous
 
 
+def cmd_preemption(args: argparse.Namespace) -> int:
+    from launcher.cli_preemption import cmd_preemption as run_preemption_command
+
+    return run_preemption_command(args)
+
+
 COMMANDS = {"run": cmd_run, "workloads": cmd_workloads, "runs": cmd_runs, "data": cmd_data, "bench": cmd_bench,
             "up": cmd_up, "down": cmd_down, "cluster": cli_cluster.cmd_cluster, **cli_submit.COMMANDS,
-            **cli_doctor.COMMANDS}
+            **cli_doctor.COMMANDS, "preemption": cmd_preemption}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -52,6 +52,7 @@ class JobSpec:
     checkpoint_every_steps: int | None = None
     keep_checkpoints: int = 3
     max_failures: int = 0
+    preemption_check_steps: int = 10  # ask Ray Train for a preemption notice every N steps; 0: never
     address: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     # Horovod only (--backend horovod): fp16 gradient compression, the tensor-fusion
@@ -117,6 +118,7 @@ class JobSpec:
         _at_least("keep_checkpoints", self.keep_checkpoints, 1)
         _at_least("max_failures", self.max_failures, -1)
         self._check_horovod_options()
+        _at_least("preemption_check_steps", self.preemption_check_steps, 0)
         try:
             params = workload.resolve_params(self.params)
         except (KeyError, ValueError) as exc:
