@@ -16,7 +16,7 @@ import signal
 import sys
 from typing import Any, Iterator, Sequence, TextIO
 
-from launcher import __version__, cli_bench, cli_cluster, cli_submit, startup
+from launcher import __version__, cli_bench, cli_cluster, cli_doctor, cli_submit, startup
 from launcher.errors import UserError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
@@ -25,7 +25,7 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
 RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--workload", "workload", str, "workload name (see `launcher workloads`); default digits-mlp"),
     ("--framework", "framework", str, "torch"),
-    ("--backend", "backend", str, "native (Ray Train's own: torch DDP)"),
+    ("--backend", "backend", str, "native (Ray Train's own: torch DDP) or horovod (see `launcher doctor`)"),
     ("--workers", "workers", int, "number of worker processes (default 2)"),
     ("--cpus-per-worker", "cpus_per_worker", float, "CPUs per worker (default 1)"),
     ("--gpus-per-worker", "gpus_per_worker", float, "GPUs per worker (default 0)"),
@@ -38,8 +38,15 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--name", "name", str, "run name; an existing name resumes that run"),
     ("--checkpoint-every-steps", "checkpoint_every_steps", int, "also checkpoint every N steps (default: per epoch)"),
     ("--keep-checkpoints", "keep_checkpoints", int, "checkpoints to keep (default 3)"),
-    ("--max-failures", "max_failures", int, "worker-group restarts allowed (default 0, -1: unlimited)"),
+    ("--max-failures", "max_failures", int, "worker-group restarts allowed after failures (default 0, -1: "
+     "unlimited); preemptions never count"),
+    ("--preemption-check-steps", "preemption_check_steps", int, "check for a preemption notice every N steps "
+     "and checkpoint at once on one (default 10, 0: never)"),
     ("--address", "address", str, "Ray cluster address (default: RAY_ADDRESS or a new local Ray)"),
+    ("--hvd-fp16", "hvd_fp16", bool, "Horovod: compress gradients to fp16 for the allreduce"),
+    ("--hvd-fusion-mb", "hvd_fusion_mb", float, "Horovod: tensor-fusion buffer in MiB (default 128; 0: off)"),
+    ("--hvd-backward-passes", "hvd_backward_passes", int,
+     "Horovod: backward passes (batches) whose gradients add up locally per optimizer step (default 1)"),
 ]
 
 
@@ -60,9 +67,15 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="train a workload (resumes a run of the same --name)")
     run.add_argument("--config", help="job spec YAML; flags override its values")
     for flag, dest, typ, help_ in RUN_FLAGS:
-        run.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
+        if typ is bool:  # a switch; None when absent so the YAML's value stands
+            run.add_argument(flag, dest=dest, action="store_const", const=True, default=None, help=help_)
+        else:
+            run.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
     run.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                      help="workload parameter, e.g. --param image_size=64 (repeatable)")
+    run.add_argument("--script", help="run this unmodified training script on every worker instead of a "
+                     "workload, with the backend's environment (e.g. horovodrun's); arguments after --")
+    run.add_argument("script_args", nargs="*", metavar="-- SCRIPT_ARGS", help="arguments for --script")
     run.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
     run.add_argument("--profile-startup", action="store_true",
                      help="print where the time went before the first training step")
@@ -82,7 +95,12 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=int, default=6390, help="the head's GCS port on 127.0.0.1 (default 6390)")
     sub.add_parser("down", help="stop the warm local Ray head started by `launcher up`")
 
-    cli_bench.add_parsers(sub, _Parser)
+    bench_sub = cli_bench.add_parsers(sub, _Parser)
+
+    from launcher import cli_preemption
+
+    cli_preemption.add_bench_parser(bench_sub)
+    cli_preemption.add_parsers(sub, _Parser)
 
     data = sub.add_parser("data", help="data on Cloud Storage")
     data_sub = data.add_subparsers(dest="data_command", metavar="ACTION", parser_class=_Parser, required=True)
@@ -91,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("uri", help="gs://BUCKET/PREFIX to upload under")
     cli_cluster.add_parsers(sub, _Parser)
     cli_submit.add_parsers(sub, _Parser)
+    cli_doctor.add_parsers(sub, _Parser)
     return p
 
 
@@ -113,6 +132,10 @@ def spec_from_args(args: argparse.Namespace):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.script or args.script_args:
+        from launcher.script import cmd_script
+
+        return cmd_script(args)
     from launcher import driver
 
     spec = spec_from_args(args)
@@ -168,6 +191,8 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.append(f"  epochs {s['epochs_completed']}/{s['epochs']}, steps {s['steps_completed']}"
                  + (f", resumed from epoch {s['resumed_from']['epoch']}" if s.get("resumed_from") else "")
                  + (f", {s['restarts']} restart(s)" if s.get("restarts") else ""))
+    if s.get("restarts") or s.get("preemption_notices"):
+        lines.append("  " + format_interruptions(s))
     if m:
         lines.append("  " + ", ".join(f"{k} {v:.4f}" for k, v in m.items()))
     lines.append(f"  {s['samples_per_s']:,.0f} samples/s, wall {s['wall_s']:.1f}s")
@@ -179,6 +204,12 @@ def format_summary(s: dict[str, Any]) -> str:
     if s.get("model"):
         lines.append(f"  model:      {s['model']}")
     return "\n".join(lines)
+
+
+def format_interruptions(s: dict[str, Any]) -> str:
+    pre, notices = s.get("preemptions", 0), s.get("preemption_notices", 0)
+    return (f"preemptions {pre} ({notices} checkpointed on a notice), failures {s['restarts'] - pre}; "
+            f"steps lost {s.get('steps_lost', 0)}, time lost {s.get('time_lost_s', 0.0):.1f}s")
 
 
 def cmd_workloads(args: argparse.Namespace) -> int:
@@ -234,8 +265,15 @@ def cmd_down(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_preemption(args: argparse.Namespace) -> int:
+    from launcher.cli_preemption import cmd_preemption as run_preemption_command
+
+    return run_preemption_command(args)
+
+
 COMMANDS = {"run": cmd_run, "workloads": cmd_workloads, "runs": cmd_runs, "data": cmd_data, "bench": cli_bench.cmd_bench,
-            "up": cmd_up, "down": cmd_down, "cluster": cli_cluster.cmd_cluster, **cli_submit.COMMANDS}
+            "up": cmd_up, "down": cmd_down, "cluster": cli_cluster.cmd_cluster, **cli_submit.COMMANDS,
+            **cli_doctor.COMMANDS, "preemption": cmd_preemption}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

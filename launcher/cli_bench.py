@@ -21,7 +21,8 @@ EXIT_OK = 0
 FRAMEWORKS = ("torch", "tensorflow")
 
 
-def add_parsers(sub, parser_class) -> None:
+def add_parsers(sub, parser_class):
+    """Add ``bench`` and its benchmarks; returns the benchmarks' subparsers (others add theirs)."""
     bench = sub.add_parser("bench", help="benchmarks (scaling, allreduce, overhead, checkpoint, project)")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", parser_class=parser_class,
                                      required=True)
@@ -77,6 +78,7 @@ def add_parsers(sub, parser_class) -> None:
     ov.add_argument("--repeats", type=int, default=3)
     ov.add_argument("--workers", type=int, default=2)
     ov.add_argument("--out", default="./bench-results", help=out_help)
+    return bench_sub
 
 
 def note(text: str) -> None:
@@ -283,4 +285,8 @@ HANDLERS = {"scaling": cmd_scaling, "allreduce": cmd_allreduce, "project": cmd_p
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.bench_command == "preemption":  # its parser and handler live in launcher.cli_preemption
+        from launcher.cli_preemption import cmd_bench_preemption
+
+        return cmd_bench_preemption(args)
     return HANDLERS[args.bench_command](args)

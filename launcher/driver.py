@@ -26,6 +26,7 @@ from launcher.storage import Storage
 
 POLL_S = 0.5
 HEALTH_CHECK_S = 0.2
+PREEMPTION_POLL_S = 1.0
 METRIC_KEYS = ("loss", "accuracy", "train_loss")
 
 
@@ -42,17 +43,30 @@ class Tracker:
     resumed_from: dict[str, int] | None = None
     attempts: list[str] = field(default_factory=list)
     failures: int = 0
+    noted_failure: bool = False
     failed_at: float | None = None
+    restarts: list[dict[str, Any]] = field(default_factory=list)   # cause, time, error
+    notices: list[dict[str, Any]] = field(default_factory=list)    # checkpoints taken on a notice
+    checkpoint_times: dict[int, float] = field(default_factory=dict)
+    lost: list[dict[str, Any]] = field(default_factory=list)       # per restart, from the progress board
+    attempt_log: list[dict[str, Any]] = field(default_factory=list)  # per worker group: steps and times
     recoveries: list[float] = field(default_factory=list)
     samples: int = 0
     train_time: float = 0.0
 
     def handle(self, event: dict[str, Any]) -> None:
-        if event["type"] == "failure":
-            self.failures += 1
-            self.failed_at = event["time"]
-            first = min(event["errors"])
-            self.progress.note(f"worker group failed (rank {first}: {event['errors'][first].splitlines()[0]})")
+        kind = event["type"]
+        if kind == "failure":
+            self._failure(event)
+            return
+        if kind == "preempting":
+            self.progress.note(f"preemption notice: Ray is draining the node(s) of rank(s) "
+                               f"{', '.join(map(str, event['ranks']))}")
+            return
+        if kind == "restart":
+            self.restarts.append({"cause": event["cause"], "time": event["time"], "error": event["error"]})
+            self.failed_at, self.noted_failure = self.failed_at or event["time"], False
+            self.progress.note(f"restarting the worker group after a {event['cause']}")
             return
         m = event["metrics"]
         if m.get("attempt") not in self.attempts:
@@ -75,12 +89,37 @@ class Tracker:
         self.last = m
         if event.get("checkpoint"):
             self.checkpoint = self.log.storage.to_uri(event["checkpoint"])
+            self.checkpoint_times.setdefault(int(m.get("global_step", 0)), float(m.get("time", event["time"])))
+        if m.get("kind") == "preemption":
+            if not any(n["attempt"] == m.get("attempt") for n in self.notices):
+                self.notices.append({"attempt": m.get("attempt"), "step": m.get("global_step")})
+            self.progress.note(f"checkpointed at step {m.get('global_step')} on the preemption notice; " + (
+                "holding until Ray restarts the workers" if m.get("held") else "training on until the deadline"))
         if m.get("kind") == "epoch":
             self.samples += int(m.get("samples", 0))
             self.train_time += float(m.get("train_time_s", 0.0))
             self.progress.epoch(m, time.time() - self.started)
-        if m.get("kind") in ("epoch", "step"):
+        if m.get("kind") in ("epoch", "step", "preemption"):
             self.log.record(m)
+
+    def _failure(self, event: dict[str, Any]) -> None:
+        """Ray reports a failing group on every poll until it acts: note the first one only."""
+        self.failures += 1
+        if self.noted_failure:
+            return
+        self.noted_failure = True
+        if self.failed_at is None:
+            self.failed_at = event["time"]
+        first = min(event["errors"])
+        self.progress.note(f"worker group failed (rank {first}: {event['errors'][first].splitlines()[0]})")
+
+    def account(self, attempts: list[dict[str, Any]]) -> None:
+        """Steps and time each restart lost, from the progress board's view of the attempts."""
+        from launcher.monitor import lost_work
+
+        self.lost = lost_work(attempts, self.checkpoint_times)
+        self.attempt_log = [{k: a[k] for k in ("start_step", "first_time", "last_step", "last_time")}
+                            for a in attempts]
 
     def reconcile(self, manifest: Manifest, path: str) -> None:
         """Trust storage over the reports: checkpoints can land after the last report was seen
@@ -91,7 +130,13 @@ class Tracker:
 
     def summary(self, status: RunStatus, **extra: Any) -> dict[str, Any]:
         m = self.last or {}
-        restarts = self.failures - (1 if status == RunStatus.FAILED and self.failures else 0)
+        interruptions = []
+        for i, r in enumerate(self.restarts):
+            lost = self.lost[i] if i < len(self.lost) else {}
+            interruptions.append({"cause": r["cause"], "steps_lost": lost.get("steps_lost"),
+                                  "time_lost_s": lost.get("time_lost_s"),
+                                  "resumed_from_step": lost.get("resumed_from_step"),
+                                  "recovery_s": self.recoveries[i] if i < len(self.recoveries) else None})
         return {
             "name": self.spec.name, "status": str(status), "workload": self.spec.workload,
             "framework": self.spec.framework, "backend": self.spec.backend, "workers": self.spec.workers,
@@ -99,7 +144,12 @@ class Tracker:
             "steps_completed": m.get("global_step", 0),
             "metrics": {k: m[k] for k in METRIC_KEYS if k in m},
             "samples_per_s": round(self.samples / self.train_time, 2) if self.train_time else 0.0,
-            "checkpoint": self.checkpoint, "resumed_from": self.resumed_from, "restarts": max(0, restarts),
+            "checkpoint": self.checkpoint, "resumed_from": self.resumed_from, "restarts": len(self.restarts),
+            "preemptions": sum(1 for r in self.restarts if r["cause"] == "preemption"),
+            "preemption_notices": len(self.notices),
+            "steps_lost": sum(int(i["steps_lost"] or 0) for i in interruptions),
+            "time_lost_s": round(sum(float(i["time_lost_s"] or 0.0) for i in interruptions), 2),
+            "interruptions": interruptions, "attempts": self.attempt_log, "weights_sha256": m.get("weights_sha256"),
             "recovery_s": self.recoveries,
             "wall_s": round(time.time() - self.started, 2), "launch": self.log.launch,
             "run_dir": self.log.uri(), **extra,
@@ -186,13 +236,17 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
     # Ray Train's controller polls its workers every 2 s by default, so it notices
     # the end of training up to 2 s late; 0.2 s measured ~2-4 s off a short run.
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", str(HEALTH_CHECK_S))
+    # Ray Train polls the nodes' drain state every 5 s by default: 1 s leaves more of
+    # GCE's 30 s notice for the checkpoint.
+    os.environ.setdefault("RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", str(PREEMPTION_POLL_S))
     channel = EventChannel()
     run_config = RunConfig(
         name=spec.name, storage_path=storage.root,
         storage_filesystem=None if storage.is_local else storage.fs,
         checkpoint_config=CheckpointConfig(num_to_keep=spec.keep_checkpoints),
-        failure_config=FailureConfig(max_failures=spec.max_failures),
-        callbacks=[channel.forwarder],
+        # Preemptions have their own, unlimited budget: only real failures count against --max-failures.
+        failure_config=FailureConfig(max_failures=spec.max_failures, max_preemption_failures=-1),
+        callbacks=[channel.forwarder, channel.states],
     )
     resources = {"CPU": spec.cpus_per_worker}
     if spec.gpus_per_worker:
@@ -200,7 +254,8 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
     scaling = ScalingConfig(num_workers=spec.workers, use_gpu=spec.gpus_per_worker > 0,
                             resources_per_worker=resources)
     trainer = backends.get(spec.backend).trainer(
-        spec, train_loop_per_worker, {"spec": spec.to_dict(), "resume": resume, "env": gcs.worker_env()}, scaling, run_config)
+        spec, train_loop_per_worker, {"spec": spec.to_dict(), "resume": resume, "env": gcs.worker_env(),
+                                            "board": channel.board}, scaling, run_config)
 
     stop = threading.Event()
 
@@ -230,6 +285,7 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
     finally:
         stop.set()
         pumper.join(timeout=30)
+        tracker.account(channel.attempts())
         channel.close()
     return status, error, result
 
@@ -263,6 +319,7 @@ def _already_done(spec: JobSpec, log: RunLog, manifest: Manifest, path: str) -> 
         "epochs": spec.epochs, "epochs_completed": manifest.epoch, "steps_completed": manifest.global_step,
         "metrics": {k: manifest.metrics[k] for k in METRIC_KEYS if k in manifest.metrics},
         "samples_per_s": 0.0, "checkpoint": log.storage.to_uri(path), "resumed_from": manifest.position, "restarts": 0,
+        "preemptions": 0, "steps_lost": 0, "time_lost_s": 0.0,
         "wall_s": 0.0, "launch": None, "run_dir": log.uri(), "error": None,
         "model": log.uri("model") if log.storage.exists(spec.name, "model") else None,
         "note": f"nothing to train: the run already completed {manifest.epoch} epoch(s)",

@@ -7,6 +7,12 @@ failure) as a JSON line to a file the driver named, and the driver reads the
 new lines to show progress and write the run log as training goes. That costs
 no extra process. A driver connected through Ray Client (``ray://``) is not on
 a Ray node; there the forwarder drops events into a :class:`Mailbox` actor.
+
+:class:`StateForwarder` adds the controller's own view: a preemption notice
+seen (PREEMPTING) and each restart with its cause (preemption or failure).
+:class:`ProgressBoard` is where rank 0 notes the last step it trained, so the
+driver can tell how many steps a restart threw away; :func:`lost_work` turns
+that into steps and seconds lost per restart.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any
 
 import ray
 from ray.train import UserCallback
+from ray.train.v2._internal.execution.callback import ControllerCallback
 
 
 @ray.remote(num_cpus=0)
@@ -43,11 +50,7 @@ class ReportForwarder(UserCallback):
         self.path, self.mailbox = path, mailbox
 
     def _send(self, event: dict[str, Any]) -> None:
-        if self.mailbox is not None:
-            self.mailbox.put.remote(event)
-            return
-        with open(self.path, "a", encoding="utf-8") as f:  # one write per line: readers see whole lines
-            f.write(json.dumps(event, default=str) + "\n")
+        _send(self.path, self.mailbox, event)
 
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
         self._send({"type": "report", "time": time.time(), "metrics": dict(metrics[0]),
@@ -57,6 +60,89 @@ class ReportForwarder(UserCallback):
         self._send({"type": "failure", "time": time.time(),
                     "errors": {int(rank): f"{type(e).__name__}: {e}"[:2000]
                                for rank, e in worker_exceptions.items()}})
+
+
+def _send(path: str | None, mailbox, event: dict[str, Any]) -> None:
+    if mailbox is not None:
+        mailbox.put.remote(event)
+        return
+    with open(path, "a", encoding="utf-8") as f:  # one write per line: readers see whole lines
+        f.write(json.dumps(event, default=str) + "\n")
+
+
+def restart_cause(error) -> str:
+    """"preemption" when Ray Train charges ``error`` to the preemption budget, else "failure"."""
+    try:
+        from ray.train.v2._internal.execution.failure_handling.default import _is_preemption_failure
+
+        return "preemption" if _is_preemption_failure(error) else "failure"
+    except Exception:  # noqa: BLE001 - a private helper; fall back to the exception's type
+        return "preemption" if type(error).__name__ == "PreemptionError" else "failure"
+
+
+class StateForwarder(ControllerCallback):
+    """Forwards controller state changes that matter to the summary: notices and restarts."""
+
+    def __init__(self, path: str | None = None, mailbox=None) -> None:
+        self.path, self.mailbox = path, mailbox
+
+    def after_controller_state_update(self, previous_state, current_state) -> None:
+        kind, before = type(current_state).__name__, type(previous_state).__name__
+        if kind == "PreemptingState" and before != kind:
+            info = current_state.preemption_info
+            _send(self.path, self.mailbox, {"type": "preempting", "time": time.time(),
+                                            "deadline_ms": info.deadline_ms, "ranks": info.preempted_ranks})
+        elif kind in ("RestartingState", "ReschedulingState"):
+            error = current_state.training_failed_error
+            _send(self.path, self.mailbox, {"type": "restart", "time": time.time(), "cause": restart_cause(error),
+                                            "error": f"{type(error).__name__}: {error}"[:500]})
+
+
+@ray.remote(num_cpus=0)
+class ProgressBoard:
+    """Per worker-group attempt: the step it resumed from, and the last step it trained (rank 0's word)."""
+
+    def __init__(self) -> None:
+        self._attempts: dict[str, dict[str, float]] = {}
+
+    def step(self, attempt: str, start_step: int, step: int, when: float) -> None:
+        a = self._attempts.setdefault(attempt, {"start_step": start_step, "first_time": when})
+        a["last_step"], a["last_time"] = step, when
+
+    def attempts(self) -> list[dict[str, float]]:
+        """Attempts in the order they trained their first step."""
+        return sorted(({"attempt": k, **v} for k, v in self._attempts.items()), key=lambda a: a["first_time"])
+
+
+def lost_work(attempts: list[dict[str, Any]], checkpoint_times: dict[int, float]) -> list[dict[str, Any]]:
+    """Steps and seconds each restart cost, from consecutive attempts.
+
+    Steps lost: the steps the earlier attempt trained past the step the next
+    one resumed from (they were trained twice). Time lost: from the moment
+    training first reached the resumed-from step (the checkpoint's time) to
+    the next attempt's first step; it covers redone steps, waiting out a
+    notice, and restarting the workers.
+    """
+    out = []
+    for before, after in zip(attempts, attempts[1:]):
+        resumed = int(after["start_step"])
+        reached = checkpoint_times.get(resumed, before["first_time"])
+        out.append({"resumed_from_step": resumed,
+                    "steps_lost": max(0, int(before["last_step"]) - resumed),
+                    "time_lost_s": round(max(0.0, after["first_time"] - reached), 2)})
+    return out
+
+
+def _on_this_node() -> dict[str, Any]:
+    """Keep small bookkeeping actors on the driver's node, which outlives preempted workers."""
+    from ray.util.client import ray as client_ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if client_ray.is_connected():
+        return {}
+    node = ray.get_runtime_context().get_node_id()
+    # Hard affinity: a soft one was seen landing on a worker node that was then preempted.
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
 
 
 class EventChannel:
@@ -72,6 +158,8 @@ class EventChannel:
             fd, self._path = tempfile.mkstemp(prefix="launcher-events-", suffix=".jsonl")
             os.close(fd)
         self.forwarder = ReportForwarder(self._path, self._mailbox)
+        self.states = StateForwarder(self._path, self._mailbox)
+        self.board = ProgressBoard.options(**_on_this_node()).remote()
 
     def take(self) -> list[dict[str, Any]]:
         if self._mailbox is not None:
@@ -83,6 +171,19 @@ class EventChannel:
         self._offset += end
         return [json.loads(line) for line in data[:end].splitlines() if line.strip()]
 
+    def attempts(self) -> list[dict[str, Any]]:
+        error = None
+        for _ in range(3):  # a loaded machine can be slow to answer; accounting is worth a retry
+            try:
+                return ray.get(self.board.attempts.remote(), timeout=30)
+            except Exception as exc:  # noqa: BLE001 - accounting only; never fail a finished run over it
+                error = exc
+        import sys
+
+        print(f"launcher: steps lost are unknown ({type(error).__name__}: {error})", file=sys.stderr)
+        return []
+
     def close(self) -> None:
+        ray.kill(self.board)
         if self._path:
             os.remove(self._path)

@@ -45,7 +45,9 @@ def describe_run(storage: Storage, name: str) -> dict[str, Any] | None:
     metrics = [m for m in read_jsonl(storage.read_text(name, "metrics.jsonl")) if "epoch" in m]
     checkpoints = complete_checkpoints(storage, name)
     last_metrics = metrics[-1] if metrics else {}
-    wall = sum(float((e.get("summary") or {}).get("wall_s", 0.0)) for e in launches if e.get("event") == "end")
+    ends = [e.get("summary") or {} for e in launches if e.get("event") == "end"]
+    wall = sum(float(e.get("wall_s", 0.0)) for e in ends)
+    interruptions = [i for e in ends for i in e.get("interruptions") or []]
     info = json.loads(ident)
     return {
         "name": name, "status": _status(launches, summary), "workload": info.get("workload"),
@@ -54,7 +56,11 @@ def describe_run(storage: Storage, name: str) -> dict[str, Any] | None:
         "metrics": {k: last_metrics[k] for k in ("loss", "accuracy") if k in last_metrics},
         "checkpoint": storage.to_uri(checkpoints[-1][1]) if checkpoints else None,
         "launches": sum(1 for e in launches if e.get("event") == "start"),
-        "restarts": sum(int((e.get("summary") or {}).get("restarts", 0)) for e in launches if e.get("event") == "end"),
+        "restarts": sum(int(e.get("restarts", 0)) for e in ends),
+        "preemptions": sum(int(e.get("preemptions", 0)) for e in ends),
+        "steps_lost": sum(int(e.get("steps_lost", 0)) for e in ends),
+        "time_lost_s": round(sum(float(e.get("time_lost_s", 0.0)) for e in ends), 1),
+        "interruptions": interruptions,
         "wall_s": round(wall, 1),
     }
 
@@ -67,12 +73,28 @@ def list_runs(storage: Storage) -> list[dict[str, Any]]:
 def format_table(runs: list[dict[str, Any]]) -> str:
     if not runs:
         return "no runs"
-    header = ("NAME", "STATUS", "WORKLOAD", "EPOCHS", "LOSS", "ACC", "WALL", "LAST CHECKPOINT")
+    header = ("NAME", "STATUS", "WORKLOAD", "EPOCHS", "LOSS", "ACC", "WALL", "RESTARTS", "LOST", "LAST CHECKPOINT")
     rows = [header]
     for r in runs:
         m = r["metrics"]
         rows.append((r["name"], r["status"], f"{r['workload']}/{r['framework']}", str(r["epochs"]),
                      f"{m['loss']:.4f}" if "loss" in m else "-", f"{m['accuracy']:.4f}" if "accuracy" in m else "-",
-                     f"{r['wall_s']:.0f}s", os.path.basename(r["checkpoint"] or "-")))
+                     f"{r['wall_s']:.0f}s", format_restarts(r), format_lost(r),
+                     os.path.basename(r["checkpoint"] or "-")))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def format_restarts(r: dict[str, Any]) -> str:
+    """"3 (2 preempted)": restarts in all, how many of them preemptions."""
+    if not r.get("restarts"):
+        return "0"
+    return f"{r['restarts']} ({r.get('preemptions', 0)} preempted)"
+
+
+def format_lost(r: dict[str, Any]) -> str:
+    """Steps and seconds lost in all, then the seconds lost to each interruption."""
+    if not r.get("restarts"):
+        return "-"
+    each = "/".join(f"{float(i.get('time_lost_s') or 0):.0f}s" for i in r.get("interruptions") or [])
+    return f"{r.get('steps_lost', 0)} steps, {r.get('time_lost_s', 0.0):.0f}s" + (f" [{each}]" if each else "")

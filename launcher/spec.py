@@ -52,8 +52,14 @@ class JobSpec:
     checkpoint_every_steps: int | None = None
     keep_checkpoints: int = 3
     max_failures: int = 0
+    preemption_check_steps: int = 10  # ask Ray Train for a preemption notice every N steps; 0: never
     address: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    # Horovod only (--backend horovod): fp16 gradient compression, the tensor-fusion
+    # buffer in MiB (None: Horovod's 128), backward passes accumulated per optimizer step.
+    hvd_fp16: bool = False
+    hvd_fusion_mb: float | None = None
+    hvd_backward_passes: int = 1
 
     # -- construction -----------------------------------------------------------
     @classmethod
@@ -111,6 +117,8 @@ class JobSpec:
             _at_least("checkpoint_every_steps", self.checkpoint_every_steps, 1)
         _at_least("keep_checkpoints", self.keep_checkpoints, 1)
         _at_least("max_failures", self.max_failures, -1)
+        self._check_horovod_options()
+        _at_least("preemption_check_steps", self.preemption_check_steps, 0)
         try:
             params = workload.resolve_params(self.params)
         except (KeyError, ValueError) as exc:
@@ -128,6 +136,24 @@ class JobSpec:
             data=normalize_data(self.data),
             params=params,
         )
+
+
+    def _check_horovod_options(self) -> None:
+        given = [name for name, default in HOROVOD_OPTIONS.items() if getattr(self, name) != default]
+        if given and self.backend != "horovod":
+            raise UserError(f"{_flag(given[0])} is a Horovod option, but the backend is {self.backend}",
+                            "add --backend horovod, or drop the option")
+        if self.hvd_fusion_mb is not None:
+            _at_least("hvd_fusion_mb", self.hvd_fusion_mb, 0)
+        _at_least("hvd_backward_passes", self.hvd_backward_passes, 1)
+        if self.hvd_backward_passes > 1 and self.framework != "torch":
+            raise UserError(f"--hvd-backward-passes {self.hvd_backward_passes}: gradient accumulation is "
+                            f"implemented for torch runs only, not {self.framework}",
+                            "drop the option, or raise --batch-size instead")
+
+
+# Horovod's options and their defaults (which any backend accepts).
+HOROVOD_OPTIONS = {"hvd_fp16": False, "hvd_fusion_mb": None, "hvd_backward_passes": 1}
 
 
 # -- helpers -------------------------------------------------------------------------
@@ -194,7 +220,7 @@ def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-_SCALARS = {"int": int, "float": float, "str": str}
+_SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
 
 
 def _coerce(key: str, value: Any, annotation: Any, source: str) -> Any:
@@ -210,8 +236,11 @@ def _coerce(key: str, value: Any, annotation: Any, source: str) -> Any:
         return dict(value)
     kind = text.split(" |")[0]
     want = _SCALARS[kind]
-    ok = (isinstance(value, want) and not isinstance(value, bool)) or (
-        want is float and isinstance(value, int) and not isinstance(value, bool))
+    if want is bool:
+        ok = isinstance(value, bool)
+    else:
+        ok = (isinstance(value, want) and not isinstance(value, bool)) or (
+            want is float and isinstance(value, int) and not isinstance(value, bool))
     if not ok:
         raise UserError(f"{source}: {key} must be {'an' if kind == 'int' else 'a'} {kind}, "
                         f"got {value!r}", f"for example {key}: {_example(kind)}")
@@ -219,4 +248,4 @@ def _coerce(key: str, value: Any, annotation: Any, source: str) -> Any:
 
 
 def _example(kind: str) -> str:
-    return {"int": "2", "float": "0.5", "str": "text"}[kind]
+    return {"int": "2", "float": "0.5", "str": "text", "bool": "true"}[kind]

@@ -176,7 +176,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     from launcher.storage import Storage
 
-    comm = backends.get(spec.backend).tf_comm()
+    comm = backends.get(spec.backend).tf_comm(spec)
     comm.setup()
     training = TFTraining(spec, comm)
     chosen = checkpoint_to_resume(config, Storage.resolve(spec.storage))

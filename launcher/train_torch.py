@@ -8,11 +8,20 @@ a checkpoint through ``ray.train.report``.
 Data order is a pure function of (seed, epoch, rank): a run restored at any
 step replays the same batches it would have seen, so resuming mid-epoch
 skips exactly the batches already trained on.
+
+Every ``preemption_check_steps`` steps all ranks ask Ray Train whether a node
+of theirs is being preempted (a barrier, so every rank asks at the same
+steps). On a notice they checkpoint at once, then keep training while the
+drain deadline is far enough off, and when it comes close (rank 0's clock
+decides, so all ranks agree) they checkpoint once more and hold, training no
+further: Ray Train stops the group at the deadline and restarts it from that
+last checkpoint, so an announced preemption costs no training steps.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import os
 import tempfile
@@ -24,17 +33,30 @@ import numpy as np
 
 import workloads
 from launcher import backends
-from launcher.checkpoint import Manifest, newest_complete, read_manifest, write_manifest
+from launcher.checkpoint import Manifest, complete_checkpoints, newest_complete, read_manifest, write_manifest
 from launcher.spec import JobSpec
 
 MODEL_FILE = "model.pt"
 OPTIMIZER_FILE = "optimizer.pt"
 EVAL_BATCH = 512
+RESERVE_MIN_S = 3.0  # stop training at least this long before the drain deadline
 
 
 def epoch_order(seed: int, epoch: int, rank: int, n: int) -> np.ndarray:
     """The order in which rank visits its n training samples during ``epoch``."""
     return np.random.default_rng([seed, epoch, rank]).permutation(n)
+
+
+def weights_digest(state_dict) -> str:
+    """sha256 over a model's tensors (names, dtypes, shapes and bytes, in name order)."""
+    import torch
+
+    h = hashlib.sha256()
+    for name in sorted(state_dict):
+        t = state_dict[name].detach().cpu().contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
 
 
 def make_optimizer(name: str, params, lr: float):
@@ -77,6 +99,11 @@ class TorchTraining:
         self.attempt = uuid.uuid4().hex[:12]
         self.steps_per_epoch = math.ceil(len(self.train) / spec.batch_size)
         self.marks: dict[str, float] = {}  # start-up milestones, sent with the first report
+        self.board = None  # the driver's ProgressBoard actor (rank 0 writes to it)
+        self.start_step = 0
+        self.noticed = False
+        self.step_s = 0.0        # recent time per step, for the reserve before a drain deadline
+        self.checkpoint_s = 0.0  # time the last checkpoint took
 
     # -- checkpoints ------------------------------------------------------------------
     def restore(self, directory: str) -> None:
@@ -96,6 +123,7 @@ class TorchTraining:
             # equivalent: redo the whole epoch rather than skip unseen samples.
             pos.step_in_epoch = 0
         self.pos = pos
+        self.start_step = pos.global_step
         self.restored_from = manifest.position
 
     def save(self, directory: str, metrics: dict[str, Any]) -> None:
@@ -116,7 +144,7 @@ class TorchTraining:
         import ray.train
 
         metrics = {**metrics, "epoch": self.pos.epoch, "step_in_epoch": self.pos.step_in_epoch,
-                   "global_step": self.pos.global_step, "world_size": self.world,
+                   "global_step": self.pos.global_step, "world_size": self.world, "time": time.time(),
                    "attempt": self.attempt, "restored_from": self.restored_from,
                    "steps_per_epoch": self.steps_per_epoch}
         if self.marks:
@@ -124,9 +152,11 @@ class TorchTraining:
         if not checkpoint:
             ray.train.report(metrics)
             return
+        started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="launcher-ckpt-") as d:
             self.save(d, {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
+        self.checkpoint_s = time.perf_counter() - started
 
     # -- training -----------------------------------------------------------------------
     def batch(self, split, idx: np.ndarray):
@@ -141,13 +171,18 @@ class TorchTraining:
         import torch.nn.functional as F
 
         s, every = self.spec, self.spec.checkpoint_every_steps
+        # accumulate > 1: gradients of that many batches add up locally before one
+        # optimizer step (Horovod's backward_passes_per_step).
+        accumulate = self.comm.accumulation_steps
         order = epoch_order(s.seed, self.pos.epoch, self.rank, len(self.train))
         model.train()
         totals = torch.zeros(2, dtype=torch.float64)  # loss sum, samples
         start = time.perf_counter()
+        # zero_grad() sets gradients to None (torch >= 2.0); Horovod's optimizer takes no arguments.
+        optimizer.zero_grad()
         for i in range(self.pos.step_in_epoch, self.steps_per_epoch):
+            step_started = time.perf_counter()
             x, y = self.batch(self.train, order[i * s.batch_size:(i + 1) * s.batch_size])
-            optimizer.zero_grad(set_to_none=True)
             loss = F.cross_entropy(model(x), y)
             value = loss.item()  # one device sync per step, reused below
             if not math.isfinite(value):
@@ -155,18 +190,72 @@ class TorchTraining:
                     f"training diverged: loss is {value} at epoch {self.pos.epoch + 1}, "
                     f"step {self.pos.global_step + 1}; lower --lr (now {s.lr:g})")
             loss.backward()
-            optimizer.step()
+            boundary = (i + 1) % accumulate == 0 or i + 1 == self.steps_per_epoch
+            if boundary:
+                optimizer.step()
+                optimizer.zero_grad()
             if "first_step" not in self.marks and "worker_ready" in self.marks:
                 self.marks["first_step"] = time.time()
             totals += torch.tensor([value * len(y), len(y)], dtype=torch.float64)
             self.pos.step_in_epoch, self.pos.global_step = i + 1, self.pos.global_step + 1
-            if every and self.pos.global_step % every == 0 and i + 1 < self.steps_per_epoch:
+            self.note_progress()
+            self.step_s = 0.9 * self.step_s + 0.1 * (time.perf_counter() - step_started) if self.step_s else (
+                time.perf_counter() - step_started)
+            # Only at optimizer-step boundaries: a checkpoint cannot hold half-accumulated gradients.
+            action = self.preemption_action() if boundary else None
+            if action:
+                self.report({"kind": "preemption", "notice": 1, "held": int(action == "hold"), "train_loss": value})
+                if action == "hold":
+                    self.hold()
+            elif every and boundary and self.pos.global_step % every == 0 and i + 1 < self.steps_per_epoch:
                 self.report({"kind": "step", "train_loss": value})
         seconds = time.perf_counter() - start
         totals = self.comm.allreduce_sum(totals)
         samples = int(totals[1].item())
         return {"train_loss": totals[0].item() / max(1.0, totals[1].item()), "samples": samples,
                 "train_time_s": seconds, "samples_per_s": samples / seconds if seconds > 0 else 0.0}
+
+    # -- preemption -----------------------------------------------------------------------
+    def note_progress(self) -> None:
+        """Rank 0 tells the driver's board how far it got (fire and forget)."""
+        if self.board is not None and self.rank == 0:
+            self.board.step.remote(self.attempt, self.start_step, self.pos.global_step, time.time())
+
+    def preemption_action(self) -> str | None:
+        """Every K steps, on every rank alike (Ray's barrier): None (train on), "checkpoint"
+        (a notice just came and there is time to train on) or "hold" (checkpoint and stop)."""
+        k = self.spec.preemption_check_steps
+        if not k or self.pos.global_step % k:
+            return None
+        import ray.train
+
+        info = ray.train.get_preemption_info()  # the same answer on every rank
+        if info is None:
+            return None
+        first, self.noticed = not self.noticed, True
+        if self._deadline_close(info.deadline_ms, k):
+            return "hold"
+        return "checkpoint" if first else None
+
+    def _deadline_close(self, deadline_ms: int | None, k: int) -> bool:
+        """Rank 0 decides whether the deadline is near (the ranks' clocks and timings differ);
+        the others take its answer through an all-reduce."""
+        import torch
+
+        close = 0.0
+        if self.rank == 0:
+            reserve = max(RESERVE_MIN_S, 2 * self.checkpoint_s + 2 * k * self.step_s)
+            close = float(deadline_ms is None or deadline_ms / 1000 - time.time() <= reserve)
+        return bool(self.comm.allreduce_sum(torch.tensor([close], dtype=torch.float64))[0].item() > 0)
+
+    def hold(self) -> None:
+        """Train no further: the checkpoint just taken is where the restarted group resumes,
+        so any step taken now would be thrown away. Ray Train stops this worker at the
+        drain deadline (or sooner, when the node goes)."""
+        print(f"rank {self.rank}: preemption notice: checkpointed step {self.pos.global_step}, "
+              "waiting for Ray Train to restart the group", flush=True)
+        while True:
+            time.sleep(1.0)
 
     def evaluate(self) -> dict[str, float]:
         """Loss and accuracy on the whole test split (each rank scores its shard)."""
@@ -188,6 +277,10 @@ class TorchTraining:
     def fit(self) -> None:
         model = self.comm.wrap_model(self.module)
         optimizer = self.comm.wrap_optimizer(self.optimizer, model)
+        # Checkpoints save the optimizer that is stepped: Horovod's wrapper is a new object
+        # with its own state (its state_dict has the plain torch format).
+        self.optimizer = optimizer
+        self.comm.after_restore(self.module, optimizer)
         if self.pos.epoch >= self.spec.epochs:
             # Nothing left to train: report where the run stands so the driver sees it.
             self.report({"kind": "done", **self.evaluate()}, checkpoint=False)
@@ -195,7 +288,9 @@ class TorchTraining:
         while self.pos.epoch < self.spec.epochs:
             stats = self.run_epoch(model, optimizer)
             self.pos.epoch, self.pos.step_in_epoch = self.pos.epoch + 1, 0
-            self.report({"kind": "epoch", **stats, **self.evaluate()})
+            extra = {"weights_sha256": weights_digest(self.module.state_dict())} if (
+                self.pos.epoch == self.spec.epochs and self.rank == 0) else {}
+            self.report({"kind": "epoch", **stats, **self.evaluate(), **extra})
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -211,11 +306,15 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
 
     os.environ.update(config.get("env", {}))  # e.g. the storage emulator's address
     spec = JobSpec(**config["spec"])
-    comm = backends.get(spec.backend).torch_comm()
+    comm = backends.get(spec.backend).torch_comm(spec)
     comm.setup()
     training = TorchTraining(spec, comm)
     storage = Storage.resolve(spec.storage)
-    options = [(storage.fs, path) for path in config.get("resume", [])]
+    training.board = config.get("board")
+    # A restarted group looks at storage again: Ray's newest checkpoint may be cut off,
+    # and the driver's list is from launch time.
+    found = [path for _, path in reversed(complete_checkpoints(storage, spec.name))][:5]
+    options = [(storage.fs, path) for path in found + list(config.get("resume", []))]
     offered = ray.train.get_checkpoint()
     if offered is not None:
         options.insert(0, (offered.filesystem, offered.path))

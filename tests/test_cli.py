@@ -42,6 +42,7 @@ def assert_one_line_error(code: int, err: str, *needles: str) -> None:
     (["--param", "image_size"], ["is not KEY=VALUE"]),
     (["--storage", "gs:/bucket"], ["looks like a URI but is malformed"]),
     (["--storage", "s3://bucket/x"], ["s3:// scheme is not supported"]),
+    (["--preemption-check-steps", "-1"], ["preemption_check_steps must be >= 0", "--preemption-check-steps"]),
 ])
 def test_bad_flags(capsys, tmp_path, argv, needles):
     code, out, err = run_cli(capsys, "run", "--storage", str(tmp_path), *argv)

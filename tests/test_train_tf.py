@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import numpy as np
@@ -91,3 +92,23 @@ def test_tf_checkpoint_does_not_resume_a_torch_run(ray_local, capsys, storage):
     code = main(["run", "--storage", storage, "--name", "mixed", "--framework", "tensorflow", "--epochs", "2"])
     err = capsys.readouterr().err
     assert code == 2 and "framework torch, not tensorflow" in err and "another --name" in err
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(importlib.util.find_spec("horovod") is None,
+                    reason="Horovod is not built here: run scripts/install-horovod (scripts/setup-env does)")
+def test_tf_horovod_matches_the_mirrored_strategy(ray_local, capsys, storage):
+    """Both average gradients over the global batch: same seed, same losses epoch by epoch."""
+    from launcher.runlog import read_jsonl
+
+    losses = {}
+    for backend in ("native", "horovod"):
+        code, s = launch(capsys, "--framework", "tensorflow", "--backend", backend, "--storage", storage,
+                         "--seed", "5", "--epochs", "2", "--name", f"tf_{backend}")
+        assert code == 0, s
+        assert s["backend"] == backend and s["metrics"]["accuracy"] >= 0.85
+        log = read_jsonl(open(os.path.join(storage, f"tf_{backend}", "metrics.jsonl")).read())
+        losses[backend] = [(m["train_loss"], m["loss"]) for m in log if m["kind"] == "epoch"]
+    assert len(losses["native"]) == len(losses["horovod"]) == 2
+    for a, b in zip(losses["native"], losses["horovod"]):
+        assert a == pytest.approx(b, rel=1e-3)

@@ -41,6 +41,16 @@ class TorchComm:
         """Return the optimizer as it should be stepped (e.g. Horovod's)."""
         return optimizer
 
+    def after_restore(self, model, optimizer) -> None:
+        """Called once before training, after any checkpoint was restored and the
+        model and optimizer wrapped: make every rank's state equal (e.g. broadcast
+        rank 0's). DDP needs nothing here: it broadcasts when wrapping the model."""
+
+    @property
+    def accumulation_steps(self) -> int:
+        """Backward passes per optimizer step (gradients accumulate locally in between)."""
+        return 1
+
     def allreduce_sum(self, tensor):
         """Sum ``tensor`` over all ranks; every rank gets the result."""
         raise NotImplementedError
@@ -98,10 +108,24 @@ class Backend:
         """A Ray Train V2 trainer that runs ``train_fn(loop_config)`` on every worker."""
         raise NotImplementedError
 
-    def torch_comm(self) -> TorchComm:
+    # -- script mode (launcher.script): a backend sets runs_scripts and may override both
+    runs_scripts: bool = False
+
+    def script_trainer(self, spec, train_fn: Callable[[dict], None], config: dict[str, Any],
+                       scaling_config, run_config):
+        """The trainer that runs ``train_fn(config)`` for script mode; by default the training one."""
+        return self.trainer(spec, train_fn, config, scaling_config, run_config)
+
+    def script_env(self, framework: str) -> dict[str, str]:
+        """Runs on each worker just before its script starts: the variables that a script
+        written for this backend's own launcher (horovodrun, torchrun, ...) expects."""
+        return {}
+
+    def torch_comm(self, spec=None) -> TorchComm:
+        """The worker-side half, configured from the (validated) spec."""
         raise NotImplementedError
 
-    def tf_comm(self) -> TFComm:
+    def tf_comm(self, spec=None) -> TFComm:
         raise NotImplementedError
 
 
@@ -115,7 +139,10 @@ def get(name: str) -> Backend:
 def _register_builtin() -> None:
     from launcher.backends.native import NativeBackend
 
+    from launcher.backends.horovod import HorovodBackend
+
     REGISTRY.register("native", NativeBackend())
+    REGISTRY.register("horovod", HorovodBackend())
 
 
 _register_builtin()

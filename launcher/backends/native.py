@@ -162,8 +162,46 @@ class NativeBackend(Backend):
             run_config=run_config,
         )
 
-    def torch_comm(self) -> TorchComm:
+    # Script mode: a script written for torchrun calls init_process_group("env://")
+    # itself, so its workers get a plain trainer (no process group of Ray's) and
+    # torchrun's variables, with rank 0's address and a free port as the master.
+    runs_scripts = True
+
+    # A TF_CONFIG script builds its own MultiWorkerMirroredStrategy: its workers get the
+    # same TF_CONFIG backend as our TensorFlow loop, and the variable in their environment.
+    def script_trainer(self, spec, train_fn, config, scaling_config, run_config):
+        from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+        backend = tf_config() if spec.framework == "tensorflow" else None
+        return DataParallelTrainer(train_fn, train_loop_config=config, backend_config=backend,
+                                   scaling_config=scaling_config, run_config=run_config)
+
+    def script_env(self, framework: str) -> dict[str, str]:
+        if framework == "tensorflow":
+            import os
+
+            # tf-keras is installed: Keras 3's model.fit fails under MultiWorkerMirroredStrategy.
+            return {"TF_CONFIG": os.environ["TF_CONFIG"], "TF_USE_LEGACY_KERAS": "1"}
+        import socket
+
+        import ray
+        import ray.train
+        from ray.train.collective import broadcast_from_rank_zero
+
+        ctx = ray.train.get_context()
+        master = None
+        if ctx.get_world_rank() == 0:
+            with socket.socket() as s:
+                s.bind(("", 0))
+                master = (ray.util.get_node_ip_address(), s.getsockname()[1])
+        addr, port = broadcast_from_rank_zero(master)
+        return {"MASTER_ADDR": addr, "MASTER_PORT": str(port),
+                "RANK": str(ctx.get_world_rank()), "WORLD_SIZE": str(ctx.get_world_size()),
+                "LOCAL_RANK": str(ctx.get_local_rank()), "LOCAL_WORLD_SIZE": str(ctx.get_local_world_size()),
+                "GROUP_RANK": str(ctx.get_node_rank()), "NODE_RANK": str(ctx.get_node_rank())}
+
+    def torch_comm(self, spec=None) -> TorchComm:
         return DDPComm()
 
-    def tf_comm(self) -> TFComm:
+    def tf_comm(self, spec=None) -> TFComm:
         return MirroredComm()

@@ -1,0 +1,278 @@
+"""Horovod ring-allreduce over Gloo, on Ray Train V2.
+
+Ray 2.60 dropped HorovodTrainer from Train V2, and V1's HorovodConfig cannot
+drive a V2 worker group. This module is the replacement, in two halves:
+
+* Driver side: :class:`HorovodBackend` (the registry entry: availability,
+  the trainer) and :func:`plan_slots`, the ring positions from the workers'
+  real node placement. The Ray Train BackendConfig/Backend pair that starts
+  the Gloo rendezvous is in :mod:`launcher.backends.horovod_train` (it
+  imports Ray, so the CLI loads it only when training).
+* Worker side: :class:`HorovodComm`, the TorchComm of the generic torch loop.
+
+Horovod itself is imported only where it runs (the controller and the
+workers); the driver only probes for it, in a subprocess.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from launcher.backends import Backend, TFComm, TorchComm
+
+HVD_VERSION = "0.28.1"
+BUILD_HINT = ("build it with `scripts/install-horovod {python}` (about 8 minutes; needs g++ and cmake 3.x), "
+              "then check with `launcher doctor`")
+# What each framework's Horovod extension is called, and the env its import needs.
+EXTENSIONS = {"torch": "horovod.torch", "tensorflow": "horovod.tensorflow"}
+PROBE_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+# -- placement: pure ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Slot:
+    """One worker's place in the Horovod ring (the fields of Horovod's SlotInfo)."""
+
+    hostname: str
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+
+    def env(self) -> dict[str, str]:
+        return {
+            "HOROVOD_HOSTNAME": self.hostname,
+            "HOROVOD_RANK": str(self.rank), "HOROVOD_SIZE": str(self.size),
+            "HOROVOD_LOCAL_RANK": str(self.local_rank), "HOROVOD_LOCAL_SIZE": str(self.local_size),
+            "HOROVOD_CROSS_RANK": str(self.cross_rank), "HOROVOD_CROSS_SIZE": str(self.cross_size),
+        }
+
+
+def plan_slots(nodes: list[str]) -> list[Slot]:
+    """Ring positions for workers whose world rank i runs on node ``nodes[i]``.
+
+    Local rank: the worker's index among the workers on its node, in rank order.
+    Cross rank: the index of its node among the nodes that have a worker with
+    that local rank (Horovod's "cross" communicator links equal local ranks).
+    """
+    by_node: dict[str, list[int]] = {}
+    for rank, node in enumerate(nodes):
+        by_node.setdefault(node, []).append(rank)
+    local_rank = {r: ranks.index(r) for ranks in by_node.values() for r in ranks}
+    cross_members: dict[int, list[int]] = {}
+    for rank in range(len(nodes)):  # rank order, so node order follows the first rank on each node
+        cross_members.setdefault(local_rank[rank], []).append(rank)
+    return [
+        Slot(hostname=node, rank=rank, size=len(nodes),
+             local_rank=local_rank[rank], local_size=len(by_node[node]),
+             cross_rank=cross_members[local_rank[rank]].index(rank),
+             cross_size=len(cross_members[local_rank[rank]]))
+        for rank, node in enumerate(nodes)
+    ]
+
+
+# -- availability (driver side; no Horovod import in this process) -------------------------
+
+@functools.lru_cache(maxsize=None)
+def probe(framework: str) -> str | None:
+    """None when Horovod with ``framework`` and Gloo imports here; otherwise why not."""
+    import importlib.util
+
+    if importlib.util.find_spec("horovod") is None:
+        return "Horovod is not installed"
+    module = EXTENSIONS[framework]
+    code = (f"import horovod, {module} as h\n"
+            f"assert horovod.__version__ == {HVD_VERSION!r}, 'version ' + horovod.__version__\n"
+            "assert h.gloo_built(), 'built without Gloo'\n")
+    try:
+        done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **PROBE_ENV},
+                              capture_output=True, text=True, timeout=180)
+    except subprocess.TimeoutExpired:
+        return f"importing {module} took over 3 minutes"
+    if done.returncode == 0:
+        return None
+    lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip()]
+    last = lines[-1] if lines else f"exit status {done.returncode}"
+    return f"Horovod's {framework} extension does not load ({last[:200]})"
+
+
+def build_hint() -> str:
+    return BUILD_HINT.format(python=sys.executable)
+
+
+class HorovodBackend(Backend):
+    name = "horovod"
+    description = "Horovod ring-allreduce over Gloo (hvd.DistributedOptimizer)"
+    frameworks = ("torch", "tensorflow")
+
+    def unavailable_reason(self, framework: str) -> str | None:
+        if framework not in EXTENSIONS:
+            return f"Horovod has no {framework} support here (it supports {', '.join(EXTENSIONS)})"
+        why = probe(framework)
+        return f"{why}; {build_hint()}" if why else None
+
+    def config(self, spec):
+        from launcher.backends.horovod_train import HorovodConfig
+
+        mb = getattr(spec, "hvd_fusion_mb", None)
+        return HorovodConfig(fusion_threshold_bytes=None if mb is None else int(mb * 1024 * 1024))
+
+    def trainer(self, spec, train_fn, loop_config, scaling_config, run_config):
+        from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+        return DataParallelTrainer(train_fn, train_loop_config=loop_config, backend_config=self.config(spec),
+                                   scaling_config=scaling_config, run_config=run_config)
+
+    runs_scripts = True
+
+    def script_env(self, framework: str) -> dict[str, str]:
+        # HorovodRayBackend.on_start already put the ring variables in this worker's environment.
+        env = {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")}
+        if framework == "tensorflow":
+            env["TF_USE_LEGACY_KERAS"] = "1"  # horovod.tensorflow needs the legacy tf.keras
+        return env
+
+    def torch_comm(self, spec=None) -> TorchComm:
+        if spec is None:
+            return HorovodComm()
+        return HorovodComm(fp16=spec.hvd_fp16, backward_passes=spec.hvd_backward_passes)
+
+    def tf_comm(self, spec=None) -> TFComm:
+        return HorovodTFComm(fp16=bool(spec and spec.hvd_fp16))
+
+
+# -- worker side -------------------------------------------------------------------------
+
+class HorovodComm(TorchComm):
+    """horovod.torch in a worker whose HOROVOD_* environment the backend has set."""
+
+    def __init__(self, fp16: bool = False, backward_passes: int = 1) -> None:
+        self.fp16, self.backward_passes = fp16, backward_passes
+        self._hvd = None
+
+    @property
+    def hvd(self):
+        if self._hvd is None:
+            import horovod.torch as hvd
+
+            self._hvd = hvd
+        return self._hvd
+
+    def setup(self) -> None:
+        self.hvd.init()
+
+    @property
+    def rank(self) -> int:
+        return self.hvd.rank()
+
+    @property
+    def world_size(self) -> int:
+        return self.hvd.size()
+
+    @property
+    def accumulation_steps(self) -> int:
+        return self.backward_passes
+
+    def device(self):
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.device("cuda", self.hvd.local_rank())
+        return torch.device("cpu")
+
+    def wrap_optimizer(self, optimizer, model):
+        hvd = self.hvd
+        compression = hvd.Compression.fp16 if self.fp16 else hvd.Compression.none
+        restored = optimizer.state_dict()
+        wrapped = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                           compression=compression,
+                                           backward_passes_per_step=self.backward_passes, op=hvd.Average)
+        # The wrapper is a new optimizer built from the param groups, with empty state:
+        # carry over what a restored checkpoint put into the original.
+        if restored["state"]:
+            wrapped.load_state_dict(restored)
+        return wrapped
+
+    def after_restore(self, model, optimizer) -> None:
+        """Make every rank start from rank 0's parameters and optimizer state."""
+        import torch
+
+        hvd = self.hvd
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        # Horovod fills an empty optimizer state by stepping once with zero gradients,
+        # which would advance Adam's step count on a fresh run; a fresh optimizer is
+        # the same on every rank, so only broadcast state that some rank has.
+        has_state = torch.tensor([1.0 if optimizer.state_dict()["state"] else 0.0])
+        if hvd.allreduce(has_state, op=hvd.Sum, name="launcher.has_optimizer_state").item() > 0:
+            hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+
+    def allreduce_sum(self, tensor):
+        if self.world_size == 1:
+            return tensor
+        return self.hvd.allreduce(tensor, op=self.hvd.Sum)
+
+
+class HorovodTFComm(TFComm):
+    """horovod.tensorflow in a worker whose HOROVOD_* environment the backend has set.
+
+    Each step averages the gradients over the ring with hvd.DistributedGradientTape, so
+    the update follows the mean loss of the global batch, like DDP and the mirrored strategy.
+    """
+
+    def __init__(self, fp16: bool = False) -> None:
+        self.fp16 = fp16
+        self._hvd = None
+
+    @property
+    def hvd(self):
+        if self._hvd is None:
+            import horovod.tensorflow as hvd
+
+            self._hvd = hvd
+        return self._hvd
+
+    def setup(self) -> None:
+        self.hvd.init()
+
+    @property
+    def rank(self) -> int:
+        return self.hvd.rank()
+
+    @property
+    def world_size(self) -> int:
+        return self.hvd.size()
+
+    def train_step(self, model, optimizer, loss):
+        import tensorflow as tf
+
+        hvd = self.hvd
+        compression = hvd.Compression.fp16 if self.fp16 else hvd.Compression.none
+
+        @tf.function(reduce_retracing=True)
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                mean = tf.reduce_mean(loss(y, model(x, training=True)))
+            tape = hvd.DistributedGradientTape(tape, compression=compression, op=hvd.Average)
+            grads = tape.gradient(mean, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            return mean
+
+        return step
+
+    def after_restore(self, model, optimizer) -> None:
+        """Every rank starts from rank 0's variables, model and optimizer."""
+        self.hvd.broadcast_variables(model.variables, root_rank=0)
+        self.hvd.broadcast_variables(optimizer.variables, root_rank=0)
+
+    def allreduce_sum(self, values):
+        import tensorflow as tf
+
+        if self.world_size == 1:
+            return values
+        return self.hvd.allreduce(tf.constant(values), op=self.hvd.Sum).numpy()

@@ -1,0 +1,125 @@
+"""``launcher preemption ...`` and ``launcher bench preemption``: the command-line side of
+:mod:`launcher.preemption` and :mod:`launcher.chaos`.
+
+* ``preemption watch`` runs on each Spot/preemptible node (the cluster file
+  starts it): it waits for GCE's notice and drains the node's Ray node.
+* ``preemption demo`` tries the whole path on this machine: a local
+  multi-node cluster, a simulated notice (or a node lost without one), and
+  the run's summary showing what it cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+from launcher.errors import UserError
+
+EXIT_OK = 0
+
+
+def add_parsers(sub, parser_class) -> None:
+    pre = sub.add_parser("preemption", help="GCE preemption: the node watcher, and a local demo")
+    pre_sub = pre.add_subparsers(dest="preemption_command", metavar="ACTION", parser_class=parser_class,
+                                 required=True)
+    w = pre_sub.add_parser("watch", help="wait for GCE's preemption notice and drain this node's Ray node")
+    w.add_argument("--address", default=None, help="Ray cluster (GCS) address (default: RAY_ADDRESS, or the "
+                   "Ray node running on this machine)")
+    w.add_argument("--node-id", default=None, help="hex id of the Ray node to drain (default: the alive node "
+                   "whose IP is this machine's)")
+    w.add_argument("--deadline-margin-s", type=float, default=5.0,
+                   help="drain deadline this many seconds before GCE's hard power-off (default 5)")
+    w.add_argument("--notice-s", type=float, default=30.0, help="seconds from notice to power-off (GCE: 30)")
+    w.add_argument("--metadata-host", default=None,
+                   help="metadata server host[:port] (default: GCE_METADATA_HOST or metadata.google.internal)")
+
+    d = pre_sub.add_parser("demo", help="train on a local 2-node cluster and preempt a node mid-run")
+    d.add_argument("--storage", default="./runs", help="where the demo's run goes (default ./runs)")
+    d.add_argument("--name", default=None, help="run name (default preemption_demo_<time>)")
+    d.add_argument("--epochs", type=int, default=16)
+    d.add_argument("--checkpoint-every-steps", type=int, default=10)
+    d.add_argument("--without-notice", action="store_true", help="lose the node without a notice instead")
+    d.add_argument("--notice-s", type=float, default=6.0,
+                   help="simulated notice length in seconds (GCE: 30; shorter keeps the demo quick)")
+    d.add_argument("--json", action="store_true", help="print the run's summary as JSON")
+
+
+def add_bench_parser(bench_sub) -> None:
+    b = bench_sub.add_parser("preemption", help="recovery time and goodput with a preemption every N seconds")
+    b.add_argument("--every-s", type=float, default=60.0, help="preempt a node this often (default 60)")
+    b.add_argument("--epochs", type=int, default=60)
+    b.add_argument("--notice-s", type=float, default=30.0, help="notice length (GCE: 30)")
+    b.add_argument("--without-notice", action="store_true", help="lose nodes without a notice")
+    b.add_argument("--out", default="./bench-results", help="folder for the JSON results")
+
+
+def _log(text: str) -> None:
+    print(f"{time.strftime('%H:%M:%S')} launcher preemption watch: {text}", file=sys.stderr, flush=True)
+
+
+def cmd_preemption(args: argparse.Namespace) -> int:
+    if args.preemption_command == "demo":
+        return _demo(args)
+    from launcher import preemption
+
+    stop = threading.Event()
+    # SIGTERM (node shutdown, systemd stop) ends the watch quietly.
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
+        outcome = preemption.watch(address, node_id=args.node_id, host=args.metadata_host,
+                                   notice_s=args.notice_s, margin_s=args.deadline_margin_s, log=_log, stop=stop)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    _log(f"done ({outcome})")
+    return EXIT_OK
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from launcher.chaos import PreemptionLab, run_in_background
+    from launcher.cli import format_summary
+    from launcher.spec import JobSpec
+
+    if args.notice_s < 3:
+        raise UserError(f"--notice-s must be >= 3, got {args.notice_s:g}",
+                        "the workers need a moment to see the notice and checkpoint")
+    note = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+    name = args.name or time.strftime("preemption_demo_%Y%m%d_%H%M%S")
+    note("starting a local Ray cluster: a head and 2 worker nodes, each with a fake GCE metadata server "
+         "and the preemption watcher")
+    with PreemptionLab(nodes=2, notice_s=args.notice_s, margin_s=min(2.0, args.notice_s / 3), note=note) as lab:
+        spec = JobSpec(epochs=args.epochs, checkpoint_every_steps=args.checkpoint_every_steps, storage=args.storage,
+                       name=name, address=lab.address, max_failures=1 if args.without_notice else 0).validated()
+        run = run_in_background(spec, note)
+        run.wait_for_checkpoint(lambda m: m.global_step >= spec.checkpoint_every_steps)
+        if args.without_notice:
+            note("demo: removing a worker node without notice")
+            lab.kill(0)
+        else:
+            note("demo: GCE announces the preemption of a worker node (instance/preempted = TRUE)")
+            lab.preempt(0)
+        summary = run.wait()
+    print(json.dumps(summary, sort_keys=True, default=str) if args.json else format_summary(summary))
+    return EXIT_OK if summary["status"] == "succeeded" else 1
+
+
+def cmd_bench_preemption(args: argparse.Namespace) -> int:
+    from benchmarks import preemption as bench
+
+    if args.every_s <= args.notice_s and not args.without_notice:
+        raise UserError(f"--every-s ({args.every_s:g}) must be longer than the notice ({args.notice_s:g}s)",
+                        "raise --every-s or lower --notice-s")
+    result = bench.run(args.every_s, args.epochs, args.notice_s, not args.without_notice,
+                       lambda text: print(text, file=sys.stderr, flush=True))
+    print(bench.format_result(result))
+    for path in bench.write_results(result, args.out):
+        print(f"wrote {path}")
+    return EXIT_OK
+
+
+COMMANDS = {"preemption": cmd_preemption}

@@ -1,0 +1,118 @@
+"""Chaos tests: preemptions on a multi-node Ray cluster on this machine.
+
+One :class:`launcher.chaos.PreemptionLab` serves the module: a head without
+CPUs and two 1-CPU worker nodes, each with a fake GCE metadata server and the
+real watcher draining its node on a notice. Every run trains digits-mlp with 2
+workers (one per worker node), a fixed seed and a checkpoint every 10 steps, so
+an uninterrupted run of the same spec is the reference for the final weights.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from launcher.chaos import PreemptionLab, run_in_background
+from launcher.spec import JobSpec
+
+pytestmark = pytest.mark.chaos
+
+EPOCHS, STEPS_PER_EPOCH, EVERY = 16, 23, 10  # digits: 719 samples per rank, batches of 32
+TOTAL = EPOCHS * STEPS_PER_EPOCH
+
+
+@pytest.fixture(scope="module")
+def lab():
+    with PreemptionLab(nodes=2, cpus_per_node=1, notice_s=6.0, margin_s=2.0) as lab:
+        yield lab
+
+
+@pytest.fixture(scope="module")
+def runs_root(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("chaos-runs"))
+
+
+def spec_for(lab, root: str, name: str, **extra) -> JobSpec:
+    return JobSpec(epochs=EPOCHS, checkpoint_every_steps=EVERY, seed=3, storage=root, name=name,
+                   address=lab.address, keep_checkpoints=4, **extra).validated()
+
+
+@pytest.fixture(scope="module")
+def reference(lab, runs_root):
+    """The uninterrupted run: its final weights are what every preempted run must end with."""
+    s = run_in_background(spec_for(lab, runs_root, "reference")).wait()
+    assert (s["status"], s["steps_completed"], s["restarts"]) == ("succeeded", TOTAL, 0), s
+    assert s["weights_sha256"]
+    return s
+
+
+def assert_completed(s: dict) -> None:
+    assert s["status"] == "succeeded", s
+    assert (s["epochs_completed"], s["steps_completed"]) == (EPOCHS, TOTAL), s
+
+
+def test_notice_costs_no_steps_and_ends_with_the_same_weights(lab, runs_root, reference):
+    run = run_in_background(spec_for(lab, runs_root, "notice"))
+    run.wait_for_checkpoint(lambda m: m.global_step >= EVERY)
+    lab.preempt(0)
+    s = run.wait()
+    assert_completed(s)
+    assert (s["restarts"], s["preemptions"], s["preemption_notices"], s["steps_lost"]) == (1, 1, 1, 0), s
+    assert s["interruptions"][0]["cause"] == "preemption" and s["interruptions"][0]["time_lost_s"] > 0
+    assert s["weights_sha256"] == reference["weights_sha256"]
+
+
+def test_node_lost_without_notice_costs_at_most_one_interval(lab, runs_root, reference):
+    run = run_in_background(spec_for(lab, runs_root, "no_notice", max_failures=1))
+    run.wait_for_checkpoint(lambda m: m.global_step >= EVERY)
+    lab.kill(0)
+    s = run.wait()
+    assert_completed(s)
+    assert s["restarts"] == 1 and s["preemption_notices"] == 0, s
+    lost = s["interruptions"][0]
+    assert lost["resumed_from_step"] >= EVERY and 0 <= lost["steps_lost"] <= EVERY, s
+    assert s["steps_lost"] == lost["steps_lost"]
+    # The redone steps replay the same batches: the result is still the reference's.
+    assert s["weights_sha256"] == reference["weights_sha256"]
+
+
+def test_three_preemptions_in_one_run(lab, runs_root, reference):
+    run = run_in_background(spec_for(lab, runs_root, "three"))
+    last = 0
+    for i in range(3):
+        # A checkpoint the restarted group took after resuming: the next notice finds it training.
+        run.wait_for_checkpoint(lambda m, after=last: m.global_step >= after + EVERY)
+        lab.preempt(i % 2)
+        last = run.wait_for_checkpoint(lambda m: True)[0].global_step  # the notice's checkpoint
+    s = run.wait()
+    assert_completed(s)
+    assert (s["restarts"], s["preemptions"], s["preemption_notices"], s["steps_lost"]) == (3, 3, 3, 0), s
+    assert [i["cause"] for i in s["interruptions"]] == ["preemption"] * 3
+    assert s["weights_sha256"] == reference["weights_sha256"]
+
+
+def test_truncated_latest_checkpoint_resumes_from_the_previous_good_one(lab, runs_root, reference):
+    run = run_in_background(spec_for(lab, runs_root, "truncated"))
+    run.wait_for_checkpoint(lambda m: m.global_step >= 2 * EVERY)
+    found = {}
+
+    def truncate_notice_checkpoint() -> None:
+        manifest, path = run.wait_for_checkpoint(lambda m: m.metrics.get("held") == 1)
+        found["notice_step"] = manifest.global_step
+        model = os.path.join(path, "model.pt")
+        size = os.path.getsize(model)
+        with open(model, "r+b") as f:
+            f.truncate(size // 2)
+
+    lab.preempt(0, before_removal=truncate_notice_checkpoint)
+    s = run.wait()
+    assert_completed(s)
+    lost = s["interruptions"][0]
+    # The good checkpoint before the notice's: the last multiple of EVERY or epoch end before it.
+    notice = found["notice_step"]
+    previous = max(k for k in list(range(EVERY, notice, EVERY)) + list(range(STEPS_PER_EPOCH, notice,
+                                                                               STEPS_PER_EPOCH)))
+    assert lost["resumed_from_step"] == previous, (s, notice)
+    assert lost["steps_lost"] == notice - previous and s["steps_lost"] == notice - previous
+    assert s["weights_sha256"] == reference["weights_sha256"]

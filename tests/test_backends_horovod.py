@@ -1,0 +1,227 @@
+"""The Horovod backend: ring placement, options, and real Horovod training on Ray Train V2.
+
+Tests that run Horovod skip with a reason when it is not built here
+(scripts/install-horovod builds it; scripts/setup-env runs that).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from launcher.backends.horovod import Slot, plan_slots
+from launcher.cli import main
+from launcher.errors import UserError
+from launcher.spec import JobSpec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+needs_horovod = pytest.mark.skipif(
+    importlib.util.find_spec("horovod") is None,
+    reason="Horovod is not built in this environment: run scripts/install-horovod (scripts/setup-env does)")
+
+
+# -- pure ---------------------------------------------------------------------------------
+
+def test_plan_slots_two_nodes_two_workers_each():
+    slots = plan_slots(["a", "a", "b", "b"])
+    assert [(s.rank, s.local_rank, s.local_size, s.cross_rank, s.cross_size) for s in slots] == [
+        (0, 0, 2, 0, 2), (1, 1, 2, 0, 2), (2, 0, 2, 1, 2), (3, 1, 2, 1, 2)]
+    assert {s.size for s in slots} == {4} and [s.hostname for s in slots] == ["a", "a", "b", "b"]
+
+
+def test_plan_slots_follows_real_placement_even_when_interleaved_or_uneven():
+    slots = plan_slots(["a", "b", "a", "a"])
+    assert [(s.local_rank, s.local_size) for s in slots] == [(0, 3), (0, 1), (1, 3), (2, 3)]
+    # local rank 0 lives on both nodes; local ranks 1 and 2 only on node a
+    assert [(s.cross_rank, s.cross_size) for s in slots] == [(0, 2), (1, 2), (0, 1), (0, 1)]
+
+
+def test_slot_env_names_every_variable_horovod_reads():
+    env = Slot("n1", 3, 4, 1, 2, 1, 2).env()
+    assert env == {"HOROVOD_HOSTNAME": "n1", "HOROVOD_RANK": "3", "HOROVOD_SIZE": "4",
+                   "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2",
+                   "HOROVOD_CROSS_RANK": "1", "HOROVOD_CROSS_SIZE": "2"}
+
+
+def test_horovod_options_are_validated():
+    assert JobSpec(backend="horovod", hvd_fp16=True, hvd_fusion_mb=8, hvd_backward_passes=2).validated()
+    with pytest.raises(UserError, match="--hvd-fp16 is a Horovod option, but the backend is native"):
+        JobSpec(hvd_fp16=True).validated()
+    with pytest.raises(UserError, match="hvd_backward_passes must be >= 1"):
+        JobSpec(backend="horovod", hvd_backward_passes=0).validated()
+    with pytest.raises(UserError, match="hvd_fusion_mb must be >= 0"):
+        JobSpec(backend="horovod", hvd_fusion_mb=-1.0).validated()
+    with pytest.raises(UserError, match="hvd_fp16 must be a bool"):
+        JobSpec.from_mapping({"backend": "horovod", "hvd_fp16": "yes"})
+
+
+def test_missing_horovod_is_one_line_saying_how_to_build(monkeypatch, capsys, tmp_path):
+    from launcher.backends import horovod
+
+    monkeypatch.setattr(horovod, "probe", lambda framework: "Horovod is not installed")
+    code = main(["run", "--backend", "horovod", "--storage", str(tmp_path)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "backend horovod cannot run torch here: Horovod is not installed" in err[0]
+    assert "scripts/install-horovod" in err[0]
+
+
+# -- real Horovod on Ray --------------------------------------------------------------------
+
+def _allreduce_worker(config):
+    import horovod.torch as hvd
+    import ray.train
+    import torch
+
+    hvd.init()
+    rank = hvd.rank()
+    x = torch.tensor([float(rank + 1), 10.0 * (rank + 1)])
+    out = {"rank": rank, "size": hvd.size(), "ctx_rank": ray.train.get_context().get_world_rank(),
+           "sum": hvd.allreduce(x, op=hvd.Sum).tolist(), "avg": hvd.allreduce(x, op=hvd.Average).tolist(),
+           "fusion": os.environ.get("HOROVOD_FUSION_THRESHOLD")}
+    with open(os.path.join(config["out"], f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
+
+
+@needs_horovod
+@pytest.mark.integration
+def test_allreduce_sums_and_averages_over_the_ring(ray_local, tmp_path):
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    from launcher.backends.horovod_train import HorovodConfig
+
+    # The workers cannot import this test module: ship _allreduce_worker by value.
+    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    DataParallelTrainer(_allreduce_worker, train_loop_config={"out": str(tmp_path)},
+                        backend_config=HorovodConfig(fusion_threshold_bytes=1 << 20),
+                        scaling_config=ScalingConfig(num_workers=2),
+                        run_config=RunConfig(name="allreduce", storage_path=str(tmp_path / "runs"))).fit()
+    results = [json.load(open(tmp_path / f"rank{r}.json")) for r in range(2)]
+    for r, res in enumerate(results):
+        assert (res["rank"], res["ctx_rank"], res["size"]) == (r, r, 2)
+        assert res["sum"] == [3.0, 30.0] and res["avg"] == [1.5, 15.0]
+        assert res["fusion"] == str(1 << 20)
+
+
+def _launch(capsys, *argv):
+    code = main(["run", "--json", *argv])
+    out = capsys.readouterr().out.strip().splitlines()
+    return code, json.loads(out[-1])
+
+
+def _epoch_losses(storage, name):
+    from launcher.runlog import read_jsonl
+
+    with open(os.path.join(storage, name, "metrics.jsonl")) as f:
+        return {m["epoch"]: m["train_loss"] for m in read_jsonl(f.read()) if m["kind"] == "epoch"}
+
+
+def _close(a, b, rel=1e-3):
+    return abs(a - b) <= rel * abs(b)
+
+
+@needs_horovod
+@pytest.mark.integration
+def test_horovod_matches_ddp_learns_and_resumes_across_backends(ray_local, capsys, storage):
+    """Same seed, 2 workers: Horovod and DDP both average gradients, so their losses agree;
+    checkpoints are one format, so a run started under one backend resumes under the other
+    and continues exactly as the straight Horovod run did."""
+    common = ["--storage", storage, "--seed", "3", "--workers", "2"]
+
+    def run(backend, name, epochs):
+        code, s = _launch(capsys, *common, "--backend", backend, "--name", name, "--epochs", str(epochs))
+        assert code == 0 and s["status"] == "succeeded" and s["backend"] == backend, s["error"]
+        return s, _epoch_losses(storage, name)
+
+    hvd, straight = run("horovod", "hvd", 4)  # `launcher run --backend horovod` learns
+    assert hvd["epochs_completed"] == 4 and hvd["metrics"]["accuracy"] >= 0.90, hvd["metrics"]
+    assert sorted(straight) == [1, 2, 3, 4]
+    _, ddp = run("native", "ddp_then_hvd", 2)
+    for epoch in (1, 2):
+        assert _close(ddp[epoch], straight[epoch]), (epoch, ddp[epoch], straight[epoch])
+
+    s, resumed = run("horovod", "ddp_then_hvd", 4)  # native checkpoint -> horovod
+    assert s["resumed_from"] == {"epoch": 2, "step": 46} and s["epochs_completed"] == 4
+    for epoch in (3, 4):
+        assert _close(resumed[epoch], straight[epoch]), ("native->horovod", epoch, resumed[epoch], straight[epoch])
+
+    # The straight Horovod run's epoch-2 checkpoint, alone in a new run folder, resumed by DDP.
+    import shutil
+
+    from launcher.checkpoint import complete_checkpoints
+    from launcher.storage import Storage
+
+    (at_2, path), = [(m, p) for m, p in complete_checkpoints(Storage.resolve(storage), "hvd") if m.epoch == 2]
+    assert at_2.backend == "horovod"
+    shutil.copytree(path, os.path.join(storage, "hvd_then_ddp", os.path.basename(path)))
+    s, resumed = run("native", "hvd_then_ddp", 3)  # horovod checkpoint -> native
+    assert s["resumed_from"] == {"epoch": 2, "step": 46} and s["epochs_completed"] == 3
+    assert _close(resumed[3], straight[3]), ("horovod->native", resumed[3], straight[3])
+
+
+@needs_horovod
+@pytest.mark.integration
+def test_horovod_options_train(ray_local, capsys, storage):
+    """fp16 compression, a 1 MiB fusion buffer and 2 backward passes per step still learn."""
+    code, s = _launch(capsys, "--storage", storage, "--backend", "horovod", "--name", "hvd_opts", "--epochs", "2",
+                      "--hvd-fp16", "--hvd-fusion-mb", "1", "--hvd-backward-passes", "2")
+    assert code == 0 and s["status"] == "succeeded", s
+    assert s["steps_completed"] == 2 * 23
+    losses = _epoch_losses(storage, "hvd_opts")
+    assert losses[2] < losses[1] < 2.4  # ln(10) = 2.30: it learns from the first epoch
+
+
+@needs_horovod
+@pytest.mark.integration
+def test_ring_ranks_follow_node_placement_on_a_two_node_cluster(tmp_path):
+    """2 nodes x 2 CPUs, 4 workers (the head has no CPUs): every worker's hvd ranks match its node."""
+    from ray.cluster_utils import Cluster
+
+    script = tmp_path / "ranks.py"
+    script.write_text(textwrap.dedent("""
+        import json, os
+        import horovod.torch as hvd
+        import torch
+        hvd.init()
+        total = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum).item()
+        print("RANKS " + json.dumps({"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
+              "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank(), "cross_size": hvd.cross_size(),
+              "node": os.environ["HOROVOD_HOSTNAME"], "total": total}))
+    """))
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    try:
+        for _ in range(2):
+            cluster.add_node(num_cpus=2)
+        cluster.wait_for_nodes()
+        res = subprocess.run([sys.executable, "-m", "launcher", "run", "--script", str(script), "--backend",
+                              "horovod", "--workers", "4", "--address", cluster.address,
+                              "--storage", str(tmp_path / "runs")],
+                             cwd=ROOT, capture_output=True, text=True, timeout=300)
+    finally:
+        cluster.shutdown()
+    assert res.returncode == 0, res.stdout + res.stderr
+    seen = {}
+    for line in res.stdout.splitlines():
+        prefix, _, rest = line.partition(" RANKS ")
+        if rest:
+            info = json.loads(rest)
+            assert prefix == f"[rank {info['rank']}]"
+            seen[info["rank"]] = info
+    assert sorted(seen) == [0, 1, 2, 3], res.stdout
+    nodes = [seen[r]["node"] for r in range(4)]
+    assert len(set(nodes)) == 2 and all(nodes.count(n) == 2 for n in nodes)
+    for r, info in seen.items():
+        same_node = [q for q in range(4) if nodes[q] == info["node"]]
+        node_order = list(dict.fromkeys(nodes))
+        assert (info["size"], info["local_size"], info["cross_size"]) == (4, 2, 2)
+        assert info["local_rank"] == same_node.index(r)
+        assert info["cross_rank"] == node_order.index(info["node"])
+        assert info["total"] == 6.0  # 0+1+2+3 over the ring that spans both nodes

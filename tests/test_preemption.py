@@ -1,0 +1,152 @@
+"""The preemption watcher against a fake metadata server on loopback (no Ray), and the pure
+accounting of lost work."""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+import pytest
+
+from launcher import preemption
+from launcher.cli import main
+from launcher.fake_metadata import FakeMetadataServer
+from launcher.gcs_emulator import free_port
+from launcher.runs import format_lost, format_restarts
+
+
+@pytest.fixture()
+def metadata():
+    server = FakeMetadataServer().start()
+    yield server
+    server.stop()
+
+
+def test_poll_answers_at_once_then_long_polls_until_the_value_changes(metadata):
+    first = preemption.poll_preempted(metadata.host, None)
+    assert first.value == "FALSE" and first.etag
+    threading.Timer(0.5, metadata.preempt).start()
+    started = time.monotonic()
+    second = preemption.poll_preempted(metadata.host, first.etag, timeout_s=20)
+    assert second.value == "TRUE" and second.etag != first.etag
+    assert time.monotonic() - started >= 0.4  # it waited for the change
+
+
+def test_watcher_acts_once_on_true_with_a_deadline_inside_the_notice(metadata):
+    deadlines, lines = [], []
+    watcher = preemption.Watcher(metadata.host, lambda d: deadlines.append(d) or "drained (test)", lines.append,
+                                 notice_s=30, margin_s=5)
+    outcome = []
+    thread = threading.Thread(target=lambda: outcome.append(watcher.run()))
+    thread.start()
+    time.sleep(0.5)
+    noticed = time.time()
+    metadata.preempt()
+    thread.join(10)
+    assert outcome == ["drained"] and len(deadlines) == 1
+    assert noticed + 24 <= deadlines[0] <= noticed + 26
+    assert any("instance/preempted = FALSE" in line for line in lines)
+    assert any("instance/preempted = TRUE" in line for line in lines) and lines[-1] == "drained (test)"
+
+
+def test_watcher_retries_with_backoff_until_the_server_answers():
+    port = free_port()
+    lines, outcome = [], []
+    stop = threading.Event()
+    watcher = preemption.Watcher(f"127.0.0.1:{port}", lambda d: "drained", lines.append, stop=stop)
+    thread = threading.Thread(target=lambda: outcome.append(watcher.run()))
+    thread.start()
+    try:
+        deadline = time.time() + 10
+        while not any("unreachable" in line for line in lines) and time.time() < deadline:
+            time.sleep(0.05)
+        assert any("retrying in 1s" in line for line in lines), lines
+        server = FakeMetadataServer(port).start()
+        server.preempt()
+        thread.join(15)
+        server.stop()
+    finally:
+        stop.set()
+    assert outcome == ["drained"], lines
+
+
+class _NotGoogle(BaseHTTPRequestHandler):
+    def do_GET(self):  # noqa: N802
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b"FALSE")
+
+    def log_message(self, *args):
+        pass
+
+
+def test_not_on_gce_exits_cleanly():
+    lines = []
+    assert preemption.watch("127.0.0.1:1", host="metadata.invalid", log=lines.append) == "not-on-gce"
+    assert "does not resolve" in lines[-1]
+    server = HTTPServer(("127.0.0.1", 0), _NotGoogle)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        outcome = preemption.watch("127.0.0.1:1", host=f"127.0.0.1:{server.server_address[1]}", log=lines.append)
+    finally:
+        server.shutdown()
+    assert outcome == "not-on-gce" and "without the Metadata-Flavor: Google header" in lines[-1]
+
+
+def test_watch_command_off_gce_and_bad_margin(capsys, monkeypatch):
+    monkeypatch.setenv("GCE_METADATA_HOST", "metadata.invalid")
+    assert main(["preemption", "watch", "--address", "127.0.0.1:1"]) == 0
+    assert "not on Compute Engine" in capsys.readouterr().err
+    assert main(["preemption", "watch", "--deadline-margin-s", "40"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --deadline-margin-s must be >= 0 and below the 30s notice")
+
+
+def test_fake_metadata_server_requires_the_flavor_header(metadata):
+    import urllib.error
+    import urllib.request
+
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(f"http://{metadata.host}{preemption.PREEMPTED_PATH}", timeout=5)
+    assert info.value.code == 403
+
+
+def test_drain_deadline_stays_inside_the_notice():
+    assert preemption.drain_deadline_s(100.0) == 125.0
+    assert preemption.drain_deadline_s(100.0, notice_s=6, margin_s=2) == 104.0
+    assert preemption.drain_deadline_s(100.0, notice_s=3, margin_s=5) == 100.0  # never in the past
+
+
+def test_lost_work_per_restart():
+    from launcher.monitor import lost_work
+
+    attempts = [
+        {"start_step": 0, "first_time": 0.0, "last_step": 30, "last_time": 10.0},   # held after its notice at 30
+        {"start_step": 30, "first_time": 20.0, "last_step": 57, "last_time": 30.0},  # killed at 57
+        {"start_step": 50, "first_time": 45.0, "last_step": 100, "last_time": 60.0},
+    ]
+    lost = lost_work(attempts, {30: 9.5, 50: 28.0})
+    assert lost == [{"resumed_from_step": 30, "steps_lost": 0, "time_lost_s": 10.5},
+                    {"resumed_from_step": 50, "steps_lost": 7, "time_lost_s": 17.0}]
+    assert lost_work(attempts[:1], {}) == []
+
+
+def test_runs_columns():
+    r = {"restarts": 2, "preemptions": 1, "steps_lost": 7, "time_lost_s": 27.5,
+         "interruptions": [{"time_lost_s": 10.5}, {"time_lost_s": 17.0}]}
+    assert format_restarts(r) == "2 (1 preempted)"
+    assert format_lost(r) == "7 steps, 28s [10s/17s]"  # round half to even: 27.5 -> 28, 10.5 -> 10
+    assert (format_restarts({"restarts": 0}), format_lost({"restarts": 0})) == ("0", "-")
+
+
+def test_bench_goodput_and_recovery():
+    from benchmarks.preemption import goodput, recoveries
+
+    straight = [{"start_step": 0, "first_time": 0.0, "last_step": 100, "last_time": 50.0}]
+    assert goodput(straight) == 1.0
+    # 60 steps in 30 s, 20 s lost (10 redone steps = 5 s, plus 15 s waiting), then 50 steps in 25 s
+    interrupted = [{"start_step": 0, "first_time": 0.0, "last_step": 60, "last_time": 30.0},
+                   {"start_step": 50, "first_time": 45.0, "last_step": 100, "last_time": 70.0}]
+    assert goodput(interrupted) == pytest.approx((25.0 + 25.0) / 70.0)
+    assert recoveries(interrupted, [40.0]) == [5.0]

@@ -1,0 +1,171 @@
+"""Script mode: checks before any worker starts, exit statuses, and a real horovodrun-style script."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import os
+import textwrap
+
+import pytest
+
+from launcher.cli import main
+from launcher.errors import UserError
+from launcher.script import Outcome, check_script
+
+needs_horovod = pytest.mark.skipif(
+    importlib.util.find_spec("horovod") is None,
+    reason="Horovod is not built in this environment: run scripts/install-horovod (scripts/setup-env does)")
+
+
+def test_check_script_accepts_py_files_and_python_shebangs(tmp_path):
+    py = tmp_path / "train.py"
+    py.write_text("print(1)\n")
+    assert check_script(str(py)) == str(py)
+    tool = tmp_path / "train"
+    tool.write_text("#!/usr/bin/env python3\nprint(1)\n")
+    assert check_script(str(tool)) == str(tool)
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("missing.py", None, "no such file"),
+    ("folder.py", "DIR", "not a file"),
+    ("train.sh", "#!/bin/bash\necho hi\n", "not a Python script"),
+])
+def test_check_script_rejects_what_cannot_run(tmp_path, name, content, message):
+    path = tmp_path / name
+    if content == "DIR":
+        path.mkdir()
+    elif content is not None:
+        path.write_text(content)
+    with pytest.raises(UserError, match=message):
+        check_script(str(path))
+
+
+def test_missing_script_is_rejected_before_any_worker(tmp_path, capsys):
+    code = main(["run", "--script", str(tmp_path / "nope.py"), "--backend", "horovod", "--workers", "2",
+                 "--storage", str(tmp_path / "runs"), "--", "--lr", "0.1"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and "no such file" in err[0]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_script_args_without_a_script_are_an_error(capsys):
+    assert main(["run", "stray"]) == 2
+    assert "script arguments go after --script" in capsys.readouterr().err
+
+
+def test_outcome_exits_with_the_status_of_the_rank_that_failed_first():
+    out = io.StringIO()
+    o = Outcome()
+    o.handle({"rank": 1, "lines": ["a", "b"]}, out)
+    o.handle({"rank": 0, "exit": 0, "time": 5.0}, out)
+    assert out.getvalue() == "[rank 1] a\n[rank 1] b\n"
+    assert o.exit_code(2, None)[0] == 1  # rank 1 never reported: not a success
+    o.handle({"rank": 1, "exit": 0, "time": 5.0}, out)
+    assert o.exit_code(2, None) == (0, None)
+    # rank 0 reports first, but rank 1 died first: rank 1's status is the script's
+    o.handle({"rank": 0, "exit": 1, "time": 7.5}, out)
+    o.handle({"rank": 1, "exit": 4, "time": 7.0}, out)
+    assert o.exit_code(2, "rank 0: ScriptFailed") == (4, "rank 1 exited with status 4 (then also: rank 0)")
+    o.handle({"rank": 1, "exit": -9, "time": 7.0}, out)
+    assert o.exit_code(2, None)[0] == 137  # killed by SIGKILL, as a shell reports it
+
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    total = hvd.allreduce(torch.tensor([float(hvd.rank() + 1)]), op=hvd.Sum).item()
+    print(f"hello from {hvd.rank()} of {hvd.size()} local {hvd.local_rank()} sum {total:g} args {sys.argv[1:]}")
+    print("second line", flush=True)
+    fail_rank = int(sys.argv[sys.argv.index("--fail-rank") + 1]) if "--fail-rank" in sys.argv else -1
+    if hvd.rank() == fail_rank:
+        print("failing on purpose", file=sys.stderr)
+        sys.exit(3)
+""")
+
+
+@needs_horovod
+@pytest.mark.integration
+def test_horovodrun_style_script_runs_on_every_rank_and_a_failure_propagates(ray_local, tmp_path, capsys):
+    script = tmp_path / "hvd_train.py"
+    script.write_text(SCRIPT)
+    code = main(["run", "--script", str(script), "--backend", "horovod", "--workers", "2",
+                 "--storage", str(tmp_path / "runs"), "--", "--lr", "0.5", "x y", "--fail-rank", "1"])
+    out, err = capsys.readouterr()
+    args = "['--lr', '0.5', 'x y', '--fail-rank', '1']"
+    for r in range(2):
+        assert f"[rank {r}] hello from {r} of 2 local {r} sum 3 args {args}" in out, out + err
+        assert f"[rank {r}] second line" in out
+    assert "[rank 1] failing on purpose" in out
+    assert code == 3, out + err  # rank 1's exit status
+    assert "error: rank 1 exited with status 3" in err
+
+
+TORCHRUN_SCRIPT = textwrap.dedent("""
+    import os
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")  # env://, as under torchrun
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    print(f"rank {dist.get_rank()} of {dist.get_world_size()} local {os.environ['LOCAL_RANK']} sum {t.item():g}")
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.integration
+def test_torchrun_style_script_runs_under_the_native_backend(ray_local, tmp_path, capsys):
+    script = tmp_path / "ddp_train.py"
+    script.write_text(TORCHRUN_SCRIPT)
+    code = main(["run", "--script", str(script), "--workers", "2", "--storage", str(tmp_path / "runs")])
+    out, err = capsys.readouterr()
+    assert code == 0, out + err
+    for r in range(2):
+        assert f"[rank {r}] rank {r} of 2 local {r} sum 3" in out
+
+
+TF_CONFIG_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    import numpy as np
+    import tensorflow as tf
+
+    task = json.loads(os.environ["TF_CONFIG"])["task"]
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(float(task["index"] + 1))), axis=None)
+    with strategy.scope():
+        model = tf.keras.Sequential([tf.keras.layers.Input((4,)), tf.keras.layers.Dense(2)])
+        model.compile(optimizer="sgd", loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    x, y = np.ones((16, 4), np.float32), np.zeros(16, np.int64)
+    history = model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    print(f"worker {task['index']} sum {total.numpy():g} fit {len(history.history['loss'])} epochs args {sys.argv[1:]}")
+    if str(task["index"]) in sys.argv[1:]:
+        sys.exit(5)
+""")
+
+
+@pytest.mark.integration
+def test_tf_config_script_runs_under_the_native_backend_and_a_failure_propagates(ray_local, tmp_path, capsys):
+    script = tmp_path / "tf_train.py"
+    script.write_text(TF_CONFIG_SCRIPT)
+    code = main(["run", "--script", str(script), "--framework", "tensorflow", "--workers", "2",
+                 "--storage", str(tmp_path / "runs"), "--", "1"])
+    out, err = capsys.readouterr()
+    for r in range(2):
+        assert f"[rank {r}] worker {r} sum 3 fit 2 epochs args ['1']" in out, out + err
+    assert code == 5, out + err
+    assert "error: rank 1 exited with status 5" in err
+
+
+@pytest.mark.integration
+def test_torchrun_style_script_failure_propagates(ray_local, tmp_path, capsys):
+    script = tmp_path / "ddp_fail.py"
+    script.write_text(TORCHRUN_SCRIPT + "import sys\nsys.exit(7 if int(os.environ['RANK']) == 0 else 0)\n")
+    code = main(["run", "--script", str(script), "--workers", "2", "--storage", str(tmp_path / "runs")])
+    out, err = capsys.readouterr()
+    assert code == 7, out + err
+    assert "error: rank 0 exited with status 7" in err
