@@ -5,7 +5,7 @@ Per training step on n GPUs (every symbol is an input; defaults in Model):
 * compute ``t_c``: forward + backward + optimizer time of one GPU's batch,
   measured (the unsynchronised step of ``launcher bench scaling``) or published;
 * gradient bytes ``G``, split by tensor fusion into ``k = ceil(G / F)``
-  buffers of at most F bytes (Horovod's fusion threshold, 64 MiB by default);
+  buffers of at most F bytes (Horovod's fusion threshold, 128 MiB by default);
 * ring allreduce of those buffers over the slowest link ``B`` (bytes/s: the
   node's network bandwidth once the ring spans nodes, ``intra_node_gbps``
   while all n GPUs share one node) with per-message latency ``a``::
@@ -41,7 +41,7 @@ GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 
 @dataclass(frozen=True)
 class Model:
-    fusion_bytes: float = 64 * 1024 * 1024  # Horovod's default HOROVOD_FUSION_THRESHOLD
+    fusion_bytes: float = 128 * 1024 * 1024  # Horovod 0.28's default HOROVOD_FUSION_THRESHOLD
     latency_s: float = 30e-6               # per ring step and buffer: TCP/RoCE + software stack
     overlap: float = 0.5                   # share of the backward pass that can hide communication
     backward_share: float = 2 / 3          # backward ~ 2x forward

@@ -60,7 +60,7 @@ def add_parsers(sub, parser_class):
     pr.add_argument("--gpus", default="8,16,32,64,128,256,512,1024", help="GPU counts")
     pr.add_argument("--gpus-per-node", type=int, default=8)
     pr.add_argument("--intra-node-gbps", type=float, default=1200.0, help="link inside a node (NVLink), Gbit/s")
-    pr.add_argument("--fusion-mb", type=float, default=64.0, help="tensor fusion buffer (Horovod's threshold), MiB")
+    pr.add_argument("--fusion-mb", type=float, default=128.0, help="tensor fusion buffer (Horovod's threshold), MiB")
     pr.add_argument("--latency-us", type=float, default=30.0, help="per ring step and buffer")
     pr.add_argument("--overlap", type=float, default=0.5, help="share of the backward pass that hides communication")
     pr.add_argument("--out", default="./bench-results", help=out_help)

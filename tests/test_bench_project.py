@@ -31,7 +31,7 @@ def test_hand_computed_case():
     # latency = 3 * 2*15 * 100 us = 0.009 s; comm = 0.234 s. Hidden: 0.5 * 2/3 * 0.3 = 0.1 s.
     # step = 0.3 + 0.134 = 0.434 s; E = 0.3 / 0.434.
     w = project.Workload("m", 150 * MB, 0.3)
-    model = project.Model(latency_s=100e-6)
+    model = project.Model(latency_s=100e-6, fusion_bytes=64 * 1024 * 1024)
     t, comm = project.step_time(16, w, 10, model)
     assert comm == pytest.approx(0.234)
     assert t == pytest.approx(0.434)
@@ -84,7 +84,7 @@ def test_cli_writes_table_json_csv_png(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "resnet101" in text and "512" in text
     data = json.load(open(out / "project.json"))
-    assert len(data["summary"]) == 2 * 2 * 3 and data["model"]["fusion_bytes"] == 64 * 1024 * 1024
+    assert len(data["summary"]) == 2 * 2 * 3 and data["model"]["fusion_bytes"] == 128 * 1024 * 1024
     rows = list(csv.DictReader(open(out / "project.csv")))
     assert {r["gpus"] for r in rows} == {"8", "64", "512"}
     assert all(0 < float(r["efficiency"]) <= 1 for r in rows)
