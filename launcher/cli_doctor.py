@@ -9,6 +9,7 @@ so the command takes about as long as the slowest single import.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -40,6 +41,7 @@ class Check:
         return f"{self.kind:<9} {self.name:<20} {state}" + (f": {self.detail}" if self.detail else "")
 
 
+@functools.lru_cache(maxsize=None)  # one answer per process, as for the backends' probes
 def probe_framework(name: str) -> tuple[bool, str]:
     """(importable, version or why not), from a fresh interpreter."""
     code, env = FRAMEWORK_PROBES[name]

@@ -1,22 +1,36 @@
 """What every framework's per-worker training loop shares.
 
 The data order (a pure function of seed, epoch and rank), the training
-position, the choice of the checkpoint to resume from, and reporting to Ray
-Train with a checkpoint folder. ``train_torch`` and ``train_tf`` build on it,
-so a run behaves the same whichever framework trains it.
+position, the choice of the checkpoint to resume from, reporting to Ray Train
+with a checkpoint folder, and the reaction to a preemption notice.
+:mod:`launcher.train_torch` and :mod:`launcher.train_tf` subclass
+:class:`Training`, so a run behaves the same whichever framework trains it.
+
+Every ``preemption_check_steps`` steps all ranks ask Ray Train whether a node
+of theirs is being preempted (a barrier, so every rank asks at the same
+steps). On a notice they checkpoint at once, then keep training while the
+drain deadline is far enough off, and when it comes close (rank 0's clock
+decides, so all ranks agree) they checkpoint once more and hold, training no
+further: Ray Train stops the group at the deadline and restarts it from that
+last checkpoint, so an announced preemption costs no training steps.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import tempfile
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from launcher.checkpoint import newest_complete
+import workloads
+from launcher.checkpoint import complete_checkpoints, newest_complete
+from launcher.spec import JobSpec
+
+RESERVE_MIN_S = 3.0  # stop training at least this long before the drain deadline
 
 
 def epoch_order(seed: int, epoch: int, rank: int, n: int) -> np.ndarray:
@@ -31,24 +45,21 @@ class Position:
     global_step: int = 0
 
 
-def diverged(value: float, position: Position, lr: float) -> FloatingPointError:
-    return FloatingPointError(
-        f"training diverged: loss is {value} at epoch {position.epoch + 1}, "
-        f"step {position.global_step + 1}; lower --lr (now {lr:g})")
-
-
-def checkpoint_to_resume(config: dict[str, Any], storage) -> tuple[Any, str] | None:
+def checkpoint_to_resume(config: dict[str, Any], storage, name: str) -> tuple[Any, str] | None:
     """(filesystem, path) of the newest complete checkpoint this worker group should resume from.
 
-    Candidates: the checkpoint Ray Train offers (after a restart) and those the
-    driver found in storage (``config["resume"]``). None when there is none.
+    Candidates: the checkpoint Ray Train offers (after a restart), the run's
+    complete checkpoints in storage now (Ray's newest may be cut off, and the
+    driver's list is from launch time) and those the driver found
+    (``config["resume"]``). None when there is none.
 
     Raises:
         RuntimeError: Ray offered a checkpoint, but neither it nor any other is complete.
     """
     import ray.train
 
-    options = [(storage.fs, path) for path in config.get("resume", [])]
+    found = [path for _, path in reversed(complete_checkpoints(storage, name))][:5]
+    options = [(storage.fs, path) for path in found + list(config.get("resume", []))]
     offered = ray.train.get_checkpoint()
     if offered is not None:
         options.insert(0, (offered.filesystem, offered.path))
@@ -60,32 +71,149 @@ def checkpoint_to_resume(config: dict[str, Any], storage) -> tuple[Any, str] | N
     return None
 
 
-class Reporter:
-    """Reports metrics (and optionally a checkpoint) to Ray Train with the run's bookkeeping."""
+class Training:
+    """One worker's training state and what does not depend on the framework.
 
-    def __init__(self, pos: Position, world: int, steps_per_epoch: int) -> None:
-        self.pos, self.world, self.steps_per_epoch = pos, world, steps_per_epoch
-        self.attempt = uuid.uuid4().hex[:12]
+    Subclasses build the model and implement :meth:`save`, :meth:`restore`,
+    :meth:`run_epoch`, :meth:`evaluate` and :meth:`sum_over_ranks`.
+    """
+
+    def __init__(self, spec: JobSpec, comm) -> None:
+        from launcher.datacache import local_data
+
+        self.spec, self.comm = spec, comm
+        self.rank, self.world = comm.rank, comm.world_size
+        self.workload = workloads.get(spec.workload)
+        data = local_data(spec.data)  # gs:// data: this node's verified copy
+        self.train = self.workload.load(data, "train", self.rank, self.world, spec.params)
+        self.test = self.workload.load(data, "test", self.rank, self.world, spec.params)
+        self.pos = Position()
         self.restored_from: dict[str, int] | None = None
+        self.attempt = uuid.uuid4().hex[:12]
+        self.steps_per_epoch = math.ceil(len(self.train) / spec.batch_size)
         self.marks: dict[str, float] = {}  # start-up milestones, sent with the first report
+        self.board = None  # the driver's ProgressBoard actor (rank 0 writes to it)
+        self.start_step = 0
+        self.noticed = False
+        self.step_s = 0.0        # recent time per step, for the reserve before a drain deadline
+        self.checkpoint_s = 0.0  # time the last checkpoint took
 
-    def report(self, metrics: dict[str, Any], save: Callable[[str, dict[str, Any]], None] | None) -> None:
-        """Send ``metrics``; with ``save``, first write a checkpoint with ``save(folder, metrics)``."""
+    # -- framework-specific ------------------------------------------------------------
+    def save(self, directory: str, metrics: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
+        """Sum a float64 vector over all ranks."""
+        raise NotImplementedError
+
+    # -- position and checkpoints ----------------------------------------------------------
+    def restored(self, pos: Position, manifest) -> None:
+        """Take the position of a restored checkpoint written by ``manifest``'s run layout."""
+        same_layout = manifest.world_size == self.world and manifest.batch_size == self.spec.batch_size
+        if pos.step_in_epoch and not same_layout:
+            # The shards and batches differ, so the mid-epoch position has no exact
+            # equivalent: redo the whole epoch rather than skip unseen samples.
+            pos.step_in_epoch = 0
+        self.pos = pos
+        self.start_step = pos.global_step
+        self.restored_from = manifest.position
+
+    def report(self, metrics: dict[str, Any], checkpoint: bool = True) -> None:
         import ray.train
 
         metrics = {**metrics, "epoch": self.pos.epoch, "step_in_epoch": self.pos.step_in_epoch,
-                   "global_step": self.pos.global_step, "world_size": self.world,
+                   "global_step": self.pos.global_step, "world_size": self.world, "time": time.time(),
                    "attempt": self.attempt, "restored_from": self.restored_from,
                    "steps_per_epoch": self.steps_per_epoch}
         if self.marks:
             metrics["startup_marks"], self.marks = self.marks, {}
-        if save is None:
+        if not checkpoint:
             ray.train.report(metrics)
             return
+        started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="launcher-ckpt-") as d:
-            save(d, {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+            self.save(d, {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
+        self.checkpoint_s = time.perf_counter() - started
 
-    def mark_first_step(self) -> None:
+    # -- after each step ---------------------------------------------------------------------
+    def stepped(self, i: int, value: float, step_started: float, boundary: bool = True) -> None:
+        """Book-keeping after step ``i`` of the epoch (loss ``value``): position, progress,
+        preemption notices and step checkpoints. ``boundary``: an optimizer step happened
+        (False while gradients accumulate: a checkpoint cannot hold them)."""
         if "first_step" not in self.marks and "worker_ready" in self.marks:
             self.marks["first_step"] = time.time()
+        self.pos.step_in_epoch, self.pos.global_step = i + 1, self.pos.global_step + 1
+        self.note_progress()
+        took = time.perf_counter() - step_started
+        self.step_s = 0.9 * self.step_s + 0.1 * took if self.step_s else took
+        every = self.spec.checkpoint_every_steps
+        action = self.preemption_action() if boundary else None
+        if action:
+            self.report({"kind": "preemption", "notice": 1, "held": int(action == "hold"), "train_loss": value})
+            if action == "hold":
+                self.hold()
+        elif every and boundary and self.pos.global_step % every == 0 and i + 1 < self.steps_per_epoch:
+            self.report({"kind": "step", "train_loss": value})
+
+    def diverged(self, value: float) -> FloatingPointError:
+        return FloatingPointError(
+            f"training diverged: loss is {value} at epoch {self.pos.epoch + 1}, "
+            f"step {self.pos.global_step + 1}; lower --lr (now {self.spec.lr:g})")
+
+    # -- preemption -----------------------------------------------------------------------
+    def note_progress(self) -> None:
+        """Rank 0 tells the driver's board how far it got (fire and forget)."""
+        if self.board is not None and self.rank == 0:
+            self.board.step.remote(self.attempt, self.start_step, self.pos.global_step, time.time())
+
+    def preemption_action(self) -> str | None:
+        """Every K steps, on every rank alike (Ray's barrier): None (train on), "checkpoint"
+        (a notice just came and there is time to train on) or "hold" (checkpoint and stop)."""
+        k = self.spec.preemption_check_steps
+        if not k or self.pos.global_step % k:
+            return None
+        import ray.train
+
+        info = ray.train.get_preemption_info()  # the same answer on every rank
+        if info is None:
+            return None
+        first, self.noticed = not self.noticed, True
+        if self._deadline_close(info.deadline_ms, k):
+            return "hold"
+        return "checkpoint" if first else None
+
+    def _deadline_close(self, deadline_ms: int | None, k: int) -> bool:
+        """Rank 0 decides whether the deadline is near (the ranks' clocks and timings differ);
+        the others take its answer through an all-reduce."""
+        close = 0.0
+        if self.rank == 0:
+            reserve = max(RESERVE_MIN_S, 2 * self.checkpoint_s + 2 * k * self.step_s)
+            close = float(deadline_ms is None or deadline_ms / 1000 - time.time() <= reserve)
+        return bool(self.sum_over_ranks(np.array([close], dtype=np.float64))[0] > 0)
+
+    def hold(self) -> None:
+        """Train no further: the checkpoint just taken is where the restarted group resumes,
+        so any step taken now would be thrown away. Ray Train stops this worker at the
+        drain deadline (or sooner, when the node goes)."""
+        print(f"rank {self.rank}: preemption notice: checkpointed step {self.pos.global_step}, "
+              "waiting for Ray Train to restart the group", flush=True)
+        while True:
+            time.sleep(1.0)
+
+
+def start_worker(config: dict[str, Any], training: Training, restore, started: float) -> None:
+    """Restore the newest complete checkpoint (``restore(folder)``), mark start-up, train."""
+    import ray.train
+
+    from launcher.storage import Storage
+
+    spec = training.spec
+    training.board = config.get("board")
+    chosen = checkpoint_to_resume(config, Storage.resolve(spec.storage), spec.name)
+    if chosen is not None:
+        with ray.train.Checkpoint(chosen[1], filesystem=chosen[0]).as_directory() as d:
+            restore(d)
+    if training.rank == 0:
+        training.marks.update(worker_start=started, worker_ready=time.time())
+    training.fit()

@@ -159,6 +159,9 @@ def run_argv(spec) -> list[str]:
     for key, value in spec.to_dict().items():
         if value is None or key in ("address", "params"):
             continue
+        if isinstance(value, bool):  # a switch (--hvd-fp16): present or absent
+            argv += ["--" + key.replace("_", "-")] if value else []
+            continue
         argv += ["--" + key.replace("_", "-"), repr(value) if isinstance(value, float) else str(value)]
     for key, value in sorted(spec.params.items()):
         argv += ["--param", f"{key}={value}"]

@@ -11,11 +11,13 @@ global batch), checkpoints and reports as the torch loop.
 Checkpoints hold the model's weights (``model.weights.npz``: every variable,
 batch-norm statistics included) and the optimizer's variables
 (``optimizer.npz``) as plain arrays, so reading them needs no distribution
-strategy, and the same manifest as torch checkpoints.
+strategy, and the same manifest as torch checkpoints. Preemption notices are
+handled as in the torch loop (:class:`launcher.loop.Training`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import time
@@ -23,10 +25,9 @@ from typing import Any
 
 import numpy as np
 
-import workloads
 from launcher import backends
 from launcher.checkpoint import Manifest, read_manifest, write_manifest
-from launcher.loop import Position, Reporter, checkpoint_to_resume, diverged, epoch_order
+from launcher.loop import Position, Training, epoch_order, start_worker
 from launcher.spec import JobSpec
 
 MODEL_FILE = "model.weights.npz"
@@ -56,6 +57,16 @@ def make_optimizer(name: str, lr: float):
     return k.optimizers.Adam(learning_rate=lr)
 
 
+def weights_digest(arrays: list[np.ndarray]) -> str:
+    """sha256 over a model's variables (dtypes, shapes and bytes, in order)."""
+    h = hashlib.sha256()
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype}:{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
 def save_arrays(path: str, arrays: list[np.ndarray]) -> None:
     np.savez(path, **{f"a{i:04d}": a for i, a in enumerate(arrays)})
 
@@ -65,21 +76,15 @@ def load_arrays(path: str) -> list[np.ndarray]:
         return [f[f"a{i:04d}"] for i in range(len(f.files))]
 
 
-class TFTraining:
+class TFTraining(Training):
     """One worker's TensorFlow training state and the operations on it."""
 
     def __init__(self, spec: JobSpec, comm: backends.TFComm) -> None:
         import tensorflow as tf
 
-        from launcher.datacache import local_data
         from workloads.tf_models import keras
 
-        self.spec, self.comm = spec, comm
-        self.rank, self.world = comm.rank, comm.world_size
-        self.workload = workloads.get(spec.workload)
-        data = local_data(spec.data)
-        self.train = self.workload.load(data, "train", self.rank, self.world, spec.params)
-        self.test = self.workload.load(data, "test", self.rank, self.world, spec.params)
+        super().__init__(spec, comm)
         # Same initial weights on every rank and in every run of this seed: tf.keras's
         # unseeded initializers draw from Python's and NumPy's generators as well as TF's.
         keras().utils.set_random_seed(spec.seed)
@@ -89,9 +94,6 @@ class TFTraining:
             self.optimizer.build(self.model.trainable_variables)
         self.loss = tf.keras.losses.SparseCategoricalCrossentropy(
             from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
-        self.pos = Position()
-        self.steps_per_epoch = math.ceil(len(self.train) / spec.batch_size)
-        self.reporter = Reporter(self.pos, self.world, self.steps_per_epoch)
 
     # -- checkpoints ------------------------------------------------------------------
     def restore(self, directory: str) -> None:
@@ -101,11 +103,7 @@ class TFTraining:
         self.model.set_weights(load_arrays(os.path.join(directory, MODEL_FILE)))
         for var, value in zip(self.optimizer.variables, load_arrays(os.path.join(directory, OPTIMIZER_FILE))):
             var.assign(value)
-        pos = Position(manifest.epoch, manifest.step_in_epoch, manifest.global_step)
-        if pos.step_in_epoch and (manifest.world_size != self.world or manifest.batch_size != self.spec.batch_size):
-            pos.step_in_epoch = 0  # other shards and batches: redo the epoch rather than skip samples
-        self.pos.__dict__.update(pos.__dict__)
-        self.reporter.restored_from = manifest.position
+        self.restored(Position(manifest.epoch, manifest.step_in_epoch, manifest.global_step), manifest)
 
     def save(self, directory: str, metrics: dict[str, Any]) -> None:
         if self.rank != 0:
@@ -118,25 +116,23 @@ class TFTraining:
             world_size=self.world, framework=s.framework, backend=s.backend, workload=s.workload,
             batch_size=s.batch_size, seed=s.seed, metrics=metrics))
 
-    def report(self, metrics: dict[str, Any], checkpoint: bool = True) -> None:
-        self.reporter.report(metrics, self.save if checkpoint else None)
+    def sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
+        return self.comm.allreduce_sum(values)
 
     # -- training -----------------------------------------------------------------------
     def run_epoch(self, step) -> dict[str, float]:
-        s, every = self.spec, self.spec.checkpoint_every_steps
+        s = self.spec
         order = epoch_order(s.seed, self.pos.epoch, self.rank, len(self.train))
         loss_sum, count = 0.0, 0
         start = time.perf_counter()
         for i in range(self.pos.step_in_epoch, self.steps_per_epoch):
+            step_started = time.perf_counter()
             idx = order[i * s.batch_size:(i + 1) * s.batch_size]
             value = float(step(self.train.x[idx], self.train.y[idx]))
             if not math.isfinite(value):
-                raise diverged(value, self.pos, s.lr)
-            self.reporter.mark_first_step()
+                raise self.diverged(value)
             loss_sum, count = loss_sum + value * len(idx), count + len(idx)
-            self.pos.step_in_epoch, self.pos.global_step = i + 1, self.pos.global_step + 1
-            if every and self.pos.global_step % every == 0 and i + 1 < self.steps_per_epoch:
-                self.report({"kind": "step", "train_loss": value})
+            self.stepped(i, value, step_started)
         seconds = time.perf_counter() - start
         totals = self.comm.allreduce_sum(np.array([loss_sum, count], dtype=np.float64))
         samples = int(totals[1])
@@ -163,7 +159,9 @@ class TFTraining:
         while self.pos.epoch < self.spec.epochs:
             stats = self.run_epoch(step)
             self.pos.epoch, self.pos.step_in_epoch = self.pos.epoch + 1, 0
-            self.report({"kind": "epoch", **stats, **self.evaluate()})
+            extra = {"weights_sha256": weights_digest(self.model.get_weights())} if (
+                self.pos.epoch == self.spec.epochs and self.rank == 0) else {}
+            self.report({"kind": "epoch", **stats, **self.evaluate(), **extra})
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
@@ -172,17 +170,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     os.environ.update(config.get("env", {}))
     spec = JobSpec(**config["spec"])
     configure_tensorflow(max(1, int(spec.cpus_per_worker)))
-    import ray.train
-
-    from launcher.storage import Storage
-
     comm = backends.get(spec.backend).tf_comm(spec)
     comm.setup()
     training = TFTraining(spec, comm)
-    chosen = checkpoint_to_resume(config, Storage.resolve(spec.storage))
-    if chosen is not None:
-        with ray.train.Checkpoint(chosen[1], filesystem=chosen[0]).as_directory() as d:
-            training.restore(d)
-    if comm.rank == 0:
-        training.reporter.marks.update(worker_start=started, worker_ready=time.time())
-    training.fit()
+    start_worker(config, training, training.restore, started)

@@ -43,7 +43,7 @@ class RecordingComm(TFComm):
 def test_tf_loop_gives_each_sample_to_one_rank_once_per_epoch():
     from launcher.train_tf import TFTraining
 
-    spec = JobSpec(framework="tensorflow", workers=2, epochs=1).validated()
+    spec = JobSpec(framework="tensorflow", workers=2, epochs=1, preemption_check_steps=0).validated()
     seen = []
     for rank in range(2):
         training = TFTraining(spec, RecordingComm(rank, 2))

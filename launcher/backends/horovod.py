@@ -108,7 +108,7 @@ def build_hint() -> str:
 
 class HorovodBackend(Backend):
     name = "horovod"
-    description = "Horovod ring-allreduce over Gloo (hvd.DistributedOptimizer)"
+    description = "Horovod ring-allreduce over Gloo (torch: DistributedOptimizer; TF: DistributedGradientTape)"
     frameworks = ("torch", "tensorflow")
 
     def unavailable_reason(self, framework: str) -> str | None:
