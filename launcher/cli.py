@@ -24,8 +24,9 @@ EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
 # flag -> (JobSpec field, type, help); every JobSpec field but params has one.
 RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--workload", "workload", str, "workload name (see `launcher workloads`); default digits-mlp"),
-    ("--framework", "framework", str, "torch"),
-    ("--backend", "backend", str, "native (Ray Train's own: torch DDP) or horovod (see `launcher doctor`)"),
+    ("--framework", "framework", str, "torch (default) or tensorflow"),
+    ("--backend", "backend", str, "native (Ray Train's own: torch DDP, TF MultiWorkerMirroredStrategy; default) "
+     "or horovod (see `launcher doctor`)"),
     ("--workers", "workers", int, "number of worker processes (default 2)"),
     ("--cpus-per-worker", "cpus_per_worker", float, "CPUs per worker (default 1)"),
     ("--gpus-per-worker", "gpus_per_worker", float, "GPUs per worker (default 0)"),
