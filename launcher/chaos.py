@@ -126,13 +126,14 @@ class PreemptionLab:
         time.sleep(max(0.0, deadline - time.time()) + 0.5)
         return self.kill(index, announced=True)
 
-    def kill(self, index: int = 0, announced: bool = False) -> LabNode:
-        """Remove worker node ``index`` (without notice unless ``announced``) and add a replacement."""
+    def kill(self, index: int = 0, announced: bool = False, replace: bool = True) -> LabNode | None:
+        """Remove worker node ``index`` (without notice unless ``announced``) and add a
+        replacement (unless not ``replace``: the cluster stays smaller)."""
         n = self.nodes.pop(index)
         self._stop_watcher(n)
         self.cluster.remove_node(n.node, allow_graceful=False)
         self._event("node removed" + ("" if announced else " without notice"), n)
-        return self.add_node()
+        return self.add_node() if replace else None
 
 
 def run_in_background(spec, note: Callable[[str], None] | None = None) -> "BackgroundRun":

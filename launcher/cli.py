@@ -41,6 +41,8 @@ RUN_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--keep-checkpoints", "keep_checkpoints", int, "checkpoints to keep (default 3)"),
     ("--max-failures", "max_failures", int, "worker-group restarts allowed after failures (default 0, -1: "
      "unlimited); preemptions never count"),
+    ("--min-workers", "min_workers", int, "elastic: when nodes are lost and not replaced, go on with as "
+     "few as this many workers (default: always --workers)"),
     ("--preemption-check-steps", "preemption_check_steps", int, "check for a preemption notice every N steps "
      "and checkpoint at once on one (default 10, 0: never)"),
     ("--address", "address", str, "Ray cluster address (default: RAY_ADDRESS or a new local Ray)"),

@@ -140,6 +140,7 @@ class Tracker:
         return {
             "name": self.spec.name, "status": str(status), "workload": self.spec.workload,
             "framework": self.spec.framework, "backend": self.spec.backend, "workers": self.spec.workers,
+            "final_workers": m.get("world_size"),
             "epochs": self.spec.epochs, "epochs_completed": m.get("epoch", 0),
             "steps_completed": m.get("global_step", 0),
             "metrics": {k: m[k] for k in METRIC_KEYS if k in m},
@@ -197,7 +198,7 @@ def run(spec: JobSpec, *, verbose: bool = False, show_progress: bool = True) -> 
     with raysession.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
                             verbose=verbose) as nodes:
         startup.mark("ray_ready")
-        raysession.check_fits(nodes, spec.workers, spec.cpus_per_worker, spec.gpus_per_worker)
+        raysession.check_fits(nodes, spec.min_workers or spec.workers, spec.cpus_per_worker, spec.gpus_per_worker)
         log.begin(spec.to_dict())
         tracker = Tracker(spec, log, progress, started=launched)
         if checkpoints:
@@ -251,7 +252,9 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
     resources = {"CPU": spec.cpus_per_worker}
     if spec.gpus_per_worker:
         resources["GPU"] = spec.gpus_per_worker
-    scaling = ScalingConfig(num_workers=spec.workers, use_gpu=spec.gpus_per_worker > 0,
+    elastic = spec.min_workers is not None and spec.min_workers < spec.workers
+    scaling = ScalingConfig(num_workers=(spec.min_workers, spec.workers) if elastic else spec.workers,
+                            use_gpu=spec.gpus_per_worker > 0,
                             resources_per_worker=resources)
     trainer = backends.get(spec.backend).trainer(
         spec, train_loop_per_worker, {"spec": spec.to_dict(), "resume": resume, "env": gcs.worker_env(),

@@ -53,6 +53,7 @@ class JobSpec:
     keep_checkpoints: int = 3
     max_failures: int = 0
     preemption_check_steps: int = 10  # ask Ray Train for a preemption notice every N steps; 0: never
+    min_workers: int | None = None  # elastic: carry on with as few as this many workers (None: fixed size)
     address: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     # Horovod only (--backend horovod): fp16 gradient compression, the tensor-fusion
@@ -69,7 +70,9 @@ class JobSpec:
         kwargs: dict[str, Any] = {}
         for key, value in values.items():
             if key not in known:
-                close = difflib.get_close_matches(str(key), known, n=1)
+                # "num_workers" is how Ray's ScalingConfig spells it: match without the prefix first.
+                close = (difflib.get_close_matches(str(key).removeprefix("num_"), known, n=1)
+                         or difflib.get_close_matches(str(key), known, n=1))
                 hint = f"did you mean {close[0]}?" if close else f"valid keys: {', '.join(known)}"
                 raise UserError(f"{source}: unknown key {key!r}", hint)
             kwargs[key] = _coerce(key, value, known[key].type, source)
@@ -119,6 +122,9 @@ class JobSpec:
         _at_least("max_failures", self.max_failures, -1)
         self._check_horovod_options()
         _at_least("preemption_check_steps", self.preemption_check_steps, 0)
+        if self.min_workers is not None and not 1 <= self.min_workers <= self.workers:
+            raise UserError(f"--min-workers {self.min_workers} is outside 1..{self.workers} (--workers)",
+                            "give a number of workers the run may shrink to, at most --workers")
         try:
             params = workload.resolve_params(self.params)
         except (KeyError, ValueError) as exc:

@@ -108,3 +108,10 @@ def test_yaml_unknown_key_and_syntax_errors(tmp_path):
 def test_storage_uri_schemes_rejected_clearly():
     with pytest.raises(UserError, match="s3:// scheme is not supported"):
         JobSpec(storage="s3://bucket/x").validated()
+
+
+@pytest.mark.parametrize("min_workers", [0, 5])
+def test_min_workers_must_be_between_one_and_workers(min_workers):
+    with pytest.raises(UserError, match=r"--min-workers .* is outside 1\.\.4"):
+        JobSpec(workers=4, min_workers=min_workers).validated()
+    assert JobSpec(workers=4, min_workers=2).validated().min_workers == 2
