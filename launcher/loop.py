@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 import workloads
-from launcher.checkpoint import complete_checkpoints, newest_complete
+from launcher.checkpoint import Manifest, complete_checkpoints, newest_complete, write_manifest
 from launcher.spec import JobSpec
 
 RESERVE_MIN_S = 3.0  # stop training at least this long before the drain deadline
@@ -107,6 +107,14 @@ class Training:
         raise NotImplementedError
 
     # -- position and checkpoints ----------------------------------------------------------
+    def write_manifest(self, directory: str, metrics: dict[str, Any]) -> None:
+        """The manifest of the checkpoint in ``directory`` (last: it marks the folder complete)."""
+        s = self.spec
+        write_manifest(directory, Manifest(
+            epoch=self.pos.epoch, step_in_epoch=self.pos.step_in_epoch, global_step=self.pos.global_step,
+            world_size=self.world, framework=s.framework, backend=s.backend, workload=s.workload,
+            batch_size=s.batch_size, seed=s.seed, metrics=metrics))
+
     def restored(self, pos: Position, manifest) -> None:
         """Take the position of a restored checkpoint written by ``manifest``'s run layout."""
         same_layout = manifest.world_size == self.world and manifest.batch_size == self.spec.batch_size

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from launcher import backends
-from launcher.checkpoint import Manifest, read_manifest, write_manifest
+from launcher.checkpoint import read_manifest
 from launcher.loop import Position, Training, epoch_order, start_worker
 from launcher.spec import JobSpec
 
@@ -110,11 +110,7 @@ class TFTraining(Training):
             return
         save_arrays(os.path.join(directory, MODEL_FILE), self.model.get_weights())
         save_arrays(os.path.join(directory, OPTIMIZER_FILE), [v.numpy() for v in self.optimizer.variables])
-        s = self.spec
-        write_manifest(directory, Manifest(
-            epoch=self.pos.epoch, step_in_epoch=self.pos.step_in_epoch, global_step=self.pos.global_step,
-            world_size=self.world, framework=s.framework, backend=s.backend, workload=s.workload,
-            batch_size=s.batch_size, seed=s.seed, metrics=metrics))
+        self.write_manifest(directory, metrics)
 
     def sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
         return self.comm.allreduce_sum(values)

@@ -149,19 +149,18 @@ class HorovodBackend(Backend):
 
 # -- worker side -------------------------------------------------------------------------
 
-class HorovodComm(TorchComm):
-    """horovod.torch in a worker whose HOROVOD_* environment the backend has set."""
+class _HorovodRing:
+    """What both frameworks' comms share: Horovod's module for the framework, init, rank and size."""
 
-    def __init__(self, fp16: bool = False, backward_passes: int = 1) -> None:
-        self.fp16, self.backward_passes = fp16, backward_passes
-        self._hvd = None
+    MODULE = ""
+    _hvd = None
 
     @property
     def hvd(self):
         if self._hvd is None:
-            import horovod.torch as hvd
+            import importlib
 
-            self._hvd = hvd
+            self._hvd = importlib.import_module(self.MODULE)
         return self._hvd
 
     def setup(self) -> None:
@@ -174,6 +173,15 @@ class HorovodComm(TorchComm):
     @property
     def world_size(self) -> int:
         return self.hvd.size()
+
+
+class HorovodComm(_HorovodRing, TorchComm):
+    """horovod.torch in a worker whose HOROVOD_* environment the backend has set."""
+
+    MODULE = EXTENSIONS["torch"]
+
+    def __init__(self, fp16: bool = False, backward_passes: int = 1) -> None:
+        self.fp16, self.backward_passes = fp16, backward_passes
 
     @property
     def accumulation_steps(self) -> int:
@@ -218,35 +226,17 @@ class HorovodComm(TorchComm):
         return self.hvd.allreduce(tensor, op=self.hvd.Sum)
 
 
-class HorovodTFComm(TFComm):
+class HorovodTFComm(_HorovodRing, TFComm):
     """horovod.tensorflow in a worker whose HOROVOD_* environment the backend has set.
 
     Each step averages the gradients over the ring with hvd.DistributedGradientTape, so
     the update follows the mean loss of the global batch, like DDP and the mirrored strategy.
     """
 
+    MODULE = EXTENSIONS["tensorflow"]
+
     def __init__(self, fp16: bool = False) -> None:
         self.fp16 = fp16
-        self._hvd = None
-
-    @property
-    def hvd(self):
-        if self._hvd is None:
-            import horovod.tensorflow as hvd
-
-            self._hvd = hvd
-        return self._hvd
-
-    def setup(self) -> None:
-        self.hvd.init()
-
-    @property
-    def rank(self) -> int:
-        return self.hvd.rank()
-
-    @property
-    def world_size(self) -> int:
-        return self.hvd.size()
 
     def train_step(self, model, optimizer, loss):
         import tensorflow as tf
