@@ -124,7 +124,7 @@ def _median(values: list) -> float | None:
 def summarize(samples: list[dict]) -> list[dict]:
     failed = [s for s in samples if s.get("failed")]
     samples = [s for s in samples if not s.get("failed")]
-    base = statistics.median(s["wall_s"] for s in samples if s["variant"] == "torchrun")
+    base = _median([s["wall_s"] for s in samples if s["variant"] == "torchrun"])  # None: every torchrun failed
     base_rate = _median([s.get("samples_per_s") for s in samples if s["variant"] == "torchrun"])
     rows = []
     for variant in VARIANTS:
@@ -137,7 +137,7 @@ def summarize(samples: list[dict]) -> list[dict]:
         rows.append({"variant": variant, "runs": len(walls),
                      "failed_runs": sum(1 for f in failed if f["variant"] == variant), "wall_s_median": statistics.median(walls),
                      "wall_s_min": min(walls), "wall_s_max": max(walls),
-                     "vs_torchrun": statistics.median(walls) / base,
+                     "vs_torchrun": statistics.median(walls) / base if base else None,
                      "first_step_s_median": _median([s["first_step_s"] for s in mine]),
                      "samples_per_s_median": rate, "samples_per_s_min": min(rates) if rates else None,
                      "samples_per_s_max": max(rates) if rates else None,
@@ -154,8 +154,9 @@ def format_rows(rows: list[dict]) -> str:
                 if r.get("samples_per_s_median") else "-")
         ratio = f"{r['throughput_vs_torchrun']:.2f}" if r.get("throughput_vs_torchrun") else "-"
         runs = f"{r['runs']}" + (f"+{r['failed_runs']}F" if r.get("failed_runs") else "")
+        vs = f"{r['vs_torchrun']:.2f}" if r.get("vs_torchrun") else "-"
         lines.append(f"{r['variant']:<15} {runs:>4} {r['wall_s_median']:>11.2f}s "
-                     f"{r['wall_s_min']:>6.2f}-{r['wall_s_max']:<6.2f}s {r['vs_torchrun']:>10.2f} {first:>11}"
+                     f"{r['wall_s_min']:>6.2f}-{r['wall_s_max']:<6.2f}s {vs:>10} {first:>11}"
                      f" {rate:>24} {ratio:>10}")
     if any(r.get("failed_runs") for r in rows):
         lines.append("(+NF: N runs failed and are left out of the figures; see the JSON samples)")
@@ -171,8 +172,8 @@ def write_results(rows: list[dict], samples: list[dict], out_dir: str, info: dic
     med = [r["wall_s_median"] for r in rows]
     err = [[m - r["wall_s_min"] for m, r in zip(med, rows)], [r["wall_s_max"] - m for m, r in zip(med, rows)]]
     ax.bar(list(xs), med, yerr=err, capsize=6, color=["#c0504d", "#4f81bd", "#9bbb59", "#8064a2"][:len(rows)])
-    torchrun = next(r["wall_s_median"] for r in rows if r["variant"] == "torchrun")
-    for factor, style in ((2, "--"), (3, ":")):
+    torchrun = next((r["wall_s_median"] for r in rows if r["variant"] == "torchrun"), None)
+    for factor, style in ((2, "--"), (3, ":")) if torchrun else ():
         ax.axhline(factor * torchrun, color="grey", linestyle=style, label=f"{factor}x torchrun")
     ax.set_xticks(list(xs), [r["variant"] for r in rows])
     ax.set_ylabel("wall time, 1-epoch digits-mlp job (s)")

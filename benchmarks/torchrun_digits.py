@@ -44,8 +44,10 @@ def main() -> None:
         dist.init_process_group("gloo")  # env:// rendezvous from torchrun
         comm = CpuComm()
     comm.setup()
+    # No Ray Train here, so no preemption notices to poll for.
     spec = JobSpec(workload=args.workload, workers=comm.world_size, epochs=args.epochs, storage="/tmp",
-                   backend="horovod" if args.comm == "horovod" else "native").validated()
+                   backend="horovod" if args.comm == "horovod" else "native",
+                   preemption_check_steps=0).validated()
     training = TorchTraining(spec, comm)
     ready = time.time()
     training.marks["worker_ready"] = ready  # makes run_epoch mark its first step

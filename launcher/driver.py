@@ -215,7 +215,8 @@ def run(spec: JobSpec, *, verbose: bool = False, show_progress: bool = True) -> 
             tracker.reconcile(*latest[-1])
         model_uri = None
         if status == RunStatus.SUCCEEDED and result is not None and result.checkpoint is not None:
-            model_uri = _export(spec, storage, result.checkpoint)
+            # Rank 0 exports with its final checkpoint; if that failed, export here.
+            model_uri = (result.metrics or {}).get("model") or _export(spec, storage, result.checkpoint)
         summary = tracker.summary(status, error=error, model=model_uri)
         log.finish(summary)
     startup.mark("done")
@@ -307,9 +308,8 @@ def describe_failure(exc: BaseException) -> str:
 
 
 def _export(spec: JobSpec, storage: Storage, checkpoint) -> str | None:
-    from launcher.export import export_tensorflow, export_torch
+    from launcher.export import export
 
-    export = export_tensorflow if spec.framework == "tensorflow" else export_torch
     with checkpoint.as_directory() as d:
         return export(spec, d, storage)
 

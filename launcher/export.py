@@ -47,6 +47,12 @@ def _describe(spec, workload, shape, files: dict[str, str], directory: str) -> N
                    "files": files}, f, indent=1)
 
 
+def export(spec, checkpoint_dir: str, storage: Storage) -> str:
+    """Export the framework's model in ``checkpoint_dir``; returns the model folder's URI."""
+    fn = export_tensorflow if spec.framework == "tensorflow" else export_torch
+    return fn(spec, checkpoint_dir, storage)
+
+
 def export_torch(spec, checkpoint_dir: str, storage: Storage) -> str:
     """Write the model in ``checkpoint_dir`` to ``<storage>/<name>/model/``; returns its URI."""
     import torch

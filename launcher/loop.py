@@ -141,8 +141,24 @@ class Training:
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="launcher-ckpt-") as d:
             self.save(d, {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
+            if self.rank == 0 and self.pos.epoch >= self.spec.epochs and not self.pos.step_in_epoch:
+                metrics["model"] = self.export_model(d)
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
         self.checkpoint_s = time.perf_counter() - started
+
+    def export_model(self, directory: str) -> str | None:
+        """Rank 0, final checkpoint: export the model from ``directory`` (already holding
+        its files) to ``<run>/model/``, here where the framework is loaded, so the driver
+        never imports it. None on failure: the driver then exports from the checkpoint."""
+        from launcher.export import export
+        from launcher.storage import Storage
+
+        try:
+            return export(self.spec, directory, Storage.resolve(self.spec.storage))
+        except Exception as exc:  # the checkpoint is what matters; the export can be redone
+            print(f"rank 0: exporting the model failed ({type(exc).__name__}: {exc}); "
+                  "the driver will export it from the final checkpoint", flush=True)
+            return None
 
     # -- after each step ---------------------------------------------------------------------
     def stepped(self, i: int, value: float, step_started: float, boundary: bool = True) -> None:

@@ -1,8 +1,10 @@
-"""The overhead benchmark's arithmetic and output files (its runs are measured by hand, not in CI)."""
+"""The overhead benchmark: its arithmetic and output files, and that its torchrun baseline runs
+(the timed runs themselves are measured by hand, not in CI)."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -42,3 +44,26 @@ def test_failed_runs_are_counted_not_summarised():
     assert rows["launcher-cold"]["wall_s_max"] == 30.0
     assert rows["launcher-cold"]["throughput_vs_torchrun"] == pytest.approx(0.8)
     assert "1+1F" in overhead.format_rows(list(rows.values()))
+
+
+def test_every_torchrun_failed_still_gives_a_table(tmp_path):
+    samples = [{"variant": "torchrun", "repeat": 0, "wall_s": 7.0, "failed": "exit status 1"},
+               {"variant": "launcher-warm", "repeat": 0, "wall_s": 12.0, "first_step_s": 9.0, "samples_per_s": 80.0}]
+    rows = overhead.summarize(samples)
+    assert [r["variant"] for r in rows] == ["launcher-warm"] and rows[0]["vs_torchrun"] is None
+    assert "launcher-warm" in overhead.format_rows(rows)
+    assert overhead.write_results(rows, samples, str(tmp_path))
+
+
+def test_torchrun_baseline_trains_under_torchrun():
+    """The benchmark's baseline really runs: our training loop, 2 processes, torchrun's rendezvous."""
+    import subprocess
+    import sys
+
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    res = subprocess.run([torchrun, "--nproc-per-node=2", os.path.join(overhead.ROOT, "benchmarks", "torchrun_digits.py"),
+                          "--epochs", "2"], cwd=overhead.ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = overhead.last_json(res.stdout)
+    assert out["accuracy"] > 0.7 and out["samples_per_s"] > 0 and out["first_step_s"] > 0

@@ -124,10 +124,9 @@ class HorovodBackend(Backend):
         return HorovodConfig(fusion_threshold_bytes=None if mb is None else int(mb * 1024 * 1024))
 
     def trainer(self, spec, train_fn, loop_config, scaling_config, run_config):
-        from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+        from launcher.backends import raytrain
 
-        return DataParallelTrainer(train_fn, train_loop_config=loop_config, backend_config=self.config(spec),
-                                   scaling_config=scaling_config, run_config=run_config)
+        return raytrain.trainer(train_fn, loop_config, self.config(spec), scaling_config, run_config)
 
     runs_scripts = True
 

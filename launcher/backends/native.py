@@ -7,7 +7,7 @@ from launcher.backends import Backend, TFComm, TorchComm
 
 
 class DDPComm(TorchComm):
-    """torch.distributed as set up by Ray Train's TorchTrainer."""
+    """torch.distributed as set up by raytrain.TorchProcessGroup (Ray's own set-up routine)."""
 
     @property
     def rank(self) -> int:
@@ -145,22 +145,15 @@ class NativeBackend(Backend):
     frameworks = ("torch", "tensorflow")
 
     def trainer(self, spec, train_fn, loop_config, scaling_config, run_config):
+        from launcher.backends import raytrain
+
         if spec.framework == "tensorflow":
             # Ray's TensorflowTrainer does the same, but importing ray.train.tensorflow
             # imports TensorFlow into the driver (seconds, and C++ log noise) for nothing.
-            from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
-
-            return DataParallelTrainer(train_fn, train_loop_config=loop_config, backend_config=tf_config(),
-                                       scaling_config=scaling_config, run_config=run_config)
-        from ray.train.torch import TorchConfig, TorchTrainer
-
-        return TorchTrainer(
-            train_fn,
-            train_loop_config=loop_config,
-            torch_config=TorchConfig(backend="nccl" if spec.gpus_per_worker > 0 else "gloo"),
-            scaling_config=scaling_config,
-            run_config=run_config,
-        )
+            return raytrain.trainer(train_fn, loop_config, tf_config(), scaling_config, run_config)
+        # Ray's TorchTrainer with TorchConfig, less torch in the driver and controller (raytrain.py).
+        backend = raytrain.TorchProcessGroup(backend="nccl" if spec.gpus_per_worker > 0 else "gloo")
+        return raytrain.trainer(train_fn, loop_config, backend, scaling_config, run_config)
 
     # Script mode: a script written for torchrun calls init_process_group("env://")
     # itself, so its workers get a plain trainer (no process group of Ray's) and
@@ -170,11 +163,10 @@ class NativeBackend(Backend):
     # A TF_CONFIG script builds its own MultiWorkerMirroredStrategy: its workers get the
     # same TF_CONFIG backend as our TensorFlow loop, and the variable in their environment.
     def script_trainer(self, spec, train_fn, config, scaling_config, run_config):
-        from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+        from launcher.backends import raytrain
 
         backend = tf_config() if spec.framework == "tensorflow" else None
-        return DataParallelTrainer(train_fn, train_loop_config=config, backend_config=backend,
-                                   scaling_config=scaling_config, run_config=run_config)
+        return raytrain.trainer(train_fn, config, backend, scaling_config, run_config)
 
     def script_env(self, framework: str) -> dict[str, str]:
         if framework == "tensorflow":

@@ -1,0 +1,132 @@
+"""How the launcher builds its Ray Train trainers, lean on start-up.
+
+Every backend's trainer is a :class:`LeanTrainer`: Ray Train's own
+DataParallelTrainer, less the parts a launcher run never uses. Measured on a
+2-core machine (``launcher run --profile-startup``), these are seconds of a
+short run:
+
+* Ray Train always adds its Ray Data callback, which starts a DatasetManager
+  actor (one more Python process importing Ray Data) and sends Ray Data's
+  context to every worker, even when the trainer is given no datasets. Our
+  workloads read their own data, so without datasets the callback is dropped.
+* Ray Train starts a detached PlacementGroupCleaner actor per run (another
+  process) to remove the workers' placement group should the controller die
+  while the driver lives on. The launcher's driver always ends when the run
+  ends, and Ray removes a finished job's placement groups itself, so it is
+  dropped too (``LAUNCHER_PG_CLEANER=1`` keeps it).
+* Ray's ``TorchConfig`` lives in a module that imports torch at the top, so
+  the driver and Ray Train's controller (a fresh process on every run) both
+  import torch just to hold the config. :class:`TorchProcessGroup` is the same
+  configuration with the same worker-side set-up (Ray's own functions, called
+  on the workers), in a module without torch; it also needs two round trips
+  to the workers where Ray's backend makes four.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ray.train.backend import Backend, BackendConfig
+from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+
+class LeanTrainer(DataParallelTrainer):
+    """DataParallelTrainer without Ray Data's callback (when it has no datasets) and
+    without the placement-group cleaner."""
+
+    def _create_default_callbacks(self):
+        from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
+        from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
+
+        unused = () if self.datasets else (DatasetsCallback,)
+        if os.environ.get("LAUNCHER_PG_CLEANER") != "1":
+            unused += (PlacementGroupCleanerCallback,)
+        return [cb for cb in super()._create_default_callbacks() if not isinstance(cb, unused)]
+
+
+def trainer(train_fn, loop_config, backend_config, scaling_config, run_config) -> LeanTrainer:
+    return LeanTrainer(train_fn, train_loop_config=loop_config, backend_config=backend_config,
+                       scaling_config=scaling_config, run_config=run_config)
+
+
+# ---- torch.distributed without importing torch outside the workers ----
+
+def _worker_address() -> tuple[str, int]:
+    from ray.train._internal.utils import get_address_and_port
+
+    return get_address_and_port()
+
+
+def _join_process_group(master: tuple[str, int], backend: str, rank: int, world: int, timeout_s: int) -> None:
+    """On each worker: torchrun's variables, then init_process_group by Ray's own routine."""
+    from ray.train.torch.config import _set_torch_distributed_env_vars, _setup_torch_process_group
+
+    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master[0], str(master[1])
+    _set_torch_distributed_env_vars()
+    _setup_torch_process_group(backend=backend, world_rank=rank, world_size=world, init_method="env://",
+                               timeout_s=timeout_s)
+
+
+def _leave_process_group(destroy: bool) -> None:
+    from ray.train.torch.config import _shutdown_torch
+
+    _shutdown_torch(destroy_process_group=destroy)
+
+
+class _CudaDevice:
+    """Ray's TorchConfigContextManager (the worker's default CUDA device), imported on the worker."""
+
+    def __enter__(self):
+        from ray.train.torch.config import TorchConfigContextManager
+
+        self._inner = TorchConfigContextManager()
+        return self._inner.__enter__()
+
+    def __exit__(self, *exc):
+        return self._inner.__exit__(*exc)
+
+
+class _ProcessGroupBackend(Backend):
+    def on_start(self, worker_group, backend_config: "TorchProcessGroup") -> None:
+        import ray
+
+        backend = backend_config.backend
+        if backend is None:
+            backend = "nccl" if worker_group.get_resources_per_worker().get("GPU", 0) > 0 else "gloo"
+        master = worker_group.execute_single(0, _worker_address)
+        world = len(worker_group)
+        ray.get([worker_group.execute_single_async(rank, _join_process_group, master, backend, rank, world,
+                                                   backend_config.timeout_s)
+                 for rank in range(world)])
+
+    def on_shutdown(self, worker_group, backend_config) -> None:
+        import ray
+        from ray.exceptions import GetTimeoutError
+
+        try:
+            ray.get(worker_group.execute_async(_leave_process_group, len(worker_group) > 1), timeout=30)
+        except GetTimeoutError:
+            pass  # Ray's TorchConfig also gives up on a hung shutdown and goes on
+
+
+@dataclass
+class TorchProcessGroup(BackendConfig):
+    """Ray's TorchConfig (env:// rendezvous) for CPU and GPU, minus torch in the driver and controller."""
+
+    backend: str | None = None  # None: nccl with GPUs, else gloo
+    timeout_s: int = 1800
+
+    @property
+    def backend_cls(self):
+        return _ProcessGroupBackend
+
+    @property
+    def train_func_context(self):
+        return _CudaDevice
+
+    @property
+    def framework(self):
+        from ray.train.v2._internal.util import TrainingFramework
+
+        return TrainingFramework.TORCH
