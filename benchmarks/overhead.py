@@ -8,6 +8,10 @@
   with ``--comm horovod`` under ``horovodrun -np N -H localhost:N``.
 
 Runs go A B C D A B C D ... so drift in the machine's state hits all alike.
+The warm head is started (``launcher up``, not timed) just before each
+``launcher-warm`` run and stopped after it: a second Ray on the machine slows
+a cold start (measured: ``ray.init`` 7.5 s instead of 4.3 s), and a user with a
+warm head never starts a cold one.
 Every run is a fresh process timed from outside (wall clock, start to exit),
 with OMP_NUM_THREADS=1 and one torch thread per worker in all of them
 (TorchTraining sets the torch thread count from cpus_per_worker = 1). Besides
@@ -80,21 +84,27 @@ def run(repeats: int, workers: int, note: Callable[[str], None]) -> list[dict]:
     samples = []
     chosen = variants(note)
     note(f"every worker: OMP_NUM_THREADS={THREADS}, torch threads {THREADS}")
+    if localhead.running_head():
+        note("note: your warm local Ray is running and slows the cold starts; `launcher down` first "
+             "for clean figures")
     with tempfile.TemporaryDirectory(prefix="launcher-overhead-") as tmp:
         cold_state, warm_state = os.path.join(tmp, "cold-state"), os.path.join(tmp, "warm-state")
         base = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
         base.pop("RAY_ADDRESS", None)
         os.environ[localhead.STATE_ENV] = warm_state
         try:
-            localhead.up()
             for i in range(repeats):
                 for variant in chosen:
+                    if variant == "launcher-warm":
+                        localhead.up()
                     env = {**base, localhead.STATE_ENV: warm_state if variant == "launcher-warm" else cold_state}
                     cmd = _command(variant, workers, os.path.join(tmp, "runs"), i)
                     env["BENCH_LAUNCHED"] = repr(time.time())
                     start = time.perf_counter()
                     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
                     wall = time.perf_counter() - start
+                    if variant == "launcher-warm":
+                        localhead.down()
                     if res.returncode != 0:
                         # One failed run (e.g. a Ray health check timing out on a loaded machine)
                         # is reported and counted; the other runs still give their figures.

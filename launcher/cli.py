@@ -279,7 +279,22 @@ COMMANDS = {"run": cmd_run, "workloads": cmd_workloads, "runs": cmd_runs, "data"
             **cli_doctor.COMMANDS, "preemption": cmd_preemption}
 
 
+def _exit_now(code: int) -> None:
+    """End a finished ``launcher run`` process without the interpreter's clean-up.
+
+    Everything is written and Ray is shut down by now; tearing down the modules
+    Ray, pyarrow and friends loaded takes another ~0.6 s on a 2-core machine.
+    """
+    import logging
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    argv_given = argv
     if argv is None:  # a real command line: time the process from its start
         startup.begin_cli()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -290,7 +305,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.command:
             parser.print_help()
             return EXIT_USAGE
-        return COMMANDS[args.command](args)
+        code = COMMANDS[args.command](args)
+        if argv_given is None and args.command == "run":
+            _exit_now(code)
+        return code
     except UserError as exc:
         if verbose:
             import traceback
