@@ -121,3 +121,31 @@ def test_torch_runs_never_import_tensorflow():
              "print('TF', 'tensorflow' in sys.modules)")
     res = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert "TF False" in res.stdout, res.stderr
+
+
+def test_torch_trainer_is_lean_and_torch_free_outside_the_workers():
+    # The driver builds the trainer and Ray's controller unpickles its backend config:
+    # neither may import torch, and no Ray Data or placement-group cleaner callbacks ride along.
+    probe = ("import sys, pickle\n"
+             "from ray.train import RunConfig, ScalingConfig\n"
+             "from launcher import backends\n"
+             "from launcher.spec import JobSpec\n"
+             "from launcher.train_torch import train_loop_per_worker\n"
+             "spec = JobSpec(storage='/tmp').validated()\n"
+             "t = backends.get('native').trainer(spec, train_loop_per_worker, {}, ScalingConfig(num_workers=2),"
+             " RunConfig(storage_path='/tmp'))\n"
+             "names = [type(c).__name__ for c in t._create_default_callbacks()]\n"
+             "print('CALLBACKS', names)\n"
+             "print('BLOB', pickle.dumps(t.backend_config).hex())\n"
+             "print('TORCH', 'torch' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    lines = dict(line.split(" ", 1) for line in res.stdout.splitlines() if " " in line)
+    assert lines.get("TORCH") == "False", res.stderr
+    assert "BackendSetupCallback" in lines["CALLBACKS"]
+    assert "DatasetsCallback" not in lines["CALLBACKS"] and "PlacementGroupCleaner" not in lines["CALLBACKS"]
+    # A fresh process standing in for the controller: the config loads, torch stays out.
+    load = ("import sys, pickle\n"
+            f"cfg = pickle.loads(bytes.fromhex('{lines['BLOB']}'))\n"
+            "print(cfg.backend, cfg.backend_cls.__name__, 'torch' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", load], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.stdout.split() == ["gloo", "_ProcessGroupBackend", "False"], res.stderr
