@@ -51,6 +51,8 @@ def test_default_run_learns_logs_and_exports(ray_local, capsys, storage):
     epochs = [m for m in read_jsonl(open(os.path.join(run_dir, "metrics.jsonl")).read()) if m["kind"] == "epoch"]
     assert [m["epoch"] for m in epochs] == list(range(1, 11))
     assert epochs[-1]["loss"] < epochs[0]["loss"]
+    # Rank 0 exported the model with the final checkpoint (not the driver's fallback).
+    assert epochs[-1]["model"] == s["model"] and "model" not in epochs[-2]
     launches = read_jsonl(open(os.path.join(run_dir, "launches.jsonl")).read())
     assert [e["event"] for e in launches] == ["start", "end"]
     assert launches[0]["spec"]["workers"] == 2 and launches[1]["summary"]["status"] == "succeeded"

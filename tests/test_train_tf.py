@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 
 import numpy as np
@@ -66,6 +67,8 @@ def test_tf_run_learns_resumes_and_exports_a_saved_model(ray_local, capsys, stor
     assert (full["status"], full["framework"], full["backend"]) == ("succeeded", "tensorflow", "native")
     assert (full["epochs_completed"], full["steps_completed"]) == (4, 4 * 23)
     assert full["metrics"]["accuracy"] >= 0.85
+    last = [json.loads(line) for line in open(os.path.join(storage, "tf_full", "metrics.jsonl"))][-1]
+    assert last["model"] == full["model"]  # exported by rank 0, where TensorFlow is loaded
 
     import tensorflow as tf
 
