@@ -254,7 +254,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     if args.num_cpus is not None and args.num_cpus < 1:
         raise UserError(f"--num-cpus must be >= 1, got {args.num_cpus}")
-    state = localhead.up(args.num_cpus, args.port)
+    state = localhead.up(args.num_cpus, args.port, note=lambda message: print(message, file=sys.stderr, flush=True))
     verb = "already running" if state.get("already_running") else "started"
     print(f"warm local Ray {verb} at {state['address']} with {state['num_cpus']} CPUs; "
           "`launcher run` uses it until `launcher down`")

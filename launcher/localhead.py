@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Callable
 
 from launcher.errors import UserError
 
@@ -56,7 +57,8 @@ def running_head() -> dict | None:
     return state if _reachable(state.get("address", "")) else None
 
 
-def up(num_cpus: int | None = None, port: int = 6390, timeout_s: float = 60.0) -> dict:
+def up(num_cpus: int | None = None, port: int = 6390, timeout_s: float = 60.0,
+       note: Callable[[str], None] | None = None) -> dict:
     """Start a local head (idempotent) and record its address.
 
     The head runs under ``ray start --block`` in its own session: stopping that
@@ -66,6 +68,8 @@ def up(num_cpus: int | None = None, port: int = 6390, timeout_s: float = 60.0) -
     if state:
         return {**state, "already_running": True}
     cpus = num_cpus or os.cpu_count() or 1
+    note = note or (lambda message: None)
+    note(f"starting a local Ray head at 127.0.0.1:{port} with {cpus} CPUs")
     os.makedirs(os.path.dirname(state_file()), exist_ok=True)
     log_path = os.path.join(os.path.dirname(state_file()), "local-head.log")
     cmd = [_ray_cli(), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
@@ -83,6 +87,7 @@ def up(num_cpus: int | None = None, port: int = 6390, timeout_s: float = 60.0) -
             raise UserError(f"`ray start --head` failed: {tail[0]}",
                             f"is another Ray using port {port}? see {log_path}")
         time.sleep(0.2)
+    note("warming it up with an empty Ray Train run (about 6 s on 2 cores)")
     _warm_up(address, env, 120.0)
     state = {"address": address, "num_cpus": cpus, "pid": proc.pid, "auth_mode": env[AUTH_ENV]}
     with open(state_file(), "w", encoding="utf-8") as f:

@@ -242,6 +242,14 @@ def test_warm_local_head_is_used_until_down(storage, tmp_path):
                         env=env, capture_output=True, text=True, timeout=120)
     try:
         assert up.returncode == 0 and f"started at 127.0.0.1:{port} with 2 CPUs" in up.stdout, up.stderr
+        assert "warming it up" in up.stderr
+        # The warm-up Train run left Ray Train's detached resource coordinator running on the head.
+        probe = ("import ray; ray.init(address='127.0.0.1:%s', logging_level='ERROR');"
+                 "ray.get_actor('AutoscalingCoordinator', namespace='AutoscalingCoordinator'); print('COORDINATOR')"
+                 % port)
+        seen = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env={**env, "RAY_AUTH_MODE": "token"},
+                              capture_output=True, text=True, timeout=120)
+        assert "COORDINATOR" in seen.stdout, seen.stderr[-1500:]
         again = subprocess.run([sys.executable, "-m", "launcher", "up"], cwd=ROOT, env=env, capture_output=True,
                                text=True, timeout=60)
         assert "already running" in again.stdout
