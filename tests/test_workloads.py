@@ -46,6 +46,24 @@ def test_digits_split_is_fixed_and_disjoint():
     assert a.x.dtype == np.float32 and a.x.max() <= 1.0
 
 
+def test_digits_read_directly_equal_scikit_learns_loader():
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    from workloads import digits
+
+    pixels, labels = digits._raw_digits()
+    ds = load_digits()
+    assert np.array_equal(pixels, ds.data) and np.array_equal(labels, ds.target)
+    # ... and loading them in a fresh process does not import scikit-learn (~1 s per worker start).
+    code = ("import sys, workloads; workloads.get('digits-mlp').load(None, 'train', 0, 1, {}); "
+            "print('sklearn' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 @pytest.mark.parametrize("gz", [False, True])
 def test_mnist_idx_folder(tmp_path, gz):
     folder = write_mnist_idx(str(tmp_path / "mnist"), n_train=100, n_test=30, gz=gz)
