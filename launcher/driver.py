@@ -50,6 +50,7 @@ class Tracker:
     checkpoint_times: dict[int, float] = field(default_factory=dict)
     lost: list[dict[str, Any]] = field(default_factory=list)       # per restart, from the progress board
     attempt_log: list[dict[str, Any]] = field(default_factory=list)  # per worker group: steps and times
+    attempt_marks: dict[str, dict[str, float]] = field(default_factory=dict)  # rank 0's start-up marks
     recoveries: list[float] = field(default_factory=list)
     samples: int = 0
     train_time: float = 0.0
@@ -80,6 +81,8 @@ class Tracker:
                 self.progress.note(f"restarted from the latest checkpoint: epoch {back['epoch']}, step {back['step']}")
             self.attempts.append(m.get("attempt"))
         marks = m.pop("startup_marks", None) or {}
+        if marks:
+            self.attempt_marks.setdefault(m.get("attempt"), marks)
         for name, when in marks.items():
             startup.mark(name, when)
         if self.failed_at is not None and "first_step" in marks:
@@ -118,8 +121,9 @@ class Tracker:
         from launcher.monitor import lost_work
 
         self.lost = lost_work(attempts, self.checkpoint_times)
-        self.attempt_log = [{k: a[k] for k in ("start_step", "first_time", "last_step", "last_time")}
-                            for a in attempts]
+        # worker_start / model_ready / worker_ready / first_step: where each group's start-up went
+        self.attempt_log = [{**{k: a[k] for k in ("start_step", "first_time", "last_step", "last_time")},
+                             "marks": self.attempt_marks.get(a.get("attempt"), {})} for a in attempts]
 
     def reconcile(self, manifest: Manifest, path: str) -> None:
         """Trust storage over the reports: checkpoints can land after the last report was seen

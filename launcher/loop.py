@@ -30,7 +30,7 @@ import workloads
 from launcher.checkpoint import Manifest, complete_checkpoints, newest_complete, write_manifest
 from launcher.spec import JobSpec
 
-RESERVE_MIN_S = 3.0  # stop training at least this long before the drain deadline
+RESERVE_MIN_S = 1.5  # stop training at least this long before the drain deadline
 
 
 def epoch_order(seed: int, epoch: int, rank: int, n: int) -> np.ndarray:
@@ -234,10 +234,11 @@ def start_worker(config: dict[str, Any], training: Training, restore, started: f
 
     spec = training.spec
     training.board = config.get("board")
+    model_ready = time.time()
     chosen = checkpoint_to_resume(config, Storage.resolve(spec.storage), spec.name)
     if chosen is not None:
         with ray.train.Checkpoint(chosen[1], filesystem=chosen[0]).as_directory() as d:
             restore(d)
     if training.rank == 0:
-        training.marks.update(worker_start=started, worker_ready=time.time())
+        training.marks.update(worker_start=started, model_ready=model_ready, worker_ready=time.time())
     training.fit()

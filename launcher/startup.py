@@ -21,6 +21,8 @@ PHASES = (
     ("Ray start or connect", "checks_done", "ray_ready"),
     ("controller and worker group start", "ray_ready", "worker_start"),
     ("worker setup (process group, data, model, restore)", "worker_start", "worker_ready"),
+    ("worker setup: data, model and optimizer", "worker_start", "model_ready"),
+    ("worker setup: finding and restoring a checkpoint", "model_ready", "worker_ready"),
     ("first training step", "worker_ready", "first_step"),
     ("training", "first_step", "fit_returned"),
     ("export, run log and Ray shutdown", "fit_returned", "done"),
@@ -74,6 +76,8 @@ def report(marks: dict[str, float]) -> dict:
 def format_table(rep: dict) -> str:
     lines = ["start-up profile:"]
     for name, seconds in rep["phases"].items():
+        if name.startswith("worker setup: "):  # parts of the row above
+            name = "  " + name[len("worker setup: "):]
         lines.append(f"  {name:<52} {seconds:8.2f} s")
     if "time_to_first_step_s" in rep:
         lines.append(f"  {'time to first step (from process start)':<52} {rep['time_to_first_step_s']:8.2f} s")

@@ -141,7 +141,7 @@ def test_runs_columns():
 
 
 def test_bench_goodput_and_recovery():
-    from benchmarks.preemption import goodput, recoveries
+    from benchmarks.preemption import breakdown, goodput, period, recoveries
 
     straight = [{"start_step": 0, "first_time": 0.0, "last_step": 100, "last_time": 50.0}]
     assert goodput(straight) == 1.0
@@ -150,3 +150,11 @@ def test_bench_goodput_and_recovery():
                    {"start_step": 50, "first_time": 45.0, "last_step": 100, "last_time": 70.0}]
     assert goodput(interrupted) == pytest.approx((25.0 + 25.0) / 70.0)
     assert recoveries(interrupted, [40.0]) == [5.0]
+    assert period([100.0, 160.5, 221.0]) == 60.5 and period([100.0]) is None
+    # held 30 -> 33 (deadline), removed at 33.5, train function at 38, ready at 40, first step at 45
+    interrupted[1]["marks"] = {"worker_start": 38.0, "worker_ready": 40.0}
+    events = [{"event": "preemption notice", "time": 10.0}, {"event": "node draining", "time": 10.2, "deadline": 33.0},
+              {"event": "node removed", "time": 33.5}, {"event": "node added", "time": 35.0}]
+    assert breakdown(interrupted, events) == {
+        "held before the deadline": 3.0, "deadline -> node removed": 0.5, "removed -> train function starts": 4.5,
+        "worker set-up (data, model, restore)": 2.0, "-> first step": 5.0}
