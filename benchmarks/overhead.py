@@ -188,6 +188,7 @@ def write_results(rows: list[dict], samples: list[dict], out_dir: str, info: dic
     ax.set_xticks(list(xs), [r["variant"] for r in rows])
     ax.set_ylabel("wall time, 1-epoch digits-mlp job (s)")
     ax.set_title("Launcher overhead (median, min-max)")
-    ax.legend()
+    if torchrun:  # the 2x / 3x lines are the only labelled artists
+        ax.legend()
     return results.write(out_dir, "overhead", rows, {"samples": samples, "machine": info,
                                                      "threads_per_worker": THREADS}, fig)
