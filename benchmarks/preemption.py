@@ -140,6 +140,15 @@ def write_results(r: dict, out_dir: str) -> list[str]:
     for i, att in enumerate(a):
         ax.plot([att["first_time"] - t0, att["last_time"] - t0], [att["start_step"], att["last_step"]],
                 marker="o", label=f"attempt {i + 1}")
+    marks = {"preemption notice": ("grey", ":"), "node removed": ("black", "--"),
+             "node removed without notice": ("black", "--")}
+    labelled = set()
+    for e in r.get("lab_events", []):
+        if e["event"] in marks and a:
+            color, style = marks[e["event"]]
+            ax.axvline(e["time"] - t0, color=color, linestyle=style, linewidth=0.8,
+                       label=None if e["event"] in labelled else e["event"])
+            labelled.add(e["event"])
     ax.set_xlabel("seconds since the first step")
     ax.set_ylabel("global step")
     ax.set_title(f"preemption every {r['every_s']:g}s: goodput {100 * r['goodput']:.0f}%")

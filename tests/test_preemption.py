@@ -3,6 +3,7 @@ accounting of lost work."""
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -158,3 +159,19 @@ def test_bench_goodput_and_recovery():
     assert breakdown(interrupted, events) == {
         "held before the deadline": 3.0, "deadline -> node removed": 0.5, "removed -> train function starts": 4.5,
         "worker set-up (data, model, restore)": 2.0, "-> first step": 5.0}
+
+
+def test_bench_writes_table_and_plot(tmp_path):
+    from benchmarks.preemption import format_result, write_results
+
+    attempts = [{"start_step": 0, "first_time": 0.0, "last_step": 60, "last_time": 30.0, "marks": {}},
+                {"start_step": 60, "first_time": 40.0, "last_step": 100, "last_time": 60.0, "marks": {}}]
+    r = {"every_s": 60.0, "period_s": None, "notice_s": 30.0, "epochs": 1, "status": "succeeded", "steps": 100,
+         "preemptions": 1, "restarts": 1, "steps_lost": 0, "time_lost_s": 10.0, "recovery_s": [7.0],
+         "goodput": 0.8333, "wall_s": 60.0, "attempts": attempts, "breakdown_s": {"held before the deadline": 1.5},
+         "lab_events": [{"event": "preemption notice", "time": 5.0}, {"event": "node removed", "time": 33.0}]}
+    assert "held before the deadline 1.50" in format_result(r)
+    paths = write_results(r, str(tmp_path))
+    assert sorted(os.path.basename(p) for p in paths) == ["preemption.csv", "preemption.json", "preemption.png"]
+    header, row = (tmp_path / "preemption.csv").read_text().splitlines()
+    assert dict(zip(header.split(","), row.split(",")))["recovery_mean_s"] == "7.0"
