@@ -21,7 +21,7 @@ PHASES = (
     ("Ray start or connect", "checks_done", "ray_ready"),
     ("controller and worker group start", "ray_ready", "worker_start"),
     ("worker setup (process group, data, model, restore)", "worker_start", "worker_ready"),
-    ("worker setup: data, model and optimizer", "worker_start", "model_ready"),
+    ("worker setup: process group, data, model, optimizer", "worker_start", "model_ready"),
     ("worker setup: finding and restoring a checkpoint", "model_ready", "worker_ready"),
     ("first training step", "worker_ready", "first_step"),
     ("training", "first_step", "fit_returned"),

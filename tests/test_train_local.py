@@ -40,7 +40,7 @@ def test_default_run_learns_logs_and_exports(ray_local, capsys, storage):
     for phase in ("Ray start or connect", "controller and worker group start",
                   "worker setup (process group, data, model, restore)", "first training step", "training"):
         assert phases[phase] >= 0, phases
-    parts = ("worker setup: data, model and optimizer", "worker setup: finding and restoring a checkpoint")
+    parts = ("worker setup: process group, data, model, optimizer", "worker setup: finding and restoring a checkpoint")
     assert sum(phases[p] for p in parts) == pytest.approx(
         phases["worker setup (process group, data, model, restore)"], abs=0.002)
     assert phases["training"] < s["wall_s"]
