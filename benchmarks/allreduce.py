@@ -124,7 +124,7 @@ def run(names: list[str], sizes: list[int], workers: int, threads: int, note: Ca
         target_bytes: int = TARGET_BYTES) -> tuple[list[dict], list[dict], float]:
     """(measurements, skipped, copy bandwidth in bytes/s)."""
     from benchmarks import machine
-    from launcher import raysession
+    from launcher.driver import session as raysession
 
     note(f"memory-copy reference: numpy copy of {human(COPY_BYTES)} ...")
     copy_bw = copy_bandwidth()

@@ -79,7 +79,7 @@ def last_json(stdout: str) -> dict:
 
 
 def run(repeats: int, workers: int, note: Callable[[str], None]) -> list[dict]:
-    from launcher import localhead
+    from launcher.driver import localhead
 
     samples = []
     chosen = variants(note)

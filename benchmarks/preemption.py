@@ -1,6 +1,6 @@
 """``launcher bench preemption``: what preemptions cost a run, measured on a local multi-node cluster.
 
-A :class:`launcher.chaos.PreemptionLab` (head + 2 one-CPU worker nodes with fake
+A :class:`launcher.lab.chaos.PreemptionLab` (head + 2 one-CPU worker nodes with fake
 GCE metadata servers and the real watcher) runs digits-mlp while a node is
 preempted every ``every_s`` seconds (with GCE's notice, or lost outright). From
 the run's attempts (each worker group's first/last step and time):
@@ -48,7 +48,7 @@ def recoveries(attempts: list[dict[str, Any]], removals: list[float]) -> list[fl
 
 
 def run(every_s: float, epochs: int, notice_s: float, with_notice: bool, note: Callable[[str], None]) -> dict:
-    from launcher.chaos import PreemptionLab, run_in_background
+    from launcher.lab.chaos import PreemptionLab, run_in_background
     from launcher.spec import JobSpec
 
     with tempfile.TemporaryDirectory(prefix="launcher-bench-preempt-") as root, \

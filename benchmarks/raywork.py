@@ -84,6 +84,6 @@ def run(backend, framework: str, workload: str, workers: int, threads: int, fn: 
 
 
 def one_line(exc: BaseException) -> str:
-    from launcher.driver import describe_failure
+    from launcher.driver.launch import describe_failure
 
     return describe_failure(exc)

@@ -133,7 +133,7 @@ def tf_worker(config: dict[str, Any]) -> None:
     import os
 
     os.environ.update(config.get("env", {}))
-    from launcher.train_tf import configure_tensorflow
+    from launcher.worker.tf_loop import configure_tensorflow
 
     configure_tensorflow(config["threads"])
     import numpy as np
@@ -195,7 +195,7 @@ WORKERS = {"torch": torch_worker, "tensorflow": tf_worker}
 def run(settings: Settings, frameworks: list[str], backend_names: list[str], worker_counts: list[int],
         note: Callable[[str], None]) -> tuple[list[dict], list[dict]]:
     """Measure every available (framework, backend, workers); returns (measurements, skipped)."""
-    from launcher import raysession
+    from launcher.driver import session as raysession
 
     combos, skipped = [], []
     for fw in frameworks:

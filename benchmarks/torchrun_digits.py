@@ -2,7 +2,7 @@
 
 ``torchrun --nproc-per-node 2 benchmarks/torchrun_digits.py --epochs 1`` trains
 digits-mlp with the same data shards, model, optimizer, batch size and loop
-code (launcher.train_torch.TorchTraining) as ``launcher run``, so the
+code (launcher.worker.torch_loop.TorchTraining) as ``launcher run``, so the
 overhead benchmark compares launchers, not training code. Rank 0 prints one
 JSON line with its timings.
 """
@@ -30,7 +30,7 @@ def main() -> None:
 
     from launcher.backends.native import DDPComm
     from launcher.spec import JobSpec
-    from launcher.train_torch import TorchTraining
+    from launcher.worker.torch_loop import TorchTraining
 
     class CpuComm(DDPComm):  # DDPComm asks Ray Train for the device; here it is the CPU
         def device(self):

@@ -200,13 +200,13 @@ def _image_checks(plans: list[NodePlan], compute: Compute, checks: list[Check]) 
 
 def bucket_check(bucket_uri: str, region: str, storage_client: Callable[[], Any] | None = None) -> Check:
     """The bucket exists (fail otherwise) and is in the cluster's region (warn otherwise)."""
-    from launcher import gcs
+    from launcher.storage import gcs
 
     path = gcs.parse_gs_uri(bucket_uri, "--bucket")
     client = (storage_client or gcs.client)()
     try:
         b = client.lookup_bucket(path.bucket)
-    except Exception as exc:  # permission denied and friends: one line from launcher.gcs
+    except Exception as exc:  # permission denied and friends: one line from launcher.storage.gcs
         err = gcs.explain(exc, path.uri, "read")
         return Check(FAIL, err.what, err.fix or "")
     if b is None:

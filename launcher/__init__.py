@@ -1,7 +1,7 @@
 """A cluster-agnostic launcher for distributed deep-learning training on Ray.
 
 The public Python API mirrors the CLI: build a :class:`launcher.spec.JobSpec`
-and pass it to :func:`launcher.driver.run`. Nothing heavy is imported here,
+and pass it to :func:`launcher.driver.launch.run`. Nothing heavy is imported here,
 so ``launcher --help`` stays instant.
 """
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from launcher.cli import main
+from launcher.cli.main import main
 
 sys.exit(main())

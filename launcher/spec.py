@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import workloads
 from launcher.errors import UserError
-from launcher.gcs import parse_gs_uri
+from launcher.storage.gcs import parse_gs_uri
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
 URI_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")

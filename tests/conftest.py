@@ -33,7 +33,7 @@ def storage(tmp_path):
 @pytest.fixture(scope="session")
 def gcs_emulator(tmp_path_factory):
     """fake-gcs-server on a free loopback port for the whole session."""
-    from launcher.gcs_emulator import Emulator
+    from launcher.lab.gcs_emulator import Emulator
 
     emulator = Emulator(str(tmp_path_factory.mktemp("gcs"))).start()
     yield emulator
@@ -44,7 +44,7 @@ def gcs_emulator(tmp_path_factory):
 def gcs(gcs_emulator, monkeypatch):
     """STORAGE_EMULATOR_HOST set for this test; returns (emulator, client)."""
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", gcs_emulator.url)
-    from launcher import gcs as launcher_gcs
+    from launcher.storage import gcs as launcher_gcs
 
     return gcs_emulator, launcher_gcs.client()
 

@@ -16,7 +16,7 @@ import textwrap
 import pytest
 
 from launcher.backends.horovod import Slot, plan_slots
-from launcher.cli import main
+from launcher.cli.main import main
 from launcher.errors import UserError
 from launcher.spec import JobSpec
 
@@ -118,7 +118,7 @@ def _launch(capsys, *argv):
 
 
 def _epoch_losses(storage, name):
-    from launcher.runlog import read_jsonl
+    from launcher.storage.runlog import read_jsonl
 
     with open(os.path.join(storage, name, "metrics.jsonl")) as f:
         return {m["epoch"]: m["train_loss"] for m in read_jsonl(f.read()) if m["kind"] == "epoch"}
@@ -156,7 +156,7 @@ def test_horovod_matches_ddp_learns_and_resumes_across_backends(ray_local, capsy
     # The straight Horovod run's epoch-2 checkpoint, alone in a new run folder, resumed by DDP.
     import shutil
 
-    from launcher.checkpoint import complete_checkpoints
+    from launcher.storage.checkpoint import complete_checkpoints
     from launcher.storage import Storage
 
     (at_2, path), = [(m, p) for m, p in complete_checkpoints(Storage.resolve(storage), "hvd") if m.epoch == 2]

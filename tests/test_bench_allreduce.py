@@ -8,7 +8,7 @@ import json
 import pytest
 
 from benchmarks import allreduce
-from launcher.cli import main
+from launcher.cli.main import main
 
 
 def test_sizes_range_and_list():

@@ -6,7 +6,7 @@ import csv
 import json
 import os
 
-from launcher.cli import main
+from launcher.cli.main import main
 
 
 def test_checkpoint_benchmark_local_and_emulator(capsys, tmp_path):

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from benchmarks import project
-from launcher.cli import main
+from launcher.cli.main import main
 
 MB = 1e6
 

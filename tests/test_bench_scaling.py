@@ -9,7 +9,7 @@ import json
 import pytest
 
 from benchmarks import scaling
-from launcher.cli import main
+from launcher.cli.main import main
 
 TINY = ["--workload", "resnet18-synthetic", "--image-size", "32", "--batch-size", "2", "--num-classes", "10",
         "--warmup", "1", "--iters", "2", "--batches-per-iter", "1"]

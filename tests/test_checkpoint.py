@@ -1,4 +1,4 @@
-"""Unit tests for launcher.checkpoint: manifests and telling complete checkpoints from cut-off ones."""
+"""Unit tests for launcher.storage.checkpoint: manifests and telling complete checkpoints from cut-off ones."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from launcher.checkpoint import (IncompleteCheckpoint, Manifest, complete_checkpoints, read_manifest,
+from launcher.storage.checkpoint import (IncompleteCheckpoint, Manifest, complete_checkpoints, read_manifest,
                                  write_manifest)
 from launcher.storage import Storage
 

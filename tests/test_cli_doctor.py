@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib.util
 import json
 
-from launcher.cli import main
-from launcher.cli_doctor import Check, backend_check
+from launcher.cli.main import main
+from launcher.cli.doctor import Check, backend_check
 
 
 def test_doctor_reports_every_framework_and_backend(capsys):

@@ -10,7 +10,7 @@ import yaml
 
 from cluster.config import ray_cluster_config, to_yaml
 from cluster.spec import CPU_IMAGE, GPU_IMAGE, PRESETS, ClusterSpec
-from launcher.cli import main
+from launcher.cli.main import main
 from launcher.errors import UserError
 
 VERSION = "0.1.0"
@@ -204,6 +204,6 @@ def test_cluster_package_never_imports_workloads():
     import subprocess
     import sys
 
-    code = ("import sys, cluster.config, cluster.preflight, cluster.compute, launcher.cli_cluster; "
+    code = ("import sys, cluster.config, cluster.preflight, cluster.compute, launcher.cli.cluster; "
             "sys.exit('workloads' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], env={**os.environ}).returncode == 0

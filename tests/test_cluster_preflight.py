@@ -15,8 +15,8 @@ from cluster.config import ray_cluster_config
 from cluster.preflight import FAIL, OK, WARN, node_plans, run_checks
 from cluster.spec import ClusterSpec
 from computefake import PROJECT, FakeCompute, operation
-from launcher import cli_cluster
-from launcher.cli import main
+from launcher.cli import cluster as cli_cluster
+from launcher.cli.main import main
 
 
 @pytest.fixture()

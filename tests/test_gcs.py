@@ -14,9 +14,10 @@ import threading
 import pytest
 
 from datafiles import write_mnist_idx
-from launcher import datacache, gcs as launcher_gcs
-from launcher.checkpoint import complete_checkpoints
-from launcher.cli import main
+from launcher.storage import datacache
+from launcher.storage import gcs as launcher_gcs
+from launcher.storage.checkpoint import complete_checkpoints
+from launcher.cli.main import main
 from launcher.errors import UserError
 from launcher.spec import JobSpec
 from launcher.storage import Storage

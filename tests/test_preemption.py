@@ -10,11 +10,11 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from launcher import preemption
-from launcher.cli import main
-from launcher.fake_metadata import FakeMetadataServer
-from launcher.gcs_emulator import free_port
-from launcher.runs import format_lost, format_restarts
+from launcher.preemption import watcher as preemption
+from launcher.cli.main import main
+from launcher.lab.metadata import FakeMetadataServer
+from launcher.lab.gcs_emulator import free_port
+from launcher.storage.runs import format_lost, format_restarts
 
 
 @pytest.fixture()
@@ -120,7 +120,7 @@ def test_drain_deadline_stays_inside_the_notice():
 
 
 def test_lost_work_per_restart():
-    from launcher.monitor import lost_work
+    from launcher.driver.events import lost_work
 
     attempts = [
         {"start_step": 0, "first_time": 0.0, "last_step": 30, "last_time": 10.0},   # held after its notice at 30

@@ -9,9 +9,9 @@ import textwrap
 
 import pytest
 
-from launcher.cli import main
+from launcher.cli.main import main
 from launcher.errors import UserError
-from launcher.script import Outcome, check_script
+from launcher.driver.script import Outcome, check_script
 
 needs_horovod = pytest.mark.skipif(
     importlib.util.find_spec("horovod") is None,

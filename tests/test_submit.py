@@ -1,4 +1,4 @@
-"""launcher.submit and its commands: runs submitted as Ray jobs to a real Ray head.
+"""launcher.driver.jobs and its commands: runs submitted as Ray jobs to a real Ray head.
 
 The integration tests start their own head (`ray start --head --block` with a
 dashboard on a free loopback port, token authentication on with a token of
@@ -21,9 +21,9 @@ import time
 
 import pytest
 
-from launcher import submit
-from launcher.cli import build_parser, main, spec_from_args
-from launcher.gcs_emulator import free_port
+from launcher.driver import jobs as submit
+from launcher.cli.main import build_parser, main, spec_from_args
+from launcher.lab.gcs_emulator import free_port
 from launcher.storage import Storage
 
 HEAD_START_S = 120

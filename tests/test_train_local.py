@@ -14,9 +14,9 @@ import pytest
 
 import workloads
 from datafiles import write_cifar_tar, write_mnist_idx
-from launcher.checkpoint import complete_checkpoints
-from launcher.cli import main
-from launcher.runlog import read_jsonl
+from launcher.storage.checkpoint import complete_checkpoints
+from launcher.cli.main import main
+from launcher.storage.runlog import read_jsonl
 from launcher.storage import Storage
 
 pytestmark = pytest.mark.integration
@@ -236,7 +236,7 @@ def test_diverging_run_fails_with_one_clear_error(ray_local, capsys, storage):
 
 def test_warm_local_head_is_used_until_down(storage, tmp_path):
     """`launcher up` starts a head; `launcher run` connects to it instead of starting Ray; `down` stops it."""
-    from launcher.gcs_emulator import free_port
+    from launcher.lab.gcs_emulator import free_port
 
     env = {**os.environ, "LAUNCHER_STATE_DIR": str(tmp_path / "state")}
     env.pop("RAY_ADDRESS", None)

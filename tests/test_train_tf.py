@@ -11,7 +11,7 @@ import pytest
 
 import workloads
 from launcher.backends import TFComm
-from launcher.cli import main
+from launcher.cli.main import main
 from launcher.spec import JobSpec
 from test_train_local import launch
 
@@ -42,7 +42,7 @@ class RecordingComm(TFComm):
 
 
 def test_tf_loop_gives_each_sample_to_one_rank_once_per_epoch():
-    from launcher.train_tf import TFTraining
+    from launcher.worker.tf_loop import TFTraining
 
     spec = JobSpec(framework="tensorflow", workers=2, epochs=1, preemption_check_steps=0).validated()
     seen = []
@@ -102,7 +102,7 @@ def test_tf_checkpoint_does_not_resume_a_torch_run(ray_local, capsys, storage):
                     reason="Horovod is not built here: run scripts/install-horovod (scripts/setup-env does)")
 def test_tf_horovod_matches_the_mirrored_strategy(ray_local, capsys, storage):
     """Both average gradients over the global batch: same seed, same losses epoch by epoch."""
-    from launcher.runlog import read_jsonl
+    from launcher.storage.runlog import read_jsonl
 
     losses = {}
     for backend in ("native", "horovod"):

@@ -5,7 +5,7 @@ Ray Train V2 trainer (:meth:`Backend.trainer`). On each worker it provides a
 :class:`TorchComm` (how to wrap the model and optimizer, and how to sum a
 tensor over all ranks) or, for TensorFlow, a :class:`TFComm` (the variable
 scope and the synchronous train step). The generic training loops
-(:mod:`launcher.train_torch`, :mod:`launcher.train_tf`) only talk to these. Framework and backend libraries are
+(:mod:`launcher.worker.torch_loop`, :mod:`launcher.worker.tf_loop`) only talk to these. Framework and backend libraries are
 imported inside the methods that need them.
 """
 
@@ -108,7 +108,7 @@ class Backend:
         """A Ray Train V2 trainer that runs ``train_fn(loop_config)`` on every worker."""
         raise NotImplementedError
 
-    # -- script mode (launcher.script): a backend sets runs_scripts and may override both
+    # -- script mode (launcher.driver.script): a backend sets runs_scripts and may override both
     runs_scripts: bool = False
 
     def script_trainer(self, spec, train_fn: Callable[[dict], None], config: dict[str, Any],

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from launcher.chaos import PreemptionLab, run_in_background
-from launcher.runlog import read_jsonl
+from launcher.lab.chaos import PreemptionLab, run_in_background
+from launcher.storage.runlog import read_jsonl
 from launcher.spec import JobSpec
 
 pytestmark = pytest.mark.chaos

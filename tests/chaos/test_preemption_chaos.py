@@ -1,6 +1,6 @@
 """Chaos tests: preemptions on a multi-node Ray cluster on this machine.
 
-One :class:`launcher.chaos.PreemptionLab` serves the module: a head without
+One :class:`launcher.lab.chaos.PreemptionLab` serves the module: a head without
 CPUs and two 1-CPU worker nodes, each with a fake GCE metadata server and the
 real watcher draining its node on a notice. Every run trains digits-mlp with 2
 workers (one per worker node), a fixed seed and a checkpoint every 10 steps, so
@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from launcher.chaos import PreemptionLab, run_in_background
+from launcher.lab.chaos import PreemptionLab, run_in_background
 from launcher.spec import JobSpec
 
 pytestmark = pytest.mark.chaos

@@ -3,7 +3,7 @@ preempted the way GCE does it, with or without notice.
 
 :class:`PreemptionLab` starts ``ray.cluster_utils.Cluster`` (a head without
 CPUs, so workers land on the worker nodes) and, per worker node, a fake GCE
-metadata server on loopback plus the real :class:`launcher.preemption.Watcher`
+metadata server on loopback plus the real :class:`launcher.preemption.watcher.Watcher`
 pointed at that node. :meth:`PreemptionLab.preempt` flips the node's metadata
 to TRUE (the watcher drains the node), waits out the drain deadline, removes
 the node and adds a replacement, as GCE and Ray's autoscaler would.
@@ -20,8 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from launcher.fake_metadata import FakeMetadataServer
-from launcher.preemption import Watcher, node_drainer
+from launcher.lab.metadata import FakeMetadataServer
+from launcher.preemption.watcher import Watcher, node_drainer
 
 
 @dataclass
@@ -154,7 +154,7 @@ class BackgroundRun:
         return self
 
     def _run(self) -> None:
-        from launcher import driver
+        from launcher.driver import launch as driver
 
         try:
             self.summary = driver.run(self.spec, show_progress=self.note is not None)
@@ -175,7 +175,7 @@ class BackgroundRun:
 
     def wait_for_checkpoint(self, predicate: Callable[[Any], bool], timeout_s: float = 180) -> Any:
         """The newest complete checkpoint's manifest once one satisfies ``predicate``."""
-        from launcher.checkpoint import complete_checkpoints
+        from launcher.storage.checkpoint import complete_checkpoints
         from launcher.storage import Storage
 
         storage = Storage.resolve(self.spec.storage)

@@ -8,7 +8,7 @@ a checkpoint through ``ray.train.report``.
 Data order is a pure function of (seed, epoch, rank): a run restored at any
 step replays the same batches it would have seen, so resuming mid-epoch
 skips exactly the batches already trained on. Positions, reports, resume and
-preemption notices are handled by :class:`launcher.loop.Training`.
+preemption notices are handled by :class:`launcher.worker.loop.Training`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from launcher import backends
-from launcher.checkpoint import read_manifest
-from launcher.loop import Position, Training, epoch_order, start_worker
+from launcher.storage.checkpoint import read_manifest
+from launcher.worker.loop import Position, Training, epoch_order, start_worker
 from launcher.spec import JobSpec
 
 MODEL_FILE = "model.pt"

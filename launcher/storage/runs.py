@@ -7,10 +7,10 @@ import os
 import socket
 from typing import Any
 
-from launcher.checkpoint import complete_checkpoints
-from launcher.runlog import read_jsonl
-from launcher.state import RunStatus
-from launcher.storage import Storage
+from launcher.storage.checkpoint import complete_checkpoints
+from launcher.storage.runlog import read_jsonl
+from launcher.summary import RunStatus
+from launcher.storage.store import Storage
 
 
 def _pid_alive(pid: int) -> bool:

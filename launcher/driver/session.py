@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass
 from typing import Iterator
 
-from launcher import localhead
+from launcher.driver import localhead
 from launcher.errors import UserError
 
 JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # ray._private.runtime_env.constants, not imported: heavy

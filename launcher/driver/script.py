@@ -167,8 +167,9 @@ def run_script(spec, script: str, args: list[str], *, out: TextIO | None = None,
     Raises:
         UserError: the backend cannot run here (before any worker starts).
     """
-    from launcher import backends, raysession
-    from launcher.driver import describe_failure
+    from launcher import backends
+    from launcher.driver import session as raysession
+    from launcher.driver.launch import describe_failure
 
     out = out or sys.stdout
     backend = backends.get(spec.backend)
@@ -183,8 +184,8 @@ def run_script(spec, script: str, args: list[str], *, out: TextIO | None = None,
     with raysession.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
                             verbose=verbose) as nodes:
         raysession.check_fits(nodes, spec.workers, spec.cpus_per_worker, spec.gpus_per_worker)
-        from launcher import gcs
-        from launcher.monitor import Mailbox
+        from launcher.storage import gcs
+        from launcher.driver.events import Mailbox
 
         sink = Mailbox.remote()
         config = {"script": script, "source": source, "args": list(args), "cwd": os.getcwd(),
@@ -259,7 +260,7 @@ def cmd_script(args) -> int:
     import dataclasses
     import datetime as _dt
 
-    from launcher.cli import spec_from_args
+    from launcher.cli.main import spec_from_args
 
     if not args.script:
         raise UserError(f"unexpected arguments {' '.join(args.script_args)!r}",

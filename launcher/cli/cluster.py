@@ -112,7 +112,9 @@ def spec_from_args(args: argparse.Namespace):
 
 def project_source_dir() -> str | None:
     """This project's checkout (the folder with pyproject.toml above launcher/), or None if installed."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    import launcher
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(launcher.__file__)))
     path = os.path.join(root, "pyproject.toml")
     try:
         with open(path, encoding="utf-8") as f:

@@ -1,6 +1,6 @@
 """The per-worker training loop for TensorFlow, shared by every TensorFlow backend.
 
-The same shape as :mod:`launcher.train_torch`: the backend's
+The same shape as :mod:`launcher.worker.torch_loop`: the backend's
 :class:`~launcher.backends.TFComm` joins the workers (MultiWorkerMirroredStrategy
 or Horovod) and supplies the distributed train step; this module loads the
 rank's shard, builds the workload's tf.keras model, restores the newest
@@ -12,7 +12,7 @@ Checkpoints hold the model's weights (``model.weights.npz``: every variable,
 batch-norm statistics included) and the optimizer's variables
 (``optimizer.npz``) as plain arrays, so reading them needs no distribution
 strategy, and the same manifest as torch checkpoints. Preemption notices are
-handled as in the torch loop (:class:`launcher.loop.Training`).
+handled as in the torch loop (:class:`launcher.worker.loop.Training`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 
 from launcher import backends
-from launcher.checkpoint import read_manifest
-from launcher.loop import Position, Training, epoch_order, start_worker
+from launcher.storage.checkpoint import read_manifest
+from launcher.worker.loop import Position, Training, epoch_order, start_worker
 from launcher.spec import JobSpec
 
 MODEL_FILE = "model.weights.npz"

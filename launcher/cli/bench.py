@@ -262,8 +262,8 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def _bench_emulator() -> Iterator[str]:
     """A fake-gcs-server on loopback with a bucket; yields the gs:// URI to use."""
-    from launcher import gcs
-    from launcher.gcs_emulator import Emulator
+    from launcher.storage import gcs
+    from launcher.lab.gcs_emulator import Emulator
 
     with tempfile.TemporaryDirectory(prefix="launcher-gcs-") as root:
         emulator = Emulator(root).start()
@@ -285,8 +285,8 @@ HANDLERS = {"scaling": cmd_scaling, "allreduce": cmd_allreduce, "project": cmd_p
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    if args.bench_command == "preemption":  # its parser and handler live in launcher.cli_preemption
-        from launcher.cli_preemption import cmd_bench_preemption
+    if args.bench_command == "preemption":  # its parser and handler live in launcher.cli.preemption
+        from launcher.cli.preemption import cmd_bench_preemption
 
         return cmd_bench_preemption(args)
     return HANDLERS[args.bench_command](args)

@@ -16,7 +16,12 @@ import signal
 import sys
 from typing import Any, Iterator, Sequence, TextIO
 
-from launcher import __version__, cli_bench, cli_cluster, cli_doctor, cli_submit, startup
+from launcher import __version__
+from launcher.cli import bench as cli_bench
+from launcher.cli import cluster as cli_cluster
+from launcher.cli import doctor as cli_doctor
+from launcher.cli import jobs as cli_submit
+from launcher.driver import startup
 from launcher.errors import UserError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
@@ -100,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench_sub = cli_bench.add_parsers(sub, _Parser)
 
-    from launcher import cli_preemption
+    from launcher.cli import preemption as cli_preemption
 
     cli_preemption.add_bench_parser(bench_sub)
     cli_preemption.add_parsers(sub, _Parser)
@@ -136,10 +141,10 @@ def spec_from_args(args: argparse.Namespace):
 
 def cmd_run(args: argparse.Namespace) -> int:
     if args.script or args.script_args:
-        from launcher.script import cmd_script
+        from launcher.driver.script import cmd_script
 
         return cmd_script(args)
-    from launcher import driver
+    from launcher.driver import launch as driver
 
     spec = spec_from_args(args)
     # SIGTERM (a scheduler or CI stopping us) ends the run like Ctrl-C: summary written, exit 130.
@@ -231,7 +236,7 @@ def cmd_workloads(args: argparse.Namespace) -> int:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from launcher.runs import format_table, list_runs
+    from launcher.storage.runs import format_table, list_runs
     from launcher.spec import normalize_storage
     from launcher.storage import Storage
 
@@ -242,7 +247,7 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from launcher.datacache import upload
+    from launcher.storage.datacache import upload
 
     uri = upload(args.local, args.uri)
     print(uri)
@@ -250,7 +255,7 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 
 def cmd_up(args: argparse.Namespace) -> int:
-    from launcher import localhead
+    from launcher.driver import localhead
 
     if args.num_cpus is not None and args.num_cpus < 1:
         raise UserError(f"--num-cpus must be >= 1, got {args.num_cpus}")
@@ -262,14 +267,14 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def cmd_down(args: argparse.Namespace) -> int:
-    from launcher import localhead
+    from launcher.driver import localhead
 
     print("stopped the warm local Ray" if localhead.down() else "no warm local Ray was running")
     return EXIT_OK
 
 
 def cmd_preemption(args: argparse.Namespace) -> int:
-    from launcher.cli_preemption import cmd_preemption as run_preemption_command
+    from launcher.cli.preemption import cmd_preemption as run_preemption_command
 
     return run_preemption_command(args)
 

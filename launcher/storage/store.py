@@ -13,7 +13,7 @@ import posixpath
 import uuid
 from dataclasses import dataclass
 
-from launcher import gcs
+from launcher.storage import gcs
 from launcher.errors import UserError
 
 # As Ray Train copies checkpoints: small chunks make each GCS upload many requests.

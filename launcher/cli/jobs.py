@@ -1,6 +1,6 @@
 """``launcher submit / jobs / status / logs / stop``: runs as Ray jobs on a running cluster.
 
-Parsers and handlers only; the work is in :mod:`launcher.submit`. Every
+Parsers and handlers only; the work is in :mod:`launcher.driver.jobs`. Every
 command takes ``--address http://HEAD:8265`` (the dashboard's job API), or
 reads RAY_API_SERVER_ADDRESS / RAY_ADDRESS. ``submit`` takes every
 ``launcher run`` flag and validates the spec here, before anything is sent.
@@ -21,7 +21,7 @@ ADDRESS_HELP = ("the head's dashboard (Ray job API), e.g. http://127.0.0.1:8265;
 def add_parsers(sub, parser_class) -> None:
     """Add the job commands to the ``launcher`` subparsers ``sub`` (``parser_class`` is for nested
     subcommands; these have none)."""
-    from launcher.cli import RUN_FLAGS
+    from launcher.cli.main import RUN_FLAGS
 
     sb = sub.add_parser("submit", help="submit a run to a running Ray cluster as a Ray job; prints the job id")
     sb.add_argument("--config", help="job spec YAML; flags override its values")
@@ -82,8 +82,8 @@ def _note(text: str) -> None:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from launcher import submit
-    from launcher.cli import spec_from_args
+    from launcher.driver import jobs as submit
+    from launcher.cli.main import spec_from_args
 
     spec = spec_from_args(args)  # bad flags stop here: nothing is sent
     _quiet_ray(args.verbose)
@@ -114,7 +114,7 @@ def _follow(submit, address: str | None, job_id: str) -> int:
 
 
 def cmd_jobs(args: argparse.Namespace) -> int:
-    from launcher import submit
+    from launcher.driver import jobs as submit
 
     _quiet_ray(args.verbose)
     jobs = submit.list_jobs(args.job_server)
@@ -131,7 +131,7 @@ def cmd_jobs(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from launcher import submit
+    from launcher.driver import jobs as submit
 
     _quiet_ray(args.verbose)
     details = submit.info(args.job_server, args.job_id)
@@ -157,7 +157,7 @@ def format_status(d: dict[str, Any]) -> str:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from launcher import submit
+    from launcher.driver import jobs as submit
 
     _quiet_ray(args.verbose)
     if args.follow:
@@ -167,7 +167,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
-    from launcher import submit
+    from launcher.driver import jobs as submit
 
     _quiet_ray(args.verbose)
     if args.no_wait:

@@ -15,7 +15,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlparse
 
-from launcher.preemption import PREEMPTED_PATH
+from launcher.preemption.watcher import PREEMPTED_PATH
 
 
 class FakeMetadataServer:

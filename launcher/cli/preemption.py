@@ -1,5 +1,5 @@
 """``launcher preemption ...`` and ``launcher bench preemption``: the command-line side of
-:mod:`launcher.preemption` and :mod:`launcher.chaos`.
+:mod:`launcher.preemption.watcher` and :mod:`launcher.lab.chaos`.
 
 * ``preemption watch`` runs on each Spot/preemptible node (the cluster file
   starts it): it waits for GCE's notice and drains the node's Ray node.
@@ -65,7 +65,7 @@ def _log(text: str) -> None:
 def cmd_preemption(args: argparse.Namespace) -> int:
     if args.preemption_command == "demo":
         return _demo(args)
-    from launcher import preemption
+    from launcher.preemption import watcher as preemption
 
     stop = threading.Event()
     # SIGTERM (node shutdown, systemd stop) ends the watch quietly.
@@ -81,8 +81,8 @@ def cmd_preemption(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from launcher.chaos import PreemptionLab, run_in_background
-    from launcher.cli import format_summary
+    from launcher.lab.chaos import PreemptionLab, run_in_background
+    from launcher.cli.main import format_summary
     from launcher.spec import JobSpec
 
     if args.notice_s < 3:

@@ -22,7 +22,7 @@ from typing import Iterator
 
 import workloads
 from launcher.storage import Storage
-from launcher.train_torch import MODEL_FILE
+from launcher.worker.torch_loop import MODEL_FILE
 
 
 @contextlib.contextmanager
@@ -77,7 +77,7 @@ def export_tensorflow(spec, checkpoint_dir: str, storage: Storage) -> str:
     """Write the TensorFlow model in ``checkpoint_dir`` as a SavedModel under ``<storage>/<name>/model/``."""
     import shutil
 
-    from launcher.train_tf import MODEL_FILE as TF_MODEL_FILE, load_arrays
+    from launcher.worker.tf_loop import MODEL_FILE as TF_MODEL_FILE, load_arrays
     from workloads.tf_models import keras
 
     workload = workloads.get(spec.workload)

@@ -3,7 +3,7 @@
 The data order (a pure function of seed, epoch and rank), the training
 position, the choice of the checkpoint to resume from, reporting to Ray Train
 with a checkpoint folder, and the reaction to a preemption notice.
-:mod:`launcher.train_torch` and :mod:`launcher.train_tf` subclass
+:mod:`launcher.worker.torch_loop` and :mod:`launcher.worker.tf_loop` subclass
 :class:`Training`, so a run behaves the same whichever framework trains it.
 
 Every ``preemption_check_steps`` steps all ranks ask Ray Train whether a node
@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 import workloads
-from launcher.checkpoint import Manifest, complete_checkpoints, newest_complete, write_manifest
+from launcher.storage.checkpoint import Manifest, complete_checkpoints, newest_complete, write_manifest
 from launcher.spec import JobSpec
 
 RESERVE_MIN_S = 1.5  # stop training at least this long before the drain deadline
@@ -79,7 +79,7 @@ class Training:
     """
 
     def __init__(self, spec: JobSpec, comm) -> None:
-        from launcher.datacache import local_data
+        from launcher.storage.datacache import local_data
 
         self.spec, self.comm = spec, comm
         self.rank, self.world = comm.rank, comm.world_size
@@ -150,7 +150,7 @@ class Training:
         """Rank 0, final checkpoint: export the model from ``directory`` (already holding
         its files) to ``<run>/model/``, here where the framework is loaded, so the driver
         never imports it. None on failure: the driver then exports from the checkpoint."""
-        from launcher.export import export
+        from launcher.worker.export import export
         from launcher.storage import Storage
 
         try:

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from launcher.errors import UserError
-from launcher.storage import Storage
+from launcher.storage.store import Storage
 
 IDENTITY_KEYS = ("workload", "framework")
 

@@ -15,13 +15,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import workloads
-from launcher import backends, datacache, gcs, localhead, raysession, startup
-from launcher.checkpoint import Manifest, complete_checkpoints
+from launcher import backends
+from launcher.storage import datacache
+from launcher.storage import gcs
+from launcher.driver import localhead
+from launcher.driver import session as raysession
+from launcher.driver import startup
+from launcher.storage.checkpoint import Manifest, complete_checkpoints
 from launcher.errors import UserError
-from launcher.progress import Progress
-from launcher.runlog import RunLog
+from launcher.driver.progress import Progress
+from launcher.storage.runlog import RunLog
 from launcher.spec import JobSpec
-from launcher.state import RunStatus
+from launcher.summary import RunStatus
 from launcher.storage import Storage
 
 POLL_S = 0.5
@@ -118,7 +123,7 @@ class Tracker:
 
     def account(self, attempts: list[dict[str, Any]]) -> None:
         """Steps and time each restart lost, from the progress board's view of the attempts."""
-        from launcher.monitor import lost_work
+        from launcher.driver.events import lost_work
 
         self.lost = lost_work(attempts, self.checkpoint_times)
         # worker_start / model_ready / worker_ready / first_step: where each group's start-up went
@@ -244,12 +249,12 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
     """Run the trainer while a thread pumps reports into the tracker."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 
-    from launcher.monitor import EventChannel
+    from launcher.driver.events import EventChannel
 
     if spec.framework == "tensorflow":
-        from launcher.train_tf import train_loop_per_worker
+        from launcher.worker.tf_loop import train_loop_per_worker
     else:
-        from launcher.train_torch import train_loop_per_worker
+        from launcher.worker.torch_loop import train_loop_per_worker
 
     for key, value in ray_train_env().items():
         os.environ.setdefault(key, value)
@@ -320,7 +325,7 @@ def describe_failure(exc: BaseException) -> str:
 
 
 def _export(spec: JobSpec, storage: Storage, checkpoint) -> str | None:
-    from launcher.export import export
+    from launcher.worker.export import export
 
     with checkpoint.as_directory() as d:
         return export(spec, d, storage)

@@ -18,7 +18,7 @@ import hashlib
 import os
 from typing import Callable, Iterator
 
-from launcher import gcs
+from launcher.storage import gcs
 from launcher.errors import UserError
 
 CACHE_ENV = "LAUNCHER_CACHE"

@@ -1,0 +1,74 @@
+"""Every private Ray name the launcher uses, in one place.
+
+Ray's public API does not cover everything a lean launcher needs (its
+controller callbacks, its torch process-group routine without torch in the
+driver, a node drain with a deadline). Each such name is listed in
+:data:`PRIVATE` with why it is used; modules get them from here
+(``from launcher._ray import ControllerCallback``), never from Ray directly.
+
+Nothing is imported until a name is first asked for: some of these modules
+import torch at the top, and the driver must not. ``tests/test_ray_private.py``
+resolves every name, so a Ray upgrade that moves one fails there, in one place,
+rather than in the middle of a run.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# name -> ("module:attribute", why the launcher needs it)
+PRIVATE: dict[str, tuple[str, str]] = {
+    # Ray Train V2's controller callbacks (preemption notices, restarts) and its trainer internals.
+    "ControllerCallback": ("ray.train.v2._internal.execution.callback:ControllerCallback",
+                           "the controller's state changes (notice seen, restart and its cause)"),
+    "is_preemption_failure": ("ray.train.v2._internal.execution.failure_handling.default:_is_preemption_failure",
+                              "whether Ray Train charges a restart to the preemption budget"),
+    "DatasetsCallback": ("ray.train.v2._internal.callbacks.datasets:DatasetsCallback",
+                         "dropped from the default callbacks when a run has no Ray Data datasets"),
+    "PlacementGroupCleanerCallback": ("ray.train.v2._internal.callbacks.placement_group_callback:"
+                                      "PlacementGroupCleanerCallback",
+                                      "dropped: the driver always outlives its run"),
+    "TrainingFramework": ("ray.train.v2._internal.util:TrainingFramework",
+                          "marks the lean torch process group as a torch backend"),
+    # Ray's torch process-group set-up, called on the workers only (the module imports torch).
+    "get_address_and_port": ("ray.train._internal.utils:get_address_and_port",
+                             "rank 0's address and a free port for the torch rendezvous"),
+    "set_torch_distributed_env_vars": ("ray.train.torch.config:_set_torch_distributed_env_vars",
+                                       "torchrun's RANK, LOCAL_RANK, ... on each worker"),
+    "setup_torch_process_group": ("ray.train.torch.config:_setup_torch_process_group",
+                                  "init_process_group as Ray's TorchConfig does it"),
+    "shutdown_torch": ("ray.train.torch.config:_shutdown_torch", "leave the process group"),
+    "TorchConfigContextManager": ("ray.train.torch.config:TorchConfigContextManager",
+                                  "each worker's default CUDA device"),
+    # The GCS: draining a node for preemption, and reading the drain state.
+    "GcsClient": ("ray._raylet:GcsClient", "drain a node with reason PREEMPTION and a deadline"),
+    "canonicalize_bootstrap_address": ("ray._private.services:canonicalize_bootstrap_address_or_die",
+                                       "an address ('auto', host:port) as the GCS client takes it"),
+    "node_ip_address": ("ray._private.services:get_node_ip_address", "this machine's address as Ray names it"),
+    "global_state": ("ray._private.state:state", "which nodes are draining, and until when (the chaos lab)"),
+    "DrainNodeReason": ("ray.core.generated.autoscaler_pb2:DrainNodeReason", "the PREEMPTION drain reason"),
+}
+
+# Not imported: a constant whose module is heavy (ray._private.runtime_env.constants).
+JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"   # set by Ray's job supervisor for a job's entrypoint
+# Loggers of Ray's job client that log every package upload at INFO.
+JOB_CLIENT_LOGGERS = ("ray.dashboard.modules.dashboard_sdk", "ray.dashboard.modules.job.sdk",
+                      "ray._private.runtime_env.packaging")
+
+_resolved: dict[str, Any] = {}
+
+
+def resolve(name: str) -> Any:
+    """The object behind ``name`` (a key of :data:`PRIVATE`), imported on first use."""
+    if name not in _resolved:
+        target, _ = PRIVATE[name]
+        module, _, attribute = target.partition(":")
+        _resolved[name] = getattr(importlib.import_module(module), attribute)
+    return _resolved[name]
+
+
+def __getattr__(name: str) -> Any:
+    if name in PRIVATE:
+        return resolve(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
