@@ -2,5 +2,5 @@
 
 Empty for now: the scaling, allreduce, overhead and checkpoint benchmarks
 arrive with the benchmark work; they will drive training through
-launcher.driver.launch like any other run.
+the launcher's public API (``launcher``, ``launcher.driver``, ...) like any other run.
 """

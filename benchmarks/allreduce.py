@@ -124,7 +124,7 @@ def run(names: list[str], sizes: list[int], workers: int, threads: int, note: Ca
         target_bytes: int = TARGET_BYTES) -> tuple[list[dict], list[dict], float]:
     """(measurements, skipped, copy bandwidth in bytes/s)."""
     from benchmarks import machine
-    from launcher.driver import session as raysession
+    from launcher.driver import connect
 
     note(f"memory-copy reference: numpy copy of {human(COPY_BYTES)} ...")
     copy_bw = copy_bandwidth()
@@ -145,7 +145,7 @@ def run(names: list[str], sizes: list[int], workers: int, threads: int, note: Ca
     if not todo:
         return measured, skipped, copy_bw
     config = {"sizes": sizes, "target_bytes": target_bytes}
-    with raysession.connect(None, workers=workers, cpus_per_worker=threads):
+    with connect(None, workers=workers, cpus_per_worker=threads):
         for i, (name, backend, gpus) in enumerate(todo, 1):
             note(f"[{i}/{len(todo)}] {name}: {workers} workers, {len(sizes)} sizes "
                  f"{human(sizes[0])}..{human(sizes[-1])} ...")

@@ -47,7 +47,7 @@ def training_state(model_name: str = "resnet50"):
 def _save(model, optimizer, folder: str) -> None:
     import torch
 
-    from launcher.storage.checkpoint import Manifest, write_manifest
+    from launcher.storage import Manifest, write_manifest
 
     torch.save(model.state_dict(), os.path.join(folder, "model.pt"))
     torch.save(optimizer.state_dict(), os.path.join(folder, "optimizer.pt"))
@@ -59,7 +59,7 @@ def measure_once(storage, model, optimizer, index: int) -> Sample:
     """Save to and restore from ``storage`` once; timings include serialisation."""
     import torch
 
-    from launcher.storage.checkpoint import read_manifest
+    from launcher.storage import read_manifest
 
     name = f"checkpoint_bench_{os.getpid()}_{index}"
     with tempfile.TemporaryDirectory(prefix="bench-save-") as d:
@@ -76,7 +76,7 @@ def measure_once(storage, model, optimizer, index: int) -> Sample:
         optimizer.load_state_dict(torch.load(os.path.join(d, "optimizer.pt")))
         restore_s = time.perf_counter() - start
     storage.remove_dir(".bench", name)
-    from launcher.storage.gcs import emulator_host
+    from launcher.storage import emulator_host
 
     return Sample(storage.uri, not storage.is_local and emulator_host() is not None, size, save_s, restore_s)
 

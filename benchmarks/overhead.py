@@ -79,32 +79,32 @@ def last_json(stdout: str) -> dict:
 
 
 def run(repeats: int, workers: int, note: Callable[[str], None]) -> list[dict]:
-    from launcher.driver import localhead
+    from launcher import driver
 
     samples = []
     chosen = variants(note)
     note(f"every worker: OMP_NUM_THREADS={THREADS}, torch threads {THREADS}")
-    if localhead.running_head():
+    if driver.running_head():
         note("note: your warm local Ray is running and slows the cold starts; `launcher down` first "
              "for clean figures")
     with tempfile.TemporaryDirectory(prefix="launcher-overhead-") as tmp:
         cold_state, warm_state = os.path.join(tmp, "cold-state"), os.path.join(tmp, "warm-state")
         base = {**os.environ, "OMP_NUM_THREADS": str(THREADS)}
         base.pop("RAY_ADDRESS", None)
-        os.environ[localhead.STATE_ENV] = warm_state
+        os.environ[driver.STATE_ENV] = warm_state
         try:
             for i in range(repeats):
                 for variant in chosen:
                     if variant == "launcher-warm":
-                        localhead.up()
-                    env = {**base, localhead.STATE_ENV: warm_state if variant == "launcher-warm" else cold_state}
+                        driver.up()
+                    env = {**base, driver.STATE_ENV: warm_state if variant == "launcher-warm" else cold_state}
                     cmd = _command(variant, workers, os.path.join(tmp, "runs"), i)
                     env["BENCH_LAUNCHED"] = repr(time.time())
                     start = time.perf_counter()
                     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
                     wall = time.perf_counter() - start
                     if variant == "launcher-warm":
-                        localhead.down()
+                        driver.down()
                     if res.returncode != 0:
                         # One failed run (e.g. a Ray health check timing out on a loaded machine)
                         # is reported and counted; the other runs still give their figures.
@@ -121,8 +121,8 @@ def run(repeats: int, workers: int, note: Callable[[str], None]) -> list[dict]:
                          + (f"  first step after {first:.2f}s" if first else "")
                          + (f"  {out['samples_per_s']:,.0f} samples/s" if out.get("samples_per_s") else ""))
         finally:
-            localhead.down()
-            os.environ.pop(localhead.STATE_ENV, None)
+            driver.down()
+            os.environ.pop(driver.STATE_ENV, None)
     return samples
 
 

@@ -48,8 +48,8 @@ def recoveries(attempts: list[dict[str, Any]], removals: list[float]) -> list[fl
 
 
 def run(every_s: float, epochs: int, notice_s: float, with_notice: bool, note: Callable[[str], None]) -> dict:
-    from launcher.lab.chaos import PreemptionLab, run_in_background
-    from launcher.spec import JobSpec
+    from launcher import JobSpec
+    from launcher.lab import PreemptionLab, run_in_background
 
     with tempfile.TemporaryDirectory(prefix="launcher-bench-preempt-") as root, \
             PreemptionLab(nodes=2, notice_s=notice_s, margin_s=min(5.0, notice_s / 3), note=note) as lab:
@@ -69,12 +69,12 @@ def run(every_s: float, epochs: int, notice_s: float, with_notice: bool, note: C
         summary = job.wait(timeout_s=3600)
         removals = [e["time"] for e in lab.events if e["event"].startswith("node removed")]
         events = [{k: v for k, v in e.items() if k != "node"} for e in lab.events]
-    attempts = summary.get("attempts") or []
+    attempts = summary.to_json()["attempts"]
     return {"every_s": every_s, "notice_s": notice_s if with_notice else None, "epochs": epochs,
-            "status": summary["status"], "steps": summary["steps_completed"], "preemptions": len(removals),
-            "restarts": summary["restarts"], "steps_lost": summary["steps_lost"],
-            "time_lost_s": summary["time_lost_s"], "recovery_s": recoveries(attempts, removals),
-            "goodput": round(goodput(attempts), 4), "wall_s": summary["wall_s"], "attempts": attempts,
+            "status": str(summary.status), "steps": summary.steps_completed, "preemptions": len(removals),
+            "restarts": summary.restarts, "steps_lost": summary.steps_lost,
+            "time_lost_s": summary.time_lost_s, "recovery_s": recoveries(attempts, removals),
+            "goodput": round(goodput(attempts), 4), "wall_s": summary.wall_s, "attempts": attempts,
             "period_s": period(removals), "breakdown_s": breakdown(attempts, events), "lab_events": events}
 
 
@@ -124,7 +124,7 @@ def format_result(r: dict) -> str:
              + (f"{r['notice_s']:g}s notice" if r["notice_s"] else "no notice")
              + f": {r['status']}, {r['steps']} steps, {r['preemptions']} node(s) removed"
              + (f" ({r['period_s']:g}s apart)" if r.get("period_s") else "") + f", {r['restarts']} restart(s)",
-             f"  recovery (node removed -> first step): "
+             "  recovery (node removed -> first step): "
              + (f"mean {sum(rec) / len(rec):.1f}s, max {max(rec):.1f}s" if rec else "-"),
              f"  steps lost {r['steps_lost']}, time lost {r['time_lost_s']:.1f}s",
              f"  goodput {100 * r['goodput']:.1f}% (useful step time / wall time), wall {r['wall_s']:.0f}s"]

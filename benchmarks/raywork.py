@@ -54,7 +54,7 @@ def run(backend, framework: str, workload: str, workers: int, threads: int, fn: 
     """Run ``fn(config)`` on ``workers`` Ray Train workers of ``backend``; return rank 0's result."""
     from ray.train import RunConfig, ScalingConfig
 
-    from launcher.spec import JobSpec
+    from launcher import JobSpec
 
     spec = JobSpec(workload=workload, framework=framework, backend=backend.name, workers=workers,
                    cpus_per_worker=float(threads), gpus_per_worker=gpus_per_worker,
@@ -84,6 +84,6 @@ def run(backend, framework: str, workload: str, workers: int, threads: int, fn: 
 
 
 def one_line(exc: BaseException) -> str:
-    from launcher.driver.launch import describe_failure
+    from launcher.driver import describe_failure
 
     return describe_failure(exc)

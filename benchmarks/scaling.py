@@ -133,7 +133,7 @@ def tf_worker(config: dict[str, Any]) -> None:
     import os
 
     os.environ.update(config.get("env", {}))
-    from launcher.worker.tf_loop import configure_tensorflow
+    from launcher.worker import configure_tensorflow
 
     configure_tensorflow(config["threads"])
     import numpy as np
@@ -195,7 +195,7 @@ WORKERS = {"torch": torch_worker, "tensorflow": tf_worker}
 def run(settings: Settings, frameworks: list[str], backend_names: list[str], worker_counts: list[int],
         note: Callable[[str], None]) -> tuple[list[dict], list[dict]]:
     """Measure every available (framework, backend, workers); returns (measurements, skipped)."""
-    from launcher.driver import session as raysession
+    from launcher.driver import connect
 
     combos, skipped = [], []
     for fw in frameworks:
@@ -209,7 +209,7 @@ def run(settings: Settings, frameworks: list[str], backend_names: list[str], wor
     measured: list[dict] = []
     if not combos:
         return measured, skipped
-    with raysession.connect(None, workers=max(worker_counts), cpus_per_worker=settings.threads):
+    with connect(None, workers=max(worker_counts), cpus_per_worker=settings.threads):
         for i, (fw, backend, n) in enumerate(combos, 1):
             note(f"[{i}/{len(combos)}] {fw}/{backend.name}, {n} worker(s): {settings.workload}, "
                  f"batch {settings.batch_size}, {settings.warmup} warm-up + {settings.iters}x"

@@ -28,16 +28,16 @@ def main() -> None:
     import torch
     import torch.distributed as dist
 
-    from launcher.backends.native import DDPComm
-    from launcher.spec import JobSpec
-    from launcher.worker.torch_loop import TorchTraining
+    from launcher import JobSpec
+    from launcher.backends import DDPComm
+    from launcher.worker import TorchTraining
 
     class CpuComm(DDPComm):  # DDPComm asks Ray Train for the device; here it is the CPU
         def device(self):
             return torch.device("cpu")
 
     if args.comm == "horovod":
-        from launcher.backends.horovod import HorovodComm
+        from launcher.backends import HorovodComm
 
         comm = HorovodComm()
     else:
@@ -51,13 +51,10 @@ def main() -> None:
     training = TorchTraining(spec, comm)
     ready = time.time()
     training.marks["worker_ready"] = ready  # makes run_epoch mark its first step
-    model = comm.wrap_model(training.module)
-    optimizer = comm.wrap_optimizer(training.optimizer, model)
-    if hasattr(comm, "after_restore"):
-        comm.after_restore(model, optimizer)
+    training.prepare()  # the backend's wrapped model and optimizer, every rank's state equal
     stats = {}
     for _ in range(spec.epochs):
-        stats = training.run_epoch(model, optimizer)
+        stats = training.run_epoch()
         training.pos.epoch, training.pos.step_in_epoch = training.pos.epoch + 1, 0
         stats.update(training.evaluate())
     if comm.rank == 0:

@@ -1,5 +1,7 @@
 """ClusterSpec: one typed, validated description of a Compute Engine Ray cluster.
 
+Each field is declared once (type, default, help); the ``--spec`` YAML keys and
+the ``launcher cluster config`` flags derive from it (:mod:`launcher.schema`).
 A spec starts from a preset (named after AI Platform's scale tiers), then a
 YAML file's keys, then command-line flags (each layer wins over the one
 before). :meth:`ClusterSpec.validated` checks every field and fills the values
@@ -15,7 +17,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from launcher import schema
 from launcher.errors import UserError
+from launcher.schema import option
 
 PROVISIONING = ("standard", "spot", "preemptible")
 TERMINATION_ACTIONS = ("DELETE", "STOP")
@@ -66,44 +70,46 @@ G2_GPUS = {"g2-standard-48": 4, "g2-standard-96": 8}  # every other g2 type has 
 class ClusterSpec:
     """What to provision. ``None`` means "derived" (see :meth:`validated`)."""
 
-    preset: str = "custom"
-    project: str | None = None
-    region: str | None = None  # default: the zone's region
-    zone: str = "us-central1-a"
-    cluster_name: str = "launcher"
-    head_machine_type: str = "n1-standard-4"
-    worker_machine_type: str = "n1-standard-8"
-    min_workers: int = 2
-    max_workers: int = 2
-    accelerator_type: str | None = None  # on the workers, or on the head when max_workers is 0
-    accelerator_count: int = 0
-    provisioning: str = "standard"  # of the worker nodes; the head is always standard
-    termination_action: str = "DELETE"  # Spot only
-    disk_size_gb: int = 100
-    image: str | None = None  # default: a Deep Learning VM family, with CUDA on GPU nodes, without on others
-    service_account: str | None = None  # default: the service account `ray up` creates
-    scopes: tuple[str, ...] = ()  # default: least privilege (see WORKER_SCOPES)
-    network: str | None = None
-    subnetwork: str | None = None
-    idle_timeout_minutes: int = 5
-    horovod: bool = False
-    install: str | None = None  # default: copy the project source to every node and pip install it
-    source_dir: str | None = None  # the local project folder copied to nodes (filled in by the CLI)
-    ssh_user: str = "ubuntu"
+    preset: str = option("custom", help="basic | standard-1 | basic-gpu | custom (default custom)")
+    project: str | None = option(None, help="Google Cloud project id (default: GOOGLE_CLOUD_PROJECT)")
+    region: str | None = option(None, help="region (default: the zone's)")
+    zone: str = option("us-central1-a", help="zone (default us-central1-a)")
+    cluster_name: str = option("launcher", flag="--name", help="cluster name (default launcher)")
+    head_machine_type: str = option("n1-standard-4", help="head VM type (default n1-standard-4)")
+    worker_machine_type: str = option("n1-standard-8", help="worker VM type (default n1-standard-8)")
+    min_workers: int = option(2, help="workers kept running (default: the preset's)")
+    max_workers: int = option(2, help="most workers (default: the preset's)")
+    # on the workers, or on the head when max_workers is 0
+    accelerator_type: str | None = option(None, flag="--accelerator", help="GPU type on the workers (on the head "
+                                          "if --max-workers 0), e.g. nvidia-tesla-t4, nvidia-l4, nvidia-tesla-v100, "
+                                          "nvidia-tesla-a100")
+    accelerator_count: int = option(0, help="GPUs per VM (default 1; implied for A2/A3/G2 types)")
+    # of the worker nodes; the head is always standard
+    provisioning: str = option("standard", help="standard | spot | preemptible (worker VMs; default standard)")
+    termination_action: str = option("DELETE", help="what Compute Engine does to a preempted Spot VM: "
+                                     "DELETE (default) | STOP")
+    disk_size_gb: int = option(100, help="boot disk size (default 100)")
+    image: str | None = option(None, help="boot image (default: a Deep Learning VM family, with CUDA on GPU nodes)")
+    service_account: str | None = option(None, help="service account email (default: the one `ray up` creates)")
+    scopes: tuple[str, ...] = option((), help="comma-separated OAuth scopes (default: devstorage.read_write,"
+                                     "logging.write,monitoring.write; the head adds compute)")
+    network: str | None = option(None, help="VPC network (default: the project's default)")
+    subnetwork: str | None = option(None, help="subnetwork of the region")
+    idle_timeout_minutes: int = option(5, help="minutes before an idle worker above min is removed")
+    horovod: bool = option(False, help="build Horovod on every node")
+    install: str | None = option(None, help="command that installs this launcher on each node (default: copy this "
+                                 "project to ~/launcher and pip install it)")
+    # the local project folder copied to nodes (filled in by the CLI)
+    source_dir: str | None = option(None, cli=False, help="the local project folder copied to the nodes")
+    ssh_user: str = option("ubuntu", cli=False, help="the user `ray up` logs in as")
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], source: str = "spec") -> "ClusterSpec":
         """Build a spec from a preset and a mapping (YAML or flags); unknown keys are errors."""
-        preset = values.get("preset", "custom")
-        base = preset_values(str(preset))
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        for key, value in values.items():
-            if key not in known:
-                close = difflib.get_close_matches(str(key), known, n=1)
-                hint = f"did you mean {close[0]}?" if close else f"valid keys: {', '.join(known)}"
-                raise UserError(f"{source}: unknown key {key!r}", hint)
-            if value is not None:
-                base[key] = _coerce(key, value, known[key].type, source)
+        schema.check_keys(cls, values, source)
+        base = preset_values(str(values.get("preset") or "custom"))
+        # An empty YAML value (``zone:``) leaves the preset's or the default value.
+        base.update(schema.from_mapping(cls, {k: v for k, v in values.items() if v is not None}, source))
         return cls(**base)
 
     def merged(self, overrides: Mapping[str, Any], source: str = "flags") -> "ClusterSpec":
@@ -263,25 +269,4 @@ def _check_accelerator(spec: ClusterSpec) -> int:
 
 
 def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-def _coerce(key: str, value: Any, annotation: Any, source: str) -> Any:
-    """Check a YAML/flag value against the field's type; ints may come as strings from flags."""
-    kind = str(annotation)
-    if "tuple" in kind:
-        items = value.split(",") if isinstance(value, str) else value
-        if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
-            raise UserError(f"{source}: {key} must be a list of strings, got {value!r}")
-        return tuple(i.strip() for i in items if i.strip())
-    if kind == "bool":
-        if not isinstance(value, bool):
-            raise UserError(f"{source}: {key} must be true or false, got {value!r}")
-        return value
-    if kind == "int":
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise UserError(f"{source}: {key} must be an integer, got {value!r}")
-        return value
-    if not isinstance(value, str) or not value.strip():
-        raise UserError(f"{source}: {key} must be a non-empty string, got {value!r}")
-    return value.strip()
+    return schema.flag_of(ClusterSpec, name)

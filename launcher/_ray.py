@@ -50,6 +50,12 @@ PRIVATE: dict[str, tuple[str, str]] = {
     "DrainNodeReason": ("ray.core.generated.autoscaler_pb2:DrainNodeReason", "the PREEMPTION drain reason"),
 }
 
+# Private methods of Ray classes that the launcher overrides: "module:Class.method".
+OVERRIDDEN: dict[str, str] = {
+    "ray.train.v2.api.data_parallel_trainer:DataParallelTrainer._create_default_callbacks":
+        "LeanTrainer drops the Ray Data and placement-group-cleaner callbacks a run never uses",
+}
+
 # Not imported: a constant whose module is heavy (ray._private.runtime_env.constants).
 JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"   # set by Ray's job supervisor for a job's entrypoint
 # Loggers of Ray's job client that log every package upload at INFO.

@@ -1,14 +1,16 @@
-"""User-facing errors: one line that says what is wrong, why, and how to fix it."""
+"""The launcher's errors: bad input (exit 2) and services that do not answer (exit 1).
+
+Both carry one line that says what is wrong and what to do about it; the
+CLI prints it without a traceback (unless --verbose).
+"""
 
 from __future__ import annotations
 
 
-class UserError(Exception):
-    """Bad input from the user (flags, YAML, data, storage, cluster size).
+class LauncherError(Exception):
+    """An error the CLI reports as one line: ``what``, then ``; fix``."""
 
-    The CLI prints ``str(error)`` as a single line and exits non-zero without a
-    traceback (unless --verbose).
-    """
+    exit_code = 1
 
     def __init__(self, what: str, fix: str | None = None) -> None:
         self.what = what
@@ -17,3 +19,21 @@ class UserError(Exception):
 
     def __str__(self) -> str:
         return f"{self.what}; {self.fix}" if self.fix else self.what
+
+
+class UserError(LauncherError):
+    """Bad input from the user (flags, YAML, data, storage URIs, cluster size, user code).
+
+    Found before any worker starts; the fix is the user's to make. Exit code 2.
+    """
+
+    exit_code = 2
+
+
+class Unreachable(LauncherError):
+    """A service that should answer does not: a Ray cluster, a job server, a storage
+    bucket's endpoint. Not the user's input: the message names what did not answer
+    and what to check (is it up, the network, the address). Exit code 1.
+    """
+
+    exit_code = 1

@@ -1,30 +1,32 @@
 """JobSpec: the one typed, validated description of a training run.
 
-A spec is built from a YAML file (``--config``) and/or CLI flags (flags win),
-then :meth:`JobSpec.validated` checks every field and fills the defaults that
-depend on others (workload hyper-parameters, the run name). Everything here is
-pure: checks that touch the outside world (data files, storage, the Ray
-cluster) live in :mod:`launcher.preflight`.
+Each field is declared once below (type, default, help); the YAML keys of
+``--config`` and the flags of ``launcher run`` / ``submit`` derive from that
+declaration (:mod:`launcher.schema`). A spec is built from a YAML file and/or
+flags (flags win), then :meth:`JobSpec.validated` checks every field and
+fills the defaults that depend on others (workload hyper-parameters, the run
+name). Everything here is pure: checks that touch the outside world (data
+files, storage, the Ray cluster) happen in the driver, before any worker.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import difflib
-import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import workloads
+from launcher import schema
 from launcher.errors import UserError
-from launcher.storage.gcs import parse_gs_uri
+from launcher.schema import option
+from launcher.storage.uri import DEFAULT_STORAGE, normalize_data, normalize_storage
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
-URI_LIKE = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")
 FRAMEWORKS = ("torch", "tensorflow")
-DEFAULT_STORAGE = "./runs"
+__all__ = ["JobSpec", "FRAMEWORKS", "HOROVOD_OPTIONS", "check_name", "default_name", "load_spec_file",
+           "normalize_data", "normalize_storage"]
 
 
 @dataclass(frozen=True)
@@ -36,47 +38,48 @@ class JobSpec:
     means "once per epoch"; ``None`` in address means "start a local Ray".
     """
 
-    workload: str = workloads.DEFAULT
-    framework: str = "torch"
-    backend: str = "native"
-    workers: int = 2
-    cpus_per_worker: float = 1.0
-    gpus_per_worker: float = 0.0
-    epochs: int | None = None
-    batch_size: int | None = None  # per worker; the global batch is workers x batch_size
-    lr: float | None = None
-    seed: int = 0
-    data: str | None = None
-    storage: str = DEFAULT_STORAGE
-    name: str | None = None
-    checkpoint_every_steps: int | None = None
-    keep_checkpoints: int = 3
-    max_failures: int = 0
-    preemption_check_steps: int = 10  # ask Ray Train for a preemption notice every N steps; 0: never
-    min_workers: int | None = None  # elastic: carry on with as few as this many workers (None: fixed size)
-    address: str | None = None
-    params: dict[str, Any] = field(default_factory=dict)
+    workload: str = option(workloads.DEFAULT,
+                           help="workload name (see `launcher workloads`); default digits-mlp")
+    framework: str = option("torch", help="torch (default) or tensorflow")
+    backend: str = option("native", help="native (Ray Train's own: torch DDP, TF MultiWorkerMirroredStrategy; "
+                          "default) or horovod (see `launcher doctor`)")
+    workers: int = option(2, help="number of worker processes (default 2)")
+    cpus_per_worker: float = option(1.0, help="CPUs per worker (default 1)")
+    gpus_per_worker: float = option(0.0, help="GPUs per worker (default 0)")
+    epochs: int | None = option(None, help="epochs to train in all (default: the workload's)")
+    # per worker; the global batch is workers x batch_size
+    batch_size: int | None = option(None, help="batch size per worker (default: the workload's)")
+    lr: float | None = option(None, help="learning rate (default: the workload's)")
+    seed: int = option(0, help="random seed (default 0): same seed and workers, same result")
+    data: str | None = option(None, help="data for workloads that read files: a local path or gs://BUCKET/PREFIX")
+    storage: str = option(DEFAULT_STORAGE, help="where runs are kept: a folder or gs://BUCKET/PREFIX "
+                          "(default ./runs)")
+    name: str | None = option(None, help="run name; an existing name resumes that run")
+    checkpoint_every_steps: int | None = option(None, help="also checkpoint every N steps (default: per epoch)")
+    keep_checkpoints: int = option(3, help="checkpoints to keep (default 3)")
+    max_failures: int = option(0, help="worker-group restarts allowed after failures (default 0, -1: unlimited); "
+                               "preemptions never count")
+    # ask Ray Train for a preemption notice every N steps; 0: never
+    preemption_check_steps: int = option(10, help="check for a preemption notice every N steps and checkpoint at "
+                                         "once on one (default 10, 0: never)")
+    # elastic: carry on with as few as this many workers (None: fixed size)
+    min_workers: int | None = option(None, help="elastic: when nodes are lost and not replaced, go on with as few "
+                                     "as this many workers (default: always --workers)")
+    address: str | None = option(None, help="Ray cluster address (default: RAY_ADDRESS or a new local Ray)")
+    params: dict[str, Any] = option(default_factory=dict, cli=False,
+                                    help="workload parameters (on the command line: --param KEY=VALUE)")
     # Horovod only (--backend horovod): fp16 gradient compression, the tensor-fusion
     # buffer in MiB (None: Horovod's 128), backward passes accumulated per optimizer step.
-    hvd_fp16: bool = False
-    hvd_fusion_mb: float | None = None
-    hvd_backward_passes: int = 1
+    hvd_fp16: bool = option(False, help="Horovod: compress gradients to fp16 for the allreduce")
+    hvd_fusion_mb: float | None = option(None, help="Horovod: tensor-fusion buffer in MiB (default 128; 0: off)")
+    hvd_backward_passes: int = option(1, help="Horovod: backward passes (batches) whose gradients add up locally "
+                                      "per optimizer step (default 1)")
 
     # -- construction -----------------------------------------------------------
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any], source: str = "spec") -> "JobSpec":
         """Build a spec from a mapping (YAML or flags); unknown keys and wrong types are errors."""
-        known = {f.name: f for f in dataclasses.fields(cls)}
-        kwargs: dict[str, Any] = {}
-        for key, value in values.items():
-            if key not in known:
-                # "num_workers" is how Ray's ScalingConfig spells it: match without the prefix first.
-                close = (difflib.get_close_matches(str(key).removeprefix("num_"), known, n=1)
-                         or difflib.get_close_matches(str(key), known, n=1))
-                hint = f"did you mean {close[0]}?" if close else f"valid keys: {', '.join(known)}"
-                raise UserError(f"{source}: unknown key {key!r}", hint)
-            kwargs[key] = _coerce(key, value, known[key].type, source)
-        return cls(**kwargs)
+        return cls(**schema.from_mapping(cls, values, source))
 
     def merged(self, overrides: Mapping[str, Any], source: str = "flags") -> "JobSpec":
         """A copy with ``overrides`` (values not None) applied, type-checked like from_mapping."""
@@ -94,37 +97,9 @@ class JobSpec:
         Raises:
             UserError: naming the field, the bad value and what would be valid.
         """
-        from launcher import backends  # registry only; imports no framework
-
-        workload = _lookup(workloads.REGISTRY, self.workload, "--workload")
-        if self.framework not in FRAMEWORKS:
-            raise UserError(f"unknown framework {self.framework!r}", f"valid: {', '.join(FRAMEWORKS)}")
-        if self.framework not in workload.frameworks:
-            raise UserError(f"workload {workload.name} has no {self.framework} model",
-                            f"use --framework {' or '.join(workload.frameworks)}")
-        backend = _lookup(backends.REGISTRY, self.backend, "--backend")
-        if self.framework not in backend.frameworks:
-            raise UserError(f"backend {self.backend} does not support {self.framework}",
-                            f"it supports: {', '.join(backend.frameworks)}")
-        _at_least("workers", self.workers, 1)
-        _positive("cpus_per_worker", self.cpus_per_worker)
-        _at_least("gpus_per_worker", self.gpus_per_worker, 0)
-        if self.epochs is not None:
-            _at_least("epochs", self.epochs, 1)
-        if self.batch_size is not None:
-            _at_least("batch_size", self.batch_size, 1)
-        if self.lr is not None:
-            _positive("lr", self.lr)
-        _at_least("seed", self.seed, 0)
-        if self.checkpoint_every_steps is not None:
-            _at_least("checkpoint_every_steps", self.checkpoint_every_steps, 1)
-        _at_least("keep_checkpoints", self.keep_checkpoints, 1)
-        _at_least("max_failures", self.max_failures, -1)
+        workload = self._check_choices()
+        self._check_numbers()
         self._check_horovod_options()
-        _at_least("preemption_check_steps", self.preemption_check_steps, 0)
-        if self.min_workers is not None and not 1 <= self.min_workers <= self.workers:
-            raise UserError(f"--min-workers {self.min_workers} is outside 1..{self.workers} (--workers)",
-                            "give a number of workers the run may shrink to, at most --workers")
         try:
             params = workload.resolve_params(self.params)
         except (KeyError, ValueError) as exc:
@@ -143,6 +118,38 @@ class JobSpec:
             params=params,
         )
 
+    def _check_choices(self) -> workloads.Workload:
+        """Workload, framework and backend exist and go together; returns the workload."""
+        from launcher import backends  # the registry only; imports no framework
+
+        workload = _lookup(workloads.REGISTRY, self.workload, "--workload")
+        if self.framework not in FRAMEWORKS:
+            raise UserError(f"unknown framework {self.framework!r}", f"valid: {', '.join(FRAMEWORKS)}")
+        if self.framework not in workload.frameworks:
+            raise UserError(f"workload {workload.name} has no {self.framework} model",
+                            f"use --framework {' or '.join(workload.frameworks)}")
+        backend = _lookup(backends.REGISTRY, self.backend, "--backend")
+        if self.framework not in backend.frameworks:
+            raise UserError(f"backend {self.backend} does not support {self.framework}",
+                            f"it supports: {', '.join(backend.frameworks)}")
+        return workload
+
+    def _check_numbers(self) -> None:
+        _at_least("workers", self.workers, 1)
+        _positive("cpus_per_worker", self.cpus_per_worker)
+        _at_least("gpus_per_worker", self.gpus_per_worker, 0)
+        for name in ("epochs", "batch_size", "checkpoint_every_steps"):
+            if getattr(self, name) is not None:
+                _at_least(name, getattr(self, name), 1)
+        if self.lr is not None:
+            _positive("lr", self.lr)
+        _at_least("seed", self.seed, 0)
+        _at_least("keep_checkpoints", self.keep_checkpoints, 1)
+        _at_least("max_failures", self.max_failures, -1)
+        _at_least("preemption_check_steps", self.preemption_check_steps, 0)
+        if self.min_workers is not None and not 1 <= self.min_workers <= self.workers:
+            raise UserError(f"--min-workers {self.min_workers} is outside 1..{self.workers} (--workers)",
+                            "give a number of workers the run may shrink to, at most --workers")
 
     def _check_horovod_options(self) -> None:
         given = [name for name, default in HOROVOD_OPTIONS.items() if getattr(self, name) != default]
@@ -159,7 +166,14 @@ class JobSpec:
 
 
 # Horovod's options and their defaults (which any backend accepts).
-HOROVOD_OPTIONS = {"hvd_fp16": False, "hvd_fusion_mb": None, "hvd_backward_passes": 1}
+HOROVOD_OPTIONS = {f.name: f.default for f in dataclasses.fields(JobSpec) if f.name.startswith("hvd_")}
+
+
+def load_spec_file(path: str) -> JobSpec:
+    """A JobSpec from a YAML file whose keys are JobSpec fields (``workers: 4``,
+    ``params: {image_size: 64}``); any other key is an error naming the closest valid one."""
+    raw = schema.load_mapping(path, "--config", "workload: ..., workers: ...")
+    return JobSpec.from_mapping(raw, source=path)
 
 
 # -- helpers -------------------------------------------------------------------------
@@ -176,33 +190,6 @@ def check_name(name: str) -> None:
         raise UserError(
             f"invalid run name {name!r}: use letters, digits and underscores, start with a letter, "
             "at most 128 characters", "for example --name digits_run_1")
-
-
-def normalize_storage(storage: str) -> str:
-    """A local storage path made absolute (Ray Train needs one); URIs are checked for a known scheme."""
-    if URI_LIKE.match(storage) and "://" not in storage:
-        raise UserError(f"storage {storage!r} looks like a URI but is malformed",
-                        "write scheme://bucket/prefix, or ./path for a local folder")
-    if storage.startswith("gs://"):
-        return parse_gs_uri(storage).uri
-    if "://" in storage:
-        scheme = storage.split("://", 1)[0]
-        raise UserError(f"storage {storage!r}: the {scheme}:// scheme is not supported",
-                        "use a local folder or gs://BUCKET/PREFIX")
-    if not storage:
-        raise UserError("storage is empty", f"use a local folder, for example {DEFAULT_STORAGE}")
-    return os.path.abspath(os.path.expanduser(storage))
-
-
-def normalize_data(data: str | None) -> str | None:
-    if data is None:
-        return None
-    if data.startswith("gs://"):
-        return parse_gs_uri(data, what="--data").uri
-    if URI_LIKE.match(data):
-        raise UserError(f"--data {data!r}: only local paths and gs:// URIs are supported",
-                        "write gs://BUCKET/PREFIX or a local path")
-    return os.path.abspath(os.path.expanduser(data))
 
 
 def _lookup(registry, name: str, flag: str):
@@ -223,35 +210,4 @@ def _positive(name: str, value: float) -> None:
 
 
 def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
-_SCALARS = {"int": int, "float": float, "str": str, "bool": bool}
-
-
-def _coerce(key: str, value: Any, annotation: Any, source: str) -> Any:
-    """Check a value against the field's annotation ("int", "float | None", ...)."""
-    text = str(annotation)
-    if value is None:
-        if "None" in text:
-            return None
-        raise UserError(f"{source}: {key} may not be empty", f"give {key} a value or leave the key out")
-    if text.startswith("dict"):
-        if not isinstance(value, dict):
-            raise UserError(f"{source}: {key} must be a mapping of name: value, got {value!r}")
-        return dict(value)
-    kind = text.split(" |")[0]
-    want = _SCALARS[kind]
-    if want is bool:
-        ok = isinstance(value, bool)
-    else:
-        ok = (isinstance(value, want) and not isinstance(value, bool)) or (
-            want is float and isinstance(value, int) and not isinstance(value, bool))
-    if not ok:
-        raise UserError(f"{source}: {key} must be {'an' if kind == 'int' else 'a'} {kind}, "
-                        f"got {value!r}", f"for example {key}: {_example(kind)}")
-    return want(value)
-
-
-def _example(kind: str) -> str:
-    return {"int": "2", "float": "0.5", "str": "text", "bool": "true"}[kind]
+    return schema.flag_of(JobSpec, name)

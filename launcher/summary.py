@@ -1,8 +1,20 @@
-"""The life of a run, as shown to the user and recorded in the run log."""
+"""What a run reports: its status, its summary, and the events that make them.
+
+* :class:`RunStatus`: the life of a run, as shown to the user and recorded in the run log.
+* :class:`RunSummary`: the outcome of one launch (printed, written to ``summary.json``
+  and ``launches.jsonl``), with the :class:`Interruption` and :class:`Attempt` records.
+* The controller events (:class:`Report`, :class:`Failure`, :class:`Preempting`,
+  :class:`Restart`): what Ray Train's controller tells the driver while a run goes.
+
+Each has one ``to_json()``; the events also come back with :func:`event_from_json`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+from dataclasses import dataclass, field
+from typing import Any, Union
 
 
 class RunStatus(str, enum.Enum):
@@ -21,3 +33,131 @@ class RunStatus(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+
+# -- records of a launch ------------------------------------------------------------------
+
+@dataclass
+class Interruption:
+    """One restart of the worker group: why, and what it cost."""
+
+    cause: str                          # "preemption" or "failure"
+    steps_lost: int | None = None       # steps trained twice (past the checkpoint resumed from)
+    time_lost_s: float | None = None    # from the checkpoint's time to the next group's first step
+    resumed_from_step: int | None = None
+    recovery_s: float | None = None     # failure seen -> first step of the restarted group
+
+
+@dataclass
+class Attempt:
+    """One worker group's life, from rank 0's word: the steps it trained and when."""
+
+    start_step: int
+    first_time: float
+    last_step: int
+    last_time: float
+    marks: dict[str, float] = field(default_factory=dict)  # rank 0's start-up milestones
+
+
+@dataclass
+class RunSummary:
+    """The outcome of one launch of a run (a run resumed later has one per launch)."""
+
+    name: str
+    status: RunStatus
+    workload: str
+    framework: str
+    backend: str
+    workers: int
+    epochs: int
+    epochs_completed: int = 0
+    steps_completed: int = 0
+    final_workers: int | None = None    # the group's size at the end (elastic runs shrink)
+    metrics: dict[str, float] = field(default_factory=dict)
+    samples_per_s: float = 0.0
+    checkpoint: str | None = None
+    resumed_from: dict[str, int] | None = None
+    restarts: int = 0
+    preemptions: int = 0
+    preemption_notices: int = 0         # checkpoints taken on a notice
+    steps_lost: int = 0
+    time_lost_s: float = 0.0
+    interruptions: list[Interruption] = field(default_factory=list)
+    attempts: list[Attempt] = field(default_factory=list)
+    recovery_s: list[float] = field(default_factory=list)
+    weights_sha256: str | None = None
+    wall_s: float = 0.0
+    launch: int | None = None
+    run_dir: str = ""
+    error: str | None = None
+    model: str | None = None
+    note: str | None = None
+    startup: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == RunStatus.SUCCEEDED
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-ready dict (the status as its string)."""
+        out = dataclasses.asdict(self)
+        out["status"] = str(self.status)
+        return out
+
+
+# -- events from Ray Train's controller ---------------------------------------------------
+
+@dataclass
+class Report:
+    """Rank 0's metrics from one ``ray.train.report``, and the checkpoint persisted with it."""
+
+    time: float
+    metrics: dict[str, Any]
+    checkpoint: str | None = None
+    type: str = "report"
+
+
+@dataclass
+class Failure:
+    """The worker group failed: the ranks that raised and what (Ray repeats it until it acts)."""
+
+    time: float
+    errors: dict[int, str]
+    type: str = "failure"
+
+
+@dataclass
+class Preempting:
+    """The controller saw a notice: the node(s) of these ranks are draining."""
+
+    time: float
+    deadline_ms: int | None
+    ranks: list[int]
+    type: str = "preempting"
+
+
+@dataclass
+class Restart:
+    """The controller restarts the worker group, after a preemption or a failure."""
+
+    time: float
+    cause: str
+    error: str
+    type: str = "restart"
+
+
+Event = Union[Report, Failure, Preempting, Restart]
+_EVENTS = {cls.type: cls for cls in (Report, Failure, Preempting, Restart)}  # type: ignore[attr-defined]
+
+
+def event_to_json(event: Event) -> dict[str, Any]:
+    return dataclasses.asdict(event)
+
+
+def event_from_json(data: dict[str, Any]) -> Event:
+    """The event a JSON object (from :func:`event_to_json`) describes."""
+    cls = _EVENTS[data["type"]]
+    values = dict(data)
+    if cls is Failure:  # JSON object keys are strings
+        values["errors"] = {int(rank): text for rank, text in values["errors"].items()}
+    return cls(**values)

@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from launcher.backends.horovod import Slot, plan_slots
+from launcher.backends.horovod_train import Slot, plan_slots
 from launcher.cli.main import main
 from launcher.errors import UserError
 from launcher.spec import JobSpec
@@ -57,7 +57,7 @@ def test_horovod_options_are_validated():
         JobSpec(backend="horovod", hvd_backward_passes=0).validated()
     with pytest.raises(UserError, match="hvd_fusion_mb must be >= 0"):
         JobSpec(backend="horovod", hvd_fusion_mb=-1.0).validated()
-    with pytest.raises(UserError, match="hvd_fp16 must be a bool"):
+    with pytest.raises(UserError, match="hvd_fp16 must be true or false"):
         JobSpec.from_mapping({"backend": "horovod", "hvd_fp16": "yes"})
 
 

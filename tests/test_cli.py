@@ -113,7 +113,8 @@ def test_module_entry_point_help_is_fast_and_light():
 def test_torch_runs_never_import_tensorflow():
     # Everything a torch run loads on the driver and the workers, TensorFlow excluded.
     probe = ("import sys\n"
-             "import launcher.cli.main, launcher.driver.launch, launcher.worker.torch_loop, launcher.worker.export, launcher.backends.native\n"
+             "import launcher.cli.main, launcher.driver.launch, launcher.worker.entry, launcher.worker.torch_loop,"
+             " launcher.worker.export, launcher.backends.native\n"
              "from launcher.spec import JobSpec\n"
              "import workloads\n"
              "spec = JobSpec(workload='mnist-cnn').validated()\n"
@@ -130,7 +131,7 @@ def test_torch_trainer_is_lean_and_torch_free_outside_the_workers():
              "from ray.train import RunConfig, ScalingConfig\n"
              "from launcher import backends\n"
              "from launcher.spec import JobSpec\n"
-             "from launcher.worker.torch_loop import train_loop_per_worker\n"
+             "from launcher.worker.entry import train_loop_per_worker\n"
              "spec = JobSpec(storage='/tmp').validated()\n"
              "t = backends.get('native').trainer(spec, train_loop_per_worker, {}, ScalingConfig(num_workers=2),"
              " RunConfig(storage_path='/tmp'))\n"

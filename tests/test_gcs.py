@@ -80,6 +80,36 @@ def test_permission_denied_is_one_clear_line(monkeypatch):
         server.shutdown()
 
 
+class _Unavailable(_Forbidden):
+    """Answers every call with 503, as an overloaded or failing service does."""
+
+    def _deny(self) -> None:
+        body = b'{"error": {"code": 503, "message": "backend unavailable"}}'
+        self.send_response(503)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    do_GET = do_POST = do_PUT = do_DELETE = _deny
+
+
+def test_storage_outage_is_not_bad_input(monkeypatch, capsys):
+    # A service that keeps failing is an outage: exit 1, one line naming what did not answer.
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Unavailable)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{server.server_address[1]}")
+        monkeypatch.setenv("LAUNCHER_GCS_RETRY_S", "2")
+        code = main(["run", "--storage", "gs://busy/runs"])
+    finally:
+        server.shutdown()
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith("error: cannot use gs://busy/runs: the Cloud Storage emulator at http://127.0.0.1:")
+    assert "did not answer" in err and "run the command again" in err
+
+
 def test_upload_and_cached_download(gcs, bucket, tmp_path, monkeypatch, capsys):
     monkeypatch.setenv(datacache.CACHE_ENV, str(tmp_path / "cache"))
     folder = write_mnist_idx(str(tmp_path / "mnist"), n_train=50, n_test=20, gz=True)

@@ -10,6 +10,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
+from launcher.preemption import drain
 from launcher.preemption import watcher as preemption
 from launcher.cli.main import main
 from launcher.lab.metadata import FakeMetadataServer
@@ -84,12 +85,12 @@ class _NotGoogle(BaseHTTPRequestHandler):
 
 def test_not_on_gce_exits_cleanly():
     lines = []
-    assert preemption.watch("127.0.0.1:1", host="metadata.invalid", log=lines.append) == "not-on-gce"
+    assert drain.watch("127.0.0.1:1", host="metadata.invalid", log=lines.append) == "not-on-gce"
     assert "does not resolve" in lines[-1]
     server = HTTPServer(("127.0.0.1", 0), _NotGoogle)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        outcome = preemption.watch("127.0.0.1:1", host=f"127.0.0.1:{server.server_address[1]}", log=lines.append)
+        outcome = drain.watch("127.0.0.1:1", host=f"127.0.0.1:{server.server_address[1]}", log=lines.append)
     finally:
         server.shutdown()
     assert outcome == "not-on-gce" and "without the Metadata-Flavor: Google header" in lines[-1]
@@ -121,11 +122,12 @@ def test_drain_deadline_stays_inside_the_notice():
 
 def test_lost_work_per_restart():
     from launcher.driver.events import lost_work
+    from launcher.summary import Attempt
 
     attempts = [
-        {"start_step": 0, "first_time": 0.0, "last_step": 30, "last_time": 10.0},   # held after its notice at 30
-        {"start_step": 30, "first_time": 20.0, "last_step": 57, "last_time": 30.0},  # killed at 57
-        {"start_step": 50, "first_time": 45.0, "last_step": 100, "last_time": 60.0},
+        Attempt(start_step=0, first_time=0.0, last_step=30, last_time=10.0),   # held after its notice at 30
+        Attempt(start_step=30, first_time=20.0, last_step=57, last_time=30.0),  # killed at 57
+        Attempt(start_step=50, first_time=45.0, last_step=100, last_time=60.0),
     ]
     lost = lost_work(attempts, {30: 9.5, 50: 28.0})
     assert lost == [{"resumed_from_step": 30, "steps_lost": 0, "time_lost_s": 10.5},

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import io
-import os
 import textwrap
 
 import pytest

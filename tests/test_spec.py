@@ -1,4 +1,4 @@
-"""Unit tests for launcher.spec and launcher.specfile: validation and defaults."""
+"""Unit tests for launcher.spec: validation and defaults."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from launcher.errors import UserError
 from launcher.spec import JobSpec, check_name, default_name
-from launcher.specfile import load_spec_file
+from launcher.spec import load_spec_file
 
 
 def test_defaults_resolve_from_workload():

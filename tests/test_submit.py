@@ -22,7 +22,8 @@ import time
 import pytest
 
 from launcher.driver import jobs as submit
-from launcher.cli.main import build_parser, main, spec_from_args
+from launcher.cli.main import build_parser, main
+from launcher.cli.options import spec_from_args
 from launcher.lab.gcs_emulator import free_port
 from launcher.storage import Storage
 
@@ -35,8 +36,8 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
-def one_line_error(code: int, err: str, *needles: str) -> str:
-    assert code == 2, err
+def one_line_error(code: int, err: str, *needles: str, exit_code: int = 2) -> str:
+    assert code == exit_code, err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
     for needle in needles:
@@ -56,6 +57,24 @@ def test_run_argv_round_trips_the_spec():
     assert "--address" not in submit.run_argv(spec)  # inside the job, Ray's RAY_ADDRESS names the cluster
     command = submit.entrypoint(spec)
     assert command.startswith("python -m launcher run ") and "--param image_size=32" in command
+
+
+@pytest.mark.parametrize("flag,expected", [
+    ([], False), (["--hvd-fp16"], True), (["--hvd-fp16", "true"], True), (["--hvd-fp16", "false"], False),
+    (["--hvd-fp16", "no"], False),
+])
+def test_submit_takes_boolean_flags_like_run(flag, expected):
+    # `submit --hvd-fp16 false` used to be taken as true, and a bare `submit --hvd-fp16` was an error.
+    for command in ("run", "submit"):
+        spec = spec_from_args(build_parser().parse_args([command, "--backend", "horovod", *flag]))
+        assert spec.hvd_fp16 is expected, (command, flag)
+        again = spec_from_args(build_parser().parse_args(["run", *submit.run_argv(spec)]))
+        assert again.hvd_fp16 is expected
+
+
+def test_a_bad_boolean_is_one_line(capsys):
+    code, out, err = run_cli(capsys, "submit", "--backend", "horovod", "--hvd-fp16", "maybe")
+    one_line_error(code, err, "--hvd-fp16", "expected true or false, got 'maybe'")
 
 
 def test_job_ids_are_readable_and_unique():
@@ -87,21 +106,24 @@ def test_auth_token_sources(monkeypatch, tmp_path):
     assert submit.auth_headers() == {}
 
 
-@pytest.mark.parametrize("argv,env,needles", [
-    (["status", "j"], {}, ["no Ray cluster to submit to", "--address http://"]),
-    (["status", "j", "--address", "127.0.0.1:8265"], {}, ["is not the dashboard's http:// address"]),
-    (["logs", "j"], {"RAY_ADDRESS": "ray://head:10001"}, ["RAY_ADDRESS 'ray://head:10001' is not the dashboard"]),
-    (["stop", "j", "--address", "http://127.0.0.1:{free}"], {}, ["cannot reach the Ray job server"]),
-    (["submit", "--address", "http://127.0.0.1:{free}", "--epochs", "1"], {}, ["cannot reach the Ray job server"]),
+# Bad input exits 2; a job server that does not answer is an outage, not bad input: exit 1.
+@pytest.mark.parametrize("argv,env,needles,exit_code", [
+    (["status", "j"], {}, ["no Ray cluster to submit to", "--address http://"], 2),
+    (["status", "j", "--address", "127.0.0.1:8265"], {}, ["is not the dashboard's http:// address"], 2),
+    (["logs", "j"], {"RAY_ADDRESS": "ray://head:10001"}, ["RAY_ADDRESS 'ray://head:10001' is not the dashboard"], 2),
+    (["stop", "j", "--address", "http://127.0.0.1:{free}"], {},
+     ["cannot reach the Ray job server", "is the cluster up"], 1),
+    (["submit", "--address", "http://127.0.0.1:{free}", "--epochs", "1"], {},
+     ["cannot reach the Ray job server", "is the cluster up"], 1),
 ])
-def test_bad_addresses_are_one_line(capsys, monkeypatch, argv, env, needles):
+def test_bad_addresses_are_one_line(capsys, monkeypatch, argv, env, needles, exit_code):
     for name in submit.ADDRESS_ENVS:
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     port = str(free_port())
     code, out, err = run_cli(capsys, *[a.replace("{free}", port) for a in argv])
-    one_line_error(code, err, *needles)
+    one_line_error(code, err, *needles, exit_code=exit_code)
     assert out == ""
 
 

@@ -66,6 +66,16 @@ def test_default_run_learns_logs_and_exports(ray_local, capsys, storage):
     assert [m.epoch for m, _ in kept] == [8, 9, 10]
     assert s["checkpoint"] == kept[-1][1]
 
+    # Launched again, the finished run trains nothing; its summary has the same shape
+    # (--profile-startup on it used to fail with KeyError 'startup').
+    code, again = launch(capsys, "--storage", storage, "--name", "digits_default", "--profile-startup")
+    assert code == 0 and again["status"] == "succeeded" and again["note"].startswith("nothing to train")
+    assert set(again) == set(s)
+    assert (again["epochs_completed"], again["steps_completed"], again["final_workers"]) == (10, 230, 2)
+    assert again["metrics"] == pytest.approx(s["metrics"]) and again["model"] == s["model"]
+    assert again["startup"]["phases"]["spec, storage and data checks"] >= 0
+    assert again["interruptions"] == [] and again["attempts"] == [] and again["recovery_s"] == []
+
     import torch
 
     model = torch.export.load(os.path.join(run_dir, "model", "model.pt2")).module()
@@ -104,7 +114,9 @@ def test_resume_continues_exactly_where_it_stopped(ray_local, capsys, storage):
     assert runs["straight"]["metrics"] == {k: full["metrics"][k] for k in ("loss", "accuracy")}
 
 
-def test_sigint_stops_the_run_and_the_next_launch_resumes(storage):
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_the_run_and_the_next_launch_resumes(storage, signum):
+    # SIGTERM (a scheduler, `launcher stop`) ends the run as Ctrl-C does: workers aborted, summary, 130.
     cmd = [sys.executable, "-m", "launcher", "run", "--storage", storage, "--name", "sig", "--epochs", "30",
            "--json"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -114,11 +126,13 @@ def test_sigint_stops_the_run_and_the_next_launch_resumes(storage):
         err_lines.append(line)
         if line.startswith("epoch 2/30") or time.time() > deadline:
             break
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     out, rest = proc.communicate(timeout=120)
     assert proc.returncode == 130, "".join(err_lines) + rest
+    assert "SIGTERM received" not in rest  # not Ray's C++ handler: ours
     stopped = json.loads(out)
     assert stopped["status"] == "cancelled" and 2 <= stopped["epochs_completed"] < 30
+    assert json.load(open(os.path.join(storage, "sig", "summary.json")))["status"] == "cancelled"
 
     cmd[cmd.index("30")] = str(stopped["epochs_completed"] + 1)
     res = subprocess.run(cmd + ["--profile-startup"], cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -1,148 +1,26 @@
-"""Gradient-synchronisation backends, by name.
+"""Gradient-synchronisation backends, by name: ``native`` (Ray Train's DDP and
+MultiWorkerMirroredStrategy) and ``horovod`` (ring-allreduce over Gloo).
 
-A backend has two halves. On the driver it turns a validated JobSpec into a
-Ray Train V2 trainer (:meth:`Backend.trainer`). On each worker it provides a
-:class:`TorchComm` (how to wrap the model and optimizer, and how to sum a
-tensor over all ranks) or, for TensorFlow, a :class:`TFComm` (the variable
-scope and the synchronous train step). The generic training loops
-(:mod:`launcher.worker.torch_loop`, :mod:`launcher.worker.tf_loop`) only talk to these. Framework and backend libraries are
-imported inside the methods that need them.
+The interfaces are in :mod:`launcher.backends.base`; framework and backend
+libraries are imported inside the methods that need them, so the registry is
+cheap to import.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
+from launcher.backends.base import Backend, TFComm, TorchComm
+from launcher.backends.horovod import HorovodBackend, HorovodComm, HorovodTFComm
+from launcher.backends.native import DDPComm, MirroredComm, NativeBackend
 from workloads.registry import Registry
 
-
-class TorchComm:
-    """Worker-side collective operations for a torch training loop."""
-
-    def setup(self) -> None:
-        """Join the process group (called once per worker, before anything else)."""
-
-    @property
-    def rank(self) -> int:
-        raise NotImplementedError
-
-    @property
-    def world_size(self) -> int:
-        raise NotImplementedError
-
-    def device(self):
-        raise NotImplementedError
-
-    def wrap_model(self, model):
-        """Return the model as it should be trained (e.g. wrapped in DDP)."""
-        return model
-
-    def wrap_optimizer(self, optimizer, model):
-        """Return the optimizer as it should be stepped (e.g. Horovod's)."""
-        return optimizer
-
-    def after_restore(self, model, optimizer) -> None:
-        """Called once before training, after any checkpoint was restored and the
-        model and optimizer wrapped: make every rank's state equal (e.g. broadcast
-        rank 0's). DDP needs nothing here: it broadcasts when wrapping the model."""
-
-    @property
-    def accumulation_steps(self) -> int:
-        """Backward passes per optimizer step (gradients accumulate locally in between)."""
-        return 1
-
-    def allreduce_sum(self, tensor):
-        """Sum ``tensor`` over all ranks; every rank gets the result."""
-        raise NotImplementedError
-
-
-class TFComm:
-    """Worker-side collective operations for a TensorFlow training loop."""
-
-    def setup(self) -> None:
-        """Join the workers (called once per worker, before any TensorFlow variable exists)."""
-
-    @property
-    def rank(self) -> int:
-        raise NotImplementedError
-
-    @property
-    def world_size(self) -> int:
-        raise NotImplementedError
-
-    def scope(self):
-        """Context in which the model and optimizer variables are created."""
-        import contextlib
-
-        return contextlib.nullcontext()
-
-    def train_step(self, model, optimizer, loss):
-        """A callable ``step(x, y) -> this rank's mean loss`` doing one synchronous update.
-
-        ``loss(y, logits)`` returns per-example losses. The update must follow the
-        gradient of the mean loss over the global batch (all ranks' examples).
-        """
-        raise NotImplementedError
-
-    def after_restore(self, model, optimizer) -> None:
-        """Called once the variables hold their initial or restored values, before training."""
-
-    def allreduce_sum(self, values):
-        """Sum a float64 numpy vector over all ranks; every rank gets the result."""
-        raise NotImplementedError
-
-
-class Backend:
-    """Driver-side description of a backend."""
-
-    name: str = ""
-    description: str = ""
-    frameworks: tuple[str, ...] = ()
-
-    def unavailable_reason(self, framework: str) -> str | None:
-        """None when usable here; otherwise why not and how to fix it, in one line."""
-        return None
-
-    def trainer(self, spec, train_fn: Callable[[dict], None], loop_config: dict[str, Any],
-                scaling_config, run_config):
-        """A Ray Train V2 trainer that runs ``train_fn(loop_config)`` on every worker."""
-        raise NotImplementedError
-
-    # -- script mode (launcher.driver.script): a backend sets runs_scripts and may override both
-    runs_scripts: bool = False
-
-    def script_trainer(self, spec, train_fn: Callable[[dict], None], config: dict[str, Any],
-                       scaling_config, run_config):
-        """The trainer that runs ``train_fn(config)`` for script mode; by default the training one."""
-        return self.trainer(spec, train_fn, config, scaling_config, run_config)
-
-    def script_env(self, framework: str) -> dict[str, str]:
-        """Runs on each worker just before its script starts: the variables that a script
-        written for this backend's own launcher (horovodrun, torchrun, ...) expects."""
-        return {}
-
-    def torch_comm(self, spec=None) -> TorchComm:
-        """The worker-side half, configured from the (validated) spec."""
-        raise NotImplementedError
-
-    def tf_comm(self, spec=None) -> TFComm:
-        raise NotImplementedError
-
+__all__ = ["Backend", "TFComm", "TorchComm", "DDPComm", "MirroredComm", "HorovodComm", "HorovodTFComm",
+           "REGISTRY", "get"]
 
 REGISTRY: Registry[Backend] = Registry("backend")
+REGISTRY.register("native", NativeBackend())
+REGISTRY.register("horovod", HorovodBackend())
 
 
 def get(name: str) -> Backend:
+    """The backend called ``name``; UnknownName lists the valid names."""
     return REGISTRY.get(name)
-
-
-def _register_builtin() -> None:
-    from launcher.backends.native import NativeBackend
-
-    from launcher.backends.horovod import HorovodBackend
-
-    REGISTRY.register("native", NativeBackend())
-    REGISTRY.register("horovod", HorovodBackend())
-
-
-_register_builtin()

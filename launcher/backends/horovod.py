@@ -4,10 +4,10 @@ Ray 2.60 dropped HorovodTrainer from Train V2, and V1's HorovodConfig cannot
 drive a V2 worker group. This module is the replacement, in two halves:
 
 * Driver side: :class:`HorovodBackend` (the registry entry: availability,
-  the trainer) and :func:`plan_slots`, the ring positions from the workers'
-  real node placement. The Ray Train BackendConfig/Backend pair that starts
-  the Gloo rendezvous is in :mod:`launcher.backends.horovod_train` (it
-  imports Ray, so the CLI loads it only when training).
+  the trainer). The Ray Train BackendConfig/Backend pair that starts the Gloo
+  rendezvous, and the ring positions from the workers' real node placement,
+  are in :mod:`launcher.backends.horovod_train` (it imports Ray, so the CLI
+  loads it only when training).
 * Worker side: :class:`HorovodComm`, the TorchComm of the generic torch loop.
 
 Horovod itself is imported only where it runs (the controller and the
@@ -20,8 +20,8 @@ import functools
 import os
 import subprocess
 import sys
-from dataclasses import dataclass
-from launcher.backends import Backend, TFComm, TorchComm
+
+from launcher.backends.base import Backend, TFComm, TorchComm
 
 HVD_VERSION = "0.28.1"
 BUILD_HINT = ("build it with `scripts/install-horovod {python}` (about 8 minutes; needs g++ and cmake 3.x), "
@@ -29,52 +29,6 @@ BUILD_HINT = ("build it with `scripts/install-horovod {python}` (about 8 minutes
 # What each framework's Horovod extension is called, and the env its import needs.
 EXTENSIONS = {"torch": "horovod.torch", "tensorflow": "horovod.tensorflow"}
 PROBE_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
-
-
-# -- placement: pure ----------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Slot:
-    """One worker's place in the Horovod ring (the fields of Horovod's SlotInfo)."""
-
-    hostname: str
-    rank: int
-    size: int
-    local_rank: int
-    local_size: int
-    cross_rank: int
-    cross_size: int
-
-    def env(self) -> dict[str, str]:
-        return {
-            "HOROVOD_HOSTNAME": self.hostname,
-            "HOROVOD_RANK": str(self.rank), "HOROVOD_SIZE": str(self.size),
-            "HOROVOD_LOCAL_RANK": str(self.local_rank), "HOROVOD_LOCAL_SIZE": str(self.local_size),
-            "HOROVOD_CROSS_RANK": str(self.cross_rank), "HOROVOD_CROSS_SIZE": str(self.cross_size),
-        }
-
-
-def plan_slots(nodes: list[str]) -> list[Slot]:
-    """Ring positions for workers whose world rank i runs on node ``nodes[i]``.
-
-    Local rank: the worker's index among the workers on its node, in rank order.
-    Cross rank: the index of its node among the nodes that have a worker with
-    that local rank (Horovod's "cross" communicator links equal local ranks).
-    """
-    by_node: dict[str, list[int]] = {}
-    for rank, node in enumerate(nodes):
-        by_node.setdefault(node, []).append(rank)
-    local_rank = {r: ranks.index(r) for ranks in by_node.values() for r in ranks}
-    cross_members: dict[int, list[int]] = {}
-    for rank in range(len(nodes)):  # rank order, so node order follows the first rank on each node
-        cross_members.setdefault(local_rank[rank], []).append(rank)
-    return [
-        Slot(hostname=node, rank=rank, size=len(nodes),
-             local_rank=local_rank[rank], local_size=len(by_node[node]),
-             cross_rank=cross_members[local_rank[rank]].index(rank),
-             cross_size=len(cross_members[local_rank[rank]]))
-        for rank, node in enumerate(nodes)
-    ]
 
 
 # -- availability (driver side; no Horovod import in this process) -------------------------

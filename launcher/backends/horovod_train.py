@@ -20,8 +20,54 @@ from dataclasses import dataclass
 
 from ray.train.backend import Backend, BackendConfig
 
-from launcher.backends.horovod import plan_slots
 
+# -- placement: pure ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Slot:
+    """One worker's place in the Horovod ring (the fields of Horovod's SlotInfo)."""
+
+    hostname: str
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+
+    def env(self) -> dict[str, str]:
+        return {
+            "HOROVOD_HOSTNAME": self.hostname,
+            "HOROVOD_RANK": str(self.rank), "HOROVOD_SIZE": str(self.size),
+            "HOROVOD_LOCAL_RANK": str(self.local_rank), "HOROVOD_LOCAL_SIZE": str(self.local_size),
+            "HOROVOD_CROSS_RANK": str(self.cross_rank), "HOROVOD_CROSS_SIZE": str(self.cross_size),
+        }
+
+
+def plan_slots(nodes: list[str]) -> list[Slot]:
+    """Ring positions for workers whose world rank i runs on node ``nodes[i]``.
+
+    Local rank: the worker's index among the workers on its node, in rank order.
+    Cross rank: the index of its node among the nodes that have a worker with
+    that local rank (Horovod's "cross" communicator links equal local ranks).
+    """
+    by_node: dict[str, list[int]] = {}
+    for rank, node in enumerate(nodes):
+        by_node.setdefault(node, []).append(rank)
+    local_rank = {r: ranks.index(r) for ranks in by_node.values() for r in ranks}
+    cross_members: dict[int, list[int]] = {}
+    for rank in range(len(nodes)):  # rank order, so node order follows the first rank on each node
+        cross_members.setdefault(local_rank[rank], []).append(rank)
+    return [
+        Slot(hostname=node, rank=rank, size=len(nodes),
+             local_rank=local_rank[rank], local_size=len(by_node[node]),
+             cross_rank=cross_members[local_rank[rank]].index(rank),
+             cross_size=len(cross_members[local_rank[rank]]))
+        for rank, node in enumerate(nodes)
+    ]
+
+
+# -- the Ray Train backend -------------------------------------------------------------
 
 @dataclass
 class HorovodConfig(BackendConfig):

@@ -3,7 +3,7 @@ and TensorFlow's MultiWorkerMirroredStrategy."""
 
 from __future__ import annotations
 
-from launcher.backends import Backend, TFComm, TorchComm
+from launcher.backends.base import Backend, TFComm, TorchComm
 
 
 class DDPComm(TorchComm):

@@ -30,18 +30,17 @@ from dataclasses import dataclass
 from ray.train.backend import Backend, BackendConfig
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
+from launcher import _ray
+
 
 class LeanTrainer(DataParallelTrainer):
     """DataParallelTrainer without Ray Data's callback (when it has no datasets) and
     without the placement-group cleaner."""
 
-    def _create_default_callbacks(self):
-        from ray.train.v2._internal.callbacks.datasets import DatasetsCallback
-        from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
-
-        unused = () if self.datasets else (DatasetsCallback,)
+    def _create_default_callbacks(self):  # listed in launcher._ray.OVERRIDDEN
+        unused = () if self.datasets else (_ray.DatasetsCallback,)
         if os.environ.get("LAUNCHER_PG_CLEANER") != "1":
-            unused += (PlacementGroupCleanerCallback,)
+            unused += (_ray.PlacementGroupCleanerCallback,)
         return [cb for cb in super()._create_default_callbacks() if not isinstance(cb, unused)]
 
 
@@ -53,34 +52,26 @@ def trainer(train_fn, loop_config, backend_config, scaling_config, run_config) -
 # ---- torch.distributed without importing torch outside the workers ----
 
 def _worker_address() -> tuple[str, int]:
-    from ray.train._internal.utils import get_address_and_port
-
-    return get_address_and_port()
+    return _ray.get_address_and_port()
 
 
 def _join_process_group(master: tuple[str, int], backend: str, rank: int, world: int, timeout_s: int) -> None:
     """On each worker: torchrun's variables, then init_process_group by Ray's own routine."""
-    from ray.train.torch.config import _set_torch_distributed_env_vars, _setup_torch_process_group
-
     os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = master[0], str(master[1])
-    _set_torch_distributed_env_vars()
-    _setup_torch_process_group(backend=backend, world_rank=rank, world_size=world, init_method="env://",
+    _ray.set_torch_distributed_env_vars()
+    _ray.setup_torch_process_group(backend=backend, world_rank=rank, world_size=world, init_method="env://",
                                timeout_s=timeout_s)
 
 
 def _leave_process_group(destroy: bool) -> None:
-    from ray.train.torch.config import _shutdown_torch
-
-    _shutdown_torch(destroy_process_group=destroy)
+    _ray.shutdown_torch(destroy_process_group=destroy)
 
 
 class _CudaDevice:
     """Ray's TorchConfigContextManager (the worker's default CUDA device), imported on the worker."""
 
     def __enter__(self):
-        from ray.train.torch.config import TorchConfigContextManager
-
-        self._inner = TorchConfigContextManager()
+        self._inner = _ray.TorchConfigContextManager()
         return self._inner.__enter__()
 
     def __exit__(self, *exc):
@@ -127,6 +118,4 @@ class TorchProcessGroup(BackendConfig):
 
     @property
     def framework(self):
-        from ray.train.v2._internal.util import TrainingFramework
-
-        return TrainingFramework.TORCH
+        return _ray.TrainingFramework.TORCH

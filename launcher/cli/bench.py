@@ -15,16 +15,15 @@ import sys
 import tempfile
 from typing import Iterator
 
+from launcher.cli.options import EXIT_FAILED, EXIT_OK, Parser
 from launcher.errors import UserError
 
-EXIT_OK = 0
-FRAMEWORKS = ("torch", "tensorflow")
 
-
-def add_parsers(sub, parser_class):
-    """Add ``bench`` and its benchmarks; returns the benchmarks' subparsers (others add theirs)."""
-    bench = sub.add_parser("bench", help="benchmarks (scaling, allreduce, overhead, checkpoint, project)")
-    bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", parser_class=parser_class,
+def add_parsers(sub) -> None:
+    """Add ``bench`` and its benchmarks."""
+    bench = sub.add_parser("bench", help="benchmarks (scaling, allreduce, overhead, checkpoint, project, "
+                           "preemption)")
+    bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", parser_class=Parser,
                                      required=True)
     out_help = "folder for JSON, CSV and PNG results"
 
@@ -78,7 +77,16 @@ def add_parsers(sub, parser_class):
     ov.add_argument("--repeats", type=int, default=3)
     ov.add_argument("--workers", type=int, default=2)
     ov.add_argument("--out", default="./bench-results", help=out_help)
-    return bench_sub
+    _add_preemption_parser(bench_sub)
+
+
+def _add_preemption_parser(bench_sub) -> None:
+    b = bench_sub.add_parser("preemption", help="recovery time and goodput with a preemption every N seconds")
+    b.add_argument("--every-s", type=float, default=60.0, help="preempt a node this often (default 60)")
+    b.add_argument("--epochs", type=int, default=60)
+    b.add_argument("--notice-s", type=float, default=30.0, help="notice length (GCE: 30)")
+    b.add_argument("--without-notice", action="store_true", help="lose nodes without a notice")
+    b.add_argument("--out", default="./bench-results", help="folder for the JSON results")
 
 
 def note(text: str) -> None:
@@ -126,6 +134,7 @@ def _wrote(paths: list[str]) -> None:
 def cmd_scaling(args: argparse.Namespace) -> int:
     import workloads
     from benchmarks import machine, scaling
+    from launcher.spec import FRAMEWORKS
 
     if args.workload not in ("resnet18-synthetic", "resnet50-synthetic"):
         try:
@@ -153,7 +162,7 @@ def cmd_scaling(args: argparse.Namespace) -> int:
     rows = scaling.summarize(measured)
     print(scaling.format_rows(rows, skipped))
     _wrote(scaling.write_results(rows, measured, skipped, info, settings, args.out))
-    return EXIT_OK if measured else 1
+    return EXIT_OK if measured else EXIT_FAILED
 
 
 def cmd_allreduce(args: argparse.Namespace) -> int:
@@ -174,7 +183,7 @@ def cmd_allreduce(args: argparse.Namespace) -> int:
     rows = allreduce.summarize(measured, copy_bw)
     print(allreduce.format_rows(rows, skipped, copy_bw))
     _wrote(allreduce.write_results(rows, skipped, copy_bw, info, args.out))
-    return EXIT_OK if measured else 1
+    return EXIT_OK if measured else EXIT_FAILED
 
 
 def cmd_project(args: argparse.Namespace) -> int:
@@ -239,7 +248,7 @@ def cmd_overhead(args: argparse.Namespace) -> int:
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
     from benchmarks import checkpoint_io
-    from launcher.spec import normalize_storage
+    from launcher.storage.uri import normalize_storage
     from launcher.storage import Storage
 
     _positive("--repeats", args.repeats)
@@ -280,13 +289,26 @@ def _bench_emulator() -> Iterator[str]:
                 os.environ[gcs.EMULATOR_ENV] = previous
 
 
+def cmd_bench_preemption(args: argparse.Namespace) -> int:
+    from benchmarks import preemption as bench
+
+    if args.every_s <= args.notice_s and not args.without_notice:
+        raise UserError(f"--every-s ({args.every_s:g}) must be longer than the notice ({args.notice_s:g}s)",
+                        "raise --every-s or lower --notice-s")
+    result = bench.run(args.every_s, args.epochs, args.notice_s, not args.without_notice,
+                       lambda text: print(text, file=sys.stderr, flush=True))
+    print(bench.format_result(result))
+    for path in bench.write_results(result, args.out):
+        print(f"wrote {path}")
+    return EXIT_OK
+
+
 HANDLERS = {"scaling": cmd_scaling, "allreduce": cmd_allreduce, "project": cmd_project,
-            "overhead": cmd_overhead, "checkpoint": cmd_checkpoint}
+            "overhead": cmd_overhead, "checkpoint": cmd_checkpoint, "preemption": cmd_bench_preemption}
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    if args.bench_command == "preemption":  # its parser and handler live in launcher.cli.preemption
-        from launcher.cli.preemption import cmd_bench_preemption
-
-        return cmd_bench_preemption(args)
     return HANDLERS[args.bench_command](args)
+
+
+COMMANDS = {"bench": cmd_bench}

@@ -13,53 +13,22 @@ import os
 import shlex
 import subprocess
 import sys
-from typing import Any
 
+from cluster.spec import ClusterSpec
+from launcher import schema
+from launcher.cli.options import EXIT_FAILED, EXIT_OK, Parser
 from launcher.errors import UserError
 
-EXIT_OK, EXIT_FAILED = 0, 1
 PROJECT_ENVS = ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT")
 
-# flag -> (ClusterSpec field, type, help)
-SPEC_FLAGS: list[tuple[str, str, Any, str]] = [
-    ("--preset", "preset", str, "basic | standard-1 | basic-gpu | custom (default custom)"),
-    ("--project", "project", str, "Google Cloud project id (default: GOOGLE_CLOUD_PROJECT)"),
-    ("--region", "region", str, "region (default: the zone's)"),
-    ("--zone", "zone", str, "zone (default us-central1-a)"),
-    ("--name", "cluster_name", str, "cluster name (default launcher)"),
-    ("--head-machine-type", "head_machine_type", str, "head VM type (default n1-standard-4)"),
-    ("--worker-machine-type", "worker_machine_type", str, "worker VM type (default n1-standard-8)"),
-    ("--min-workers", "min_workers", int, "workers kept running (default: the preset's)"),
-    ("--max-workers", "max_workers", int, "most workers (default: the preset's)"),
-    ("--accelerator", "accelerator_type", str, "GPU type on the workers (on the head if --max-workers 0), "
-     "e.g. nvidia-tesla-t4, nvidia-l4, nvidia-tesla-v100, nvidia-tesla-a100"),
-    ("--accelerator-count", "accelerator_count", int, "GPUs per VM (default 1; implied for A2/A3/G2 types)"),
-    ("--provisioning", "provisioning", str, "standard | spot | preemptible (worker VMs; default standard)"),
-    ("--termination-action", "termination_action", str, "what Compute Engine does to a preempted Spot VM: "
-     "DELETE (default) | STOP"),
-    ("--disk-size-gb", "disk_size_gb", int, "boot disk size (default 100)"),
-    ("--image", "image", str, "boot image (default: a Deep Learning VM family, with CUDA on GPU nodes)"),
-    ("--service-account", "service_account", str, "service account email (default: the one `ray up` creates)"),
-    ("--scopes", "scopes", str, "comma-separated OAuth scopes (default: devstorage.read_write,logging.write,"
-     "monitoring.write; the head adds compute)"),
-    ("--network", "network", str, "VPC network (default: the project's default)"),
-    ("--subnetwork", "subnetwork", str, "subnetwork of the region"),
-    ("--idle-timeout-minutes", "idle_timeout_minutes", int, "minutes before an idle worker above min is removed"),
-    ("--install", "install", str, "command that installs this launcher on each node (default: copy this "
-     "project to ~/launcher and pip install it)"),
-]
-
-
-def add_parsers(sub, parser_class) -> None:
+def add_parsers(sub) -> None:
     """Add `launcher cluster ACTION` to the top-level subparsers."""
     cluster = sub.add_parser("cluster", help="Compute Engine: cluster file, preflight, up/down, preemptions")
-    actions = cluster.add_subparsers(dest="cluster_command", metavar="ACTION", parser_class=parser_class,
+    actions = cluster.add_subparsers(dest="cluster_command", metavar="ACTION", parser_class=Parser,
                                      required=True)
     cfg = actions.add_parser("config", help="write a Ray cluster file for GCP on stdout (> cluster.yaml)")
     cfg.add_argument("--spec", help="cluster spec YAML (keys as the flags, e.g. max_workers: 4); flags win")
-    for flag, dest, typ, help_ in SPEC_FLAGS:
-        cfg.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
-    cfg.add_argument("--horovod", action="store_true", default=None, help="build Horovod on every node")
+    schema.add_flags(cfg, ClusterSpec)
     cfg.add_argument("-o", "--output", help="write to this file instead of stdout")
 
     pre = actions.add_parser("preflight", help="check a cluster file against the project before `ray up`")
@@ -91,21 +60,16 @@ def cmd_cluster(args: argparse.Namespace) -> int:
 
 def spec_from_args(args: argparse.Namespace):
     """Preset, then the --spec file, then flags; validated."""
-    from cluster.spec import ClusterSpec
-
-    values: dict[str, Any] = _load_yaml(args.spec, "--spec") if args.spec else {}
-    if not isinstance(values, dict):
-        raise UserError(f"--spec {args.spec}: expected a mapping of spec keys (zone: ..., max_workers: ...)")
+    values = schema.load_mapping(args.spec, "--spec", "zone: ..., max_workers: ...") if args.spec else {}
     source = args.spec or "spec"
     if args.preset:  # the preset decides the base values, so it must be known before the rest
         values["preset"] = args.preset
     spec = ClusterSpec.from_mapping(values, source)
-    overrides = {dest: getattr(args, dest) for _, dest, _, _ in SPEC_FLAGS}
-    overrides["horovod"] = args.horovod
-    if spec.project is None and overrides["project"] is None:
+    overrides = schema.given_flags(args, ClusterSpec)
+    if spec.project is None and overrides.get("project") is None:
         overrides["project"] = _env_project()
     # The source goes to the nodes to be installed, or for scripts/install-horovod.
-    if (spec.install is None and overrides["install"] is None) or spec.horovod or overrides["horovod"]:
+    if (spec.install is None and overrides.get("install") is None) or spec.horovod or overrides.get("horovod"):
         overrides["source_dir"] = project_source_dir()
     return spec.merged(overrides).validated()
 
@@ -153,7 +117,7 @@ def run_preflight(cluster_file: str, bucket: str | None):
     from cluster.compute import Compute
     from cluster.preflight import run_checks
 
-    config = _load_yaml(cluster_file, "cluster file")
+    config = schema.load_yaml(cluster_file, "cluster file")
     if not isinstance(config, dict):
         raise UserError(f"{cluster_file}: not a Ray cluster file (expected a mapping)")
     project = (config.get("provider") or {}).get("project_id") or ""
@@ -180,7 +144,7 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    _load_yaml(args.cluster_file, "cluster file")  # a clear error for a missing file, before Ray's
+    schema.load_yaml(args.cluster_file, "cluster file")  # a clear error for a missing file, before Ray's
     command = [_ray(), "down", "-y", args.cluster_file]
     if args.dry_run:
         print("would run: " + shlex.join(command))
@@ -228,18 +192,4 @@ def _env_project() -> str | None:
     return next((os.environ[e] for e in PROJECT_ENVS if os.environ.get(e)), None)
 
 
-def _load_yaml(path: str, what: str) -> Any:
-    import yaml
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            return yaml.safe_load(f) or {}
-    except FileNotFoundError:
-        raise UserError(f"{what} {path} does not exist", "check the path") from None
-    except OSError as exc:
-        raise UserError(f"cannot read {what} {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise UserError(f"{path}: {getattr(exc, 'problem', None) or 'invalid YAML'}{where}",
-                        "fix the YAML syntax") from None
+COMMANDS = {"cluster": cmd_cluster}

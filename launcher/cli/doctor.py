@@ -92,7 +92,7 @@ def diagnose() -> list[Check]:
     return checks
 
 
-def add_parsers(sub, parser_class=argparse.ArgumentParser) -> None:
+def add_parsers(sub) -> None:
     doc = sub.add_parser("doctor", help="which frameworks and backends are usable here, and how to fix the rest")
     doc.add_argument("--json", action="store_true", help="print the checks as a JSON list on stdout")
 

@@ -14,22 +14,18 @@ import logging
 import sys
 from typing import Any
 
+from launcher._ray import JOB_CLIENT_LOGGERS
+from launcher.cli.options import EXIT_CANCELLED, EXIT_OK, add_run_flags, add_verbose, spec_from_args
+
 ADDRESS_HELP = ("the head's dashboard (Ray job API), e.g. http://127.0.0.1:8265; "
                 "default RAY_API_SERVER_ADDRESS, else RAY_ADDRESS")
 
 
-def add_parsers(sub, parser_class) -> None:
-    """Add the job commands to the ``launcher`` subparsers ``sub`` (``parser_class`` is for nested
-    subcommands; these have none)."""
-    from launcher.cli.main import RUN_FLAGS
-
+def add_parsers(sub) -> None:
+    """Add the job commands to the ``launcher`` subparsers ``sub``."""
     sb = sub.add_parser("submit", help="submit a run to a running Ray cluster as a Ray job; prints the job id")
-    sb.add_argument("--config", help="job spec YAML; flags override its values")
-    for flag, dest, typ, help_ in RUN_FLAGS:
-        if flag != "--address":  # here --address is the job server, not the run's cluster
-            sb.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
-    sb.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                    help="workload parameter, e.g. --param image_size=64 (repeatable)")
+    # The run flags, but --address: here it is the job server, not the run's cluster.
+    add_run_flags(sb, skip=("address",))
     sb.set_defaults(address=None)
     _address(sb)
     sb.add_argument("--follow", action="store_true",
@@ -60,8 +56,7 @@ def add_parsers(sub, parser_class) -> None:
 def _address(parser: argparse.ArgumentParser) -> None:
     """--address and -v, the options every job command takes."""
     parser.add_argument("--address", dest="job_server", default=None, metavar="URL", help=ADDRESS_HELP)
-    parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
-                        help="show Ray's logs and full tracebacks")
+    add_verbose(parser)
 
 
 def _quiet_ray(verbose: bool) -> None:
@@ -72,8 +67,7 @@ def _quiet_ray(verbose: bool) -> None:
     import ray.dashboard.modules.dashboard_sdk
     import ray.dashboard.modules.job.sdk  # noqa: F401
 
-    for name in ("ray.dashboard.modules.dashboard_sdk", "ray.dashboard.modules.job.sdk",
-                 "ray._private.runtime_env.packaging"):
+    for name in JOB_CLIENT_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
@@ -83,7 +77,6 @@ def _note(text: str) -> None:
 
 def cmd_submit(args: argparse.Namespace) -> int:
     from launcher.driver import jobs as submit
-    from launcher.cli.main import spec_from_args
 
     spec = spec_from_args(args)  # bad flags stop here: nothing is sent
     _quiet_ray(args.verbose)
@@ -99,7 +92,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
     _note(f"submitted run {job.name} as job {job.job_id} to {job.address}; follow it with "
           f"`launcher logs {job.job_id} --follow --address {job.address}`")
     if not args.follow:
-        return 0
+        return EXIT_OK
     return _follow(submit, args.job_server, job.job_id)
 
 
@@ -108,7 +101,7 @@ def _follow(submit, address: str | None, job_id: str) -> int:
         status = submit.follow(address, job_id, submit.write_stdout)
     except KeyboardInterrupt:
         _note(f"stopped following; job {job_id} goes on (`launcher stop {job_id}` stops it)")
-        return 130
+        return EXIT_CANCELLED
     _note(f"job {job_id}: {status}")
     return submit.exit_code(status)
 
@@ -120,14 +113,14 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     jobs = submit.list_jobs(args.job_server)
     if args.json:
         print(json.dumps(jobs, indent=1))
-        return 0
+        return EXIT_OK
     if not jobs:
         print("no launcher jobs on this cluster")
-        return 0
+        return EXIT_OK
     print(f"{'JOB':<40} {'RUN':<36} STATUS")
     for j in jobs:
         print(f"{j['job_id']:<40} {j['run']:<36} {j['status']}")
-    return 0
+    return EXIT_OK
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -139,7 +132,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps(details, sort_keys=True, default=str))
     else:
         print(format_status(details))
-    return 0
+    return EXIT_OK
 
 
 def format_status(d: dict[str, Any]) -> str:
@@ -163,7 +156,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     if args.follow:
         return _follow(submit, args.job_server, args.job_id)
     submit.write_stdout(submit.logs(args.job_server, args.job_id))
-    return 0
+    return EXIT_OK
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -178,7 +171,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
         print(f"job {args.job_id} had already ended: {status}")
     else:
         print(f"job {args.job_id}: {status}" + ("" if status in submit.TERMINAL else " (stop requested)"))
-    return 0
+    return EXIT_OK
 
 
 COMMANDS = {"submit": cmd_submit, "jobs": cmd_jobs, "status": cmd_status, "logs": cmd_logs, "stop": cmd_stop}

@@ -18,14 +18,13 @@ import sys
 import threading
 import time
 
+from launcher.cli.options import EXIT_FAILED, EXIT_OK, Parser
 from launcher.errors import UserError
 
-EXIT_OK = 0
 
-
-def add_parsers(sub, parser_class) -> None:
+def add_parsers(sub) -> None:
     pre = sub.add_parser("preemption", help="GCE preemption: the node watcher, and a local demo")
-    pre_sub = pre.add_subparsers(dest="preemption_command", metavar="ACTION", parser_class=parser_class,
+    pre_sub = pre.add_subparsers(dest="preemption_command", metavar="ACTION", parser_class=Parser,
                                  required=True)
     w = pre_sub.add_parser("watch", help="wait for GCE's preemption notice and drain this node's Ray node")
     w.add_argument("--address", default=None, help="Ray cluster (GCS) address (default: RAY_ADDRESS, or the "
@@ -49,15 +48,6 @@ def add_parsers(sub, parser_class) -> None:
     d.add_argument("--json", action="store_true", help="print the run's summary as JSON")
 
 
-def add_bench_parser(bench_sub) -> None:
-    b = bench_sub.add_parser("preemption", help="recovery time and goodput with a preemption every N seconds")
-    b.add_argument("--every-s", type=float, default=60.0, help="preempt a node this often (default 60)")
-    b.add_argument("--epochs", type=int, default=60)
-    b.add_argument("--notice-s", type=float, default=30.0, help="notice length (GCE: 30)")
-    b.add_argument("--without-notice", action="store_true", help="lose nodes without a notice")
-    b.add_argument("--out", default="./bench-results", help="folder for the JSON results")
-
-
 def _log(text: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} launcher preemption watch: {text}", file=sys.stderr, flush=True)
 
@@ -65,14 +55,14 @@ def _log(text: str) -> None:
 def cmd_preemption(args: argparse.Namespace) -> int:
     if args.preemption_command == "demo":
         return _demo(args)
-    from launcher.preemption import watcher as preemption
+    from launcher.preemption import drain
 
     stop = threading.Event()
     # SIGTERM (node shutdown, systemd stop) ends the watch quietly.
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         address = args.address or os.environ.get("RAY_ADDRESS") or "auto"
-        outcome = preemption.watch(address, node_id=args.node_id, host=args.metadata_host,
+        outcome = drain.watch(address, node_id=args.node_id, host=args.metadata_host,
                                    notice_s=args.notice_s, margin_s=args.deadline_margin_s, log=_log, stop=stop)
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -81,8 +71,8 @@ def cmd_preemption(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from launcher.cli.run import format_summary
     from launcher.lab.chaos import PreemptionLab, run_in_background
-    from launcher.cli.main import format_summary
     from launcher.spec import JobSpec
 
     if args.notice_s < 3:
@@ -104,22 +94,8 @@ def _demo(args: argparse.Namespace) -> int:
             note("demo: GCE announces the preemption of a worker node (instance/preempted = TRUE)")
             lab.preempt(0)
         summary = run.wait()
-    print(json.dumps(summary, sort_keys=True, default=str) if args.json else format_summary(summary))
-    return EXIT_OK if summary["status"] == "succeeded" else 1
-
-
-def cmd_bench_preemption(args: argparse.Namespace) -> int:
-    from benchmarks import preemption as bench
-
-    if args.every_s <= args.notice_s and not args.without_notice:
-        raise UserError(f"--every-s ({args.every_s:g}) must be longer than the notice ({args.notice_s:g}s)",
-                        "raise --every-s or lower --notice-s")
-    result = bench.run(args.every_s, args.epochs, args.notice_s, not args.without_notice,
-                       lambda text: print(text, file=sys.stderr, flush=True))
-    print(bench.format_result(result))
-    for path in bench.write_results(result, args.out):
-        print(f"wrote {path}")
-    return EXIT_OK
+    print(json.dumps(summary.to_json(), sort_keys=True, default=str) if args.json else format_summary(summary))
+    return EXIT_OK if summary.succeeded else EXIT_FAILED
 
 
 COMMANDS = {"preemption": cmd_preemption}

@@ -5,3 +5,18 @@ builds the backend's Ray Train trainer, follows the run through the events
 Ray Train's controller forwards, shows progress, and writes the run log. It
 also runs unmodified scripts on the workers and submits runs as Ray jobs.
 """
+
+from launcher._lazy import lazy_exports  # noqa: E402
+
+__all__, __getattr__ = lazy_exports(__name__, {
+    "run": "launcher.driver.launch",
+    "run_script": "launcher.driver.script",
+    "connect": "launcher.driver.session",
+    "check_fits": "launcher.driver.session",
+    "describe_failure": "launcher.driver.trainer",
+    "submit": "launcher.driver.jobs",
+    "up": "launcher.driver.localhead",
+    "down": "launcher.driver.localhead",
+    "running_head": "launcher.driver.localhead",
+    "STATE_ENV": "launcher.driver.localhead",
+})

@@ -25,7 +25,9 @@ from typing import Any
 
 import ray
 from ray.train import UserCallback
-from ray.train.v2._internal.execution.callback import ControllerCallback
+
+from launcher import _ray
+from launcher.summary import Attempt, Event, Failure, Preempting, Report, Restart, event_from_json, event_to_json
 
 
 @ray.remote(num_cpus=0)
@@ -49,38 +51,33 @@ class ReportForwarder(UserCallback):
     def __init__(self, path: str | None = None, mailbox=None) -> None:
         self.path, self.mailbox = path, mailbox
 
-    def _send(self, event: dict[str, Any]) -> None:
-        _send(self.path, self.mailbox, event)
-
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
-        self._send({"type": "report", "time": time.time(), "metrics": dict(metrics[0]),
-                    "checkpoint": checkpoint.path if checkpoint is not None else None})
+        _send(self.path, self.mailbox, Report(time.time(), dict(metrics[0]),
+                                              checkpoint.path if checkpoint is not None else None))
 
     def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
-        self._send({"type": "failure", "time": time.time(),
-                    "errors": {int(rank): f"{type(e).__name__}: {e}"[:2000]
-                               for rank, e in worker_exceptions.items()}})
+        _send(self.path, self.mailbox, Failure(time.time(), {int(rank): f"{type(e).__name__}: {e}"[:2000]
+                                                             for rank, e in worker_exceptions.items()}))
 
 
-def _send(path: str | None, mailbox, event: dict[str, Any]) -> None:
+def _send(path: str | None, mailbox, event: Event) -> None:
+    data = event_to_json(event)
     if mailbox is not None:
-        mailbox.put.remote(event)
+        mailbox.put.remote(data)
         return
     with open(path, "a", encoding="utf-8") as f:  # one write per line: readers see whole lines
-        f.write(json.dumps(event, default=str) + "\n")
+        f.write(json.dumps(data, default=str) + "\n")
 
 
 def restart_cause(error) -> str:
     """"preemption" when Ray Train charges ``error`` to the preemption budget, else "failure"."""
     try:
-        from ray.train.v2._internal.execution.failure_handling.default import _is_preemption_failure
-
-        return "preemption" if _is_preemption_failure(error) else "failure"
+        return "preemption" if _ray.is_preemption_failure(error) else "failure"
     except Exception:  # noqa: BLE001 - a private helper; fall back to the exception's type
         return "preemption" if type(error).__name__ == "PreemptionError" else "failure"
 
 
-class StateForwarder(ControllerCallback):
+class StateForwarder(_ray.ControllerCallback):
     """Forwards controller state changes that matter to the summary: notices and restarts."""
 
     def __init__(self, path: str | None = None, mailbox=None) -> None:
@@ -90,12 +87,11 @@ class StateForwarder(ControllerCallback):
         kind, before = type(current_state).__name__, type(previous_state).__name__
         if kind == "PreemptingState" and before != kind:
             info = current_state.preemption_info
-            _send(self.path, self.mailbox, {"type": "preempting", "time": time.time(),
-                                            "deadline_ms": info.deadline_ms, "ranks": info.preempted_ranks})
+            _send(self.path, self.mailbox, Preempting(time.time(), info.deadline_ms, list(info.preempted_ranks)))
         elif kind in ("RestartingState", "ReschedulingState"):
             error = current_state.training_failed_error
-            _send(self.path, self.mailbox, {"type": "restart", "time": time.time(), "cause": restart_cause(error),
-                                            "error": f"{type(error).__name__}: {error}"[:500]})
+            _send(self.path, self.mailbox, Restart(time.time(), restart_cause(error),
+                                                   f"{type(error).__name__}: {error}"[:500]))
 
 
 @ray.remote(num_cpus=0)
@@ -114,7 +110,7 @@ class ProgressBoard:
         return sorted(({"attempt": k, **v} for k, v in self._attempts.items()), key=lambda a: a["first_time"])
 
 
-def lost_work(attempts: list[dict[str, Any]], checkpoint_times: dict[int, float]) -> list[dict[str, Any]]:
+def lost_work(attempts: list[Attempt], checkpoint_times: dict[int, float]) -> list[dict[str, Any]]:
     """Steps and seconds each restart cost, from consecutive attempts.
 
     Steps lost: the steps the earlier attempt trained past the step the next
@@ -125,11 +121,11 @@ def lost_work(attempts: list[dict[str, Any]], checkpoint_times: dict[int, float]
     """
     out = []
     for before, after in zip(attempts, attempts[1:]):
-        resumed = int(after["start_step"])
-        reached = checkpoint_times.get(resumed, before["first_time"])
+        resumed = int(after.start_step)
+        reached = checkpoint_times.get(resumed, before.first_time)
         out.append({"resumed_from_step": resumed,
-                    "steps_lost": max(0, int(before["last_step"]) - resumed),
-                    "time_lost_s": round(max(0.0, after["first_time"] - reached), 2)})
+                    "steps_lost": max(0, int(before.last_step) - resumed),
+                    "time_lost_s": round(max(0.0, after.first_time - reached), 2)})
     return out
 
 
@@ -161,17 +157,18 @@ class EventChannel:
         self.states = StateForwarder(self._path, self._mailbox)
         self.board = ProgressBoard.options(**_on_this_node()).remote()
 
-    def take(self) -> list[dict[str, Any]]:
+    def take(self) -> list[Event]:
         if self._mailbox is not None:
-            return ray.get(self._mailbox.take.remote())
+            return [event_from_json(e) for e in ray.get(self._mailbox.take.remote())]
         with open(self._path, "rb") as f:
             f.seek(self._offset)
             data = f.read()
         end = data.rfind(b"\n") + 1  # leave a line still being written for next time
         self._offset += end
-        return [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+        return [event_from_json(json.loads(line)) for line in data[:end].splitlines() if line.strip()]
 
     def attempts(self) -> list[dict[str, Any]]:
+        """The board's attempts (dicts with "attempt", "start_step", "first_time", ...)."""
         error = None
         for _ in range(3):  # a loaded machine can be slow to answer; accounting is worth a retry
             try:

@@ -10,7 +10,8 @@ its storage. Inside the job, Ray sets RAY_ADDRESS, so the run joins the
 cluster instead of starting a Ray of its own.
 
 Everything goes through ``ray.job_submission.JobSubmissionClient``; errors
-from it become one-line :class:`UserError`s.
+from it become one line: :class:`UserError` for bad input, :class:`Unreachable`
+for a job server that does not answer.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
-from launcher.errors import UserError
+from launcher import schema
+from launcher.errors import Unreachable, UserError
 
 ADDRESS_ENVS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")  # Ray's own order of precedence
 ID_PREFIX = "launcher-"
@@ -97,8 +99,8 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
             return
     except OSError as exc:
         why = exc.strerror or type(exc).__name__
-        raise UserError(f"cannot reach the Ray job server at {address}: {why}",
-                        "is the cluster up, with its dashboard on? " + FIX_ADDRESS) from None
+        raise Unreachable(f"cannot reach the Ray job server at {address}: {why}",
+                          "is the cluster up, with its dashboard on? " + FIX_ADDRESS) from None
 
 
 @contextlib.contextmanager
@@ -140,14 +142,15 @@ def _job_errors(client, job_id: str) -> Iterator[None]:
     try:
         yield
     except OSError as exc:  # requests' and aiohttp's connection errors are OSErrors
-        raise UserError(f"lost the connection to the Ray job server at {client.get_address()}: "
-                        f"{_first_line(exc)}", "is the cluster still up? `launcher status` and "
-                        "`launcher logs --follow` can be run again at any time") from None
+        raise Unreachable(f"lost the connection to the Ray job server at {client.get_address()}: "
+                          f"{_first_line(exc)}", "is the cluster still up? `launcher status` and "
+                          "`launcher logs --follow` can be run again at any time") from None
     except RuntimeError as exc:
         if "does not exist" in str(exc) or "status code 404" in str(exc):
             raise UserError(f"no job {job_id!r} on the Ray cluster at {client.get_address()}",
                             f"`launcher jobs --address {client.get_address()}` lists the jobs") from None
-        raise UserError(f"the Ray job server at {client.get_address()} failed: {_first_line(exc)}") from None
+        raise Unreachable(f"the Ray job server at {client.get_address()} failed: {_first_line(exc)}",
+                          "check the head's dashboard log (/tmp/ray/session_latest/logs/dashboard.log)") from None
 
 
 # -- what a submission sends -------------------------------------------------------------
@@ -155,14 +158,7 @@ def _job_errors(client, job_id: str) -> Iterator[None]:
 def run_argv(spec) -> list[str]:
     """`launcher run` flags for every field of a validated spec (the cluster's address aside:
     inside the job Ray's RAY_ADDRESS names it)."""
-    argv: list[str] = []
-    for key, value in spec.to_dict().items():
-        if value is None or key in ("address", "params"):
-            continue
-        if isinstance(value, bool):  # a switch (--hvd-fp16): present or absent
-            argv += ["--" + key.replace("_", "-")] if value else []
-            continue
-        argv += ["--" + key.replace("_", "-"), repr(value) if isinstance(value, float) else str(value)]
+    argv = schema.to_argv(spec, skip=("address",))
     for key, value in sorted(spec.params.items()):
         argv += ["--param", f"{key}={value}"]
     return argv

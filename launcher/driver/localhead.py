@@ -118,7 +118,7 @@ with tempfile.TemporaryDirectory(prefix="launcher-warm-up-") as d:
 
 def _warm_up(address: str, env: dict, timeout_s: float) -> None:
     """Run the warm-up job; a failure is not fatal (the head works, only slower at first)."""
-    from launcher.driver.launch import ray_train_env
+    from launcher.driver.trainer import ray_train_env
 
     with contextlib.suppress(subprocess.SubprocessError, OSError):
         subprocess.run([sys.executable, "-c", _WARM_UP, address], env={**env, **ray_train_env()}, timeout=timeout_s,

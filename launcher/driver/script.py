@@ -1,8 +1,8 @@
-"""Bring-your-own-script mode: run an unmodified training script on N Ray workers.
+"""Bring-your-own-script mode, driver side: run an unmodified training script on N Ray workers.
 
 ``launcher run --script train.py --backend B --workers N -- ARGS`` starts the
-backend's Ray Train V2 trainer with :func:`script_worker` as the training
-function. Each worker asks the backend for the environment a script of that
+backend's Ray Train V2 trainer with :func:`launcher.worker.script.script_worker`
+as the training function. Each worker asks the backend for the environment a script of that
 backend expects (Horovod: the HOROVOD_* ring variables its Ray backend already
 put in the worker's environment; torch native: torchrun's MASTER_ADDR, RANK,
 ...), starts ``python train.py ARGS`` as a subprocess with it, and sends the
@@ -19,17 +19,13 @@ from __future__ import annotations
 
 import os
 import re
-import signal
 import sys
-import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from launcher.errors import UserError
+from launcher.summary import RunStatus
 
-FLUSH_S = 0.1           # how often a worker ships buffered output lines
-MAX_BATCH = 500         # and at most this many per message
 POLL_S = 0.2            # how often the driver fetches lines
 SHEBANG = re.compile(rb"^#!.*\bpython[0-9.]*\b")
 
@@ -50,80 +46,6 @@ def check_script(path: str) -> str:
             raise UserError(f"--script {path}: not a Python script (no .py suffix and no python shebang)",
                             "rename it to end with .py, or start it with #!/usr/bin/env python3")
     return full
-
-
-# -- worker side ---------------------------------------------------------------------------
-
-def _die_with_parent() -> None:
-    """In the child, before exec: get SIGTERM when the worker thread that started it ends
-    (Ray killing a worker must not leave an orphaned training script holding the ring)."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
-def script_worker(config: dict[str, Any]) -> None:
-    """Ray Train's training function in script mode: run the script, stream its output."""
-    import subprocess
-    import tempfile
-
-    import ray
-    import ray.train
-
-    from launcher import backends
-
-    rank = ray.train.get_context().get_world_rank()
-    sink = config["sink"]
-    os.environ.update(config.get("env", {}))
-    backend = backends.get(config["backend"])
-    env = {**os.environ, **backend.script_env(config["framework"]), "PYTHONUNBUFFERED": "1"}
-    path = config["script"]
-    if not os.path.isfile(path):  # another machine: run the driver's copy
-        fd, path = tempfile.mkstemp(prefix="launcher-script-", suffix=".py")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(config["source"])
-    cwd = config["cwd"] if os.path.isdir(config["cwd"]) else os.path.dirname(path)
-    proc = subprocess.Popen([sys.executable, path, *config["args"]], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
-                            preexec_fn=_die_with_parent)
-    lines: list[str] = []
-    lock = threading.Lock()
-
-    def read() -> None:
-        for raw in proc.stdout:
-            with lock:
-                lines.append(raw.decode("utf-8", errors="replace").rstrip("\n"))
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    pending = []
-
-    def ship() -> None:
-        with lock:
-            batch, lines[:] = lines[:MAX_BATCH], lines[MAX_BATCH:]
-        if batch:
-            pending.append(sink.put.remote({"rank": rank, "lines": batch}))
-
-    while proc.poll() is None:
-        time.sleep(FLUSH_S)
-        ship()
-    reader.join()
-    while lines:
-        ship()
-    status = proc.returncode
-    ray.get(pending + [sink.put.remote({"rank": rank, "exit": status, "time": time.time()})])
-    if status != 0:
-        raise ScriptFailed(rank, status)
-
-
-class ScriptFailed(RuntimeError):
-    def __init__(self, rank: int, status: int) -> None:
-        super().__init__(f"rank {rank}: the script exited with status {status}")
-        self.rank, self.status = rank, status
 
 
 # -- driver side ---------------------------------------------------------------------------
@@ -166,10 +88,12 @@ def run_script(spec, script: str, args: list[str], *, out: TextIO | None = None,
 
     Raises:
         UserError: the backend cannot run here (before any worker starts).
+        Unreachable: the Ray cluster named by --address does not answer.
     """
     from launcher import backends
-    from launcher.driver import session as raysession
-    from launcher.driver.launch import describe_failure
+    from launcher.driver import session, trainer
+    from launcher.storage import Storage, gcs
+    from launcher.worker.script import script_worker
 
     out = out or sys.stdout
     backend = backends.get(spec.backend)
@@ -181,93 +105,32 @@ def run_script(spec, script: str, args: list[str], *, out: TextIO | None = None,
         raise UserError(f"backend {spec.backend} cannot run {spec.framework} here: {reason}")
     with open(script, encoding="utf-8", errors="replace") as f:
         source = f.read()
-    with raysession.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
-                            verbose=verbose) as nodes:
-        raysession.check_fits(nodes, spec.workers, spec.cpus_per_worker, spec.gpus_per_worker)
-        from launcher.storage import gcs
+    with session.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
+                         verbose=verbose) as nodes:
+        session.check_fits(nodes, spec.workers, spec.cpus_per_worker, spec.gpus_per_worker)
+        import ray
+
         from launcher.driver.events import Mailbox
 
         sink = Mailbox.remote()
         config = {"script": script, "source": source, "args": list(args), "cwd": os.getcwd(),
                   "backend": spec.backend, "framework": spec.framework, "sink": sink,
                   "env": gcs.worker_env()}
-        trainer = backend.script_trainer(spec, script_worker, config, _scaling(spec), _run_config(spec))
+        trainer.apply_ray_train_env()
+        # A script's own failures are the user's to see, not to retry.
+        run_config = trainer.run_config(spec, Storage.resolve(spec.storage), max_failures=0)
+        ray_trainer = backend.script_trainer(spec, script_worker, config,
+                                             trainer.scaling_config(spec, elastic=False), run_config)
         outcome = Outcome()
-        error = _fit_streaming(trainer, sink, outcome, out, verbose, describe_failure)
+
+        def drain() -> None:
+            for event in ray.get(sink.take.remote()):
+                outcome.handle(event, out)
+
+        fitted = trainer.fit(ray_trainer, drain, verbose=verbose, poll_s=POLL_S)
+    error = None if fitted.status == RunStatus.SUCCEEDED else (
+        "interrupted" if fitted.status == RunStatus.CANCELLED else fitted.error)
     code, message = outcome.exit_code(spec.workers, error)
     if message:
         print(f"error: {message}", file=sys.stderr, flush=True)
     return code
-
-
-def _fit_streaming(trainer, sink, outcome: Outcome, out: TextIO, verbose: bool, describe) -> str | None:
-    """trainer.fit() while a thread prints the workers' lines; returns the failure, if any."""
-    import ray
-
-    stop = threading.Event()
-
-    def pump() -> None:
-        while True:
-            done = stop.wait(POLL_S)
-            for event in ray.get(sink.take.remote()):
-                outcome.handle(event, out)
-            if done:
-                return
-
-    pumper = threading.Thread(target=pump, name="launcher-script-output", daemon=True)
-    pumper.start()
-    error = None
-    try:
-        trainer.fit()
-    except (KeyboardInterrupt, SystemExit):
-        error = "interrupted"
-    except Exception as exc:  # Ray Train wraps the workers' errors
-        if verbose:
-            import traceback
-
-            traceback.print_exc()
-        error = describe(exc)
-    finally:
-        stop.set()
-        pumper.join(timeout=30)
-    return error
-
-
-def _scaling(spec):
-    from ray.train import ScalingConfig
-
-    resources = {"CPU": spec.cpus_per_worker}
-    if spec.gpus_per_worker:
-        resources["GPU"] = spec.gpus_per_worker
-    return ScalingConfig(num_workers=spec.workers, use_gpu=spec.gpus_per_worker > 0,
-                         resources_per_worker=resources)
-
-
-def _run_config(spec):
-    from ray.train import FailureConfig, RunConfig
-
-    from launcher.storage import Storage
-
-    storage = Storage.resolve(spec.storage)
-    # A script's own failures are the user's to see, not to retry.
-    return RunConfig(name=spec.name, storage_path=storage.root,
-                     storage_filesystem=None if storage.is_local else storage.fs,
-                     failure_config=FailureConfig(max_failures=0))
-
-
-def cmd_script(args) -> int:
-    """``launcher run --script``: check everything, then run; returns the exit status."""
-    import dataclasses
-    import datetime as _dt
-
-    from launcher.cli.main import spec_from_args
-
-    if not args.script:
-        raise UserError(f"unexpected arguments {' '.join(args.script_args)!r}",
-                        "script arguments go after --script PATH and --, e.g. --script train.py -- --lr 0.1")
-    script = check_script(args.script)
-    spec = spec_from_args(args)
-    if not args.name:
-        stem = re.sub(r"[^A-Za-z0-9_]", "_", os.path.splitext(os.path.basename(script))[0])
-        spec = dataclasses.replace(spec, name=f"script_{stem}_{_dt.datetime.now():%Y%m%d_%H%M%S}"[:128])
-    return run_script(spec, script, args.script_args, verbose=args.verbose)

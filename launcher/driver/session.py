@@ -13,13 +13,14 @@ import contextlib
 import logging
 import math
 import os
+import signal
+import threading
 from dataclasses import dataclass
 from typing import Iterator
 
+from launcher._ray import JOB_CONFIG_ENV
 from launcher.driver import localhead
-from launcher.errors import UserError
-
-JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"  # ray._private.runtime_env.constants, not imported: heavy
+from launcher.errors import Unreachable, UserError
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ def connect(address: str | None, *, workers: int, cpus_per_worker: float,
     _quiet_ray_loggers(verbose)
     started = False
     if not ray.is_initialized():
+        sigterm = signal.getsignal(signal.SIGTERM)
         kwargs = dict(include_dashboard=False, log_to_driver=verbose,
                       logging_level=logging.INFO if verbose else logging.ERROR)
         try:
@@ -66,15 +68,28 @@ def connect(address: str | None, *, workers: int, cpus_per_worker: float,
                 cpus = max(os.cpu_count() or 1, math.ceil(workers * cpus_per_worker))
                 ray.init(address="local", num_cpus=cpus, **kwargs)  # never a running cluster by surprise
         except ConnectionError as exc:
-            raise UserError(f"cannot connect to the Ray cluster at {address}: {exc}",
-                            "check --address (or RAY_ADDRESS); a cluster with token authentication also needs "
-                            "RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH)") from None
+            raise Unreachable(f"cannot connect to the Ray cluster at {address}: {exc}",
+                              "is it up? check --address (or RAY_ADDRESS); a cluster with token authentication "
+                              "also needs RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN or "
+                              "RAY_AUTH_TOKEN_PATH)") from None
         started = True
+        _restore_python_sigterm(sigterm)
     try:
         yield alive_nodes()
     finally:
         if started:
             ray.shutdown()
+
+
+def _restore_python_sigterm(handler) -> None:
+    """Put back the Python SIGTERM handler that was set before ``ray.init``.
+
+    Ray's core worker installs a C++ handler for SIGTERM that dumps a stack and
+    kills the process; the CLI's handler (SIGTERM ends the run like Ctrl-C: the
+    workers stopped, the summary written) must win. Only the main thread can set it.
+    """
+    if callable(handler) and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, handler)
 
 
 def in_ray_job() -> bool:

@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from launcher.lab.metadata import FakeMetadataServer
-from launcher.preemption.watcher import Watcher, node_drainer
+from launcher.preemption.drain import node_drainer
+from launcher.preemption.watcher import Watcher
 
 
 @dataclass
@@ -104,14 +105,14 @@ class PreemptionLab:
     # -- chaos ------------------------------------------------------------------------------
     def notice(self, index: int = 0, timeout_s: float = 30.0) -> float:
         """GCE's notice for worker node ``index``; returns the drain deadline the watcher set (UNIX s)."""
-        import ray
+        from launcher import _ray
 
         n = self.nodes[index]
         n.metadata.preempt()
         self._event("preemption notice", n)
         end = time.time() + timeout_s
         while time.time() < end:
-            deadline_ms = ray._private.state.state.get_draining_nodes().get(n.node_id)
+            deadline_ms = _ray.global_state.get_draining_nodes().get(n.node_id)
             if deadline_ms:
                 self._event("node draining", n, deadline=deadline_ms / 1000)
                 return deadline_ms / 1000
@@ -141,11 +142,11 @@ def run_in_background(spec, note: Callable[[str], None] | None = None) -> "Backg
 
 
 class BackgroundRun:
-    """``driver.run(spec)`` in a thread of this process (connected to the lab's cluster)."""
+    """``launcher.driver.run(spec)`` in a thread of this process (connected to the lab's cluster)."""
 
     def __init__(self, spec, note=None) -> None:
         self.spec, self.note = spec, note
-        self.summary: dict[str, Any] | None = None
+        self.summary = None  # the RunSummary, once the run ends
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="launcher-run", daemon=True)
 
@@ -154,10 +155,10 @@ class BackgroundRun:
         return self
 
     def _run(self) -> None:
-        from launcher.driver import launch as driver
+        from launcher.driver import launch
 
         try:
-            self.summary = driver.run(self.spec, show_progress=self.note is not None)
+            self.summary = launch.run(self.spec, show_progress=self.note is not None)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller of wait()
             self.error = exc
 
@@ -165,7 +166,8 @@ class BackgroundRun:
     def running(self) -> bool:
         return self._thread.is_alive()
 
-    def wait(self, timeout_s: float = 600) -> dict[str, Any]:
+    def wait(self, timeout_s: float = 600):
+        """The run's RunSummary (or its exception, raised here)."""
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             raise TimeoutError(f"run {self.spec.name} did not finish within {timeout_s:g}s")
@@ -175,8 +177,8 @@ class BackgroundRun:
 
     def wait_for_checkpoint(self, predicate: Callable[[Any], bool], timeout_s: float = 180) -> Any:
         """The newest complete checkpoint's manifest once one satisfies ``predicate``."""
-        from launcher.storage.checkpoint import complete_checkpoints
         from launcher.storage import Storage
+        from launcher.storage.checkpoint import complete_checkpoints
 
         storage = Storage.resolve(self.spec.storage)
         end = time.time() + timeout_s

@@ -1,4 +1,4 @@
-"""The node-side preemption watcher: GCE's notice in, a Ray node drain out.
+"""Watching for GCE's preemption notice: the metadata server, long-polled.
 
 GCE tells a Spot or preemptible VM about its end through the metadata
 server: ``instance/preempted`` turns from FALSE to TRUE about 30 seconds
@@ -6,16 +6,16 @@ before the hard power-off. Ray Train reacts to a node being *drained* with
 reason PREEMPTION (its own PreemptionWatcher polls the drain state), but
 nothing in Ray watches GCE. :class:`Watcher` closes that gap: it long-polls
 the metadata server (``wait_for_change`` with ``last_etag``) and, on TRUE,
-drains its own Ray node with a deadline a few seconds inside the notice, so
-Ray Train restarts the worker group before the node vanishes.
+calls its action once: :mod:`launcher.preemption.drain` drains the node's Ray
+node with a deadline a few seconds inside the notice, so Ray Train restarts
+the worker group before the node vanishes.
 
-Nothing here imports Ray at module level: ``launcher --help`` stays instant.
+Nothing here imports Ray.
 """
 
 from __future__ import annotations
 
 import http.client
-import ipaddress
 import os
 import socket
 import threading
@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Callable
 from urllib.parse import quote
 
-from launcher.errors import UserError
 
 METADATA_ENV = "GCE_METADATA_HOST"
 DEFAULT_METADATA_HOST = "metadata.google.internal"
@@ -33,7 +32,6 @@ NOTICE_S = 30.0           # GCE: ACPI soft-off, then hard-off 30 s later (Spot /
 DEADLINE_MARGIN_S = 5.0   # drain deadline this much before the hard-off
 LONG_POLL_TIMEOUT_S = 300  # the metadata server answers a long poll by then at the latest
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 30.0)
-DRAIN_REASON = "DRAIN_NODE_REASON_PREEMPTION"
 
 
 class NotOnGCE(Exception):
@@ -87,64 +85,6 @@ def drain_deadline_s(noticed_at: float, notice_s: float = NOTICE_S, margin_s: fl
     return max(noticed_at, noticed_at + notice_s - margin_s)
 
 
-# -- Ray side --------------------------------------------------------------------------
-
-def gcs_client(address: str):
-    import ray
-    from ray._private import services
-
-    return ray._raylet.GcsClient(address=services.canonicalize_bootstrap_address_or_die(address))
-
-
-def own_node_id(client, ips: set[str] | None = None) -> str:
-    """The hex id of the alive Ray node whose IP is one of this machine's.
-
-    Raises:
-        UserError: no node, or several (several Ray nodes on one machine: pass --node-id).
-    """
-    ips = ips or local_ips()
-    matches = [nid.hex() for nid, info in client.get_all_node_info().items()
-               if info.state == 0 and info.node_manager_address in ips]  # 0: ALIVE
-    if len(matches) == 1:
-        return matches[0]
-    what = "no alive Ray node has" if not matches else f"{len(matches)} alive Ray nodes have"
-    raise UserError(f"{what} this machine's IP ({', '.join(sorted(ips))})",
-                    "start the watcher on a Ray node, or pass --node-id (see `ray list nodes`)")
-
-
-def local_ips() -> set[str]:
-    """This machine's addresses as Ray would name them (best effort, no network traffic)."""
-    ips = {"127.0.0.1"}
-    try:
-        ips.update(info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET))
-    except OSError:
-        pass
-    try:
-        import ray._private.services as services
-
-        ips.add(services.get_node_ip_address())
-    except Exception:  # noqa: BLE001 - only a hint
-        pass
-    return {ip for ip in ips if _is_ip(ip)}
-
-
-def _is_ip(text: str) -> bool:
-    try:
-        ipaddress.ip_address(text)
-        return True
-    except ValueError:
-        return False
-
-
-def drain_node(client, node_id: str, deadline_s: float, message: str) -> tuple[bool, str]:
-    """Ask the GCS to drain ``node_id`` for preemption, gone by ``deadline_s`` (UNIX seconds)."""
-    from ray.core.generated import autoscaler_pb2
-
-    accepted, why = client.drain_node(node_id, autoscaler_pb2.DrainNodeReason.Value(DRAIN_REASON),
-                                      message, int(deadline_s * 1000))
-    return bool(accepted), str(why or "")
-
-
 # -- the watcher -----------------------------------------------------------------------
 
 @dataclass
@@ -190,39 +130,3 @@ class Watcher:
                 self.log(self.on_notice(deadline))
                 return "drained"
         return "stopped"
-
-
-def node_drainer(address: str, node_id: str | None, log: Callable[[str], None]) -> Callable[[float], str]:
-    """The ``on_notice`` action: drain this machine's Ray node (found once, up front)."""
-    client = gcs_client(address)
-    node = node_id or own_node_id(client)
-    log(f"Ray node {node[:12]}... at {address} will be drained on a notice")
-
-    def act(deadline_s: float) -> str:
-        accepted, why = drain_node(client, node, deadline_s, "GCE preemption notice (instance/preempted=TRUE)")
-        left = deadline_s - time.time()
-        if accepted:
-            return f"drained Ray node {node[:12]}... with reason PREEMPTION, deadline in {left:.1f}s"
-        return f"drain of Ray node {node[:12]}... was rejected: {why}"
-
-    return act
-
-
-def watch(address: str, *, node_id: str | None = None, host: str | None = None,
-          notice_s: float = NOTICE_S, margin_s: float = DEADLINE_MARGIN_S,
-          log: Callable[[str], None] = print, stop: threading.Event | None = None) -> str:
-    """Watch for GCE's notice and drain this node's Ray node; see :class:`Watcher`."""
-    host = host or metadata_host()
-    if margin_s < 0 or margin_s >= notice_s:
-        raise UserError(f"--deadline-margin-s must be >= 0 and below the {notice_s:g}s notice, got {margin_s:g}",
-                        "for example --deadline-margin-s 5")
-    # Check for GCE before touching Ray: off GCE the watcher has nothing to do.
-    try:
-        poll_preempted(host, None, timeout_s=10)
-    except NotOnGCE as exc:
-        log(f"not on Compute Engine: {exc}; nothing to watch, exiting")
-        return "not-on-gce"
-    except (OSError, http.client.HTTPException):
-        pass  # transient; the watcher's loop retries with backoff
-    act = node_drainer(address, node_id, log)
-    return Watcher(host, act, log, notice_s, margin_s, stop).run()

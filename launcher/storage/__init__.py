@@ -11,6 +11,15 @@ seen through one pyarrow filesystem. The modules beside it:
 * :mod:`~launcher.storage.runlog` writes a run's log; :mod:`~launcher.storage.runs` reads them back.
 """
 
+from launcher._lazy import lazy_exports
 from launcher.storage.store import Storage
 
-__all__ = ["Storage"]
+_lazy, __getattr__ = lazy_exports(__name__, {
+    "Manifest": "launcher.storage.checkpoint",
+    "complete_checkpoints": "launcher.storage.checkpoint",
+    "read_manifest": "launcher.storage.checkpoint",
+    "write_manifest": "launcher.storage.checkpoint",
+    "emulator_host": "launcher.storage.gcs",
+    "normalize_storage": "launcher.storage.uri",
+})
+__all__ = ["Storage", *_lazy]

@@ -11,46 +11,14 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import re
-from dataclasses import dataclass
 
-from launcher.errors import UserError
+from launcher.errors import LauncherError, Unreachable, UserError
+from launcher.storage.uri import GcsPath, parse_gs_uri
 
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 RETRY_ENV = "LAUNCHER_GCS_RETRY_S"  # how long transient errors are retried (default 120 s)
-BUCKET_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{1,61}[a-z0-9]$")
-
-
-@dataclass(frozen=True)
-class GcsPath:
-    bucket: str
-    prefix: str  # no leading or trailing slash; may be empty
-
-    @property
-    def uri(self) -> str:
-        return f"gs://{self.bucket}/{self.prefix}".rstrip("/")
-
-    @property
-    def fs_path(self) -> str:
-        """The path pyarrow's GcsFileSystem (and Ray Train) take: bucket/prefix."""
-        return f"{self.bucket}/{self.prefix}".rstrip("/")
-
-
-def parse_gs_uri(uri: str, what: str = "storage") -> GcsPath:
-    """Split gs://bucket/prefix, or raise UserError saying what is malformed."""
-    if not uri.startswith("gs://"):
-        raise UserError(f"{what} {uri!r} is not a gs:// URI", "write gs://BUCKET/PREFIX")
-    rest = uri[len("gs://"):]
-    bucket, _, prefix = rest.partition("/")
-    if not bucket:
-        raise UserError(f"{what} {uri!r} names no bucket", "write gs://BUCKET/PREFIX")
-    if not BUCKET_RE.match(bucket):
-        raise UserError(f"{what} {uri!r}: {bucket!r} is not a valid bucket name",
-                        "bucket names have 3-63 lowercase letters, digits, '-', '_' or '.'")
-    prefix = prefix.strip("/")
-    if "//" in prefix:
-        raise UserError(f"{what} {uri!r} has an empty path segment ('//')", "remove the doubled slash")
-    return GcsPath(bucket, prefix)
+__all__ = ["GcsPath", "parse_gs_uri", "EMULATOR_ENV", "emulator_host", "worker_env", "filesystem", "client",
+           "retry_policy", "explain"]
 
 
 def emulator_host() -> str | None:
@@ -100,8 +68,9 @@ def retry_policy():
     return DEFAULT_RETRY.with_timeout(float(os.environ.get(RETRY_ENV, "120")))
 
 
-def explain(exc: Exception, uri: str, action: str) -> UserError:
-    """Turn a google-cloud-storage error into one actionable line."""
+def explain(exc: Exception, uri: str, action: str) -> LauncherError:
+    """Turn a google-cloud-storage error into one actionable line: bad input (a bucket that
+    does not exist, no permission) is a UserError; a service that does not answer is Unreachable."""
     from google.api_core import exceptions as gexc
 
     if isinstance(exc, gexc.NotFound):
@@ -110,4 +79,10 @@ def explain(exc: Exception, uri: str, action: str) -> UserError:
     if isinstance(exc, (gexc.Forbidden, gexc.Unauthorized)):
         return UserError(f"cannot {action} {uri}: permission denied",
                          "grant your account roles/storage.objectAdmin on the bucket, or use another bucket")
-    return UserError(f"cannot {action} {uri}: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+    first = (str(exc).splitlines() or [""])[0][:200]
+    if isinstance(exc, (gexc.ServerError, gexc.TooManyRequests, gexc.RetryError, OSError)) or \
+            "connection" in type(exc).__name__.lower():
+        where = f"the Cloud Storage emulator at {emulator_host()}" if emulator_host() else "Cloud Storage"
+        return Unreachable(f"cannot {action} {uri}: {where} did not answer ({type(exc).__name__}: {first})",
+                           "check the network and https://status.cloud.google.com, then run the command again")
+    return UserError(f"cannot {action} {uri}: {type(exc).__name__}: {first}")

@@ -22,7 +22,7 @@ from typing import Iterator
 
 import workloads
 from launcher.storage import Storage
-from launcher.worker.torch_loop import MODEL_FILE
+from launcher.worker.formats import TF_MODEL_FILE, TORCH_MODEL_FILE, load_arrays
 
 
 @contextlib.contextmanager
@@ -59,7 +59,7 @@ def export_torch(spec, checkpoint_dir: str, storage: Storage) -> str:
 
     workload = workloads.get(spec.workload)
     model = workload.torch_model(spec.params)
-    model.load_state_dict(torch.load(os.path.join(checkpoint_dir, MODEL_FILE), map_location="cpu"))
+    model.load_state_dict(torch.load(os.path.join(checkpoint_dir, TORCH_MODEL_FILE), map_location="cpu"))
     model.eval()
     shape = workload.input_shape(spec.params)
     example = (torch.zeros(2, *shape),)  # batch 2: a batch of 1 would be specialised
@@ -77,7 +77,6 @@ def export_tensorflow(spec, checkpoint_dir: str, storage: Storage) -> str:
     """Write the TensorFlow model in ``checkpoint_dir`` as a SavedModel under ``<storage>/<name>/model/``."""
     import shutil
 
-    from launcher.worker.tf_loop import MODEL_FILE as TF_MODEL_FILE, load_arrays
     from workloads.tf_models import keras
 
     workload = workloads.get(spec.workload)

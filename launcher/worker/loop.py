@@ -3,8 +3,10 @@
 The data order (a pure function of seed, epoch and rank), the training
 position, the choice of the checkpoint to resume from, reporting to Ray Train
 with a checkpoint folder, and the reaction to a preemption notice.
+:class:`Training` owns ``fit()``, the epoch loop every framework runs;
 :mod:`launcher.worker.torch_loop` and :mod:`launcher.worker.tf_loop` subclass
-:class:`Training`, so a run behaves the same whichever framework trains it.
+it with the framework's model, step and checkpoint files, so a run behaves
+the same whichever framework trains it.
 
 Every ``preemption_check_steps`` steps all ranks ask Ray Train whether a node
 of theirs is being preempted (a barrier, so every rank asks at the same
@@ -17,6 +19,7 @@ last checkpoint, so an announced preemption costs no training steps.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import math
 import tempfile
@@ -27,8 +30,8 @@ from typing import Any
 import numpy as np
 
 import workloads
-from launcher.storage.checkpoint import Manifest, complete_checkpoints, newest_complete, write_manifest
 from launcher.spec import JobSpec
+from launcher.storage.checkpoint import Manifest, complete_checkpoints, newest_complete, write_manifest
 
 RESERVE_MIN_S = 1.5  # stop training at least this long before the drain deadline
 
@@ -71,11 +74,11 @@ def checkpoint_to_resume(config: dict[str, Any], storage, name: str) -> tuple[An
     return None
 
 
-class Training:
-    """One worker's training state and what does not depend on the framework.
+class Training(abc.ABC):
+    """One worker's training state, and the loop that does not depend on the framework.
 
-    Subclasses build the model and implement :meth:`save`, :meth:`restore`,
-    :meth:`run_epoch`, :meth:`evaluate` and :meth:`sum_over_ranks`.
+    Subclasses build the model in ``__init__`` and implement the abstract methods;
+    :meth:`start` restores the newest complete checkpoint and calls :meth:`fit`.
     """
 
     def __init__(self, spec: JobSpec, comm) -> None:
@@ -98,13 +101,68 @@ class Training:
         self.step_s = 0.0        # recent time per step, for the reserve before a drain deadline
         self.checkpoint_s = 0.0  # time the last checkpoint took
 
-    # -- framework-specific ------------------------------------------------------------
-    def save(self, directory: str, metrics: dict[str, Any]) -> None:
-        raise NotImplementedError
+    # -- what each framework provides ----------------------------------------------------
+    @abc.abstractmethod
+    def restore(self, directory: str) -> None:
+        """Load the model, optimizer, RNG state and position from a checkpoint folder
+        (then call :meth:`restored` with its position)."""
 
+    @abc.abstractmethod
+    def save(self, directory: str, metrics: dict[str, Any]) -> None:
+        """Write this rank's checkpoint files into ``directory`` (rank 0 last writes the manifest)."""
+
+    @abc.abstractmethod
     def sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
         """Sum a float64 vector over all ranks."""
-        raise NotImplementedError
+
+    @abc.abstractmethod
+    def prepare(self) -> None:
+        """Once before training, after any restore: wrap the model and optimizer for the
+        backend and make every rank's state equal."""
+
+    @abc.abstractmethod
+    def run_epoch(self) -> dict[str, float]:
+        """Train the rest of the current epoch, calling :meth:`stepped` after every step;
+        returns train_loss, samples, train_time_s and samples_per_s summed over the ranks."""
+
+    @abc.abstractmethod
+    def evaluate(self) -> dict[str, float]:
+        """Loss and accuracy on the whole test split (each rank scores its shard)."""
+
+    @abc.abstractmethod
+    def weights_digest(self) -> str:
+        """sha256 over the model's weights (the same on every rank after a step)."""
+
+    # -- the loop -----------------------------------------------------------------------
+    def start(self, config: dict[str, Any], started: float) -> None:
+        """Restore the newest complete checkpoint, mark start-up, train."""
+        import ray.train
+
+        from launcher.storage import Storage
+
+        self.board = config.get("board")
+        model_ready = time.time()
+        chosen = checkpoint_to_resume(config, Storage.resolve(self.spec.storage), self.spec.name)
+        if chosen is not None:
+            with ray.train.Checkpoint(chosen[1], filesystem=chosen[0]).as_directory() as d:
+                self.restore(d)
+        if self.rank == 0:
+            self.marks.update(worker_start=started, model_ready=model_ready, worker_ready=time.time())
+        self.fit()
+
+    def fit(self) -> None:
+        """Train the epochs left, reporting metrics and a checkpoint after each."""
+        self.prepare()
+        if self.pos.epoch >= self.spec.epochs:
+            # Nothing left to train: report where the run stands so the driver sees it.
+            self.report({"kind": "done", **self.evaluate()}, checkpoint=False)
+            return
+        while self.pos.epoch < self.spec.epochs:
+            stats = self.run_epoch()
+            self.pos.epoch, self.pos.step_in_epoch = self.pos.epoch + 1, 0
+            last = self.pos.epoch == self.spec.epochs
+            extra = {"weights_sha256": self.weights_digest()} if last and self.rank == 0 else {}
+            self.report({"kind": "epoch", **stats, **self.evaluate(), **extra})
 
     # -- position and checkpoints ----------------------------------------------------------
     def write_manifest(self, directory: str, metrics: dict[str, Any]) -> None:
@@ -224,21 +282,3 @@ class Training:
               "waiting for Ray Train to restart the group", flush=True)
         while True:
             time.sleep(1.0)
-
-
-def start_worker(config: dict[str, Any], training: Training, restore, started: float) -> None:
-    """Restore the newest complete checkpoint (``restore(folder)``), mark start-up, train."""
-    import ray.train
-
-    from launcher.storage import Storage
-
-    spec = training.spec
-    training.board = config.get("board")
-    model_ready = time.time()
-    chosen = checkpoint_to_resume(config, Storage.resolve(spec.storage), spec.name)
-    if chosen is not None:
-        with ray.train.Checkpoint(chosen[1], filesystem=chosen[0]).as_directory() as d:
-            restore(d)
-    if training.rank == 0:
-        training.marks.update(worker_start=started, model_ready=model_ready, worker_ready=time.time())
-    training.fit()

@@ -1,10 +1,10 @@
 """The per-worker training loop for TensorFlow, shared by every TensorFlow backend.
 
-The same shape as :mod:`launcher.worker.torch_loop`: the backend's
-:class:`~launcher.backends.TFComm` joins the workers (MultiWorkerMirroredStrategy
-or Horovod) and supplies the distributed train step; this module loads the
-rank's shard, builds the workload's tf.keras model, restores the newest
-complete checkpoint, and trains with the same data order, batch semantics
+:class:`TFTraining` is the TensorFlow half of :class:`launcher.worker.loop.Training`:
+the backend's :class:`~launcher.backends.TFComm` joins the workers
+(MultiWorkerMirroredStrategy or Horovod) and supplies the distributed train
+step; this module builds the workload's tf.keras model and trains with the
+same data order, batch semantics
 (``batch_size`` per worker; the gradient is that of the mean loss over the
 global batch), checkpoints and reports as the torch loop.
 
@@ -17,7 +17,6 @@ handled as in the torch loop (:class:`launcher.worker.loop.Training`).
 
 from __future__ import annotations
 
-import hashlib
 import math
 import os
 import time
@@ -25,13 +24,14 @@ from typing import Any
 
 import numpy as np
 
-from launcher import backends
-from launcher.storage.checkpoint import read_manifest
-from launcher.worker.loop import Position, Training, epoch_order, start_worker
+from launcher.backends.base import TFComm
 from launcher.spec import JobSpec
+from launcher.storage.checkpoint import read_manifest
+from launcher.worker.formats import TF_MODEL_FILE as MODEL_FILE
+from launcher.worker.formats import TF_OPTIMIZER_FILE as OPTIMIZER_FILE
+from launcher.worker.formats import arrays_digest, load_arrays, save_arrays
+from launcher.worker.loop import Position, Training, epoch_order
 
-MODEL_FILE = "model.weights.npz"
-OPTIMIZER_FILE = "optimizer.npz"
 EVAL_BATCH = 512
 
 
@@ -57,29 +57,10 @@ def make_optimizer(name: str, lr: float):
     return k.optimizers.Adam(learning_rate=lr)
 
 
-def weights_digest(arrays: list[np.ndarray]) -> str:
-    """sha256 over a model's variables (dtypes, shapes and bytes, in order)."""
-    h = hashlib.sha256()
-    for a in arrays:
-        a = np.ascontiguousarray(a)
-        h.update(f"{a.dtype}:{a.shape}".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()
-
-
-def save_arrays(path: str, arrays: list[np.ndarray]) -> None:
-    np.savez(path, **{f"a{i:04d}": a for i, a in enumerate(arrays)})
-
-
-def load_arrays(path: str) -> list[np.ndarray]:
-    with np.load(path) as f:
-        return [f[f"a{i:04d}"] for i in range(len(f.files))]
-
-
 class TFTraining(Training):
     """One worker's TensorFlow training state and the operations on it."""
 
-    def __init__(self, spec: JobSpec, comm: backends.TFComm) -> None:
+    def __init__(self, spec: JobSpec, comm: TFComm) -> None:
         import tensorflow as tf
 
         from workloads.tf_models import keras
@@ -94,6 +75,7 @@ class TFTraining(Training):
             self.optimizer.build(self.model.trainable_variables)
         self.loss = tf.keras.losses.SparseCategoricalCrossentropy(
             from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
+        self.step = None  # the backend's distributed train step (prepare)
 
     # -- checkpoints ------------------------------------------------------------------
     def restore(self, directory: str) -> None:
@@ -116,8 +98,8 @@ class TFTraining(Training):
         return self.comm.allreduce_sum(values)
 
     # -- training -----------------------------------------------------------------------
-    def run_epoch(self, step) -> dict[str, float]:
-        s = self.spec
+    def run_epoch(self) -> dict[str, float]:
+        s, step = self.spec, self.step
         order = epoch_order(s.seed, self.pos.epoch, self.rank, len(self.train))
         loss_sum, count = 0.0, 0
         start = time.perf_counter()
@@ -146,27 +128,9 @@ class TFTraining(Training):
         n = max(1.0, totals[2])
         return {"loss": totals[0] / n, "accuracy": totals[1] / n}
 
-    def fit(self) -> None:
+    def prepare(self) -> None:
         self.comm.after_restore(self.model, self.optimizer)
-        if self.pos.epoch >= self.spec.epochs:
-            self.report({"kind": "done", **self.evaluate()}, checkpoint=False)
-            return
-        step = self.comm.train_step(self.model, self.optimizer, self.loss)
-        while self.pos.epoch < self.spec.epochs:
-            stats = self.run_epoch(step)
-            self.pos.epoch, self.pos.step_in_epoch = self.pos.epoch + 1, 0
-            extra = {"weights_sha256": weights_digest(self.model.get_weights())} if (
-                self.pos.epoch == self.spec.epochs and self.rank == 0) else {}
-            self.report({"kind": "epoch", **stats, **self.evaluate(), **extra})
+        self.step = self.comm.train_step(self.model, self.optimizer, self.loss)
 
-
-def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """Entry point Ray Train runs on every TensorFlow worker (see train_torch's for ``config``)."""
-    started = time.time()
-    os.environ.update(config.get("env", {}))
-    spec = JobSpec(**config["spec"])
-    configure_tensorflow(max(1, int(spec.cpus_per_worker)))
-    comm = backends.get(spec.backend).tf_comm(spec)
-    comm.setup()
-    training = TFTraining(spec, comm)
-    start_worker(config, training, training.restore, started)
+    def weights_digest(self) -> str:
+        return arrays_digest(self.model.get_weights())

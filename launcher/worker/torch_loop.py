@@ -1,9 +1,10 @@
 """The per-worker training loop for PyTorch, shared by every torch backend.
 
-Each Ray Train worker runs :func:`train_loop_per_worker`: join the backend's
-process group, load its own data shard, build the model, restore the latest
-checkpoint if there is one, then train epoch by epoch, reporting metrics and
-a checkpoint through ``ray.train.report``.
+:class:`TorchTraining` is the torch half of :class:`launcher.worker.loop.Training`:
+the workload's ``nn.Module`` and optimizer, wrapped by the backend's
+:class:`~launcher.backends.TorchComm` (DDP or Horovod), one optimizer step per
+batch (or per ``hvd_backward_passes`` batches), and checkpoints holding the
+model, the optimizer and every rank's RNG state.
 
 Data order is a pure function of (seed, epoch, rank): a run restored at any
 step replays the same batches it would have seen, so resuming mid-epoch
@@ -21,16 +22,16 @@ from typing import Any
 
 import numpy as np
 
-from launcher import backends
-from launcher.storage.checkpoint import read_manifest
-from launcher.worker.loop import Position, Training, epoch_order, start_worker
+from launcher.backends.base import TorchComm
 from launcher.spec import JobSpec
+from launcher.storage.checkpoint import read_manifest
+from launcher.worker.formats import TORCH_MODEL_FILE as MODEL_FILE
+from launcher.worker.formats import TORCH_OPTIMIZER_FILE as OPTIMIZER_FILE
+from launcher.worker.formats import torch_rng_file
+from launcher.worker.loop import Position, Training, epoch_order
 
-MODEL_FILE = "model.pt"
-OPTIMIZER_FILE = "optimizer.pt"
 EVAL_BATCH = 512
-__all__ = ["MODEL_FILE", "OPTIMIZER_FILE", "TorchTraining", "epoch_order", "train_loop_per_worker",
-           "weights_digest"]
+__all__ = ["MODEL_FILE", "OPTIMIZER_FILE", "TorchTraining", "epoch_order", "weights_digest"]
 
 
 def weights_digest(state_dict) -> str:
@@ -56,7 +57,7 @@ def make_optimizer(name: str, params, lr: float):
 class TorchTraining(Training):
     """One worker's torch training state and the operations on it."""
 
-    def __init__(self, spec: JobSpec, comm: backends.TorchComm) -> None:
+    def __init__(self, spec: JobSpec, comm: TorchComm) -> None:
         import torch
 
         super().__init__(spec, comm)
@@ -65,6 +66,7 @@ class TorchTraining(Training):
         torch.manual_seed(spec.seed)  # same initial weights on every rank
         self.module = self.workload.torch_model(spec.params).to(self.device)
         self.optimizer = make_optimizer(self.workload.defaults.optimizer, self.module.parameters(), spec.lr)
+        self.model = self.module  # what is trained: the module as the backend wraps it (prepare)
         torch.manual_seed(spec.seed * 1000 + self.rank + 1)  # per-rank stream (dropout, augmentation)
 
     # -- checkpoints ------------------------------------------------------------------
@@ -76,7 +78,7 @@ class TorchTraining(Training):
         self.module.load_state_dict(torch.load(os.path.join(directory, MODEL_FILE), map_location=self.device))
         self.optimizer.load_state_dict(torch.load(os.path.join(directory, OPTIMIZER_FILE), map_location=self.device))
         same_layout = manifest.world_size == self.world and manifest.batch_size == self.spec.batch_size
-        rng_file = os.path.join(directory, f"rng_rank{self.rank}.pt")
+        rng_file = os.path.join(directory, torch_rng_file(self.rank))
         if same_layout and os.path.isfile(rng_file):
             torch.set_rng_state(torch.load(rng_file))
         self.restored(Position(manifest.epoch, manifest.step_in_epoch, manifest.global_step), manifest)
@@ -84,7 +86,7 @@ class TorchTraining(Training):
     def save(self, directory: str, metrics: dict[str, Any]) -> None:
         import torch
 
-        torch.save(torch.get_rng_state(), os.path.join(directory, f"rng_rank{self.rank}.pt"))
+        torch.save(torch.get_rng_state(), os.path.join(directory, torch_rng_file(self.rank)))
         if self.rank != 0:
             return
         torch.save(self.module.state_dict(), os.path.join(directory, MODEL_FILE))
@@ -103,12 +105,12 @@ class TorchTraining(Training):
         return (torch.from_numpy(split.x[idx]).to(self.device),
                 torch.from_numpy(split.y[idx]).to(self.device))
 
-    def run_epoch(self, model, optimizer) -> dict[str, float]:
+    def run_epoch(self) -> dict[str, float]:
         """Train the rest of the current epoch; returns train loss and throughput."""
         import torch
         import torch.nn.functional as F
 
-        s = self.spec
+        s, model, optimizer = self.spec, self.model, self.optimizer
         # accumulate > 1: gradients of that many batches add up locally before one
         # optimizer step (Horovod's backward_passes_per_step).
         accumulate = self.comm.accumulation_steps
@@ -155,36 +157,12 @@ class TorchTraining(Training):
         n = max(1.0, totals[2].item())
         return {"loss": totals[0].item() / n, "accuracy": totals[1].item() / n}
 
-    def fit(self) -> None:
-        model = self.comm.wrap_model(self.module)
-        optimizer = self.comm.wrap_optimizer(self.optimizer, model)
+    def prepare(self) -> None:
+        self.model = self.comm.wrap_model(self.module)
         # Checkpoints save the optimizer that is stepped: Horovod's wrapper is a new object
         # with its own state (its state_dict has the plain torch format).
-        self.optimizer = optimizer
-        self.comm.after_restore(self.module, optimizer)
-        if self.pos.epoch >= self.spec.epochs:
-            # Nothing left to train: report where the run stands so the driver sees it.
-            self.report({"kind": "done", **self.evaluate()}, checkpoint=False)
-            return
-        while self.pos.epoch < self.spec.epochs:
-            stats = self.run_epoch(model, optimizer)
-            self.pos.epoch, self.pos.step_in_epoch = self.pos.epoch + 1, 0
-            extra = {"weights_sha256": weights_digest(self.module.state_dict())} if (
-                self.pos.epoch == self.spec.epochs and self.rank == 0) else {}
-            self.report({"kind": "epoch", **stats, **self.evaluate(), **extra})
+        self.optimizer = self.comm.wrap_optimizer(self.optimizer, self.model)
+        self.comm.after_restore(self.module, self.optimizer)
 
-
-def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """Entry point Ray Train runs on every worker.
-
-    ``config["spec"]`` is a validated JobSpec dict; ``config["resume"]`` lists
-    complete checkpoints the driver found in storage, newest first;
-    ``config["board"]`` is the driver's progress board (or None).
-    """
-    started = time.time()
-    os.environ.update(config.get("env", {}))  # e.g. the storage emulator's address
-    spec = JobSpec(**config["spec"])
-    comm = backends.get(spec.backend).torch_comm(spec)
-    comm.setup()
-    training = TorchTraining(spec, comm)
-    start_worker(config, training, training.restore, started)
+    def weights_digest(self) -> str:
+        return weights_digest(self.module.state_dict())

@@ -22,9 +22,9 @@ def test_lost_node_not_replaced_the_run_shrinks_and_completes(tmp_path):
         run.wait_for_checkpoint(lambda m: m.global_step >= 30)
         assert lab.kill(0, replace=False) is None  # one worker node left, for good
         s = run.wait(timeout_s=600)
-    assert s["status"] == "succeeded", s
-    assert (s["epochs_completed"], s["workers"], s["final_workers"]) == (4, 2, 1), s
-    assert s["restarts"] >= 1 and s["metrics"]["accuracy"] >= 0.85
+    assert s.status == "succeeded", s
+    assert (s.epochs_completed, s.workers, s.final_workers) == (4, 2, 1), s
+    assert s.restarts >= 1 and s.metrics["accuracy"] >= 0.85
     epochs = [m for m in read_jsonl(open(os.path.join(root, "elastic", "metrics.jsonl")).read())
               if m["kind"] == "epoch"]
     # An epoch report sent just as the node died can miss the log (its checkpoint is still kept

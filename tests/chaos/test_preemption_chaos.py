@@ -42,14 +42,14 @@ def spec_for(lab, root: str, name: str, **extra) -> JobSpec:
 def reference(lab, runs_root):
     """The uninterrupted run: its final weights are what every preempted run must end with."""
     s = run_in_background(spec_for(lab, runs_root, "reference")).wait()
-    assert (s["status"], s["steps_completed"], s["restarts"]) == ("succeeded", TOTAL, 0), s
-    assert s["weights_sha256"]
+    assert (s.status, s.steps_completed, s.restarts) == ("succeeded", TOTAL, 0), s
+    assert s.weights_sha256
     return s
 
 
-def assert_completed(s: dict) -> None:
-    assert s["status"] == "succeeded", s
-    assert (s["epochs_completed"], s["steps_completed"]) == (EPOCHS, TOTAL), s
+def assert_completed(s) -> None:
+    assert s.status == "succeeded", s
+    assert (s.epochs_completed, s.steps_completed) == (EPOCHS, TOTAL), s
 
 
 def test_notice_costs_no_steps_and_ends_with_the_same_weights(lab, runs_root, reference):
@@ -58,9 +58,9 @@ def test_notice_costs_no_steps_and_ends_with_the_same_weights(lab, runs_root, re
     lab.preempt(0)
     s = run.wait()
     assert_completed(s)
-    assert (s["restarts"], s["preemptions"], s["preemption_notices"], s["steps_lost"]) == (1, 1, 1, 0), s
-    assert s["interruptions"][0]["cause"] == "preemption" and s["interruptions"][0]["time_lost_s"] > 0
-    assert s["weights_sha256"] == reference["weights_sha256"]
+    assert (s.restarts, s.preemptions, s.preemption_notices, s.steps_lost) == (1, 1, 1, 0), s
+    assert s.interruptions[0].cause == "preemption" and s.interruptions[0].time_lost_s > 0
+    assert s.weights_sha256 == reference.weights_sha256
 
 
 def test_node_lost_without_notice_costs_at_most_one_interval(lab, runs_root, reference):
@@ -69,12 +69,12 @@ def test_node_lost_without_notice_costs_at_most_one_interval(lab, runs_root, ref
     lab.kill(0)
     s = run.wait()
     assert_completed(s)
-    assert s["restarts"] == 1 and s["preemption_notices"] == 0, s
-    lost = s["interruptions"][0]
-    assert lost["resumed_from_step"] >= EVERY and 0 <= lost["steps_lost"] <= EVERY, s
-    assert s["steps_lost"] == lost["steps_lost"]
+    assert s.restarts == 1 and s.preemption_notices == 0, s
+    lost = s.interruptions[0]
+    assert lost.resumed_from_step >= EVERY and 0 <= lost.steps_lost <= EVERY, s
+    assert s.steps_lost == lost.steps_lost
     # The redone steps replay the same batches: the result is still the reference's.
-    assert s["weights_sha256"] == reference["weights_sha256"]
+    assert s.weights_sha256 == reference.weights_sha256
 
 
 def test_three_preemptions_in_one_run(lab, runs_root, reference):
@@ -87,9 +87,9 @@ def test_three_preemptions_in_one_run(lab, runs_root, reference):
         last = run.wait_for_checkpoint(lambda m: True)[0].global_step  # the notice's checkpoint
     s = run.wait()
     assert_completed(s)
-    assert (s["restarts"], s["preemptions"], s["preemption_notices"], s["steps_lost"]) == (3, 3, 3, 0), s
-    assert [i["cause"] for i in s["interruptions"]] == ["preemption"] * 3
-    assert s["weights_sha256"] == reference["weights_sha256"]
+    assert (s.restarts, s.preemptions, s.preemption_notices, s.steps_lost) == (3, 3, 3, 0), s
+    assert [i.cause for i in s.interruptions] == ["preemption"] * 3
+    assert s.weights_sha256 == reference.weights_sha256
 
 
 def test_truncated_latest_checkpoint_resumes_from_the_previous_good_one(lab, runs_root, reference):
@@ -108,11 +108,11 @@ def test_truncated_latest_checkpoint_resumes_from_the_previous_good_one(lab, run
     lab.preempt(0, before_removal=truncate_notice_checkpoint)
     s = run.wait()
     assert_completed(s)
-    lost = s["interruptions"][0]
+    lost = s.interruptions[0]
     # The good checkpoint before the notice's: the last multiple of EVERY or epoch end before it.
     notice = found["notice_step"]
     previous = max(k for k in list(range(EVERY, notice, EVERY)) + list(range(STEPS_PER_EPOCH, notice,
                                                                                STEPS_PER_EPOCH)))
-    assert lost["resumed_from_step"] == previous, (s, notice)
-    assert lost["steps_lost"] == notice - previous and s["steps_lost"] == notice - previous
-    assert s["weights_sha256"] == reference["weights_sha256"]
+    assert lost.resumed_from_step == previous, (s, notice)
+    assert lost.steps_lost == notice - previous and s.steps_lost == notice - previous
+    assert s.weights_sha256 == reference.weights_sha256

@@ -1,0 +1,38 @@
+"""``launcher up`` / ``launcher down``: a warm local Ray head that ``launcher run`` reuses."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from launcher.cli.options import EXIT_OK
+from launcher.errors import UserError
+
+
+def add_parsers(sub) -> None:
+    up = sub.add_parser("up", help="start a warm local Ray head that `launcher run` uses until `launcher down`")
+    up.add_argument("--num-cpus", type=int, default=None, help="logical CPUs of the head (default: this machine's)")
+    up.add_argument("--port", type=int, default=6390, help="the head's GCS port on 127.0.0.1 (default 6390)")
+    sub.add_parser("down", help="stop the warm local Ray head started by `launcher up`")
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from launcher.driver import localhead
+
+    if args.num_cpus is not None and args.num_cpus < 1:
+        raise UserError(f"--num-cpus must be >= 1, got {args.num_cpus}")
+    state = localhead.up(args.num_cpus, args.port, note=lambda message: print(message, file=sys.stderr, flush=True))
+    verb = "already running" if state.get("already_running") else "started"
+    print(f"warm local Ray {verb} at {state['address']} with {state['num_cpus']} CPUs; "
+          "`launcher run` uses it until `launcher down`")
+    return EXIT_OK
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    from launcher.driver import localhead
+
+    print("stopped the warm local Ray" if localhead.down() else "no warm local Ray was running")
+    return EXIT_OK
+
+
+COMMANDS = {"up": cmd_up, "down": cmd_down}

@@ -1,0 +1,151 @@
+"""``launcher run`` (a workload, or an unmodified script with --script) and ``launcher workloads``."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import datetime as _dt
+import io
+import json
+import os
+import re
+import signal
+import sys
+from typing import Iterator, TextIO
+
+from launcher.cli.options import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, add_run_flags, add_verbose, spec_from_args
+from launcher.errors import UserError
+from launcher.summary import RunStatus, RunSummary
+
+
+def add_parsers(sub) -> None:
+    run = sub.add_parser("run", help="train a workload (resumes a run of the same --name)")
+    add_run_flags(run)
+    run.add_argument("--script", help="run this unmodified training script on every worker instead of a "
+                     "workload, with the backend's environment (e.g. horovodrun's); arguments after --")
+    run.add_argument("script_args", nargs="*", metavar="-- SCRIPT_ARGS", help="arguments for --script")
+    run.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
+    run.add_argument("--profile-startup", action="store_true",
+                     help="print where the time went before the first training step")
+    add_verbose(run)
+
+    wl = sub.add_parser("workloads", help="list workloads, their frameworks and the data they need")
+    wl.add_argument("--json", action="store_true")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.script or args.script_args:
+        return cmd_script(args)
+    from launcher.driver import launch, startup
+
+    spec = spec_from_args(args)
+    # SIGTERM (a scheduler, CI or `launcher stop` stopping us) ends the run like Ctrl-C:
+    # the workers aborted, the summary written, exit 130.
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_sigint)
+    try:
+        with summary_stream() as out:
+            summary = launch.run(spec, verbose=args.verbose)
+            if args.profile_startup:
+                print(startup.format_table(summary.startup), file=sys.stderr)
+            text = json.dumps(summary.to_json(), sort_keys=True, default=str) if args.json else format_summary(summary)
+            print(text, file=out, flush=True)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    return {RunStatus.SUCCEEDED: EXIT_OK, RunStatus.CANCELLED: EXIT_CANCELLED}.get(summary.status, EXIT_FAILED)
+
+
+def cmd_script(args: argparse.Namespace) -> int:
+    """``launcher run --script``: check everything, then run; returns the script's exit status."""
+    from launcher.driver.script import check_script, run_script
+
+    if not args.script:
+        raise UserError(f"unexpected arguments {' '.join(args.script_args)!r}",
+                        "script arguments go after --script PATH and --, e.g. --script train.py -- --lr 0.1")
+    script = check_script(args.script)
+    spec = spec_from_args(args)
+    if not args.name:
+        stem = re.sub(r"[^A-Za-z0-9_]", "_", os.path.splitext(os.path.basename(script))[0])
+        spec = dataclasses.replace(spec, name=f"script_{stem}_{_dt.datetime.now():%Y%m%d_%H%M%S}"[:128])
+    return run_script(spec, script, args.script_args, verbose=args.verbose)
+
+
+@contextlib.contextmanager
+def summary_stream() -> Iterator[TextIO]:
+    """Yield the stream for the summary; meanwhile file descriptor 1 points at stderr.
+
+    Ray prints some messages (a worker that died, ...) straight to stdout. While
+    a run goes, everything written to stdout at any level lands on stderr, so
+    stdout holds the summary alone (scripts parse `--json`).
+    """
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):  # captured (tests, notebooks)
+        yield sys.stdout
+        return
+    sys.stdout.flush()
+    saved = os.dup(fd)
+    os.dup2(sys.stderr.fileno(), fd)
+    try:
+        with os.fdopen(os.dup(saved), "w") as out:
+            yield out
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, fd)
+        os.close(saved)
+
+
+def _sigterm_as_sigint(signum, frame) -> None:
+    """Do what Ctrl-C would do now: while a trainer fits, Ray Train's SIGINT handler
+    (it aborts the controller and the workers, then the fit ends); otherwise Python's."""
+    handler = signal.getsignal(signal.SIGINT)
+    if callable(handler):
+        handler(signal.SIGINT, frame)
+    else:
+        raise KeyboardInterrupt
+
+
+def format_summary(s: RunSummary) -> str:
+    lines = [f"run {s.name}: {s.status}"]
+    if s.note:
+        lines.append(f"  {s.note}")
+    lines.append(f"  {s.workload} / {s.framework} / {s.backend}, {s.workers} workers")
+    lines.append(f"  epochs {s.epochs_completed}/{s.epochs}, steps {s.steps_completed}"
+                 + (f", resumed from epoch {s.resumed_from['epoch']}" if s.resumed_from else "")
+                 + (f", {s.restarts} restart(s)" if s.restarts else ""))
+    if s.restarts or s.preemption_notices:
+        lines.append("  " + format_interruptions(s))
+    if s.metrics:
+        lines.append("  " + ", ".join(f"{k} {v:.4f}" for k, v in s.metrics.items()))
+    lines.append(f"  {s.samples_per_s:,.0f} samples/s, wall {s.wall_s:.1f}s")
+    if s.error:
+        lines.append(f"  error: {s.error}")
+    lines.append(f"  run log:    {s.run_dir}")
+    if s.checkpoint:
+        lines.append(f"  checkpoint: {s.checkpoint}")
+    if s.model:
+        lines.append(f"  model:      {s.model}")
+    return "\n".join(lines)
+
+
+def format_interruptions(s: RunSummary) -> str:
+    return (f"preemptions {s.preemptions} ({s.preemption_notices} checkpointed on a notice), "
+            f"failures {s.restarts - s.preemptions}; steps lost {s.steps_lost}, time lost {s.time_lost_s:.1f}s")
+
+
+def cmd_workloads(args: argparse.Namespace) -> int:
+    import workloads
+
+    described = [w.describe() for w in workloads.REGISTRY]
+    if args.json:
+        print(json.dumps(described, indent=1))
+        return EXIT_OK
+    for d in described:
+        print(f"{d['name']:<20} {', '.join(d['frameworks']):<12} {d['description']}")
+        print(f"{'':<20} data: {d['data']}")
+        for name, p in d["params"].items():
+            print(f"{'':<20} --param {name}=... (default {p['default']}): {p['help']}")
+    return EXIT_OK
+
+
+COMMANDS = {"run": cmd_run, "workloads": cmd_workloads}

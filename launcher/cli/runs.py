@@ -1,0 +1,30 @@
+"""``launcher runs``: the runs under a storage root, from their run logs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from launcher.cli.options import EXIT_OK
+from launcher.storage.uri import DEFAULT_STORAGE
+
+
+def add_parsers(sub) -> None:
+    runs = sub.add_parser("runs", help="list the runs under a storage root")
+    runs.add_argument("--storage", default=DEFAULT_STORAGE, help="storage root: a folder or gs://BUCKET/PREFIX "
+                      f"(default {DEFAULT_STORAGE})")
+    runs.add_argument("--json", action="store_true")
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    from launcher.storage import Storage
+    from launcher.storage.runs import format_table, list_runs
+    from launcher.storage.uri import normalize_storage
+
+    storage = Storage.resolve(normalize_storage(args.storage))
+    runs = list_runs(storage)
+    print(json.dumps(runs, indent=1) if args.json else format_table(runs))
+    return EXIT_OK
+
+
+COMMANDS = {"runs": cmd_runs}

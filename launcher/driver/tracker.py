@@ -1,0 +1,165 @@
+"""Folds what the controller says during one launch into progress lines, the run log and a summary.
+
+:class:`Tracker` takes the controller's events (:mod:`launcher.summary`) as the
+driver's pump hands them over: rank 0's reports (metrics, checkpoints, start-up
+marks, checkpoints taken on a preemption notice), failures, notices and
+restarts. At the end, :meth:`Tracker.summary` makes the launch's
+:class:`~launcher.summary.RunSummary`, with what each restart cost.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.driver import startup
+from launcher.driver.events import lost_work
+from launcher.driver.progress import Progress
+from launcher.spec import JobSpec
+from launcher.storage.checkpoint import Manifest
+from launcher.storage.runlog import RunLog
+from launcher.summary import (Attempt, Event, Failure, Interruption, Preempting, Report, Restart, RunStatus,
+                              RunSummary)
+
+METRIC_KEYS = ("loss", "accuracy", "train_loss")
+
+
+@dataclass
+class Tracker:
+    """What one launch has seen so far."""
+
+    spec: JobSpec
+    log: RunLog
+    progress: Progress
+    started: float = field(default_factory=time.time)
+    last: dict[str, Any] | None = None
+    checkpoint: str | None = None
+    resumed_from: dict[str, int] | None = None
+    attempts: list[str] = field(default_factory=list)
+    failures: int = 0
+    noted_failure: bool = False
+    failed_at: float | None = None
+    restarts: list[Restart] = field(default_factory=list)
+    notices: list[dict[str, Any]] = field(default_factory=list)    # checkpoints taken on a notice
+    checkpoint_times: dict[int, float] = field(default_factory=dict)
+    lost: list[dict[str, Any]] = field(default_factory=list)       # per restart, from the progress board
+    attempt_log: list[Attempt] = field(default_factory=list)       # per worker group: steps and times
+    attempt_marks: dict[str, dict[str, float]] = field(default_factory=dict)  # rank 0's start-up marks
+    recoveries: list[float] = field(default_factory=list)
+    samples: int = 0
+    train_time: float = 0.0
+
+    def handle(self, event: Event) -> None:
+        if isinstance(event, Failure):
+            self._failure(event)
+        elif isinstance(event, Preempting):
+            self.progress.note(f"preemption notice: Ray is draining the node(s) of rank(s) "
+                               f"{', '.join(map(str, event.ranks))}")
+        elif isinstance(event, Restart):
+            self.restarts.append(event)
+            self.failed_at, self.noted_failure = self.failed_at or event.time, False
+            self.progress.note(f"restarting the worker group after a {event.cause}")
+        elif isinstance(event, Report):
+            self._report(event)
+
+    def _report(self, event: Report) -> None:
+        m = event.metrics
+        self._attempt_seen(m)
+        marks = m.pop("startup_marks", None) or {}
+        if marks:
+            self.attempt_marks.setdefault(m.get("attempt"), marks)
+        for name, when in marks.items():
+            startup.mark(name, when)
+        if self.failed_at is not None and "first_step" in marks:
+            # failure seen -> first step of the restarted worker group
+            self.recoveries.append(round(marks["first_step"] - self.failed_at, 2))
+            self.failed_at = None
+        self.last = m
+        if event.checkpoint:
+            self.checkpoint = self.log.storage.to_uri(event.checkpoint)
+            self.checkpoint_times.setdefault(int(m.get("global_step", 0)), float(m.get("time", event.time)))
+        kind = m.get("kind")
+        if kind == "preemption":
+            if not any(n["attempt"] == m.get("attempt") for n in self.notices):
+                self.notices.append({"attempt": m.get("attempt"), "step": m.get("global_step")})
+            self.progress.note(f"checkpointed at step {m.get('global_step')} on the preemption notice; " + (
+                "holding until Ray restarts the workers" if m.get("held") else "training on until the deadline"))
+        if kind == "epoch":
+            self.samples += int(m.get("samples", 0))
+            self.train_time += float(m.get("train_time_s", 0.0))
+            self.progress.epoch(m, time.time() - self.started)
+        if kind in ("epoch", "step", "preemption"):
+            self.log.record(m)
+
+    def _attempt_seen(self, m: dict[str, Any]) -> None:
+        """The first report of a worker group says where it started from."""
+        if m.get("attempt") in self.attempts:
+            return
+        if not self.attempts:
+            self.resumed_from = m.get("restored_from")
+            if self.resumed_from:
+                self.progress.note(f"resumed from epoch {self.resumed_from['epoch']}, "
+                                   f"step {self.resumed_from['step']}")
+        else:
+            back = m.get("restored_from") or {"epoch": 0, "step": 0}
+            self.progress.note(f"restarted from the latest checkpoint: epoch {back['epoch']}, step {back['step']}")
+        self.attempts.append(m.get("attempt"))
+
+    def _failure(self, event: Failure) -> None:
+        """Ray reports a failing group on every poll until it acts: note the first one only."""
+        self.failures += 1
+        if self.noted_failure:
+            return
+        self.noted_failure = True
+        if self.failed_at is None:
+            self.failed_at = event.time
+        first = min(event.errors)
+        self.progress.note(f"worker group failed (rank {first}: {event.errors[first].splitlines()[0]})")
+
+    def account(self, board: list[dict[str, Any]]) -> None:
+        """Steps and time each restart lost, from the progress board's view of the attempts."""
+        self.attempt_log = [Attempt(start_step=int(a["start_step"]), first_time=a["first_time"],
+                                    last_step=int(a["last_step"]), last_time=a["last_time"],
+                                    marks=self.attempt_marks.get(a.get("attempt"), {})) for a in board]
+        self.lost = lost_work(self.attempt_log, self.checkpoint_times)
+
+    def reconcile(self, manifest: Manifest, path: str) -> None:
+        """Trust storage over the reports: checkpoints can land after the last report was seen
+        (for example while Ctrl-C is aborting the workers)."""
+        if manifest.global_step > int((self.last or {}).get("global_step", -1)):
+            self.last = {**manifest.metrics, "epoch": manifest.epoch, "global_step": manifest.global_step}
+            self.checkpoint = self.log.storage.to_uri(path)
+
+    def interruptions(self) -> list[Interruption]:
+        out = []
+        for i, r in enumerate(self.restarts):
+            lost = self.lost[i] if i < len(self.lost) else {}
+            out.append(Interruption(cause=r.cause, steps_lost=lost.get("steps_lost"),
+                                    time_lost_s=lost.get("time_lost_s"),
+                                    resumed_from_step=lost.get("resumed_from_step"),
+                                    recovery_s=self.recoveries[i] if i < len(self.recoveries) else None))
+        return out
+
+    def summary(self, status: RunStatus, error: str | None = None, model: str | None = None) -> RunSummary:
+        m = self.last or {}
+        interruptions = self.interruptions()
+        return RunSummary(
+            name=self.spec.name, status=status, workload=self.spec.workload, framework=self.spec.framework,
+            backend=self.spec.backend, workers=self.spec.workers, final_workers=m.get("world_size"),
+            epochs=self.spec.epochs, epochs_completed=m.get("epoch", 0), steps_completed=m.get("global_step", 0),
+            metrics=pick_metrics(m),
+            samples_per_s=round(self.samples / self.train_time, 2) if self.train_time else 0.0,
+            checkpoint=self.checkpoint, resumed_from=self.resumed_from, restarts=len(self.restarts),
+            preemptions=sum(1 for r in self.restarts if r.cause == "preemption"),
+            preemption_notices=len(self.notices),
+            steps_lost=sum(int(i.steps_lost or 0) for i in interruptions),
+            time_lost_s=round(sum(float(i.time_lost_s or 0.0) for i in interruptions), 2),
+            interruptions=interruptions, attempts=self.attempt_log, recovery_s=self.recoveries,
+            weights_sha256=m.get("weights_sha256"), wall_s=round(time.time() - self.started, 2),
+            launch=self.log.launch, run_dir=self.log.uri(), error=error, model=model)
+
+
+def pick_metrics(values: dict[str, Any]) -> dict[str, float]:
+    """The metrics a summary shows, from a report or a checkpoint's manifest."""
+    return {k: values[k] for k in METRIC_KEYS if k in values}
