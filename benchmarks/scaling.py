@@ -31,9 +31,12 @@ from benchmarks import raywork
 LOCAL_ITERS_MAX = 5  # the reference (unsynchronised) step needs fewer iterations for a stable mean
 
 
+SYNTHETIC = ("resnet18-synthetic", "resnet50-synthetic")
+
+
 @dataclass(frozen=True)
 class Settings:
-    workload: str = "resnet50-synthetic"
+    workload: str = "resnet50-synthetic"  # or any workload, yours included (FILE.py:NAME)
     image_size: int = 64
     batch_size: int = 32
     warmup: int = 10
@@ -44,8 +47,10 @@ class Settings:
     params: dict[str, Any] = field(default_factory=dict)
 
     def worker_config(self) -> dict[str, Any]:
-        params = {"image_size": self.image_size, "num_classes": self.num_classes,
-                  "num_samples": self.batch_size, "test_samples": 1, **self.params}
+        params = dict(self.params)
+        if self.workload in SYNTHETIC:  # another workload (yours: FILE.py:NAME) keeps its own params
+            params = {"image_size": self.image_size, "num_classes": self.num_classes,
+                      "num_samples": self.batch_size, "test_samples": 1, **params}
         return {"workload": self.workload, "params": params, "batch_size": self.batch_size,
                 "warmup": self.warmup, "iters": self.iters, "batches_per_iter": self.batches_per_iter}
 
@@ -209,7 +214,7 @@ def run(settings: Settings, frameworks: list[str], backend_names: list[str], wor
     measured: list[dict] = []
     if not combos:
         return measured, skipped
-    with connect(None, workers=max(worker_counts), cpus_per_worker=settings.threads):
+    with connect(None, workers=max(worker_counts), cpus_per_worker=settings.threads, workload=settings.workload):
         for i, (fw, backend, n) in enumerate(combos, 1):
             note(f"[{i}/{len(combos)}] {fw}/{backend.name}, {n} worker(s): {settings.workload}, "
                  f"batch {settings.batch_size}, {settings.warmup} warm-up + {settings.iters}x"

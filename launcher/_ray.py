@@ -47,6 +47,11 @@ PRIVATE: dict[str, tuple[str, str]] = {
                                        "an address ('auto', host:port) as the GCS client takes it"),
     "node_ip_address": ("ray._private.services:get_node_ip_address", "this machine's address as Ray names it"),
     "global_state": ("ray._private.state:state", "which nodes are draining, and until when (the chaos lab)"),
+    # Runtime environments: walk a folder exactly as Ray does when it packs a working_dir.
+    "dir_travel": ("ray._private.runtime_env.packaging:_dir_travel",
+                   "the size of a user's code folder as Ray would ship it (.gitignore, .rayignore)"),
+    "excludes_matcher": ("ray._private.runtime_env.packaging:_get_excludes",
+                         "the runtime_env 'excludes' patterns as Ray applies them"),
     "DrainNodeReason": ("ray.core.generated.autoscaler_pb2:DrainNodeReason", "the PREEMPTION drain reason"),
 }
 

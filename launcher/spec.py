@@ -39,7 +39,8 @@ class JobSpec:
     """
 
     workload: str = option(workloads.DEFAULT,
-                           help="workload name (see `launcher workloads`); default digits-mlp")
+                           help="a built-in workload (see `launcher workloads`; default digits-mlp) or yours: "
+                           "FILE.py:NAME or package.module:NAME")
     framework: str = option("torch", help="torch (default) or tensorflow")
     backend: str = option("native", help="native (Ray Train's own: torch DDP, TF MultiWorkerMirroredStrategy; "
                           "default) or horovod (see `launcher doctor`)")
@@ -104,7 +105,7 @@ class JobSpec:
             params = workload.resolve_params(self.params)
         except (KeyError, ValueError) as exc:
             raise UserError(str(exc).strip('"'), "see `launcher workloads` for each workload's params")
-        name = self.name or default_name(self.workload, self.framework, self.backend, now)
+        name = self.name or default_name(workload.name, self.framework, self.backend, now)
         check_name(name)
         d = workload.defaults
         return dataclasses.replace(
@@ -113,6 +114,7 @@ class JobSpec:
             batch_size=self.batch_size or d.batch_size,
             lr=self.lr or d.lr,
             name=name,
+            workload=canonical_workload(self.workload),
             storage=normalize_storage(self.storage),
             data=normalize_data(self.data),
             params=params,
@@ -122,7 +124,7 @@ class JobSpec:
         """Workload, framework and backend exist and go together; returns the workload."""
         from launcher import backends  # the registry only; imports no framework
 
-        workload = _lookup(workloads.REGISTRY, self.workload, "--workload")
+        workload = load_workload(self.workload)
         if self.framework not in FRAMEWORKS:
             raise UserError(f"unknown framework {self.framework!r}", f"valid: {', '.join(FRAMEWORKS)}")
         if self.framework not in workload.frameworks:
@@ -190,6 +192,30 @@ def check_name(name: str) -> None:
         raise UserError(
             f"invalid run name {name!r}: use letters, digits and underscores, start with a letter, "
             "at most 128 characters", "for example --name digits_run_1")
+
+
+def load_workload(name: str) -> workloads.Workload:
+    """The built-in workload of that name, or the user's workload a ``FILE.py:NAME`` /
+    ``module:NAME`` reference names (imported and checked).
+
+    Raises:
+        UserError: no such workload, or user code that does not import or lacks a part.
+    """
+    if not workloads.is_reference(name):
+        if name.endswith(".py") or "/" in name:
+            raise UserError(f"--workload {name} is a file: name the workload in it", f"write {name}:NAME")
+        return _lookup(workloads.REGISTRY, name, "--workload")
+    try:
+        return workloads.get(name)
+    except workloads.WorkloadError as exc:
+        raise UserError(str(exc)) from None
+
+
+def canonical_workload(name: str) -> str:
+    """A user workload's file reference with an absolute path (workers start elsewhere)."""
+    if not workloads.is_reference(name):
+        return name
+    return workloads.user.parse_reference(name).canonical
 
 
 def _lookup(registry, name: str, flag: str):

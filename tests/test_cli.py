@@ -91,7 +91,7 @@ def test_workloads_listing(capsys):
     code, out, _ = run_cli(capsys, "workloads", "--json")
     listed = {w["name"]: w for w in json.loads(out)}
     assert listed["mnist-cnn"]["frameworks"] == ["torch", "tensorflow"]
-    assert "IDX" in listed["mnist-cnn"]["data"] and listed["digits-mlp"]["data"].startswith("none")
+    assert "IDX" in listed["mnist-cnn"]["data"] and listed["digits-mlp"]["data"] == "no files needed"
 
 
 def test_runs_on_empty_storage(capsys, tmp_path):

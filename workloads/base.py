@@ -47,6 +47,56 @@ class Split:
     def __len__(self) -> int:
         return len(self.y)
 
+    def take(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The inputs and labels at ``idx`` (a batch, in that order)."""
+        return self.x[idx], self.y[idx]
+
+
+class DatasetSplit:
+    """One rank's share of a map-style dataset, read item by item: for data that does not fit
+    in memory. ``dataset[i]`` returns ``(input, label)`` (numpy arrays, torch tensors or
+    numbers); ``len(dataset)`` is its size. A torch ``Dataset`` is one.
+
+    The launcher picks the indices (a pure function of seed, epoch and rank), so a run
+    resumed mid-epoch reads exactly the items it would have read.
+    """
+
+    def __init__(self, dataset: Any, indices: np.ndarray | None = None) -> None:
+        self.dataset = dataset
+        self.indices = np.arange(len(dataset)) if indices is None else np.asarray(indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def take(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        items = [self.dataset[int(i)] for i in self.indices[np.asarray(idx)]]
+        if not items:
+            return np.zeros((0,), np.float32), np.zeros((0,), np.int64)
+        x = np.stack([np.asarray(_numpy(item[0]), dtype=np.float32) for item in items])
+        y = np.asarray([int(_numpy(item[1])) for item in items], dtype=np.int64)
+        return x, y
+
+
+class ArraySplit:
+    """One rank's share of arrays that stay where they are (an ``np.memmap`` of a file larger
+    than memory): rows are read when a batch asks for them."""
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, indices: np.ndarray) -> None:
+        self.x, self.y, self.indices = x, y, np.asarray(indices)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+    def take(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        rows = self.indices[np.asarray(idx)]
+        return np.asarray(self.x[rows], dtype=np.float32), np.asarray(self.y[rows], dtype=np.int64)
+
+
+def _numpy(value: Any) -> Any:
+    """A torch tensor (on any device) as numpy; anything else as it is."""
+    detach = getattr(value, "detach", None)
+    return detach().cpu().numpy() if callable(detach) else value
+
 
 def shard_indices(n: int, rank: int, world_size: int, *, equal: bool) -> np.ndarray:
     """Indices of rank's shard of ``n`` samples: every world_size-th sample.
@@ -151,7 +201,7 @@ class Workload:
             "name": self.name,
             "description": self.description,
             "frameworks": list(self.frameworks),
-            "data": self.data_help or "none (built in)",
+            "data": self.data_help or "no files needed",
             "params": {p.name: {"default": p.default, "help": p.help} for p in self.params},
             "defaults": dataclasses.asdict(self.defaults),
         }
@@ -159,8 +209,30 @@ class Workload:
 
 def take(x: np.ndarray, y: np.ndarray, split_kind: str, rank: int, world_size: int) -> Split:
     """Cut rank's shard out of a whole split (train shards equal, test shards covering)."""
+    if len(x) != len(y):
+        raise ValueError(f"{len(x)} inputs but {len(y)} labels in the {split_kind} split")
     idx = shard_indices(len(y), rank, world_size, equal=(split_kind == "train"))
     return Split(np.ascontiguousarray(x[idx], dtype=np.float32), np.asarray(y[idx], dtype=np.int64))
+
+
+def shard(x: Any, y: Any, split: str, rank: int, world_size: int) -> "Split | DatasetSplit":
+    """This rank's shard of a whole split, for a workload's ``load``.
+
+    ``x`` and ``y``: inputs and integer labels as arrays (an ``np.memmap`` stays on
+    disk, its rows read batch by batch); or ``x`` a map-style
+    dataset (``dataset[i] -> (input, label)``, e.g. a torch Dataset) and ``y``
+    None, read item by item. Train shards have equal lengths on every rank
+    (synchronous training needs the same number of steps); test shards cover
+    every sample once.
+    """
+    check_split_name(split)
+    if y is None:
+        return DatasetSplit(x, shard_indices(len(x), rank, world_size, equal=(split == "train")))
+    if isinstance(x, np.memmap):  # larger than memory: read rows as batches need them
+        if len(x) != len(y):
+            raise ValueError(f"{len(x)} inputs but {len(y)} labels in the {split} split")
+        return ArraySplit(x, np.asarray(y), shard_indices(len(y), rank, world_size, equal=(split == "train")))
+    return take(np.asarray(x), np.asarray(y), split, rank, world_size)
 
 
 def check_split_name(split: str) -> None:

@@ -28,7 +28,9 @@ def add_parsers(sub) -> None:
     out_help = "folder for JSON, CSV and PNG results"
 
     sc = bench_sub.add_parser("scaling", help="training throughput and scaling efficiency against workers")
-    sc.add_argument("--workload", default="resnet50-synthetic", help="a synthetic workload (see `launcher workloads`)")
+    sc.add_argument("--workload", default="resnet50-synthetic",
+                    help="a workload (see `launcher workloads`), yours too (FILE.py:NAME); --image-size and "
+                    "--num-classes apply to the synthetic ones")
     sc.add_argument("--frameworks", default="torch", help="comma-separated: torch,tensorflow")
     sc.add_argument("--backends", default="native", help="comma-separated: native,horovod")
     sc.add_argument("--workers", default="1,2", help="comma-separated worker counts, e.g. 1,2,4")
@@ -141,6 +143,8 @@ def cmd_scaling(args: argparse.Namespace) -> int:
             workloads.get(args.workload)
         except workloads.UnknownName as exc:
             raise UserError(f"--workload: {exc}") from None
+        except workloads.WorkloadError as exc:
+            raise UserError(str(exc)) from None
     frameworks = _names("--frameworks", args.frameworks, FRAMEWORKS)
     backend_names = [t.strip() for t in args.backends.split(",") if t.strip()]
     if not backend_names:

@@ -46,11 +46,16 @@ def spec_from_args(args: argparse.Namespace):
     spec = load_spec_file(args.config) if args.config else JobSpec()
     overrides = schema.given_flags(args, JobSpec)
     if args.param:
-        params = dict(spec.params)
-        for item in args.param:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise UserError(f"--param {item!r} is not KEY=VALUE", "for example --param image_size=64")
-            params[key.strip()] = value.strip()
-        overrides["params"] = params
+        overrides["params"] = parse_params(args.param, spec.params)
     return spec.merged(overrides).validated()
+
+
+def parse_params(items: list[str], base: dict | None = None) -> dict:
+    """``--param KEY=VALUE`` items over ``base`` (values stay strings: the workload converts them)."""
+    params = dict(base or {})
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--param {item!r} is not KEY=VALUE", "for example --param image_size=64")
+        params[key.strip()] = value.strip()
+    return params

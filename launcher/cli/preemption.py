@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ import sys
 import threading
 import time
 
-from launcher.cli.options import EXIT_FAILED, EXIT_OK, Parser
+from launcher.cli.options import EXIT_FAILED, EXIT_OK, Parser, parse_params
 from launcher.errors import UserError
 
 
@@ -40,6 +41,9 @@ def add_parsers(sub) -> None:
     d = pre_sub.add_parser("demo", help="train on a local 2-node cluster and preempt a node mid-run")
     d.add_argument("--storage", default="./runs", help="where the demo's run goes (default ./runs)")
     d.add_argument("--name", default=None, help="run name (default preemption_demo_<time>)")
+    d.add_argument("--workload", default="digits-mlp",
+                   help="what to train: a built-in workload or yours (FILE.py:NAME); default digits-mlp")
+    d.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="workload parameter")
     d.add_argument("--epochs", type=int, default=16)
     d.add_argument("--checkpoint-every-steps", type=int, default=10)
     d.add_argument("--without-notice", action="store_true", help="lose the node without a notice instead")
@@ -80,11 +84,15 @@ def _demo(args: argparse.Namespace) -> int:
                         "the workers need a moment to see the notice and checkpoint")
     note = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
     name = args.name or time.strftime("preemption_demo_%Y%m%d_%H%M%S")
+    params = parse_params(args.param)
+    # Checked before the lab starts; the lab's address is filled in once it is up.
+    spec = JobSpec(workload=args.workload, epochs=args.epochs, checkpoint_every_steps=args.checkpoint_every_steps,
+                   storage=args.storage, name=name, params=params,
+                   max_failures=1 if args.without_notice else 0).validated()
     note("starting a local Ray cluster: a head and 2 worker nodes, each with a fake GCE metadata server "
          "and the preemption watcher")
     with PreemptionLab(nodes=2, notice_s=args.notice_s, margin_s=min(2.0, args.notice_s / 3), note=note) as lab:
-        spec = JobSpec(epochs=args.epochs, checkpoint_every_steps=args.checkpoint_every_steps, storage=args.storage,
-                       name=name, address=lab.address, max_failures=1 if args.without_notice else 0).validated()
+        spec = dataclasses.replace(spec, address=lab.address)
         run = run_in_background(spec, note)
         run.wait_for_checkpoint(lambda m: m.global_step >= spec.checkpoint_every_steps)
         if args.without_notice:

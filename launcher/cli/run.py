@@ -30,7 +30,10 @@ def add_parsers(sub) -> None:
                      help="print where the time went before the first training step")
     add_verbose(run)
 
-    wl = sub.add_parser("workloads", help="list workloads, their frameworks and the data they need")
+    wl = sub.add_parser("workloads", help="list workloads, their frameworks, data and --params; or check and "
+                        "describe your own (FILE.py:NAME or package.module:NAME)")
+    wl.add_argument("workload", nargs="?", metavar="FILE.py:NAME",
+                    help="a workload of yours to check and describe (default: list the built-in ones)")
     wl.add_argument("--json", action="store_true")
 
 
@@ -136,12 +139,19 @@ def format_interruptions(s: RunSummary) -> str:
 def cmd_workloads(args: argparse.Namespace) -> int:
     import workloads
 
-    described = [w.describe() for w in workloads.REGISTRY]
+    from launcher.spec import canonical_workload, load_workload
+
+    if args.workload:
+        described = [{**load_workload(args.workload).describe(), "reference": canonical_workload(args.workload)}]
+    else:
+        described = [w.describe() for w in workloads.REGISTRY]
     if args.json:
         print(json.dumps(described, indent=1))
         return EXIT_OK
     for d in described:
         print(f"{d['name']:<20} {', '.join(d['frameworks']):<12} {d['description']}")
+        if d.get("reference"):
+            print(f"{'':<20} --workload {d['reference']}")
         print(f"{'':<20} data: {d['data']}")
         for name, p in d["params"].items():
             print(f"{'':<20} --param {name}=... (default {p['default']}): {p['help']}")

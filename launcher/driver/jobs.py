@@ -169,19 +169,15 @@ def entrypoint(spec) -> str:
     return shlex.join(["python", "-m", "launcher", "run", *run_argv(spec)])
 
 
-def code_dirs() -> list[str]:
-    """The packages a run imports: shipped whole, so the cluster runs this version."""
-    import launcher
-    import workloads
+def runtime_env(environ: dict[str, str] | None = None, workload: str | None = None) -> dict[str, Any]:
+    """The job's runtime environment: this launcher's code and the user workload's folder
+    (:mod:`launcher.driver.code`), and the variables the run needs to reach its storage."""
+    from launcher.driver import code
 
-    return [os.path.dirname(os.path.abspath(m.__file__)) for m in (launcher, workloads)]
-
-
-def runtime_env(environ: dict[str, str] | None = None) -> dict[str, Any]:
     environ = os.environ if environ is None else environ
     env_vars = {k: environ[k] for k in PASSED_ENV if environ.get(k)}
     env_vars["RAY_JOB_STOP_WAIT_TIME_S"] = str(STOP_GRACE_S)
-    return {"py_modules": code_dirs(), "excludes": ["__pycache__/", "*.pyc"], "env_vars": env_vars}
+    return code.merge(code.runtime_env(workload, joining_cluster=True), {"env_vars": env_vars})
 
 
 def job_id_for(name: str, taken: set[str]) -> str:
@@ -209,7 +205,7 @@ def submit(spec, address: str | None) -> Submitted:
 
     client = connect(address)
     command = entrypoint(spec)
-    env = runtime_env()
+    env = runtime_env(workload=spec.workload)
     metadata = {"launcher_run": spec.name, "launcher_version": __version__}
     jobs = client.list_jobs()
     for j in jobs:

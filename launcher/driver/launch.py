@@ -34,9 +34,12 @@ def preflight(spec: JobSpec, progress: Progress) -> tuple[Storage, RunLog, list[
     if not storage.is_local:
         progress.note(f"storage: {where}")
     workload = workloads.get(spec.workload)
+    data = datacache.local_data(spec.data, progress.note)
     try:
-        workload.check_data(datacache.local_data(spec.data, progress.note), spec.params)
-    except workloads.DataError as exc:
+        workload.check_data(data, spec.params)
+        if workloads.is_reference(spec.workload):  # the user's data function, tried as rank 0 runs it
+            workloads.user.check_data(workload, spec.workload, data, spec.params, spec.workers)
+    except (workloads.DataError, workloads.WorkloadError) as exc:
         raise UserError(str(exc)) from None
     reason = backends.get(spec.backend).unavailable_reason(spec.framework)
     if reason:
@@ -72,7 +75,7 @@ def _launch(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tupl
     """Connect to Ray, train, and write the run log's start and end."""
     _say_where(spec, progress)
     with session.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
-                         verbose=verbose) as nodes:
+                         verbose=verbose, workload=spec.workload) as nodes:
         startup.mark("ray_ready")
         session.check_fits(nodes, spec.min_workers or spec.workers, spec.cpus_per_worker, spec.gpus_per_worker)
         log.begin(spec.to_dict())

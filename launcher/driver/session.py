@@ -37,15 +37,21 @@ def _quiet_ray_loggers(verbose: bool) -> None:
 
 
 @contextlib.contextmanager
-def connect(address: str | None, *, workers: int, cpus_per_worker: float,
-            verbose: bool = False) -> Iterator[list[NodeResources]]:
-    """Yield the alive nodes' resources; shut Ray down afterwards only if we started it."""
+def connect(address: str | None, *, workers: int, cpus_per_worker: float, verbose: bool = False,
+            workload: str | None = None) -> Iterator[list[NodeResources]]:
+    """Yield the alive nodes' resources; shut Ray down afterwards only if we started it.
+
+    ``workload``: a user workload's reference, whose folder is shipped to the workers
+    (:mod:`launcher.driver.code`) with the job's runtime environment.
+    """
     address = address or os.environ.get("RAY_ADDRESS")
     head = None if address else localhead.running_head()
     if head:
         # Ray reads its auth mode once, when it is first imported.
         os.environ.setdefault(localhead.AUTH_ENV, head.get("auth_mode", "token"))
     import ray
+
+    from launcher.driver import code
 
     _quiet_ray_loggers(verbose)
     started = False
@@ -56,17 +62,18 @@ def connect(address: str | None, *, workers: int, cpus_per_worker: float,
         try:
             if head:  # `launcher up`'s warm head on this machine: same code, nothing to ship
                 address = head["address"]
-                ray.init(address=address, **kwargs)
+                ray.init(address=address, runtime_env=code.runtime_env(workload, False) or None, **kwargs)
             elif address and in_ray_job():
                 # `launcher submit`: the job's runtime env already carries our code, and Ray
                 # refuses a second py_modules from ray.init ("Failed to merge the Job's runtime env").
                 ray.init(address=address, **kwargs)
             elif address:
                 # Ship this launcher's code with the job, so a cluster runs the driver's version.
-                ray.init(address=address, runtime_env=code_runtime_env(), **kwargs)
+                ray.init(address=address, runtime_env=code.runtime_env(workload, True), **kwargs)
             else:
                 cpus = max(os.cpu_count() or 1, math.ceil(workers * cpus_per_worker))
-                ray.init(address="local", num_cpus=cpus, **kwargs)  # never a running cluster by surprise
+                ray.init(address="local", num_cpus=cpus,  # never a running cluster by surprise
+                         runtime_env=code.runtime_env(workload, False) or None, **kwargs)
         except ConnectionError as exc:
             raise Unreachable(f"cannot connect to the Ray cluster at {address}: {exc}",
                               "is it up? check --address (or RAY_ADDRESS); a cluster with token authentication "
@@ -96,14 +103,6 @@ def in_ray_job() -> bool:
     """Whether this process is the entrypoint of a submitted Ray job (Ray's job supervisor
     sets this variable, and RAY_ADDRESS to the cluster's GCS, for the entrypoint)."""
     return JOB_CONFIG_ENV in os.environ
-
-
-def code_runtime_env() -> dict:
-    import launcher
-    import workloads
-
-    modules = [os.path.dirname(os.path.abspath(m.__file__)) for m in (launcher, workloads)]
-    return {"py_modules": modules}
 
 
 def alive_nodes() -> list[NodeResources]:

@@ -106,7 +106,7 @@ class TFTraining(Training):
         for i in range(self.pos.step_in_epoch, self.steps_per_epoch):
             step_started = time.perf_counter()
             idx = order[i * s.batch_size:(i + 1) * s.batch_size]
-            value = float(step(self.train.x[idx], self.train.y[idx]))
+            value = float(step(*self.train.take(idx)))
             if not math.isfinite(value):
                 raise self.diverged(value)
             loss_sum, count = loss_sum + value * len(idx), count + len(idx)
@@ -121,7 +121,7 @@ class TFTraining(Training):
         """Loss and accuracy on the whole test split (each rank scores its shard)."""
         totals = np.zeros(3, dtype=np.float64)  # loss sum, correct, count
         for lo in range(0, len(self.test), EVAL_BATCH):
-            x, y = self.test.x[lo:lo + EVAL_BATCH], self.test.y[lo:lo + EVAL_BATCH]
+            x, y = self.test.take(np.arange(lo, min(lo + EVAL_BATCH, len(self.test))))
             logits = self.model(x, training=False).numpy()
             totals += [float(np.sum(self.loss(y, logits).numpy())), float(np.sum(logits.argmax(1) == y)), len(y)]
         totals = self.comm.allreduce_sum(totals)

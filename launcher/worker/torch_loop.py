@@ -102,8 +102,8 @@ class TorchTraining(Training):
     def batch(self, split, idx: np.ndarray):
         import torch
 
-        return (torch.from_numpy(split.x[idx]).to(self.device),
-                torch.from_numpy(split.y[idx]).to(self.device))
+        x, y = split.take(idx)
+        return torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
 
     def run_epoch(self) -> dict[str, float]:
         """Train the rest of the current epoch; returns train loss and throughput."""

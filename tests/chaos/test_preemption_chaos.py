@@ -13,19 +13,13 @@ import os
 
 import pytest
 
-from launcher.lab.chaos import PreemptionLab, run_in_background
+from launcher.lab.chaos import run_in_background
 from launcher.spec import JobSpec
 
 pytestmark = pytest.mark.chaos
 
 EPOCHS, STEPS_PER_EPOCH, EVERY = 16, 23, 10  # digits: 719 samples per rank, batches of 32
 TOTAL = EPOCHS * STEPS_PER_EPOCH
-
-
-@pytest.fixture(scope="module")
-def lab():
-    with PreemptionLab(nodes=2, cpus_per_node=1, notice_s=6.0, margin_s=2.0) as lab:
-        yield lab
 
 
 @pytest.fixture(scope="module")
