@@ -59,6 +59,8 @@ PRIVATE: dict[str, tuple[str, str]] = {
 OVERRIDDEN: dict[str, str] = {
     "ray.train.v2.api.data_parallel_trainer:DataParallelTrainer._create_default_callbacks":
         "LeanTrainer drops the Ray Data and placement-group-cleaner callbacks a run never uses",
+    "ray.dashboard.modules.dashboard_sdk:SubmissionClient._do_request":
+        "the job client's requests get a timeout (Ray sets none)",
 }
 
 # Not imported: a constant whose module is heavy (ray._private.runtime_env.constants).

@@ -227,7 +227,7 @@ def load_yaml(path: str, flag: str, hint: str = "pass the path of a YAML file") 
 
     try:
         with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
+            raw = yaml.load(f, Loader=_unique_keys_loader())
     except FileNotFoundError:
         raise UserError(f"{flag} {path} does not exist", hint) from None
     except IsADirectoryError:
@@ -242,6 +242,25 @@ def load_yaml(path: str, flag: str, hint: str = "pass the path of a YAML file") 
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise UserError(f"{path}: {problem}{where}", "fix the YAML syntax") from None
     return {} if raw is None else raw
+
+
+def _unique_keys_loader():
+    """yaml.SafeLoader that refuses a key given twice in one mapping (YAML keeps the last one
+    silently, which hides a typo'd copy-paste)."""
+    import yaml
+
+    class UniqueKeys(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} is given twice", key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeys
 
 
 def load_mapping(path: str, flag: str, example: str) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -125,6 +126,9 @@ class JobSpec:
         from launcher import backends  # the registry only; imports no framework
 
         workload = load_workload(self.workload)
+        if self.data is not None and not workload.needs_data and not workloads.is_reference(self.workload):
+            raise UserError(f"--data {self.data}: workload {workload.name} reads no data files",
+                            "drop --data (see `launcher workloads` for the workloads that read files)")
         if self.framework not in FRAMEWORKS:
             raise UserError(f"unknown framework {self.framework!r}", f"valid: {', '.join(FRAMEWORKS)}")
         if self.framework not in workload.frameworks:
@@ -137,6 +141,11 @@ class JobSpec:
         return workload
 
     def _check_numbers(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise UserError(f"{f.name} must be a finite number, got {value}",
+                                f"set {_flag(f.name)} to a number")
         _at_least("workers", self.workers, 1)
         _positive("cpus_per_worker", self.cpus_per_worker)
         _at_least("gpus_per_worker", self.gpus_per_worker, 0)

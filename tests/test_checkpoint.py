@@ -57,3 +57,18 @@ def test_complete_checkpoints_skips_partial_ones(tmp_path):
     found = complete_checkpoints(Storage.resolve(str(root)), "r")
     assert [m.global_step for m, _ in found] == [10, 30]
     assert found[-1][1].endswith("checkpoint_b")
+
+
+@pytest.mark.parametrize("where", ["local", "gcs"])
+def test_append_after_a_torn_last_line_starts_a_new_line(tmp_path, where, request):
+    from launcher.storage.runlog import read_jsonl
+
+    if where == "gcs":
+        bucket = request.getfixturevalue("bucket")
+        storage = Storage.resolve(f"gs://{bucket}/runs")
+    else:
+        storage = Storage.resolve(str(tmp_path / "runs"))
+    storage.write_text('{"event": "start", "launch": 1}\n{"event": "end", "lau', "r", "launches.jsonl")
+    storage.append_text('{"event": "start", "launch": 2}\n', "r", "launches.jsonl")
+    assert read_jsonl(storage.read_text("r", "launches.jsonl")) == [{"event": "start", "launch": 1},
+                                                                  {"event": "start", "launch": 2}]

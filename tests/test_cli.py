@@ -150,3 +150,85 @@ def test_torch_trainer_is_lean_and_torch_free_outside_the_workers():
             "print(cfg.backend, cfg.backend_cls.__name__, 'torch' in sys.modules)")
     res = subprocess.run([sys.executable, "-c", load], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.stdout.split() == ["gloo", "_ProcessGroupBackend", "False"], res.stderr
+
+
+def test_an_address_where_nothing_answers_is_one_line_within_seconds(capsys, tmp_path):
+    # Ray itself retries for minutes; the launcher checks the port first (an outage: exit 1).
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        started = time.time()
+        code, out, err = run_cli(capsys, "run", "--address", address, "--storage", str(tmp_path / "runs"))
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 1 and lines[-1].startswith(f"error: nothing answers at {address}"), err
+        assert "is the cluster up?" in lines[-1] and time.time() - started < 30
+
+
+def test_a_damaged_run_log_is_listed_and_named_on_resume(capsys, tmp_path):
+    for name, text in (("good", json.dumps({"name": "good", "workload": "digits-mlp", "framework": "torch"})),
+                       ("bad", '{"x')):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_text(text)
+    code, out, _ = run_cli(capsys, "runs", "--storage", str(tmp_path), "--json")
+    rows = {r["name"]: r for r in json.loads(out)}
+    assert code == 0 and rows["bad"]["status"] == "unreadable" and rows["good"]["workload"] == "digits-mlp"
+    assert "bad" in run_cli(capsys, "runs", "--storage", str(tmp_path))[1]  # the table lists it too
+    code, _, err = run_cli(capsys, "run", "--storage", str(tmp_path), "--name", "bad")
+    assert_one_line_error(code, err, "bad/run.json is damaged (not JSON", "delete that file")
+
+
+def test_runs_in_a_folder_that_does_not_exist_says_so(capsys, tmp_path):
+    code, out, err = run_cli(capsys, "runs", "--storage", str(tmp_path / "typo"))
+    assert_one_line_error(code, err, "no such folder", "typo")
+
+
+@pytest.mark.parametrize("text,needles", [
+    ("workers: 2\nepochs: 1\nworkers: 4\n", ["key 'workers' is given twice at line 3"]),
+    (b"\x89PNG\r\n\x1a\n\x00\xff\xfe", ["is not a text file"]),
+])
+def test_config_files_that_are_wrong(capsys, tmp_path, text, needles):
+    path = tmp_path / "job.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    code, _, err = run_cli(capsys, "run", "--config", str(path), "--storage", str(tmp_path / "runs"))
+    assert_one_line_error(code, err, *needles)
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (["--lr", "inf"], ["lr must be a finite number, got inf", "--lr"]),
+    (["--cpus-per-worker", "nan"], ["cpus_per_worker must be a finite number"]),
+    (["--data", "/tmp"], ["workload digits-mlp reads no data files", "drop --data"]),
+])
+def test_values_found_wrong_before_any_worker(capsys, tmp_path, argv, needles):
+    code, out, err = run_cli(capsys, "run", "--storage", str(tmp_path / "runs"), *argv)
+    assert_one_line_error(code, err, *needles)
+
+
+@pytest.mark.parametrize("argv,needles", [
+    (["--workers", "1000000"], ["1000000 workers x 1 CPUs is 1e+06 CPUs; this machine has", "lower --workers"]),
+    (["--cpus-per-worker", "64"], ["--cpus-per-worker 64: this machine has", "or run on a cluster"]),
+])
+def test_a_local_run_larger_than_the_machine_is_refused_before_ray_starts(capsys, tmp_path, argv, needles):
+    import time
+
+    started = time.time()
+    code, _, err = run_cli(capsys, "run", "--storage", str(tmp_path / "runs"), *argv)
+    assert time.time() - started < 20
+    assert_one_line_error(code, err, *needles)
+
+
+def test_a_cifar_file_that_is_not_a_tar_is_one_line(capsys, tmp_path):
+    bad = tmp_path / "cifar-10-python.tar.gz"
+    bad.write_bytes(b"this is not a tar file\nat all\n")
+    code, _, err = run_cli(capsys, "run", "--workload", "cifar10-cnn", "--data", str(bad),
+                           "--storage", str(tmp_path / "runs"))
+    assert_one_line_error(code, err, "cannot read", "as a tar archive")
+
+
+def test_fewer_training_samples_than_workers_is_refused(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "run", "--workload", "resnet18-synthetic", "--param", "num_samples=1",
+                           "--workers", "2", "--storage", str(tmp_path / "runs"))
+    assert_one_line_error(code, err, "has 1 training sample(s) for 2 workers", "use fewer --workers")

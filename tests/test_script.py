@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import importlib.util
 import io
+import os
+import signal
+import subprocess
+import sys
 import textwrap
+import time
 
 import pytest
 
@@ -15,6 +20,8 @@ from launcher.driver.script import Outcome, check_script
 needs_horovod = pytest.mark.skipif(
     importlib.util.find_spec("horovod") is None,
     reason="Horovod is not built in this environment: run scripts/install-horovod (scripts/setup-env does)")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_check_script_accepts_py_files_and_python_shebangs(tmp_path):
@@ -30,6 +37,7 @@ def test_check_script_accepts_py_files_and_python_shebangs(tmp_path):
     ("missing.py", None, "no such file"),
     ("folder.py", "DIR", "not a file"),
     ("train.sh", "#!/bin/bash\necho hi\n", "not a Python script"),
+    ("broken.py", "import os\ndef f(:\n    pass\n", "syntax error at line 2"),
 ])
 def test_check_script_rejects_what_cannot_run(tmp_path, name, content, message):
     path = tmp_path / name
@@ -47,6 +55,25 @@ def test_missing_script_is_rejected_before_any_worker(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "no such file" in err[0]
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_stops_a_script_run_with_exit_130(tmp_path, signum):
+    script = tmp_path / "slow.py"
+    script.write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
+    cmd = [sys.executable, "-m", "launcher", "run", "--script", str(script), "--workers", "2",
+           "--storage", str(tmp_path / "runs")]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stdout:  # both ranks' scripts are running
+        if line.startswith("[rank 1] started") or line.startswith("[rank 0] started"):
+            break
+    started = time.time()
+    proc.send_signal(signum)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "interrupted; the script was stopped on every worker" in err and time.time() - started < 60
+    assert "SIGTERM received" not in err
 
 
 def test_script_args_without_a_script_are_an_error(capsys):
@@ -106,6 +133,10 @@ def test_horovodrun_style_script_runs_on_every_rank_and_a_failure_propagates(ray
 
 TORCHRUN_SCRIPT = textwrap.dedent("""
     import os
+import signal
+import subprocess
+import sys
+import time
     import torch
     import torch.distributed as dist
 

@@ -127,6 +127,26 @@ def test_bad_addresses_are_one_line(capsys, monkeypatch, argv, env, needles, exi
     assert out == ""
 
 
+def test_a_server_that_never_answers_is_a_bounded_wait(capsys, monkeypatch):
+    import socket
+    import threading
+    import time
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(server.accept()), daemon=True).start()  # and silence
+    monkeypatch.setenv("LAUNCHER_JOB_TIMEOUT_S", "2")
+    started = time.time()
+    try:
+        code, out, err = run_cli(capsys, "status", "j", "--address", f"http://127.0.0.1:{server.getsockname()[1]}")
+    finally:
+        server.close()
+    assert time.time() - started < 30
+    one_line_error(code, err, "did not answer within 2s", "LAUNCHER_JOB_TIMEOUT_S", exit_code=1)
+
+
 # -- against a real Ray head -------------------------------------------------------------
 
 @contextlib.contextmanager

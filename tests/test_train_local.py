@@ -114,6 +114,25 @@ def test_resume_continues_exactly_where_it_stopped(ray_local, capsys, storage):
     assert runs["straight"]["metrics"] == {k: full["metrics"][k] for k in ("loss", "accuracy")}
 
 
+def test_a_cut_off_file_of_another_rank_makes_the_checkpoint_incomplete(ray_local, capsys, storage):
+    # Rank 1 writes its own RNG state into each checkpoint; rank 0's manifest vouches for it too.
+    common = ["--storage", storage, "--name", "cut", "--checkpoint-every-steps", "10", "--keep-checkpoints", "20"]
+    code, _ = launch(capsys, *common, "--epochs", "1")
+    assert code == 0
+    kept = complete_checkpoints(Storage.resolve(storage), "cut")
+    manifest, newest = kept[-1]
+    assert {"rng_rank0.pt", "rng_rank1.pt"} <= set(manifest.files)
+    rng = os.path.join(newest, "rng_rank1.pt")
+    with open(rng, "r+b") as f:
+        f.truncate(os.path.getsize(rng) // 2)
+    assert [m.global_step for m, _ in complete_checkpoints(Storage.resolve(storage), "cut")] == \
+        [m.global_step for m, _ in kept[:-1]]
+    code, resumed = launch(capsys, *common, "--epochs", "2")
+    assert code == 0 and resumed["status"] == "succeeded", resumed
+    assert resumed["resumed_from"]["step"] == kept[-2][0].global_step  # the newest complete one
+    assert resumed["steps_completed"] == 2 * 23
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_stops_the_run_and_the_next_launch_resumes(storage, signum):
     # SIGTERM (a scheduler, `launcher stop`) ends the run as Ctrl-C does: workers aborted, summary, 130.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 
 import numpy as np
 import pytest
@@ -198,3 +199,20 @@ def test_tensorflow_model_matches_torch_model(name, params):
     assert trainable == sum(t.numel() for t in torch_model.parameters())
     x = np.random.default_rng(0).standard_normal((2, *w.input_shape(p))).astype(np.float32)
     assert tuple(tf_model(x).shape) == tuple(torch_model(torch.from_numpy(x)).shape) == (2, w.num_classes(p))
+
+
+@pytest.mark.parametrize("damage,needle", [
+    ("truncate", "as an .npz file (File is not a zip file)"),
+    ("objects", "cannot read x_train from"),
+])
+def test_a_damaged_mnist_npz_is_one_clear_error(tmp_path, damage, needle):
+    x, y = np.zeros((10, 28, 28), np.uint8), np.zeros(10, np.int64)
+    path = tmp_path / "mnist.npz"
+    if damage == "objects":
+        np.savez(path, x_train=np.array([1, "a"], dtype=object), y_train=y, x_test=x, y_test=y)
+    else:
+        np.savez(path, x_train=x, y_train=y, x_test=x, y_test=y)
+        raw = path.read_bytes()
+        path.write_bytes(raw[: len(raw) // 2])
+    with pytest.raises(workloads.DataError, match=re.escape(needle)):
+        workloads.get("mnist-mlp").check_data(str(path), {})

@@ -169,6 +169,11 @@ class Workload:
         if self.needs_data and not data:
             raise DataError(f"workload {self.name} needs --data: {self.data_help}")
 
+    def samples(self, data: str | None, split: str, params: Mapping[str, Any]) -> int | None:
+        """How many samples ``split`` holds, when that is cheap to know (None: unknown).
+        The launcher refuses a run with more workers than training samples up front."""
+        return None
+
     def load(self, data: str | None, split: str, rank: int, world_size: int,
              params: Mapping[str, Any]) -> Split:
         """Load ``split`` ("train" or "test") for one rank.

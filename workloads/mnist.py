@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import zipfile
 import struct
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -103,6 +104,17 @@ def _read_idx(h: IdxHeader, idx: np.ndarray) -> np.ndarray:
     return np.asarray(arr[idx])
 
 
+def _array(arrays, key: str, path: str) -> np.ndarray:
+    """One array of an .npz, or DataError: cut off, or of objects (never unpickled)."""
+    try:
+        value = arrays[key]
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise DataError(f"cannot read {key} from {path} ({exc}); it must be a plain numeric array") from None
+    if value.dtype.kind not in "uif":
+        raise DataError(f"{path}: {key} is {value.dtype}, expected numbers")
+    return value
+
+
 def _npz_path(data: str) -> str | None:
     if data.endswith(".npz"):
         return data
@@ -145,8 +157,9 @@ class MNIST(Workload):
         if npz:
             arrays = self._open_npz(npz)
             for split in ("train", "test"):
-                _check_images_labels(arrays[f"x_{split}"].shape, arrays[f"y_{split}"].shape, npz)
-                _check_labels(arrays[f"y_{split}"], f"{npz}:y_{split}")
+                x, y = _array(arrays, f"x_{split}", npz), _array(arrays, f"y_{split}", npz)
+                _check_images_labels(x.shape, y.shape, npz)
+                _check_labels(y, f"{npz}:y_{split}")
             return
         if not os.path.isdir(data):
             raise DataError(f"--data {data} is neither a folder nor an .npz file: expected {DATA_HELP}")
@@ -163,8 +176,8 @@ class MNIST(Workload):
     def _open_npz(path: str):
         try:
             arrays = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as exc:
-            raise DataError(f"cannot read {path} as an .npz file: {exc}") from None
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+            raise DataError(f"cannot read {path} as an .npz file ({exc}); re-download or re-create it") from None
         missing = {"x_train", "y_train", "x_test", "y_test"} - set(arrays.files)
         if missing:
             raise DataError(f"{path} lacks arrays {sorted(missing)}: expected x_train, y_train, x_test, y_test")
@@ -177,9 +190,9 @@ class MNIST(Workload):
         npz = _npz_path(data)
         if npz:
             arrays = self._open_npz(npz)
-            labels = arrays[f"y_{split}"]
+            labels = _array(arrays, f"y_{split}", npz)
             idx = shard_indices(len(labels), rank, world_size, equal=(split == "train"))
-            images, labels = arrays[f"x_{split}"][idx], labels[idx]
+            images, labels = _array(arrays, f"x_{split}", npz)[idx], labels[idx]
         else:
             hi, hl = self._headers(data, split)
             idx = shard_indices(hl.dims[0], rank, world_size, equal=(split == "train"))

@@ -45,6 +45,9 @@ class SyntheticResNet(Workload):
         )
         self.depth = depth
 
+    def samples(self, data: str | None, split: str, params: Mapping[str, Any]) -> int | None:
+        return params["num_samples"] if split == "train" else params["test_samples"]
+
     def load(self, data: str | None, split: str, rank: int, world_size: int,
              params: Mapping[str, Any]) -> Split:
         check_split_name(split)

@@ -43,18 +43,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     from launcher.driver import launch, startup
 
     spec = spec_from_args(args)
-    # SIGTERM (a scheduler, CI or `launcher stop` stopping us) ends the run like Ctrl-C:
-    # the workers aborted, the summary written, exit 130.
-    previous = signal.signal(signal.SIGTERM, _sigterm_as_sigint)
-    try:
+    with sigterm_as_ctrl_c():
         with summary_stream() as out:
             summary = launch.run(spec, verbose=args.verbose)
             if args.profile_startup:
                 print(startup.format_table(summary.startup), file=sys.stderr)
             text = json.dumps(summary.to_json(), sort_keys=True, default=str) if args.json else format_summary(summary)
             print(text, file=out, flush=True)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     return {RunStatus.SUCCEEDED: EXIT_OK, RunStatus.CANCELLED: EXIT_CANCELLED}.get(summary.status, EXIT_FAILED)
 
 
@@ -70,7 +65,19 @@ def cmd_script(args: argparse.Namespace) -> int:
     if not args.name:
         stem = re.sub(r"[^A-Za-z0-9_]", "_", os.path.splitext(os.path.basename(script))[0])
         spec = dataclasses.replace(spec, name=f"script_{stem}_{_dt.datetime.now():%Y%m%d_%H%M%S}"[:128])
-    return run_script(spec, script, args.script_args, verbose=args.verbose)
+    with sigterm_as_ctrl_c():
+        return run_script(spec, script, args.script_args, verbose=args.verbose)
+
+
+@contextlib.contextmanager
+def sigterm_as_ctrl_c() -> Iterator[None]:
+    """Meanwhile SIGTERM (a scheduler, CI or `launcher stop` stopping us) ends the run as
+    Ctrl-C does: the workers aborted, the summary written, exit 130."""
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_sigint)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from launcher.cli.options import EXIT_OK
+from launcher.errors import UserError
 from launcher.storage.uri import DEFAULT_STORAGE
 
 
@@ -22,6 +24,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
     from launcher.storage.uri import normalize_storage
 
     storage = Storage.resolve(normalize_storage(args.storage))
+    if storage.is_local and not os.path.isdir(storage.root):
+        raise UserError(f"--storage {args.storage}: no such folder ({storage.root})",
+                        "give the folder your runs went to (`launcher run --storage`), ./runs by default")
     runs = list_runs(storage)
     print(json.dumps(runs, indent=1) if args.json else format_table(runs))
     return EXIT_OK

@@ -37,6 +37,12 @@ STOP_GRACE_S = 30
 # Environment worth passing to the job when set here; never credentials.
 PASSED_ENV = ("STORAGE_EMULATOR_HOST", "LAUNCHER_GCS_RETRY_S")
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+CONNECT_TIMEOUT_S = 10.0   # every request to the job server: connecting, then waiting for
+TIMEOUT_ENV = "LAUNCHER_JOB_TIMEOUT_S"  # each part of the answer (default 60 s)
+
+
+def request_timeout_s() -> float:
+    return float(os.environ.get(TIMEOUT_ENV, "60"))
 # `launcher logs --follow` and `submit --follow` exit like `launcher run` would.
 EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 130}
 FIX_ADDRESS = ("pass the head's dashboard address, e.g. --address http://127.0.0.1:8265 "
@@ -113,20 +119,37 @@ def _without_address_env() -> Iterator[None]:
         os.environ.update(saved)
 
 
+def _bounded_client_class():
+    """Ray's JobSubmissionClient with a timeout on every HTTP request (Ray sets none: a server
+    that accepts the connection and never answers would hang the command forever)."""
+    from ray.job_submission import JobSubmissionClient
+
+    class BoundedJobClient(JobSubmissionClient):
+        def _do_request(self, *args, **kwargs):  # listed in launcher._ray.OVERRIDDEN
+            kwargs.setdefault("timeout", (CONNECT_TIMEOUT_S, request_timeout_s()))
+            return super()._do_request(*args, **kwargs)
+
+    return BoundedJobClient
+
+
 def connect(address: str | None):
-    """A JobSubmissionClient for the resolved address, or a one-line UserError."""
+    """A JobSubmissionClient for the resolved address, or one line: UserError, Unreachable."""
     url = resolve_address(address)
     _check_reachable(url)
     from ray.exceptions import AuthenticationError
-    from ray.job_submission import JobSubmissionClient
 
     try:
         with _without_address_env():
-            return JobSubmissionClient(url, headers=auth_headers())
+            return _bounded_client_class()(url, headers=auth_headers())
     except AuthenticationError:
         raise UserError(f"the Ray cluster at {url} refused the request: its authentication token is missing or wrong",
                         "put the cluster's token in RAY_AUTH_TOKEN or ~/.ray/auth_token (on the head: "
                         "`ray get-auth-token`)") from None
+    except OSError as exc:  # requests' timeouts and connection errors
+        raise Unreachable(f"the Ray job server at {url} did not answer within {request_timeout_s():g}s "
+                          f"({type(exc).__name__})", "is the head overloaded or stuck? check its dashboard "
+                          f"log (/tmp/ray/session_latest/logs/dashboard.log), the address, or raise "
+                          f"{TIMEOUT_ENV}") from None
     except (ConnectionError, RuntimeError) as exc:
         raise UserError(f"{url} does not answer as a Ray job server: {_first_line(exc)}", FIX_ADDRESS) from None
 

@@ -41,6 +41,10 @@ def preflight(spec: JobSpec, progress: Progress) -> tuple[Storage, RunLog, list[
             workloads.user.check_data(workload, spec.workload, data, spec.params, spec.workers)
     except (workloads.DataError, workloads.WorkloadError) as exc:
         raise UserError(str(exc)) from None
+    samples = workload.samples(data, "train", spec.params)
+    if samples is not None and samples < spec.workers:
+        raise UserError(f"{spec.workload} has {samples} training sample(s) for {spec.workers} workers: a worker "
+                        "would have none", "use fewer --workers, or more data")
     reason = backends.get(spec.backend).unavailable_reason(spec.framework)
     if reason:
         raise UserError(f"backend {spec.backend} cannot run {spec.framework} here: {reason}")
@@ -104,6 +108,8 @@ def _launch(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tupl
 
 def _say_where(spec: JobSpec, progress: Progress) -> None:
     head = None if spec.address or os.environ.get("RAY_ADDRESS") else localhead.running_head()
+    if not head and not (spec.address or os.environ.get("RAY_ADDRESS")):
+        session.check_local_fit(spec.workers, spec.cpus_per_worker)  # before saying Ray starts
     if head:
         progress.note(f"using the warm local Ray at {head['address']} (`launcher down` stops it)")
     else:

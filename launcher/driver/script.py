@@ -27,6 +27,7 @@ from launcher.errors import UserError
 from launcher.summary import RunStatus
 
 POLL_S = 0.2            # how often the driver fetches lines
+EXIT_INTERRUPTED = 130  # as a shell reports a command stopped by SIGINT
 SHEBANG = re.compile(rb"^#!.*\bpython[0-9.]*\b")
 
 
@@ -45,6 +46,15 @@ def check_script(path: str) -> str:
         if not SHEBANG.match(first):
             raise UserError(f"--script {path}: not a Python script (no .py suffix and no python shebang)",
                             "rename it to end with .py, or start it with #!/usr/bin/env python3")
+    with open(full, "rb") as f:
+        source = f.read()
+    try:
+        compile(source, full, "exec")  # a syntax error is found here, not after Ray and the workers start
+    except SyntaxError as exc:
+        raise UserError(f"--script {path}: syntax error at line {exc.lineno}: {exc.msg}",
+                        f"run `python -m py_compile {path}` to see it") from None
+    except ValueError as exc:  # e.g. null bytes: not a text file
+        raise UserError(f"--script {path}: not a Python script ({exc})") from None
     return full
 
 
@@ -128,8 +138,10 @@ def run_script(spec, script: str, args: list[str], *, out: TextIO | None = None,
                 outcome.handle(event, out)
 
         fitted = trainer.fit(ray_trainer, drain, verbose=verbose, poll_s=POLL_S)
-    error = None if fitted.status == RunStatus.SUCCEEDED else (
-        "interrupted" if fitted.status == RunStatus.CANCELLED else fitted.error)
+    if fitted.status == RunStatus.CANCELLED:  # Ctrl-C or SIGTERM: the scripts were stopped
+        print("error: interrupted; the script was stopped on every worker", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    error = None if fitted.status == RunStatus.SUCCEEDED else fitted.error
     code, message = outcome.exit_code(spec.workers, error)
     if message:
         print(f"error: {message}", file=sys.stderr, flush=True)

@@ -22,6 +22,8 @@ from launcher._ray import JOB_CONFIG_ENV
 from launcher.driver import localhead
 from launcher.errors import Unreachable, UserError
 
+LOCAL_OVERSUBSCRIPTION = 4  # a local Ray runs up to this many worker CPUs per core
+
 
 @dataclass(frozen=True)
 class NodeResources:
@@ -68,9 +70,11 @@ def connect(address: str | None, *, workers: int, cpus_per_worker: float, verbos
                 # refuses a second py_modules from ray.init ("Failed to merge the Job's runtime env").
                 ray.init(address=address, **kwargs)
             elif address:
+                check_reachable(address)  # Ray itself retries for minutes before it gives up
                 # Ship this launcher's code with the job, so a cluster runs the driver's version.
                 ray.init(address=address, runtime_env=code.runtime_env(workload, True), **kwargs)
             else:
+                check_local_fit(workers, cpus_per_worker)
                 cpus = max(os.cpu_count() or 1, math.ceil(workers * cpus_per_worker))
                 ray.init(address="local", num_cpus=cpus,  # never a running cluster by surprise
                          runtime_env=code.runtime_env(workload, False) or None, **kwargs)
@@ -86,6 +90,41 @@ def connect(address: str | None, *, workers: int, cpus_per_worker: float, verbos
     finally:
         if started:
             ray.shutdown()
+
+
+def check_local_fit(workers: int, cpus_per_worker: float, cores: int | None = None) -> None:
+    """UserError unless the request suits this machine. A local Ray is given as many logical
+    CPUs as the workers ask for, so a laptop can run more workers than it has cores; but no
+    worker can use more cores than there are, and past LOCAL_OVERSUBSCRIPTION x the cores the
+    workers would only wait for each other (and their memory)."""
+    cores = cores or os.cpu_count() or 1
+    if cpus_per_worker > cores:
+        raise UserError(f"--cpus-per-worker {cpus_per_worker:g}: this machine has {cores} CPUs",
+                        f"use at most {cores}, or run on a cluster (--address)")
+    asked, most = workers * cpus_per_worker, LOCAL_OVERSUBSCRIPTION * cores
+    if asked > most:
+        raise UserError(f"{workers} workers x {cpus_per_worker:g} CPUs is {asked:g} CPUs; this machine has {cores}, "
+                        f"and a local run takes at most {most:g} ({LOCAL_OVERSUBSCRIPTION} per core)",
+                        f"lower --workers (at most {int(most // cpus_per_worker)} here), or run on a cluster "
+                        "(--address)")
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Unreachable unless something accepts a connection at a ``host:port`` or ``ray://host:port``
+    address ("auto" and other forms are left to Ray)."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return
+    except OSError as exc:
+        what = "Ray client server" if address.startswith("ray://") else "Ray cluster (its GCS port)"
+        raise Unreachable(f"nothing answers at {address}: {exc.strerror or type(exc).__name__}; no {what} there",
+                          "is the cluster up? check --address (or RAY_ADDRESS): host:port of the head's GCS "
+                          "(6379 unless changed), or ray://host:10001") from None
 
 
 def _restore_python_sigterm(handler) -> None:

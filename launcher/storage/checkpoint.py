@@ -2,8 +2,8 @@
 
 A checkpoint is a folder of framework-native files plus ``manifest.json``,
 written last by rank 0. The manifest lists the files it vouches for with their
-sizes, so a reader can tell a complete checkpoint from one cut off while it
-was being written and never resume from the latter.
+sizes, every rank's files included, so a reader can tell a complete checkpoint
+from one cut off while it was being written and never resume from the latter.
 """
 
 from __future__ import annotations
@@ -50,12 +50,13 @@ class Manifest:
         return {"epoch": self.epoch, "step": self.global_step}
 
 
-def write_manifest(directory: str, manifest: Manifest) -> None:
-    """Record the sizes of the files already in ``directory`` and write the manifest."""
-    manifest.files = {
-        name: os.path.getsize(os.path.join(directory, name))
-        for name in sorted(os.listdir(directory)) if name != MANIFEST
-    }
+def write_manifest(directory: str, manifest: Manifest, others: dict[str, int] | None = None) -> None:
+    """Record the sizes of the files already in ``directory``, and of ``others`` (files other
+    ranks put into the same checkpoint), and write the manifest."""
+    files = dict(others or {})
+    files.update({name: os.path.getsize(os.path.join(directory, name))
+                  for name in os.listdir(directory) if name != MANIFEST})
+    manifest.files = dict(sorted(files.items()))
     tmp = os.path.join(directory, MANIFEST + ".tmp")
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(asdict(manifest), f, indent=1, sort_keys=True)

@@ -42,6 +42,10 @@ def read_jsonl(text: str | None) -> list[dict[str, Any]]:
     return out
 
 
+def _why(value: Any) -> str:
+    return f"not JSON: {value}" if isinstance(value, ValueError) else f"a {type(value).__name__}, not an object"
+
+
 class RunLog:
     def __init__(self, storage: Storage, name: str) -> None:
         self.storage, self.name = storage, name
@@ -53,8 +57,23 @@ class RunLog:
         return self.storage.uri_of(self.name, *parts)
 
     def identity(self) -> dict[str, Any] | None:
+        """run.json's content; None for a new run.
+
+        Raises:
+            UserError: run.json is damaged (it is never rewritten, so this is not ours to fix).
+        """
         text = self.storage.read_text(self.name, "run.json")
-        return json.loads(text) if text else None
+        if text is None:
+            return None
+        try:
+            ident = json.loads(text)
+        except ValueError as exc:
+            ident = exc
+        if not isinstance(ident, dict):
+            raise UserError(f"run {self.name}: {self.uri('run.json')} is damaged ({_why(ident)})",
+                            "restore it from a backup, or delete that file to start the run's log anew "
+                            "(its checkpoints are kept), or choose another --name")
+        return ident
 
     def check_compatible(self, spec) -> dict[str, Any] | None:
         """The existing run's identity, if any; UserError when the spec cannot continue it."""

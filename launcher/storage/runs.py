@@ -39,16 +39,24 @@ def describe_run(storage: Storage, name: str) -> dict[str, Any] | None:
     ident = storage.read_text(name, "run.json")
     if ident is None:
         return None
+    try:
+        info = json.loads(ident)
+        if not isinstance(info, dict):
+            raise ValueError("not an object")
+    except ValueError:
+        return damaged(name, "run.json is damaged")
     launches = read_jsonl(storage.read_text(name, "launches.jsonl"))
     summary_text = storage.read_text(name, "summary.json")
-    summary = json.loads(summary_text) if summary_text else None
+    try:
+        summary = json.loads(summary_text) if summary_text else None
+    except ValueError:
+        summary = None  # launches.jsonl has every summary too
     metrics = [m for m in read_jsonl(storage.read_text(name, "metrics.jsonl")) if "epoch" in m]
     checkpoints = complete_checkpoints(storage, name)
     last_metrics = metrics[-1] if metrics else {}
     ends = [e.get("summary") or {} for e in launches if e.get("event") == "end"]
     wall = sum(float(e.get("wall_s", 0.0)) for e in ends)
     interruptions = [i for e in ends for i in e.get("interruptions") or []]
-    info = json.loads(ident)
     return {
         "name": name, "status": _status(launches, summary), "workload": info.get("workload"),
         "framework": info.get("framework"),
@@ -63,6 +71,13 @@ def describe_run(storage: Storage, name: str) -> dict[str, Any] | None:
         "interruptions": interruptions,
         "wall_s": round(wall, 1),
     }
+
+
+def damaged(name: str, why: str) -> dict[str, Any]:
+    """The row of a run whose log cannot be read: listed, marked, never a reason to fail the list."""
+    return {"name": name, "status": "unreadable", "note": why, "workload": "?", "framework": "?", "epochs": 0,
+            "metrics": {}, "checkpoint": None, "launches": 0, "restarts": 0, "preemptions": 0, "steps_lost": 0,
+            "time_lost_s": 0.0, "interruptions": [], "wall_s": 0.0}
 
 
 def list_runs(storage: Storage) -> list[dict[str, Any]]:

@@ -107,14 +107,22 @@ class Storage:
             self.fs.move(tmp, target)
 
     def append_text(self, text: str, *parts: str) -> None:
-        """Append to a file (objects stores have no append: read, then rewrite)."""
+        """Append to a file (objects stores have no append: read, then rewrite). A last line
+        left torn by a writer that was cut off is ended first, so ``text`` starts a line."""
         if self.is_local:
             target = self.path(*parts)
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            with open(target, "a", encoding="utf-8") as f:
-                f.write(text)
+            with open(target, "a+b") as f:
+                if f.tell() > 0:
+                    f.seek(-1, os.SEEK_END)
+                    if f.read(1) != b"\n":
+                        text = "\n" + text
+                f.write(text.encode("utf-8"))
             return
-        self.write_text((self.read_text(*parts) or "") + text, *parts)
+        existing = self.read_text(*parts) or ""
+        if existing and not existing.endswith("\n"):
+            existing += "\n"
+        self.write_text(existing + text, *parts)
 
     def upload_dir(self, local_dir: str, *parts: str) -> None:
         """Copy a local folder's files into ``parts`` (overwriting files of the same name)."""

@@ -165,13 +165,21 @@ class Training(abc.ABC):
             self.report({"kind": "epoch", **stats, **self.evaluate(), **extra})
 
     # -- position and checkpoints ----------------------------------------------------------
-    def write_manifest(self, directory: str, metrics: dict[str, Any]) -> None:
-        """The manifest of the checkpoint in ``directory`` (last: it marks the folder complete)."""
+    def write_manifest(self, directory: str, metrics: dict[str, Any], others: dict[str, int] | None = None) -> None:
+        """The manifest of the checkpoint in ``directory`` (last: it marks the folder complete).
+        ``others``: files the other ranks write into the same checkpoint, with their sizes."""
         s = self.spec
         write_manifest(directory, Manifest(
             epoch=self.pos.epoch, step_in_epoch=self.pos.step_in_epoch, global_step=self.pos.global_step,
             world_size=self.world, framework=s.framework, backend=s.backend, workload=s.workload,
-            batch_size=s.batch_size, seed=s.seed, metrics=metrics))
+            batch_size=s.batch_size, seed=s.seed, metrics=metrics), others)
+
+    def sizes_over_ranks(self, name_of: Any, size: int) -> dict[str, int]:
+        """Each rank's file ``name_of(rank)`` and its size, on every rank (a collective)."""
+        sizes = np.zeros(self.world, dtype=np.float64)
+        sizes[self.rank] = size
+        total = self.sum_over_ranks(sizes)
+        return {name_of(r): int(total[r]) for r in range(self.world)}
 
     def restored(self, pos: Position, manifest) -> None:
         """Take the position of a restored checkpoint written by ``manifest``'s run layout."""

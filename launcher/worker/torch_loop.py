@@ -86,12 +86,16 @@ class TorchTraining(Training):
     def save(self, directory: str, metrics: dict[str, Any]) -> None:
         import torch
 
-        torch.save(torch.get_rng_state(), os.path.join(directory, torch_rng_file(self.rank)))
+        rng = os.path.join(directory, torch_rng_file(self.rank))
+        torch.save(torch.get_rng_state(), rng)
+        # Every rank's RNG file goes into the manifest with its size, so a checkpoint
+        # whose rank-1 file was cut off counts as incomplete (a collective: all ranks).
+        others = self.sizes_over_ranks(torch_rng_file, os.path.getsize(rng))
         if self.rank != 0:
             return
         torch.save(self.module.state_dict(), os.path.join(directory, MODEL_FILE))
         torch.save(self.optimizer.state_dict(), os.path.join(directory, OPTIMIZER_FILE))
-        self.write_manifest(directory, metrics)
+        self.write_manifest(directory, metrics, others)
 
     def sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
         import torch
