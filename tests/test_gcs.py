@@ -107,7 +107,7 @@ def test_storage_outage_is_not_bad_input(monkeypatch, capsys):
     err = capsys.readouterr().err.strip()
     assert code == 1 and len(err.splitlines()) == 1, err
     assert err.startswith("error: cannot use gs://busy/runs: the Cloud Storage emulator at http://127.0.0.1:")
-    assert "did not answer" in err and "run the command again" in err
+    assert "(STORAGE_EMULATOR_HOST) did not answer" in err and "unset STORAGE_EMULATOR_HOST" in err
 
 
 def test_upload_and_cached_download(gcs, bucket, tmp_path, monkeypatch, capsys):

@@ -134,6 +134,80 @@ def test_a_cut_off_file_of_another_rank_makes_the_checkpoint_incomplete(ray_loca
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_while_ray_starts_stops_the_launch(storage, signum):
+    cmd = [sys.executable, "-m", "launcher", "run", "--storage", storage, "--name", "early", "--json"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:
+        if "starting a local Ray instance" in line:
+            break
+    time.sleep(0.5)  # inside ray.init
+    started = time.time()
+    proc.send_signal(signum)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert time.time() - started < 60 and "epoch 1/" not in err
+    assert not os.path.exists(os.path.join(storage, "early", "launches.jsonl"))  # nothing was trained
+
+
+def _immutable(path: str, on: bool) -> bool:
+    """chattr +i / -i (root may still not write into an immutable folder); False where unsupported."""
+    return subprocess.run(["chattr", "+i" if on else "-i", path], capture_output=True).returncode == 0
+
+
+def test_storage_that_stops_taking_writes_fails_the_run_with_a_summary(storage, tmp_path):
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    if not _immutable(str(probe), True):
+        pytest.skip("this filesystem has no immutable attribute (chattr +i)")
+    _immutable(str(probe), False)
+    cmd = [sys.executable, "-m", "launcher", "run", "--storage", storage, "--name", "ro", "--epochs", "300",
+           "--json"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    run_dir = os.path.join(storage, "ro")
+    try:
+        deadline = time.time() + 240
+        while not complete_checkpoints(Storage.resolve(storage), "ro") and time.time() < deadline:
+            time.sleep(0.5)
+        assert _immutable(run_dir, True)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        _immutable(run_dir, False)
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err
+    s = json.loads(out)  # a summary, whatever could not be written
+    assert s["status"] == "failed" and s["error"], s
+    done = s["epochs_completed"]
+    code = subprocess.run(cmd[:-2] + [str(done + 1), "--json"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert code.returncode == 0, code.stderr  # writable again: it resumes
+    resumed = json.loads(code.stdout)
+    assert resumed["resumed_from"] is not None and resumed["epochs_completed"] == done + 1
+
+
+def test_a_second_launch_of_a_running_run_is_refused(capsys, storage):
+    cmd = [sys.executable, "-m", "launcher", "run", "--storage", storage, "--name", "twice", "--epochs", "200",
+           "--json"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 240
+        while not complete_checkpoints(Storage.resolve(storage), "twice") and time.time() < deadline:
+            time.sleep(0.5)
+        started = time.time()
+        code = main(["run", "--storage", storage, "--name", "twice", "--epochs", "200"])
+        err = capsys.readouterr().err
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code == 2 and len(lines) == 1, err
+        assert f"run twice is being trained by another launch (pid {proc.pid} on" in lines[0]
+        assert time.time() - started < 10  # refused before Ray starts
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=120)
+    assert proc.returncode == 130
+    assert not os.path.exists(os.path.join(storage, "twice", "launch.lock"))  # released on the way out
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_signal_stops_the_run_and_the_next_launch_resumes(storage, signum):
     # SIGTERM (a scheduler, `launcher stop`) ends the run as Ctrl-C does: workers aborted, summary, 130.
     cmd = [sys.executable, "-m", "launcher", "run", "--storage", storage, "--name", "sig", "--epochs", "30",

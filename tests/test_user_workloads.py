@@ -251,7 +251,8 @@ def test_user_workload_is_shipped_to_a_cluster_and_resumes_mid_epoch_exactly(tmp
             cluster.add_node(num_cpus=1)
         cluster.wait_for_nodes()
         base = [sys.executable, "-m", "launcher", "run", "--workload", os.path.relpath(path, cwd) + ":NOTED",
-                "--epochs", "4", "--seed", "5", "--checkpoint-every-steps", "5", "--keep-checkpoints", "30", "--data", str(markers),
+                "--epochs", "4", "--seed", "5", "--checkpoint-every-steps", "5", "--keep-checkpoints", "30",
+                "--data", str(markers),
                 "--storage", storage, "--address", cluster.address, "--json"]
 
         def launch(name: str, *extra: str) -> dict:

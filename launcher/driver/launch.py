@@ -21,6 +21,7 @@ from launcher.errors import UserError
 from launcher.spec import JobSpec
 from launcher.storage import Storage, datacache, gcs
 from launcher.storage.checkpoint import Manifest, complete_checkpoints
+from launcher.storage.runlock import RunLock
 from launcher.storage.runlog import RunLog
 from launcher.summary import RunStatus, RunSummary
 
@@ -76,34 +77,56 @@ def run(spec: JobSpec, *, verbose: bool = False, show_progress: bool = True) -> 
 
 def _launch(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tuple[Manifest, str]],
             progress: Progress, launched: float, verbose: bool) -> RunSummary:
-    """Connect to Ray, train, and write the run log's start and end."""
-    _say_where(spec, progress)
-    with session.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
-                         verbose=verbose, workload=spec.workload) as nodes:
-        startup.mark("ray_ready")
-        session.check_fits(nodes, spec.min_workers or spec.workers, spec.cpus_per_worker, spec.gpus_per_worker)
-        log.begin(spec.to_dict())
-        tracker = Tracker(spec, log, progress, started=launched)
-        if checkpoints:
-            m = checkpoints[-1][0]
-            progress.note(f"run {spec.name} exists: resuming after epoch {m.epoch} (step {m.global_step})")
-        progress.note(f"starting {spec.workers} {spec.framework}/{spec.backend} workers "
-                      f"for {spec.workload}, run {spec.name}")
-        resume = [path for _, path in reversed(checkpoints)][:RESUME_CANDIDATES]
-        outcome = _fit(spec, storage, tracker, resume, verbose)
-        startup.mark("fit_returned")
-        progress.close()
-        latest = complete_checkpoints(storage, spec.name)
-        if latest:
-            tracker.reconcile(*latest[-1])
-        model_uri = None
-        result = outcome.result
-        if outcome.status == RunStatus.SUCCEEDED and result is not None and result.checkpoint is not None:
-            # Rank 0 exports with its final checkpoint; if that failed, export here.
-            model_uri = (result.metrics or {}).get("model") or _export(spec, storage, result.checkpoint)
-        summary = tracker.summary(outcome.status, error=outcome.error, model=model_uri)
+    """Take the run's lock, connect to Ray, train."""
+    lock = RunLock(storage, spec.name)
+    lock.acquire()  # a second launch of this run is refused here, before Ray starts or anything is written
+    try:
+        _say_where(spec, progress)
+        with session.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
+                             verbose=verbose, workload=spec.workload) as nodes:
+            startup.mark("ray_ready")
+            session.check_fits(nodes, spec.min_workers or spec.workers, spec.cpus_per_worker, spec.gpus_per_worker)
+            return _train(spec, storage, log, checkpoints, progress, launched, verbose, lock)
+    finally:
+        lock.release()
+
+
+def _train(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tuple[Manifest, str]],
+           progress: Progress, launched: float, verbose: bool, lock: RunLock) -> RunSummary:
+    """Holding the run's lock: train, export, and write the run log's start and end."""
+    log.begin(spec.to_dict())
+    tracker = Tracker(spec, log, progress, started=launched)
+    if checkpoints:
+        m = checkpoints[-1][0]
+        progress.note(f"run {spec.name} exists: resuming after epoch {m.epoch} (step {m.global_step})")
+    progress.note(f"starting {spec.workers} {spec.framework}/{spec.backend} workers "
+                  f"for {spec.workload}, run {spec.name}")
+    resume = [path for _, path in reversed(checkpoints)][:RESUME_CANDIDATES]
+    outcome = _fit(spec, storage, tracker, resume, verbose, lock)
+    startup.mark("fit_returned")
+    progress.close()
+    latest = complete_checkpoints(storage, spec.name)
+    if latest:
+        tracker.reconcile(*latest[-1])
+    model_uri = None
+    result = outcome.result
+    if outcome.status == RunStatus.SUCCEEDED and result is not None and result.checkpoint is not None:
+        # Rank 0 exports with its final checkpoint; if that failed, export here.
+        model_uri = (result.metrics or {}).get("model") or _export(spec, storage, result.checkpoint)
+    summary = tracker.summary(outcome.status, error=outcome.error, model=model_uri)
+    try:
         log.finish(summary.to_json())
+    except OSError as exc:  # storage that stopped taking writes: the summary is still printed
+        summary.error = "; ".join(filter(None, (summary.error, f"the run log could not be written "
+                                                f"({_oserror(exc)}); the checkpoints written so far resume the run")))
+        if summary.status == RunStatus.SUCCEEDED:
+            summary.status = RunStatus.FAILED
     return summary
+
+
+def _oserror(exc: OSError) -> str:
+    where = f": {exc.filename}" if getattr(exc, "filename", None) else ""
+    return f"{exc.strerror or type(exc).__name__}{where}"
 
 
 def _say_where(spec: JobSpec, progress: Progress) -> None:
@@ -117,7 +140,8 @@ def _say_where(spec: JobSpec, progress: Progress) -> None:
         progress.note(f"connecting to Ray at {address}" if address else "starting a local Ray instance")
 
 
-def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], verbose: bool) -> trainer.FitOutcome:
+def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], verbose: bool,
+         lock: RunLock) -> trainer.FitOutcome:
     """Run the trainer while the pump hands the controller's events to the tracker."""
     from launcher.driver.events import EventChannel
     from launcher.worker.entry import train_loop_per_worker
@@ -134,6 +158,7 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
     def drain() -> None:
         for event in channel.take():
             tracker.handle(event)
+        lock.refresh()
 
     try:
         return trainer.fit(ray_trainer, drain, verbose=verbose)

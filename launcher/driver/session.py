@@ -16,7 +16,7 @@ import os
 import signal
 import threading
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 from launcher._ray import JOB_CONFIG_ENV
 from launcher.driver import localhead
@@ -53,43 +53,83 @@ def connect(address: str | None, *, workers: int, cpus_per_worker: float, verbos
         os.environ.setdefault(localhead.AUTH_ENV, head.get("auth_mode", "token"))
     import ray
 
-    from launcher.driver import code
-
     _quiet_ray_loggers(verbose)
     started = False
     if not ray.is_initialized():
         sigterm = signal.getsignal(signal.SIGTERM)
-        kwargs = dict(include_dashboard=False, log_to_driver=verbose,
-                      logging_level=logging.INFO if verbose else logging.ERROR)
-        try:
-            if head:  # `launcher up`'s warm head on this machine: same code, nothing to ship
-                address = head["address"]
-                ray.init(address=address, runtime_env=code.runtime_env(workload, False) or None, **kwargs)
-            elif address and in_ray_job():
-                # `launcher submit`: the job's runtime env already carries our code, and Ray
-                # refuses a second py_modules from ray.init ("Failed to merge the Job's runtime env").
-                ray.init(address=address, **kwargs)
-            elif address:
-                check_reachable(address)  # Ray itself retries for minutes before it gives up
-                # Ship this launcher's code with the job, so a cluster runs the driver's version.
-                ray.init(address=address, runtime_env=code.runtime_env(workload, True), **kwargs)
-            else:
-                check_local_fit(workers, cpus_per_worker)
-                cpus = max(os.cpu_count() or 1, math.ceil(workers * cpus_per_worker))
-                ray.init(address="local", num_cpus=cpus,  # never a running cluster by surprise
-                         runtime_env=code.runtime_env(workload, False) or None, **kwargs)
-        except ConnectionError as exc:
-            raise Unreachable(f"cannot connect to the Ray cluster at {address}: {exc}",
-                              "is it up? check --address (or RAY_ADDRESS); a cluster with token authentication "
-                              "also needs RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN or "
-                              "RAY_AUTH_TOKEN_PATH)") from None
+        with _interrupts_noted() as interrupted:
+            try:
+                _init(address, head, workers, cpus_per_worker, workload, verbose)
+            except (KeyboardInterrupt, SystemExit):
+                # Ray's start-up has its own SIGTERM handler, which exits: a signal while Ray
+                # starts ends the launch as Ctrl-C would (exit 130), with Ray shut down.
+                ray.shutdown()
+                raise KeyboardInterrupt from None
         started = True
         _restore_python_sigterm(sigterm)
+        if interrupted():  # Ray's start-up swallowed a Ctrl-C: honour it now
+            ray.shutdown()
+            raise KeyboardInterrupt
     try:
         yield alive_nodes()
     finally:
         if started:
             ray.shutdown()
+
+
+def _init(address: str | None, head: dict | None, workers: int, cpus_per_worker: float, workload: str | None,
+          verbose: bool) -> None:
+    """ray.init for each way of finding Ray: the warm head, a submitted job's cluster, an
+    address, or a new local Ray sized to the request."""
+    import ray
+
+    from launcher.driver import code
+
+    kwargs = dict(include_dashboard=False, log_to_driver=verbose,
+                  logging_level=logging.INFO if verbose else logging.ERROR)
+    try:
+        if head:  # `launcher up`'s warm head on this machine: same code, nothing to ship
+            address = head["address"]
+            ray.init(address=address, runtime_env=code.runtime_env(workload, False) or None, **kwargs)
+        elif address and in_ray_job():
+            # `launcher submit`: the job's runtime env already carries our code, and Ray
+            # refuses a second py_modules from ray.init ("Failed to merge the Job's runtime env").
+            ray.init(address=address, **kwargs)
+        elif address:
+            check_reachable(address)  # Ray itself retries for minutes before it gives up
+            # Ship this launcher's code with the job, so a cluster runs the driver's version.
+            ray.init(address=address, runtime_env=code.runtime_env(workload, True), **kwargs)
+        else:
+            check_local_fit(workers, cpus_per_worker)
+            cpus = max(os.cpu_count() or 1, math.ceil(workers * cpus_per_worker))
+            ray.init(address="local", num_cpus=cpus,  # never a running cluster by surprise
+                     runtime_env=code.runtime_env(workload, False) or None, **kwargs)
+    except ConnectionError as exc:
+        raise Unreachable(f"cannot connect to the Ray cluster at {address}: {exc}",
+                          "is it up? check --address (or RAY_ADDRESS); a cluster with token authentication "
+                          "also needs RAY_AUTH_MODE=token and its token (RAY_AUTH_TOKEN or "
+                          "RAY_AUTH_TOKEN_PATH)") from None
+
+
+@contextlib.contextmanager
+def _interrupts_noted() -> Iterator[Callable[[], bool]]:
+    """Meanwhile Ctrl-C is noted as well as raised: Ray's start-up can catch the
+    KeyboardInterrupt and carry on, and a run must not then train anyway."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    seen = threading.Event()
+    previous = signal.getsignal(signal.SIGINT)
+
+    def note(signum, frame) -> None:
+        seen.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, note)
+    try:
+        yield seen.is_set
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
 
 
 def check_local_fit(workers: int, cpus_per_worker: float, cores: int | None = None) -> None:

@@ -49,6 +49,7 @@ class Tracker:
     recoveries: list[float] = field(default_factory=list)
     samples: int = 0
     train_time: float = 0.0
+    log_failed: bool = False
 
     def handle(self, event: Event) -> None:
         if isinstance(event, Failure):
@@ -90,7 +91,17 @@ class Tracker:
             self.train_time += float(m.get("train_time_s", 0.0))
             self.progress.epoch(m, time.time() - self.started)
         if kind in ("epoch", "step", "preemption"):
+            self._record(m)
+
+    def _record(self, m: dict[str, Any]) -> None:
+        """The run log's line for a report; storage refusing writes is said once, not raised."""
+        try:
             self.log.record(m)
+        except OSError as exc:
+            if not self.log_failed:
+                self.log_failed = True
+                self.progress.note(f"cannot write the run log ({exc.strerror or type(exc).__name__}"
+                                   f"{': ' + str(exc.filename) if exc.filename else ''}); training goes on")
 
     def _attempt_seen(self, m: dict[str, Any]) -> None:
         """The first report of a worker group says where it started from."""

@@ -68,6 +68,13 @@ def retry_policy():
     return DEFAULT_RETRY.with_timeout(float(os.environ.get(RETRY_ENV, "120")))
 
 
+def _shortened(text: str, limit: int = 200) -> str:
+    """At most ``limit`` characters, cut at a word boundary."""
+    if len(text) <= limit:
+        return text
+    return text[:limit].rsplit(" ", 1)[0] + " ..."
+
+
 def explain(exc: Exception, uri: str, action: str) -> LauncherError:
     """Turn a google-cloud-storage error into one actionable line: bad input (a bucket that
     does not exist, no permission) is a UserError; a service that does not answer is Unreachable."""
@@ -79,10 +86,13 @@ def explain(exc: Exception, uri: str, action: str) -> LauncherError:
     if isinstance(exc, (gexc.Forbidden, gexc.Unauthorized)):
         return UserError(f"cannot {action} {uri}: permission denied",
                          "grant your account roles/storage.objectAdmin on the bucket, or use another bucket")
-    first = (str(exc).splitlines() or [""])[0][:200]
+    first = _shortened((str(exc).splitlines() or [""])[0])
     if isinstance(exc, (gexc.ServerError, gexc.TooManyRequests, gexc.RetryError, OSError)) or \
             "connection" in type(exc).__name__.lower():
-        where = f"the Cloud Storage emulator at {emulator_host()}" if emulator_host() else "Cloud Storage"
-        return Unreachable(f"cannot {action} {uri}: {where} did not answer ({type(exc).__name__}: {first})",
+        if emulator_host():
+            return Unreachable(f"cannot {action} {uri}: the Cloud Storage emulator at {emulator_host()} "
+                               f"({EMULATOR_ENV}) did not answer ({type(exc).__name__}: {first})",
+                               f"start the emulator, or unset {EMULATOR_ENV} to use Cloud Storage itself")
+        return Unreachable(f"cannot {action} {uri}: Cloud Storage did not answer ({type(exc).__name__}: {first})",
                            "check the network and https://status.cloud.google.com, then run the command again")
     return UserError(f"cannot {action} {uri}: {type(exc).__name__}: {first}")

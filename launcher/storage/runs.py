@@ -13,7 +13,7 @@ from launcher.summary import RunStatus
 from launcher.storage.store import Storage
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -30,7 +30,7 @@ def _status(launches: list[dict[str, Any]], summary: dict[str, Any] | None) -> s
     last = launches[-1]
     if last.get("event") == "end":
         return (last.get("summary") or summary or {}).get("status", "unknown")
-    if last.get("host") == socket.gethostname() and not _pid_alive(int(last.get("pid", 0))):
+    if last.get("host") == socket.gethostname() and not pid_alive(int(last.get("pid", 0))):
         return str(RunStatus.INTERRUPTED)
     return str(RunStatus.RUNNING)
 

@@ -124,6 +124,37 @@ class Storage:
             existing += "\n"
         self.write_text(existing + text, *parts)
 
+    def create_exclusive(self, text: str, *parts: str) -> bool:
+        """Create a file only if it does not exist, atomically; False when it exists."""
+        target = self.path(*parts)
+        if self.is_local:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            try:
+                fd = os.open(target, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+            return True
+        from google.api_core import exceptions as gexc
+
+        name = "/".join(p for p in (self.bucket.prefix, *parts) if p)
+        blob = gcs.client().bucket(self.bucket.bucket).blob(name)
+        try:
+            blob.upload_from_string(text.encode("utf-8"), if_generation_match=0, retry=gcs.retry_policy())
+        except gexc.PreconditionFailed:
+            return False
+        except Exception as exc:
+            raise gcs.explain(exc, self.uri_of(*parts), "write") from None
+        return True
+
+    def remove_file(self, *parts: str) -> None:
+        """Delete a file; nothing when it is already gone."""
+        try:
+            self.fs.delete_file(self.path(*parts))
+        except FileNotFoundError:
+            pass
+
     def upload_dir(self, local_dir: str, *parts: str) -> None:
         """Copy a local folder's files into ``parts`` (overwriting files of the same name)."""
         import pyarrow.fs
