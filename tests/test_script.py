@@ -133,10 +133,6 @@ def test_horovodrun_style_script_runs_on_every_rank_and_a_failure_propagates(ray
 
 TORCHRUN_SCRIPT = textwrap.dedent("""
     import os
-import signal
-import subprocess
-import sys
-import time
     import torch
     import torch.distributed as dist
 
