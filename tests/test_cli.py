@@ -162,9 +162,12 @@ def test_an_address_where_nothing_answers_is_one_line_within_seconds(capsys, tmp
         port = s.getsockname()[1]
     for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
         started = time.time()
-        code, out, err = run_cli(capsys, "run", "--address", address, "--storage", str(tmp_path / "runs"))
-        lines = [line for line in err.splitlines() if line.strip()]
-        assert code == 1 and lines[-1].startswith(f"error: nothing answers at {address}"), err
+        # A fresh process: in this one a test may have started a local Ray, which a run would use.
+        done = subprocess.run([sys.executable, "-m", "launcher", "run", "--address", address,
+                               "--storage", str(tmp_path / "runs")], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode == 1 and lines[-1].startswith(f"error: nothing answers at {address}"), done.stderr
         assert "is the cluster up?" in lines[-1] and time.time() - started < 30
 
 
