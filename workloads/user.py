@@ -57,13 +57,6 @@ class Reference:
     module: str | None = None   # dotted module name
 
     @property
-    def folder(self) -> str | None:
-        """The folder to ship to the workers: the file's, or the top package's (when local)."""
-        if self.path:
-            return os.path.dirname(self.path)
-        return None
-
-    @property
     def canonical(self) -> str:
         """The reference with an absolute path, as the spec and the workers carry it."""
         return f"{self.path or self.module}:{self.attribute}"
@@ -94,7 +87,7 @@ def parse_reference(text: str, cwd: str | None = None) -> Reference:
 
 
 def load_reference(text: str) -> Workload:
-    """The workload a reference names, imported once per process (and checked, see :func:`check_shape`)."""
+    """The workload a reference names, imported once per process and checked (:func:`check_declaration`)."""
     with _lock:
         if text not in _loaded:
             ref = parse_reference(text)
