@@ -24,6 +24,9 @@ PRIVATE: dict[str, tuple[str, str]] = {
                            "the controller's state changes (notice seen, restart and its cause)"),
     "is_preemption_failure": ("ray.train.v2._internal.execution.failure_handling.default:_is_preemption_failure",
                               "whether Ray Train charges a restart to the preemption budget"),
+    "train_context": ("ray.train.v2._internal.execution.context:get_train_context",
+                      "a worker's own preemption notice without the barrier of ray.train.get_preemption_info "
+                      "(a script worker polls it while the user's program trains)"),
     "DatasetsCallback": ("ray.train.v2._internal.callbacks.datasets:DatasetsCallback",
                          "dropped from the default callbacks when a run has no Ray Data datasets"),
     "PlacementGroupCleanerCallback": ("ray.train.v2._internal.callbacks.placement_group_callback:"

@@ -93,6 +93,7 @@ class RunSummary:
     model: str | None = None
     note: str | None = None
     startup: dict[str, Any] = field(default_factory=dict)
+    exit_codes: dict[str, int] | None = None  # script and package runs: each rank's exit status
 
     @property
     def succeeded(self) -> bool:

@@ -15,7 +15,8 @@ import pytest
 
 from launcher.cli.main import main
 from launcher.errors import UserError
-from launcher.driver.script import Outcome, check_script
+from launcher.driver.program import from_script
+from launcher.driver.script import Outcome
 
 needs_horovod = pytest.mark.skipif(
     importlib.util.find_spec("horovod") is None,
@@ -27,17 +28,20 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_check_script_accepts_py_files_and_python_shebangs(tmp_path):
     py = tmp_path / "train.py"
     py.write_text("print(1)\n")
-    assert check_script(str(py)) == str(py)
+    program = from_script(str(py))
+    assert (program.kind, program.folder, program.target) == ("script", str(tmp_path), "train.py")
+    assert program.command()[1:] == [str(py)]
     tool = tmp_path / "train"
     tool.write_text("#!/usr/bin/env python3\nprint(1)\n")
-    assert check_script(str(tool)) == str(tool)
+    assert from_script(str(tool)).target == "train"
 
 
 @pytest.mark.parametrize("name, content, message", [
     ("missing.py", None, "no such file"),
     ("folder.py", "DIR", "not a file"),
     ("train.sh", "#!/bin/bash\necho hi\n", "not a Python script"),
-    ("broken.py", "import os\ndef f(:\n    pass\n", "syntax error at line 2"),
+    ("broken.py", "import os\ndef f(:\n    pass\n", "broken.py line 2: syntax error"),
+    ("imports.py", "import os\nimport no_such_module_anywhere\n", "line 2 imports no_such_module_anywhere"),
 ])
 def test_check_script_rejects_what_cannot_run(tmp_path, name, content, message):
     path = tmp_path / name
@@ -46,7 +50,7 @@ def test_check_script_rejects_what_cannot_run(tmp_path, name, content, message):
     elif content is not None:
         path.write_text(content)
     with pytest.raises(UserError, match=message):
-        check_script(str(path))
+        from_script(str(path))
 
 
 def test_missing_script_is_rejected_before_any_worker(tmp_path, capsys):
@@ -72,30 +76,34 @@ def test_a_signal_stops_a_script_run_with_exit_130(tmp_path, signum):
     proc.send_signal(signum)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err
-    assert "interrupted; the script was stopped on every worker" in err and time.time() - started < 60
+    assert "interrupted; the program was stopped on every worker" in err and time.time() - started < 60
     assert "SIGTERM received" not in err
 
 
 def test_script_args_without_a_script_are_an_error(capsys):
     assert main(["run", "stray"]) == 2
-    assert "script arguments go after --script" in capsys.readouterr().err
+    assert "program arguments go after --script" in capsys.readouterr().err
 
 
 def test_outcome_exits_with_the_status_of_the_rank_that_failed_first():
     out = io.StringIO()
-    o = Outcome()
-    o.handle({"rank": 1, "lines": ["a", "b"]}, out)
-    o.handle({"rank": 0, "exit": 0, "time": 5.0}, out)
+    o = Outcome(out)
+    o.handle({"rank": 1, "attempt": "a1", "lines": ["a", "b"]})
+    o.handle({"rank": 0, "attempt": "a1", "exit": 0, "time": 5.0})
     assert out.getvalue() == "[rank 1] a\n[rank 1] b\n"
     assert o.exit_code(2, None)[0] == 1  # rank 1 never reported: not a success
-    o.handle({"rank": 1, "exit": 0, "time": 5.0}, out)
+    o.handle({"rank": 1, "attempt": "a1", "exit": 0, "time": 5.0})
     assert o.exit_code(2, None) == (0, None)
     # rank 0 reports first, but rank 1 died first: rank 1's status is the script's
-    o.handle({"rank": 0, "exit": 1, "time": 7.5}, out)
-    o.handle({"rank": 1, "exit": 4, "time": 7.0}, out)
+    o.handle({"rank": 0, "attempt": "a1", "exit": 1, "time": 7.5})
+    o.handle({"rank": 1, "attempt": "a1", "exit": 4, "time": 7.0})
     assert o.exit_code(2, "rank 0: ScriptFailed") == (4, "rank 1 exited with status 4 (then also: rank 0)")
-    o.handle({"rank": 1, "exit": -9, "time": 7.0}, out)
+    o.handle({"rank": 1, "attempt": "a1", "exit": -9, "time": 7.0})
     assert o.exit_code(2, None)[0] == 137  # killed by SIGKILL, as a shell reports it
+    # a restarted group that succeeded: the earlier group's failures no longer count
+    o.handle({"rank": 0, "attempt": "a2", "exit": 0, "time": 9.0})
+    o.handle({"rank": 1, "attempt": "a2", "exit": 0, "time": 9.0})
+    assert o.exit_code(2, None) == (0, None) and o.last_statuses() == {0: 0, 1: 0}
 
 
 SCRIPT = textwrap.dedent("""
@@ -119,10 +127,10 @@ SCRIPT = textwrap.dedent("""
 def test_horovodrun_style_script_runs_on_every_rank_and_a_failure_propagates(ray_local, tmp_path, capsys):
     script = tmp_path / "hvd_train.py"
     script.write_text(SCRIPT)
-    code = main(["run", "--script", str(script), "--backend", "horovod", "--workers", "2",
-                 "--storage", str(tmp_path / "runs"), "--", "--lr", "0.5", "x y", "--fail-rank", "1"])
+    code = main(["run", "--script", str(script), "--backend", "horovod", "--workers", "2", "--job-dir-arg",
+                 "--storage", str(tmp_path / "runs"), "--name", "hvd", "--", "--lr", "0.5", "x y", "--fail-rank", "1"])
     out, err = capsys.readouterr()
-    args = "['--lr', '0.5', 'x y', '--fail-rank', '1']"
+    args = f"['--lr', '0.5', 'x y', '--fail-rank', '1', '--job-dir', '{tmp_path / 'runs'}/hvd']"
     for r in range(2):
         assert f"[rank {r}] hello from {r} of 2 local {r} sum 3 args {args}" in out, out + err
         assert f"[rank {r}] second line" in out
@@ -160,16 +168,17 @@ TF_CONFIG_SCRIPT = textwrap.dedent("""
     import numpy as np
     import tensorflow as tf
 
-    task = json.loads(os.environ["TF_CONFIG"])["task"]
+    task = json.loads(os.environ["TF_CONFIG"])["task"]  # Vertex AI's form: a chief, then workers
+    rank = 0 if task["type"] == "chief" else task["index"] + 1
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(float(task["index"] + 1))), axis=None)
+    total = strategy.reduce("SUM", strategy.run(lambda: tf.constant(float(rank + 1))), axis=None)
     with strategy.scope():
         model = tf.keras.Sequential([tf.keras.layers.Input((4,)), tf.keras.layers.Dense(2)])
         model.compile(optimizer="sgd", loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     x, y = np.ones((16, 4), np.float32), np.zeros(16, np.int64)
     history = model.fit(x, y, batch_size=8, epochs=2, verbose=0)
-    print(f"worker {task['index']} sum {total.numpy():g} fit {len(history.history['loss'])} epochs args {sys.argv[1:]}")
-    if str(task["index"]) in sys.argv[1:]:
+    print(f"worker {rank} sum {total.numpy():g} fit {len(history.history['loss'])} epochs args {sys.argv[1:]}")
+    if str(rank) in sys.argv[1:2]:
         sys.exit(5)
 """)
 
@@ -178,10 +187,10 @@ TF_CONFIG_SCRIPT = textwrap.dedent("""
 def test_tf_config_script_runs_under_the_native_backend_and_a_failure_propagates(ray_local, tmp_path, capsys):
     script = tmp_path / "tf_train.py"
     script.write_text(TF_CONFIG_SCRIPT)
-    code = main(["run", "--script", str(script), "--framework", "tensorflow", "--workers", "2",
+    code = main(["run", "--script", str(script), "--framework", "tensorflow", "--workers", "2", "--name", "tfjob",
                  "--storage", str(tmp_path / "runs"), "--", "1"])
     out, err = capsys.readouterr()
-    for r in range(2):
+    for r in range(2):  # no --job-dir: a script gets it only with --job-dir-arg
         assert f"[rank {r}] worker {r} sum 3 fit 2 epochs args ['1']" in out, out + err
     assert code == 5, out + err
     assert "error: rank 1 exited with status 5" in err

@@ -15,7 +15,8 @@ import sys
 from typing import Any
 
 from launcher._ray import JOB_CLIENT_LOGGERS
-from launcher.cli.options import EXIT_CANCELLED, EXIT_OK, add_run_flags, add_verbose, spec_from_args
+from launcher.cli.options import (EXIT_CANCELLED, EXIT_OK, add_program_flags, add_run_flags, add_verbose,
+                                  program_from_args, program_spec, spec_from_args, wants_job_dir)
 
 ADDRESS_HELP = ("the head's dashboard (Ray job API), e.g. http://127.0.0.1:8265; "
                 "default RAY_API_SERVER_ADDRESS, else RAY_ADDRESS")
@@ -28,6 +29,7 @@ def add_parsers(sub) -> None:
     add_run_flags(sb, skip=("address",))
     sb.set_defaults(address=None)
     _address(sb)
+    add_program_flags(sb)
     sb.add_argument("--follow", action="store_true",
                     help="then stream the job's logs until it ends; exit code as for `launcher logs --follow`")
     sb.add_argument("--json", action="store_true", help="print the job id, run name and address as one JSON object")
@@ -78,9 +80,10 @@ def _note(text: str) -> None:
 def cmd_submit(args: argparse.Namespace) -> int:
     from launcher.driver import jobs as submit
 
-    spec = spec_from_args(args)  # bad flags stop here: nothing is sent
+    program = program_from_args(args)  # bad flags and programs stop here: nothing is sent
+    spec = program_spec(args, program) if program is not None else spec_from_args(args)
     _quiet_ray(args.verbose)
-    job = submit.submit(spec, args.job_server)
+    job = submit.submit(spec, args.job_server, program, args.program_args, job_dir=wants_job_dir(args, program))
     if not spec.storage.startswith("gs://"):
         _note(f"note: storage {spec.storage} is a local path: every node of the cluster must see it "
               "(on a cloud cluster use --storage gs://BUCKET/PREFIX)")

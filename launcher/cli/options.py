@@ -39,6 +39,62 @@ def add_run_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -
                         help="workload parameter, e.g. --param image_size=64 (repeatable)")
 
 
+def add_program_flags(parser: argparse.ArgumentParser) -> None:
+    """The flags that run the user's own program instead of a workload (run and submit)."""
+    parser.add_argument("--script", help="run this unmodified training script on every worker instead of a "
+                        "workload, with the backend's environment (torchrun's, horovodrun's, TF_CONFIG) and "
+                        "Vertex AI's; its folder is shipped to every node; arguments after --")
+    parser.add_argument("--package", metavar="DIR", help="a trainer package's folder (as gcloud's --package-path): "
+                        "shipped to every node, its requirements.txt / setup.py dependencies installed there")
+    parser.add_argument("--module", metavar="NAME", help="the module to run from --package, as python -m NAME "
+                        "(as gcloud's --module-name), e.g. trainer.task")
+    parser.add_argument("--no-job-dir", action="store_true",
+                        help="do not append --job-dir RUN_DIR to a package's arguments (AI Platform passes it)")
+    parser.add_argument("--job-dir-arg", action="store_true",
+                        help="append --job-dir RUN_DIR to a --script's arguments too (off by default: a script "
+                        "written for torchrun or horovodrun would reject an unknown flag)")
+    parser.add_argument("program_args", nargs="*", metavar="-- ARGS",
+                        help="arguments for --script or --module")
+
+
+def program_from_args(args: argparse.Namespace):
+    """The Program the flags name, checked (None: a workload run)."""
+    from launcher.driver.program import from_flags
+
+    program = from_flags(args.script, args.package, args.module)
+    if program is None and args.program_args:
+        raise UserError(f"unexpected arguments {' '.join(args.program_args)!r}",
+                        "program arguments go after --script PATH (or --package DIR --module NAME) and --, "
+                        "e.g. --script train.py -- --lr 0.1")
+    if program is None and (args.no_job_dir or args.job_dir_arg):
+        raise UserError(f"{'--no-job-dir' if args.no_job_dir else '--job-dir-arg'} applies to --script or "
+                        "--package runs only")
+    if args.no_job_dir and args.job_dir_arg:
+        raise UserError("--no-job-dir and --job-dir-arg contradict each other", "give one of them")
+    return program
+
+
+def wants_job_dir(args: argparse.Namespace, program) -> bool:
+    """Whether the program gets ``--job-dir RUN_DIR``: a package does (as on AI Platform)
+    unless --no-job-dir; a script only with --job-dir-arg."""
+    if program is None:
+        return False
+    return args.job_dir_arg or (program.kind == "module" and not args.no_job_dir)
+
+
+def program_spec(args: argparse.Namespace, program):
+    """The validated spec of a program run; its default name says what runs and when."""
+    import dataclasses
+    import datetime as _dt
+    import re
+
+    spec = spec_from_args(args)
+    if args.name:
+        return spec
+    stem = re.sub(r"[^A-Za-z0-9_]", "_", program.target.removesuffix(".py"))
+    return dataclasses.replace(spec, name=f"{program.kind}_{stem}_{_dt.datetime.now():%Y%m%d_%H%M%S}"[:128])
+
+
 def spec_from_args(args: argparse.Namespace):
     """The YAML file (if any) first, then the flags that were given; a validated JobSpec."""
     from launcher.spec import JobSpec, load_spec_file

@@ -4,27 +4,22 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
-import datetime as _dt
 import io
 import json
 import os
-import re
 import signal
 import sys
 from typing import Iterator, TextIO
 
-from launcher.cli.options import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, add_run_flags, add_verbose, spec_from_args
-from launcher.errors import UserError
+from launcher.cli.options import (EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, add_program_flags, add_run_flags, add_verbose,
+                                  program_from_args, program_spec, spec_from_args, wants_job_dir)
 from launcher.summary import RunStatus, RunSummary
 
 
 def add_parsers(sub) -> None:
     run = sub.add_parser("run", help="train a workload (resumes a run of the same --name)")
     add_run_flags(run)
-    run.add_argument("--script", help="run this unmodified training script on every worker instead of a "
-                     "workload, with the backend's environment (e.g. horovodrun's); arguments after --")
-    run.add_argument("script_args", nargs="*", metavar="-- SCRIPT_ARGS", help="arguments for --script")
+    add_program_flags(run)
     run.add_argument("--json", action="store_true", help="print the summary as one JSON object on stdout")
     run.add_argument("--profile-startup", action="store_true",
                      help="print where the time went before the first training step")
@@ -38,8 +33,9 @@ def add_parsers(sub) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    if args.script or args.script_args:
-        return cmd_script(args)
+    program = program_from_args(args)
+    if program is not None:
+        return cmd_program(args, program)
     from launcher.driver import launch, startup
 
     spec = spec_from_args(args)
@@ -53,20 +49,20 @@ def cmd_run(args: argparse.Namespace) -> int:
     return {RunStatus.SUCCEEDED: EXIT_OK, RunStatus.CANCELLED: EXIT_CANCELLED}.get(summary.status, EXIT_FAILED)
 
 
-def cmd_script(args: argparse.Namespace) -> int:
-    """``launcher run --script``: check everything, then run; returns the script's exit status."""
-    from launcher.driver.script import check_script, run_script
+def cmd_program(args: argparse.Namespace, program) -> int:
+    """``launcher run --script`` / ``--package --module``: check everything, then run;
+    returns the program's exit status (130 when interrupted)."""
+    from launcher.driver.script import run_script
 
-    if not args.script:
-        raise UserError(f"unexpected arguments {' '.join(args.script_args)!r}",
-                        "script arguments go after --script PATH and --, e.g. --script train.py -- --lr 0.1")
-    script = check_script(args.script)
-    spec = spec_from_args(args)
-    if not args.name:
-        stem = re.sub(r"[^A-Za-z0-9_]", "_", os.path.splitext(os.path.basename(script))[0])
-        spec = dataclasses.replace(spec, name=f"script_{stem}_{_dt.datetime.now():%Y%m%d_%H%M%S}"[:128])
+    spec = program_spec(args, program)
     with sigterm_as_ctrl_c():
-        return run_script(spec, script, args.script_args, verbose=args.verbose)
+        with summary_stream() as out:
+            # The program's lines go to stdout, unless stdout is for the --json summary alone.
+            code, summary = run_script(spec, program, args.program_args, job_dir=wants_job_dir(args, program),
+                                       out=sys.stderr if args.json else out, verbose=args.verbose)
+            text = json.dumps(summary.to_json(), sort_keys=True, default=str) if args.json else format_summary(summary)
+            print(text, file=out, flush=True)
+    return code
 
 
 @contextlib.contextmanager
@@ -116,6 +112,8 @@ def _sigterm_as_sigint(signum, frame) -> None:
 
 
 def format_summary(s: RunSummary) -> str:
+    if s.exit_codes is not None:
+        return format_program_summary(s)
     lines = [f"run {s.name}: {s.status}"]
     if s.note:
         lines.append(f"  {s.note}")
@@ -133,6 +131,26 @@ def format_summary(s: RunSummary) -> str:
     lines.append(f"  run log:    {s.run_dir}")
     if s.checkpoint:
         lines.append(f"  checkpoint: {s.checkpoint}")
+    if s.model:
+        lines.append(f"  model:      {s.model}")
+    return "\n".join(lines)
+
+
+def format_program_summary(s: RunSummary) -> str:
+    """A script's or package's run: exit statuses, restarts, last reported metrics."""
+    codes = ", ".join(f"rank {r}: {c}" for r, c in s.exit_codes.items()) or "none reported"
+    lines = [f"run {s.name}: {s.status}", f"  {s.workload} / {s.framework} / {s.backend}, {s.workers} workers",
+             f"  exit status {codes}"]
+    if s.restarts or s.preemption_notices:
+        lines.append(f"  restarts {s.restarts}: preemptions {s.preemptions} ({s.preemption_notices} notice(s) "
+                     f"passed on as SIGTERM), failures {s.restarts - s.preemptions}")
+    if s.metrics:
+        lines.append("  last reported (hypertune): " + ", ".join(f"{k} {v:g}" for k, v in s.metrics.items())
+                     + (f" at step {s.steps_completed}" if s.steps_completed else ""))
+    lines.append(f"  wall {s.wall_s:.1f}s")
+    if s.error:
+        lines.append(f"  error: {s.error}")
+    lines.append(f"  run log:    {s.run_dir}")
     if s.model:
         lines.append(f"  model:      {s.model}")
     return "\n".join(lines)

@@ -75,10 +75,15 @@ def workload_runtime_env(workload: str) -> dict[str, Any]:
     return env
 
 
-def runtime_env(workload: str | None, joining_cluster: bool) -> dict[str, Any]:
+def runtime_env(workload: str | None, joining_cluster: bool, program: dict[str, Any] | None = None) -> dict[str, Any]:
     """What a run ships: joining a cluster, the launcher's packages and the user's code;
     on this machine (a local Ray, the warm head) only a user module's folder, which the
-    workers would not find on their path otherwise (a file is found by its path)."""
+    workers would not find on their path otherwise (a file is found by its path).
+    ``program``: a script's or package's runtime environment, shipped as given."""
+    if program:
+        if joining_cluster:
+            return merge({"py_modules": launcher_modules(), "excludes": ["__pycache__/", "*.pyc"]}, program)
+        return program
     user = workload_runtime_env(workload) if workload else {}
     if joining_cluster:
         return merge({"py_modules": launcher_modules(), "excludes": ["__pycache__/", "*.pyc"]}, user)
@@ -87,7 +92,7 @@ def runtime_env(workload: str | None, joining_cluster: bool) -> dict[str, Any]:
     return {}
 
 
-def check_size(folder: str, limit_mb: float | None = None) -> int:
+def check_size(folder: str, limit_mb: float | None = None, what: str = "the workload's folder") -> int:
     """Bytes Ray would ship from ``folder`` (walked as Ray walks it); UserError above the limit."""
     limit_mb = limit_mb if limit_mb is not None else float(os.environ.get(LIMIT_ENV, DEFAULT_LIMIT_MB))
     limit = int(limit_mb * 1024 * 1024)
@@ -108,12 +113,17 @@ def check_size(folder: str, limit_mb: float | None = None) -> int:
             if total > limit:
                 raise TooBig
 
+    import logging
+
+    quiet = logging.getLogger("launcher.code-walk")  # Ray's walk logs an ERROR when we stop it early
+    quiet.addHandler(logging.NullHandler())
+    quiet.propagate = False
     try:
         _ray.dir_travel(Path(folder), [_ray.excludes_matcher(Path(folder), EXCLUDES)], count,
-                        include_gitignore=True)
+                        include_gitignore=True, logger=quiet)
     except TooBig:
         largest = ", ".join(f"{name} ({size / 2**20:.0f} MiB)" for size, name in sorted(biggest, reverse=True)[:3])
-        raise UserError(f"the workload's folder {folder} holds over {limit_mb:g} MiB to ship to every worker "
+        raise UserError(f"{what} {folder} holds over {limit_mb:g} MiB to ship to every worker "
                         f"(largest: {largest})",
                         "keep data out of it (pass --data), list big files in a .rayignore there, or raise "
                         f"{LIMIT_ENV}") from None

@@ -36,6 +36,7 @@ class Mailbox:
 
     def __init__(self) -> None:
         self._events: list[dict[str, Any]] = []
+        self._groups: dict[str, dict[int, str]] = {}
 
     def put(self, event: dict[str, Any]) -> None:
         self._events.append(event)
@@ -43,6 +44,13 @@ class Mailbox:
     def take(self) -> list[dict[str, Any]]:
         events, self._events = self._events, []
         return events
+
+    # A script run's ranks meet here: every rank's address, per worker group, for CLUSTER_SPEC.
+    def join(self, group: str, rank: int, address: str) -> None:
+        self._groups.setdefault(group, {})[rank] = address
+
+    def members(self, group: str) -> dict[int, str]:
+        return dict(self._groups.get(group, {}))
 
 
 class ReportForwarder(UserCallback):
@@ -144,7 +152,7 @@ def _on_this_node() -> dict[str, Any]:
 class EventChannel:
     """The driver's end: ``forwarder`` goes into RunConfig, ``take`` returns new events."""
 
-    def __init__(self) -> None:
+    def __init__(self, board: bool = True) -> None:
         from ray.util.client import ray as client_ray
 
         self._mailbox = Mailbox.remote() if client_ray.is_connected() else None
@@ -155,7 +163,8 @@ class EventChannel:
             os.close(fd)
         self.forwarder = ReportForwarder(self._path, self._mailbox)
         self.states = StateForwarder(self._path, self._mailbox)
-        self.board = ProgressBoard.options(**_on_this_node()).remote()
+        # Each actor is a worker process to start: a run that has no use for the board goes without.
+        self.board = ProgressBoard.options(**_on_this_node()).remote() if board else None
 
     def take(self) -> list[Event]:
         if self._mailbox is not None:
@@ -181,6 +190,7 @@ class EventChannel:
         return []
 
     def close(self) -> None:
-        ray.kill(self.board)
+        if self.board is not None:
+            ray.kill(self.board)
         if self._path:
             os.remove(self._path)

@@ -187,20 +187,28 @@ def run_argv(spec) -> list[str]:
     return argv
 
 
-def entrypoint(spec) -> str:
-    """The job's shell command: the cluster's ``python`` (the one Ray runs on) runs the launcher."""
-    return shlex.join(["python", "-m", "launcher", "run", *run_argv(spec)])
+def entrypoint(spec, program=None, program_args: list[str] | tuple[str, ...] = (), job_dir: bool = True) -> str:
+    """The job's shell command: the cluster's ``python`` (the one Ray runs on) runs the launcher.
+    A program runs from the job's working directory, which is its shipped folder."""
+    argv = ["python", "-m", "launcher", "run", *run_argv(spec)]
+    if program is not None:
+        argv += [*program.to_argv(), "--job-dir-arg" if job_dir else "--no-job-dir", "--", *program_args]
+    return shlex.join(argv)
 
 
-def runtime_env(environ: dict[str, str] | None = None, workload: str | None = None) -> dict[str, Any]:
-    """The job's runtime environment: this launcher's code and the user workload's folder
-    (:mod:`launcher.driver.code`), and the variables the run needs to reach its storage."""
+def runtime_env(environ: dict[str, str] | None = None, workload: str | None = None,
+                program=None) -> dict[str, Any]:
+    """The job's runtime environment: this launcher's code and the user workload's or
+    program's folder (:mod:`launcher.driver.code`), and the variables the run needs to
+    reach its storage."""
     from launcher.driver import code
 
     environ = os.environ if environ is None else environ
     env_vars = {k: environ[k] for k in PASSED_ENV if environ.get(k)}
     env_vars["RAY_JOB_STOP_WAIT_TIME_S"] = str(STOP_GRACE_S)
-    return code.merge(code.runtime_env(workload, joining_cluster=True), {"env_vars": env_vars})
+    shipped = code.runtime_env(workload, joining_cluster=True,
+                               program=program.runtime_env() if program is not None else None)
+    return code.merge(shipped, {"env_vars": env_vars})
 
 
 def job_id_for(name: str, taken: set[str]) -> str:
@@ -222,13 +230,17 @@ class Submitted:
     entrypoint: str
 
 
-def submit(spec, address: str | None) -> Submitted:
-    """Submit a validated spec as a Ray job; returns its id."""
+def submit(spec, address: str | None, program=None, program_args: list[str] | tuple[str, ...] = (),
+           job_dir: bool = True) -> Submitted:
+    """Submit a validated spec (and the user's program, if any) as a Ray job; returns its id."""
     from launcher import __version__
+    from launcher.driver import code
 
+    if program is not None:
+        code.check_size(program.folder, what=f"the {'package' if program.kind == 'module' else 'script'}'s folder")
     client = connect(address)
-    command = entrypoint(spec)
-    env = runtime_env(workload=spec.workload)
+    command = entrypoint(spec, program, program_args, job_dir)
+    env = runtime_env(workload=spec.workload if program is None else None, program=program)
     metadata = {"launcher_run": spec.name, "launcher_version": __version__}
     jobs = client.list_jobs()
     for j in jobs:

@@ -1,111 +1,120 @@
-"""Bring-your-own-script mode, driver side: run an unmodified training script on N Ray workers.
+"""Script and package runs, driver side: the user's own program on N Ray workers, as a run.
 
-``launcher run --script train.py --backend B --workers N -- ARGS`` starts the
-backend's Ray Train V2 trainer with :func:`launcher.worker.script.script_worker`
-as the training function. Each worker asks the backend for the environment a script of that
-backend expects (Horovod: the HOROVOD_* ring variables its Ray backend already
-put in the worker's environment; torch native: torchrun's MASTER_ADDR, RANK,
-...), starts ``python train.py ARGS`` as a subprocess with it, and sends the
-subprocess's output, line by line, to the driver through a small Ray actor
-(so it works across nodes and does not depend on Ray's log_to_driver). The
-driver prints each line as ``[rank R] ...`` and exits with the script's
-status: that of the rank that failed first, or 0 when every rank succeeded.
+``launcher run --script train.py -- ARGS`` and ``launcher run --package DIR
+--module trainer.task -- ARGS`` start the backend's Ray Train V2 trainer with
+:func:`launcher.worker.script.script_worker` as the training function (see
+there for what each rank does). Such a run is a run like a built-in one: it
+has a run folder with ``run.json``, ``launches.jsonl``, ``metrics.jsonl`` (the
+program's hypertune reports) and ``summary.json``, one launch at a time (the
+run lock), ``--max-failures`` restarts of the whole program, and restarts on
+preemption that do not count against that budget. The program resumes itself
+from ``AIP_CHECKPOINT_DIR``, which stays the same across restarts and launches.
 
-A backend opts in by returning a trainer from ``Backend.script_trainer`` and
-the per-worker variables from ``Backend.script_env`` (see launcher.backends).
+The driver prints each line of the program as ``[rank R] ...`` and exits with
+the program's status: that of the rank that failed first in the last worker
+group, 0 when every rank succeeded, 130 when interrupted.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-import re
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
+from launcher.driver.program import Program
 from launcher.errors import UserError
-from launcher.summary import RunStatus
+from launcher.summary import Interruption, Preempting, Restart, RunStatus, RunSummary
 
 POLL_S = 0.2            # how often the driver fetches lines
 EXIT_INTERRUPTED = 130  # as a shell reports a command stopped by SIGINT
-SHEBANG = re.compile(rb"^#!.*\bpython[0-9.]*\b")
+NOTICE_S = 30           # GCE's preemption notice: what LAUNCHER_PREEMPTION_DEADLINE_S promises at most
 
-
-# -- validation (driver, before any worker) ---------------------------------------------------
-
-def check_script(path: str) -> str:
-    """The script's absolute path; UserError when it is missing or not Python."""
-    full = os.path.abspath(os.path.expanduser(path))
-    if not os.path.exists(full):
-        raise UserError(f"--script {path}: no such file", "give the path of a Python training script")
-    if not os.path.isfile(full):
-        raise UserError(f"--script {path}: not a file", "give the path of a Python training script, not a folder")
-    if not full.endswith(".py"):
-        with open(full, "rb") as f:
-            first = f.readline(200)
-        if not SHEBANG.match(first):
-            raise UserError(f"--script {path}: not a Python script (no .py suffix and no python shebang)",
-                            "rename it to end with .py, or start it with #!/usr/bin/env python3")
-    with open(full, "rb") as f:
-        source = f.read()
-    try:
-        compile(source, full, "exec")  # a syntax error is found here, not after Ray and the workers start
-    except SyntaxError as exc:
-        raise UserError(f"--script {path}: syntax error at line {exc.lineno}: {exc.msg}",
-                        f"run `python -m py_compile {path}` to see it") from None
-    except ValueError as exc:  # e.g. null bytes: not a text file
-        raise UserError(f"--script {path}: not a Python script ({exc})") from None
-    return full
-
-
-# -- driver side ---------------------------------------------------------------------------
 
 @dataclass
 class Outcome:
-    """What the ranks said: their exit statuses (and when), and the lines printed."""
+    """What the ranks said, per worker group: exit statuses (and when), lines, metrics, notices."""
 
-    statuses: dict[int, int] = field(default_factory=dict)
-    ended: dict[int, float] = field(default_factory=dict)
+    out: TextIO
+    statuses: dict[str, dict[int, int]] = field(default_factory=dict)   # attempt -> rank -> status
+    ended: dict[str, dict[int, float]] = field(default_factory=dict)
+    attempts: list[str] = field(default_factory=list)                 # in the order they started
+    notices: set[str] = field(default_factory=set)                    # attempts that got a notice
+    metrics: list[dict[str, Any]] = field(default_factory=list)       # rank 0's hypertune entries
     lines: int = 0
 
-    def handle(self, event: dict[str, Any], out: TextIO) -> None:
-        rank = event["rank"]
+    def handle(self, event: dict[str, Any]) -> list[dict[str, Any]]:
+        """Take one worker event; returns new metric entries (for the run log)."""
+        rank, attempt = event["rank"], event.get("attempt", "")
+        if attempt and attempt not in self.attempts:
+            self.attempts.append(attempt)
         if "lines" in event:
-            out.write("".join(f"[rank {rank}] {line}\n" for line in event["lines"]))
-            out.flush()
+            self.out.write("".join(f"[rank {rank}] {line}\n" for line in event["lines"]))
+            self.out.flush()
             self.lines += len(event["lines"])
+        if "notice" in event:
+            self.notices.add(attempt)
         if "exit" in event:
-            self.statuses[rank] = event["exit"]
-            self.ended[rank] = event.get("time", 0.0)
+            self.statuses.setdefault(attempt, {})[rank] = event["exit"]
+            self.ended.setdefault(attempt, {})[rank] = event.get("time", 0.0)
+        new = event.get("metrics") or []
+        self.metrics += new
+        return new
+
+    def last_statuses(self) -> dict[int, int]:
+        return dict(self.statuses.get(self.attempts[-1], {})) if self.attempts else {}
 
     def exit_code(self, workers: int, error: str | None) -> tuple[int, str | None]:
-        """(exit status, message): the status of the rank that failed first (when one rank
-        dies, the others usually fail after it, e.g. "Horovod has been shut down");
-        1 when no rank reported one."""
-        failed = sorted((r for r, s in self.statuses.items() if s != 0), key=lambda r: (self.ended[r], r))
+        """(exit status, message) from the last worker group: the status of the rank that
+        failed first (when one rank dies, the others usually fail after it); 1 when no
+        rank reported one."""
+        statuses = self.last_statuses()
+        ended = self.ended.get(self.attempts[-1], {}) if self.attempts else {}
+        failed = sorted((r for r, s in statuses.items() if s != 0), key=lambda r: (ended[r], r))
         if failed:
-            rank, status = failed[0], self.statuses[failed[0]]
+            rank, status = failed[0], statuses[failed[0]]
             code = 128 - status if status < 0 else status  # killed by signal N -> 128+N, like a shell
             others = f" (then also: rank {', '.join(map(str, failed[1:]))})" if failed[1:] else ""
             return code, f"rank {rank} exited with status {status}{others}"
-        if error is not None or len(self.statuses) < workers:
+        if error is not None or len(statuses) < workers:
             return 1, error or "not every rank reported an exit status"
         return 0, None
 
 
-def run_script(spec, script: str, args: list[str], *, out: TextIO | None = None, verbose: bool = False) -> int:
-    """Run ``script`` (checked) with ``args`` on spec.workers workers; returns the exit status.
+def is_shipped(program: Program, address: str | None) -> bool:
+    """Whether the program's folder goes with Ray's runtime environment: always for a
+    package or a folder with dependencies, and for a script when joining a cluster (on
+    this machine a script runs where it is)."""
+    from launcher.driver import session
+
+    joining = bool(address or os.environ.get("RAY_ADDRESS")) or session.in_ray_job()
+    return program.kind == "module" or bool(program.requirements) or joining
+
+
+def run_script(spec, program: Program, args: list[str], *, job_dir: bool = True, out: TextIO | None = None,
+               progress_out: TextIO | None = None, verbose: bool = False,
+               trial_id: str | None = None) -> tuple[int, RunSummary]:
+    """Run ``program`` with ``args`` on spec.workers workers as run ``spec.name``;
+    returns (exit status, summary). A run of the same name continues (the program
+    finds its checkpoints in AIP_CHECKPOINT_DIR).
 
     Raises:
-        UserError: the backend cannot run here (before any worker starts).
+        UserError: the backend cannot run here, or the program's dependencies cannot be
+            installed (before it starts).
         Unreachable: the Ray cluster named by --address does not answer.
     """
     from launcher import backends
-    from launcher.driver import session, trainer
-    from launcher.storage import Storage, gcs
-    from launcher.worker.script import script_worker
+    from launcher.driver import code, session
+    from launcher.driver.progress import Progress
+    from launcher.storage import Storage
+    from launcher.storage.runlock import RunLock
+    from launcher.storage.runlog import RunLog
 
+    started = time.time()
     out = out or sys.stdout
+    progress = Progress(0, stream=progress_out or sys.stderr)
     backend = backends.get(spec.backend)
     if not backend.runs_scripts:
         able = [b.name for b in backends.REGISTRY if b.runs_scripts]
@@ -113,36 +122,154 @@ def run_script(spec, script: str, args: list[str], *, out: TextIO | None = None,
     reason = backend.unavailable_reason(spec.framework)
     if reason:
         raise UserError(f"backend {spec.backend} cannot run {spec.framework} here: {reason}")
-    with open(script, encoding="utf-8", errors="replace") as f:
-        source = f.read()
-    with session.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
-                         verbose=verbose) as nodes:
-        session.check_fits(nodes, spec.workers, spec.cpus_per_worker, spec.gpus_per_worker)
-        import ray
+    spec = dataclasses.replace(spec, workload=program.label)
+    shipped = is_shipped(program, spec.address)
+    if shipped and not session.in_ray_job():
+        code.check_size(program.folder, what=f"the {'package' if program.kind == 'module' else 'script'}'s folder")
+    storage = Storage.resolve(spec.storage)
+    where = storage.check_writable()
+    if not storage.is_local:
+        progress.note(f"storage: {where}")
+    log = RunLog(storage, spec.name)
+    log.check_compatible(spec)
+    lock = RunLock(storage, spec.name)
+    lock.acquire()
+    try:
+        runtime_env = program.runtime_env() if shipped and not session.in_ray_job() else None
+        with session.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
+                             verbose=verbose, program=runtime_env) as nodes:
+            session.check_fits(nodes, spec.workers, spec.cpus_per_worker, spec.gpus_per_worker)
+            program_config = program.to_config(shipped)
+            if program.requirements:
+                install_everywhere(program, program_config, nodes, progress)
+            return _run(spec, program, program_config, args, storage, log, lock, job_dir, out, progress, started,
+                        verbose, trial_id)
+    finally:
+        lock.release()
 
-        from launcher.driver.events import Mailbox
 
-        sink = Mailbox.remote()
-        config = {"script": script, "source": source, "args": list(args), "cwd": os.getcwd(),
-                  "backend": spec.backend, "framework": spec.framework, "sink": sink,
-                  "env": gcs.worker_env()}
-        trainer.apply_ray_train_env()
-        # A script's own failures are the user's to see, not to retry.
-        run_config = trainer.run_config(spec, Storage.resolve(spec.storage), max_failures=0)
-        ray_trainer = backend.script_trainer(spec, script_worker, config,
-                                             trainer.scaling_config(spec, elastic=False), run_config)
-        outcome = Outcome()
+def install_everywhere(program: Program, config: dict[str, Any], nodes, progress) -> None:
+    """Install the program's dependencies on every node now (once per node; cached), so a
+    requirement that cannot be installed is one line before any worker starts."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        def drain() -> None:
-            for event in ray.get(sink.take.remote()):
-                outcome.handle(event, out)
+    what = " and ".join(program.sources)
+    progress.note(f"installing the dependencies from {what} on {len(nodes)} node(s) "
+                  f"({len(program.requirements)} requirement(s); kept for later launches)")
 
+    @ray.remote(num_cpus=0)
+    def install(program_config: dict[str, Any]) -> bool:
+        from launcher.worker import deps
+        from launcher.worker.script import program_folder
+
+        try:
+            return deps.ensure(program_config["requirements"], program_config["env_key"],
+                               program_folder(program_config))[1]
+        except deps.DependencyError as exc:
+            return str(exc)
+
+    t0 = time.time()
+    refs = {n.node_id: install.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n.node_id, soft=False))
+            .remote(config) for n in nodes}
+    installed = 0
+    for node, ref in refs.items():
+        result = ray.get(ref)
+        if isinstance(result, str):
+            shown = [r.replace("{folder}", program.folder) for r in program.requirements[:3]]
+            raise UserError(f"the dependencies from {what} could not be installed on node {node[:12]}: {result}",
+                            f"try `pip install {' '.join(shown)}{' ...' if len(program.requirements) > 3 else ''}`"
+                            f" here, fix {what}, then run again")
+        installed += bool(result)
+    progress.note(f"dependencies ready on every node in {time.time() - t0:.1f}s"
+                  + (f" (installed on {installed})" if installed else " (already there)"))
+
+
+def _run(spec, program: Program, program_config: dict[str, Any], args: list[str], storage, log, lock, job_dir: bool,
+         out: TextIO, progress, started: float, verbose: bool, trial_id: str | None) -> tuple[int, RunSummary]:
+    import ray
+
+    from launcher import backends
+    from launcher.driver import trainer
+    from launcher.driver.events import EventChannel, Mailbox, _on_this_node
+    from launcher.storage import gcs
+    from launcher.worker.script import script_worker
+
+    log.begin({**spec.to_dict(), "program": {"kind": program.kind, "target": program.target,
+                                             "folder": program.folder, "args": list(args)}})
+    run_uri = log.uri()
+    progress.note(f"starting {spec.workers} {spec.framework}/{spec.backend} workers for {program.label}, "
+                  f"run {spec.name} (AIP_CHECKPOINT_DIR {run_uri.rstrip('/')}/checkpoints/)")
+    sink = Mailbox.options(**_on_this_node()).remote()  # the ranks' lines, statuses, metrics; their roster
+    channel = EventChannel(board=False)
+    config = {"program": program_config, "args": list(args), "job_dir": run_uri if job_dir else None, "run_uri": run_uri,
+              "run_name": spec.name, "cwd": os.getcwd(), "backend": spec.backend, "framework": spec.framework,
+              "sink": sink, "env": gcs.worker_env(), "notice_s": NOTICE_S,
+              "trial_id": trial_id}
+    trainer.apply_ray_train_env()
+    run_config = trainer.run_config(spec, storage, max_failures=spec.max_failures,
+                                    callbacks=[channel.forwarder, channel.states])
+    ray_trainer = backends.get(spec.backend).script_trainer(spec, script_worker, config,
+                                                            trainer.scaling_config(spec, elastic=False), run_config)
+    outcome = Outcome(out)
+    restarts: list[Restart] = []
+    log_failed = False
+
+    def drain() -> None:
+        nonlocal log_failed
+        for event in ray.get(sink.take.remote()):
+            for entry in outcome.handle(event):
+                try:
+                    log.record({"source": "hypertune", **entry}, tensorboard=False)
+                except OSError as exc:
+                    if not log_failed:
+                        log_failed = True
+                        progress.note(f"cannot write the run log ({exc.strerror or type(exc).__name__}); "
+                                      "the program goes on")
+        for event in channel.take():
+            if isinstance(event, Preempting):
+                progress.note(f"preemption notice: Ray is draining the node(s) of rank(s) "
+                              f"{', '.join(map(str, event.ranks))}; the program gets SIGTERM")
+            elif isinstance(event, Restart):
+                restarts.append(event)
+                progress.note(f"restarting the program on a new worker group after a {event.cause}")
+        lock.refresh()
+
+    try:
         fitted = trainer.fit(ray_trainer, drain, verbose=verbose, poll_s=POLL_S)
-    if fitted.status == RunStatus.CANCELLED:  # Ctrl-C or SIGTERM: the scripts were stopped
-        print("error: interrupted; the script was stopped on every worker", file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
-    error = None if fitted.status == RunStatus.SUCCEEDED else fitted.error
-    code, message = outcome.exit_code(spec.workers, error)
+    finally:
+        channel.close()
+        ray.kill(sink)
+    return _finish(spec, program, fitted, outcome, restarts, log, progress, started)
+
+
+def _finish(spec, program: Program, fitted, outcome: Outcome, restarts: list[Restart], log, progress,
+            started: float) -> tuple[int, RunSummary]:
+    from launcher.worker import vertex
+
+    if fitted.status == RunStatus.CANCELLED:
+        code, message = EXIT_INTERRUPTED, "interrupted; the program was stopped on every worker (the same --name " \
+                                          "continues the run)"
+    else:
+        code, message = outcome.exit_code(spec.workers, None if fitted.status == RunStatus.SUCCEEDED
+                                          else fitted.error)
+    status = fitted.status if fitted.status != RunStatus.SUCCEEDED or code == 0 else RunStatus.FAILED
+    last = outcome.metrics[-1] if outcome.metrics else {}
+    model_dir = vertex.output_dirs(log.uri())["AIP_MODEL_DIR"]
+    summary = RunSummary(
+        name=spec.name, status=status, workload=program.label, framework=spec.framework, backend=spec.backend,
+        workers=spec.workers, epochs=0, steps_completed=int(last.get("global_step") or 0),
+        metrics=vertex.metric_values(last), restarts=len(restarts),
+        preemptions=sum(1 for r in restarts if r.cause == "preemption"), preemption_notices=len(outcome.notices),
+        interruptions=[Interruption(cause=r.cause) for r in restarts], wall_s=round(time.time() - started, 2),
+        launch=log.launch, run_dir=log.uri(), error=message,
+        model=model_dir if log.storage.exists(spec.name, "model") else None,
+        exit_codes={str(r): s for r, s in sorted(outcome.last_statuses().items())})
+    try:
+        log.finish(summary.to_json())
+    except OSError as exc:
+        summary.error = "; ".join(filter(None, (summary.error, f"the run log could not be written "
+                                                f"({exc.strerror or type(exc).__name__})")))
     if message:
-        print(f"error: {message}", file=sys.stderr, flush=True)
-    return code
+        progress.note(f"error: {message}")
+    return code, summary

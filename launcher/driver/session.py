@@ -40,11 +40,12 @@ def _quiet_ray_loggers(verbose: bool) -> None:
 
 @contextlib.contextmanager
 def connect(address: str | None, *, workers: int, cpus_per_worker: float, verbose: bool = False,
-            workload: str | None = None) -> Iterator[list[NodeResources]]:
+            workload: str | None = None, program: dict | None = None) -> Iterator[list[NodeResources]]:
     """Yield the alive nodes' resources; shut Ray down afterwards only if we started it.
 
     ``workload``: a user workload's reference, whose folder is shipped to the workers
-    (:mod:`launcher.driver.code`) with the job's runtime environment.
+    (:mod:`launcher.driver.code`) with the job's runtime environment. ``program``: the
+    runtime environment of a script's or package's folder (see launcher.driver.program).
     """
     address = address or os.environ.get("RAY_ADDRESS")
     head = None if address else localhead.running_head()
@@ -54,12 +55,30 @@ def connect(address: str | None, *, workers: int, cpus_per_worker: float, verbos
     import ray
 
     _quiet_ray_loggers(verbose)
+    reaper = None
+    if not ray.is_initialized() and not address and not head:
+        from launcher.driver.reaper import Reaper
+
+        reaper = Reaper().start()  # a SIGKILLed driver leaves no Ray process of its own behind
+    try:
+        with _ray_started(address, head, workers, cpus_per_worker, workload, verbose, program):
+            yield alive_nodes()
+    finally:
+        if reaper is not None:
+            reaper.done()
+
+
+@contextlib.contextmanager
+def _ray_started(address, head, workers, cpus_per_worker, workload, verbose, program) -> Iterator[bool]:
+    """Ray initialised for this launch (unless it already was); shut down after, if we started it."""
+    import ray
+
     started = False
     if not ray.is_initialized():
         sigterm = signal.getsignal(signal.SIGTERM)
         with _interrupts_noted() as interrupted:
             try:
-                _init(address, head, workers, cpus_per_worker, workload, verbose)
+                _init(address, head, workers, cpus_per_worker, workload, verbose, program)
             except (KeyboardInterrupt, SystemExit):
                 # Ray's start-up has its own SIGTERM handler, which exits: a signal while Ray
                 # starts ends the launch as Ctrl-C would (exit 130), with Ray shut down.
@@ -71,14 +90,14 @@ def connect(address: str | None, *, workers: int, cpus_per_worker: float, verbos
             ray.shutdown()
             raise KeyboardInterrupt
     try:
-        yield alive_nodes()
+        yield started
     finally:
         if started:
             ray.shutdown()
 
 
 def _init(address: str | None, head: dict | None, workers: int, cpus_per_worker: float, workload: str | None,
-          verbose: bool) -> None:
+          verbose: bool, program: dict | None = None) -> None:
     """ray.init for each way of finding Ray: the warm head, a submitted job's cluster, an
     address, or a new local Ray sized to the request."""
     import ray
@@ -90,7 +109,7 @@ def _init(address: str | None, head: dict | None, workers: int, cpus_per_worker:
     try:
         if head:  # `launcher up`'s warm head on this machine: same code, nothing to ship
             address = head["address"]
-            ray.init(address=address, runtime_env=code.runtime_env(workload, False) or None, **kwargs)
+            ray.init(address=address, runtime_env=code.runtime_env(workload, False, program) or None, **kwargs)
         elif address and in_ray_job():
             # `launcher submit`: the job's runtime env already carries our code, and Ray
             # refuses a second py_modules from ray.init ("Failed to merge the Job's runtime env").
@@ -98,12 +117,12 @@ def _init(address: str | None, head: dict | None, workers: int, cpus_per_worker:
         elif address:
             check_reachable(address)  # Ray itself retries for minutes before it gives up
             # Ship this launcher's code with the job, so a cluster runs the driver's version.
-            ray.init(address=address, runtime_env=code.runtime_env(workload, True), **kwargs)
+            ray.init(address=address, runtime_env=code.runtime_env(workload, True, program), **kwargs)
         else:
             check_local_fit(workers, cpus_per_worker)
             cpus = max(os.cpu_count() or 1, math.ceil(workers * cpus_per_worker))
             ray.init(address="local", num_cpus=cpus,  # never a running cluster by surprise
-                     runtime_env=code.runtime_env(workload, False) or None, **kwargs)
+                     runtime_env=code.runtime_env(workload, False, program) or None, **kwargs)
     except ConnectionError as exc:
         raise Unreachable(f"cannot connect to the Ray cluster at {address}: {exc}",
                           "is it up? check --address (or RAY_ADDRESS); a cluster with token authentication "

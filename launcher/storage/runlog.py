@@ -101,10 +101,12 @@ class RunLog:
             "pid": os.getpid(), "spec": spec_dict}), self.name, "launches.jsonl")
         return self.launch
 
-    def record(self, metrics: dict[str, Any]) -> None:
-        """Append one metrics line and the scalars to TensorBoard."""
+    def record(self, metrics: dict[str, Any], tensorboard: bool = True) -> None:
+        """Append one metrics line and (``tensorboard``) the scalars to TensorBoard."""
         self.storage.append_text(_line({"launch": self.launch, "time": time.time(), **metrics}),
                                  self.name, "metrics.jsonl")
+        if not tensorboard:
+            return
         writer = self._writer()
         step = int(metrics.get("global_step", 0))
         for key in ("loss", "accuracy", "train_loss", "samples_per_s"):

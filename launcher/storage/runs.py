@@ -51,9 +51,16 @@ def describe_run(storage: Storage, name: str) -> dict[str, Any] | None:
         summary = json.loads(summary_text) if summary_text else None
     except ValueError:
         summary = None  # launches.jsonl has every summary too
-    metrics = [m for m in read_jsonl(storage.read_text(name, "metrics.jsonl")) if "epoch" in m]
+    lines = read_jsonl(storage.read_text(name, "metrics.jsonl"))
+    metrics = [m for m in lines if "epoch" in m]
     checkpoints = complete_checkpoints(storage, name)
     last_metrics = metrics[-1] if metrics else {}
+    reported = [m for m in lines if m.get("source") == "hypertune"]  # a script's or package's run
+    shown = {k: last_metrics[k] for k in ("loss", "accuracy") if k in last_metrics}
+    if reported:
+        shown = {k: v for k, v in reported[-1].items()
+                 if k not in ("launch", "time", "source", "timestamp", "trial", "global_step", "checkpoint_path")
+                 and isinstance(v, (int, float))}
     ends = [e.get("summary") or {} for e in launches if e.get("event") == "end"]
     wall = sum(float(e.get("wall_s", 0.0)) for e in ends)
     interruptions = [i for e in ends for i in e.get("interruptions") or []]
@@ -61,7 +68,7 @@ def describe_run(storage: Storage, name: str) -> dict[str, Any] | None:
         "name": name, "status": _status(launches, summary), "workload": info.get("workload"),
         "framework": info.get("framework"),
         "epochs": checkpoints[-1][0].epoch if checkpoints else last_metrics.get("epoch", 0),
-        "metrics": {k: last_metrics[k] for k in ("loss", "accuracy") if k in last_metrics},
+        "metrics": shown,
         "checkpoint": storage.to_uri(checkpoints[-1][1]) if checkpoints else None,
         "launches": sum(1 for e in launches if e.get("event") == "start"),
         "restarts": sum(int(e.get("restarts", 0)) for e in ends),
@@ -111,5 +118,8 @@ def format_lost(r: dict[str, Any]) -> str:
     """Steps and seconds lost in all, then the seconds lost to each interruption."""
     if not r.get("restarts"):
         return "-"
+    gone = r.get("interruptions") or []
+    if gone and all("steps_lost" in i and i["steps_lost"] is None for i in gone):
+        return "unknown (the program resumes itself)"
     each = "/".join(f"{float(i.get('time_lost_s') or 0):.0f}s" for i in r.get("interruptions") or [])
     return f"{r.get('steps_lost', 0)} steps, {r.get('time_lost_s', 0.0):.0f}s" + (f" [{each}]" if each else "")

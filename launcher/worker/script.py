@@ -1,27 +1,49 @@
-"""Script mode, worker side: run an unmodified training script as a subprocess of the worker.
+"""Script and package runs, worker side: the user's program as a subprocess of each Ray worker.
 
-:func:`script_worker` is Ray Train's training function in script mode (see
-:mod:`launcher.driver.script`): it asks the backend for the environment a
-script of that backend expects, starts ``python script ARGS`` with it, and
-ships the script's output, line by line, to the driver's mailbox actor.
+:func:`script_worker` is Ray Train's training function for ``--script`` and
+``--package`` runs (see :mod:`launcher.driver.script`). On each rank it:
+
+1. agrees with the other ranks on this worker group's id, and learns every
+   rank's address (through the driver's mailbox actor), for CLUSTER_SPEC;
+2. starts ``python FILE ARGS`` or ``python -m MODULE ARGS`` in the program's
+   folder (the copy Ray shipped to this node) with the backend's variables
+   (torchrun's, Horovod's, TF_CONFIG) and Vertex AI's (``AIP_*_DIR``,
+   ``CLUSTER_SPEC``, the hypertune metrics file), plus ``--job-dir``;
+3. ships the program's output, line by line, and rank 0's hypertune metrics
+   to the driver's mailbox;
+4. on a preemption notice (Ray Train marks every worker when a node of the
+   group is drained), writes the deadline to the notice file and sends the
+   program SIGTERM; once it has exited (having saved, if it handles SIGTERM),
+   the worker waits for Ray Train to restart the group on the replacement
+   node, which is charged to the preemption budget, not ``--max-failures``;
+5. ends with the program's exit status: a non-zero one fails this rank, which
+   Ray Train restarts while ``--max-failures`` allows.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import sys
+import tempfile
 import threading
 import time
+import uuid
 from typing import Any
 
-FLUSH_S = 0.1           # how often a worker ships buffered output lines
-MAX_BATCH = 500         # and at most this many per message
+from launcher.worker import vertex
+
+FLUSH_S = 0.1           # how often a worker ships buffered output lines and checks for a notice
+MAX_BATCH = 500         # and at most this many lines per message
+ROSTER_TIMEOUT_S = 120  # every rank joins the roster within this, or the group fails
+HOLD_GRACE_S = 30       # after the drain deadline, a node still here is not going: fail the group
 
 
 def _die_with_parent() -> None:
     """In the child, before exec: get SIGTERM when the worker thread that started it ends
-    (Ray killing a worker must not leave an orphaned training script holding the ring)."""
+    (Ray killing a worker must not leave an orphaned training program holding the ring)."""
     try:
         import ctypes
 
@@ -31,30 +53,131 @@ def _die_with_parent() -> None:
         pass
 
 
+class ScriptFailed(RuntimeError):
+    def __init__(self, rank: int, status: int) -> None:
+        super().__init__(f"rank {rank}: the program exited with status {status}")
+        self.rank, self.status = rank, status
+
+
+class NotPreempted(RuntimeError):
+    """A notice came, the program stopped, and the node was still here well after the deadline."""
+
+
+def program_folder(program: dict[str, Any]) -> str:
+    """This node's copy of the program's folder: the working_dir Ray shipped (on PYTHONPATH),
+    else the driver's folder (a run on the driver's machine that ships nothing)."""
+    if program.get("shipped"):
+        entries = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        entries.sort(key=lambda p: "working_dir" not in p)  # Ray's working_dir_files/... first
+        for entry in entries:
+            if _holds(entry, program):
+                return entry
+    return program["folder"]
+
+
+def _holds(folder: str, program: dict[str, Any]) -> bool:
+    if program["kind"] == "script":
+        return os.path.isfile(os.path.join(folder, program["target"]))
+    base = os.path.join(folder, *program["target"].split("."))
+    return os.path.isfile(base + ".py") or os.path.isfile(os.path.join(base, "__main__.py"))
+
+
+def command(program: dict[str, Any], folder: str, args: list[str], python: str | None = None) -> list[str]:
+    python = python or sys.executable
+    if program["kind"] == "module":
+        return [python, "-m", program["target"], *args]
+    return [python, os.path.join(folder, program["target"]), *args]
+
+
+def _own_address() -> str:
+    import ray
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    return f"{ray.util.get_node_ip_address()}:{port}"
+
+
+def roster_addresses(sink, attempt: str, rank: int, world: int, framework: str,
+                     env: dict[str, str]) -> list[str]:
+    """Every rank's host:port, in rank order: TF_CONFIG's for TensorFlow (the ports its
+    servers use), else each rank's own address, gathered through the driver's mailbox."""
+    import ray
+
+    if framework == "tensorflow" and env.get("TF_CONFIG"):
+        addresses = vertex.tf_addresses(env["TF_CONFIG"])
+        if len(addresses) == world:
+            return addresses
+    ray.get(sink.join.remote(attempt, rank, _own_address()))
+    deadline = time.monotonic() + ROSTER_TIMEOUT_S
+    while True:
+        members = ray.get(sink.members.remote(attempt))
+        if len(members) >= world:
+            return [members[r] for r in range(world)]
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"only {len(members)} of {world} ranks joined within {ROSTER_TIMEOUT_S}s")
+        time.sleep(0.05)
+
+
+def program_env(config: dict[str, Any], rank: int, world: int, attempt: str, addresses: list[str],
+                notice_path: str, metrics_path: str) -> dict[str, str]:
+    """Vertex AI's variables for this rank (see :mod:`launcher.worker.vertex`) and the launcher's."""
+    env = {"CLUSTER_SPEC": json.dumps(vertex.cluster_spec(addresses, rank, {"run": config["run_name"]})),
+           vertex.METRIC_FILE_ENV: metrics_path,
+           vertex.DEADLINE_ENV: str(int(config.get("notice_s", 30))),
+           vertex.NOTICE_FILE_ENV: notice_path,
+           "LAUNCHER_RUN_NAME": config["run_name"], "LAUNCHER_ATTEMPT": attempt,
+           "PYTHONUNBUFFERED": "1"}
+    env.update(vertex.output_dirs(config["run_uri"]))
+    if config.get("trial_id"):
+        env[vertex.TRIAL_ENV] = str(config["trial_id"])
+    if config["framework"] == "tensorflow":
+        env["TF_CONFIG"] = json.dumps(vertex.tf_config(addresses, rank, config.get("trial_id")))
+    return env
+
+
+def _preemption_info():
+    """This worker's own view of a notice (no barrier: the program does not call Ray)."""
+    from launcher import _ray
+
+    return _ray.train_context().preemption_context.preemption_info
+
+
 def script_worker(config: dict[str, Any]) -> None:
-    """Ray Train's training function in script mode: run the script, stream its output."""
+    """Ray Train's training function for a program: run it, stream its output, pass on a notice."""
     import subprocess
-    import tempfile
 
     import ray
     import ray.train
+    from ray.train.collective import broadcast_from_rank_zero
 
     from launcher import backends
 
-    rank = ray.train.get_context().get_world_rank()
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
     sink = config["sink"]
     os.environ.update(config.get("env", {}))
+    attempt = broadcast_from_rank_zero(uuid.uuid4().hex if rank == 0 else None)
     backend = backends.get(config["backend"])
-    env = {**os.environ, **backend.script_env(config["framework"]), "PYTHONUNBUFFERED": "1"}
-    path = config["script"]
-    if not os.path.isfile(path):  # another machine: run the driver's copy
-        fd, path = tempfile.mkstemp(prefix="launcher-script-", suffix=".py")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(config["source"])
-    cwd = config["cwd"] if os.path.isdir(config["cwd"]) else os.path.dirname(path)
-    proc = subprocess.Popen([sys.executable, path, *config["args"]], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, cwd=cwd,
+    env = {**os.environ, **backend.script_env(config["framework"])}
+    addresses = roster_addresses(sink, attempt, rank, world, config["framework"], env)
+    scratch = tempfile.mkdtemp(prefix=f"launcher-{attempt[:8]}-r{rank}-")
+    notice_path = vertex.notice_file(scratch, attempt, rank)
+    metrics_path = os.path.join(scratch, "hypertune", "output.metrics")
+    env.update(program_env(config, rank, world, attempt, addresses, notice_path, metrics_path))
+    program = config["program"]
+    folder = program_folder(program)
+    python = None
+    if program.get("requirements"):  # installed by the driver already, unless this node is new
+        from launcher.worker import deps
+
+        python, _ = deps.ensure(program["requirements"], program["env_key"], folder)
+    args = list(config["args"]) + (["--job-dir", config["job_dir"]] if config.get("job_dir") else [])
+    proc = subprocess.Popen(command(program, folder, args, python), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            stdin=subprocess.DEVNULL, env=env, cwd=folder if program.get("shipped") else
+                            (config["cwd"] if os.path.isdir(config["cwd"]) else folder),
                             preexec_fn=_die_with_parent)
+    sink.put.remote({"rank": rank, "attempt": attempt, "started": time.time(), "address": addresses[rank]})
     lines: list[str] = []
     lock = threading.Lock()
 
@@ -65,27 +188,66 @@ def script_worker(config: dict[str, Any]) -> None:
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    pending = []
+    pending: list = []
+    last_metric = 0.0
 
     def ship() -> None:
+        nonlocal last_metric
         with lock:
             batch, lines[:] = lines[:MAX_BATCH], lines[MAX_BATCH:]
         if batch:
-            pending.append(sink.put.remote({"rank": rank, "lines": batch}))
+            pending.append(sink.put.remote({"rank": rank, "attempt": attempt, "lines": batch}))
+        if rank == 0:
+            entries = vertex.read_metrics(metrics_path, last_metric)
+            if entries:
+                last_metric = entries[-1]["timestamp"]
+                pending.append(sink.put.remote({"rank": rank, "attempt": attempt, "metrics": entries}))
 
+    deadline_s = None
     while proc.poll() is None:
         time.sleep(FLUSH_S)
         ship()
+        if deadline_s is None:
+            info = _preemption_info()
+            if info is not None:
+                deadline_s = _pass_on_notice(proc, info, notice_path)
+                pending.append(sink.put.remote({"rank": rank, "attempt": attempt, "notice": deadline_s,
+                                                "time": time.time()}))
     reader.join()
     while lines:
         ship()
+    ship()
     status = proc.returncode
-    ray.get(pending + [sink.put.remote({"rank": rank, "exit": status, "time": time.time()})])
+    ray.get(pending + [sink.put.remote({"rank": rank, "attempt": attempt, "exit": status, "time": time.time(),
+                                        "preempted": deadline_s is not None})])
+    if deadline_s is not None:
+        _hold(rank, deadline_s)
     if status != 0:
         raise ScriptFailed(rank, status)
 
 
-class ScriptFailed(RuntimeError):
-    def __init__(self, rank: int, status: int) -> None:
-        super().__init__(f"rank {rank}: the script exited with status {status}")
-        self.rank, self.status = rank, status
+def _pass_on_notice(proc, info, notice_path: str) -> float:
+    """Write the notice file, then SIGTERM the program; returns the drain deadline (UNIX s)."""
+    deadline = info.deadline_ms / 1000 if info.deadline_ms else time.time() + 30
+    left = max(0.0, deadline - time.time())
+    tmp = notice_path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump({"deadline_unix_s": deadline, "seconds_left": round(left, 1)}, f)
+    os.replace(tmp, notice_path)  # a program polling the file never reads half of it
+    try:
+        proc.send_signal(signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    return deadline
+
+
+def _hold(rank: int, deadline: float) -> None:
+    """The program stopped for a preemption: what it saved is where the restarted group
+    starts, so wait for Ray Train to restart the group (it stops this worker at the
+    deadline, or sooner when the node goes)."""
+    print(f"rank {rank}: preemption notice: the program has stopped; waiting for Ray Train to restart "
+          "the group on the replacement node", flush=True)
+    while time.time() < deadline + HOLD_GRACE_S:
+        time.sleep(0.5)
+    raise NotPreempted(f"rank {rank}: a preemption notice came, but the node was still up {HOLD_GRACE_S}s "
+                       "after its deadline")

@@ -27,10 +27,11 @@ def test_lost_node_not_replaced_the_run_shrinks_and_completes(tmp_path):
     assert s.restarts >= 1 and s.metrics["accuracy"] >= 0.85
     epochs = [m for m in read_jsonl(open(os.path.join(root, "elastic", "metrics.jsonl")).read())
               if m["kind"] == "epoch"]
-    # An epoch report sent just as the node died can miss the log (its checkpoint is still kept
-    # and resumed from), so check the order and the end rather than every epoch.
+    # Reports the controller had not collected yet when the node died never reach the log (their
+    # checkpoints are still kept and resumed from); on a loaded machine that was seen to be the
+    # epoch-1 report. So check the order and the end rather than every epoch.
     logged = [m["epoch"] for m in epochs]
-    assert logged == sorted(set(logged)) and logged[0] == 1 and logged[-1] == 4
+    assert logged == sorted(set(logged)) and logged[0] <= 2 and logged[-1] == 4, logged
     assert epochs[0]["world_size"] == 2 and epochs[-1]["world_size"] == 1
     # one worker has the whole training split: 1,438 samples in batches of 32
     assert epochs[-1]["steps_per_epoch"] == 45 and epochs[-1]["samples"] == 1438

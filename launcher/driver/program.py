@@ -1,0 +1,342 @@
+"""The user's own training program: a script (``--script FILE``) or a trainer package
+(``--package DIR --module trainer.task``), checked on the driver and shipped to every node.
+
+A :class:`Program` knows its folder (shipped with Ray's runtime environment as
+the job's ``working_dir``), what to start in it (``python FILE`` or ``python -m
+MODULE``) and the dependencies its folder declares (``requirements.txt``,
+``pyproject.toml``'s ``[project] dependencies``, ``setup.py``'s
+``install_requires``), which Ray installs on each node through the runtime
+environment's working directory, then installed once per node on top of
+the node's environment (see :mod:`launcher.worker.deps`). Everything that can be checked without running the
+user's code is checked here, before Ray starts: the folder and the module exist,
+the code compiles, every module it imports at the top is in the folder,
+installed here or declared, local wheels named in ``requirements.txt`` are in
+the folder, and the folder is not too big to ship.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.errors import UserError
+
+from launcher.worker.deps import WORKING_DIR_VAR  # the node's copy of the folder, in requirements
+SHEBANG = re.compile(rb"^#!.*\bpython[0-9.]*\b")
+MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_LOCAL_SUFFIXES = (".whl", ".tar.gz", ".zip", ".tar.bz2")
+
+
+@dataclass(frozen=True)
+class Program:
+    """What to run on every worker, from which folder, with which declared dependencies."""
+
+    kind: str                   # "script" or "module"
+    folder: str                 # absolute; shipped as working_dir
+    target: str                 # the script's path relative to folder, or the dotted module
+    requirements: tuple[str, ...] = ()
+    sources: tuple[str, ...] = field(default=(), compare=False)  # where the requirements were read
+
+    @property
+    def label(self) -> str:
+        """How runs and summaries name it: ``script:train.py`` or ``module:trainer.task``."""
+        return f"{self.kind}:{self.target}"
+
+    def command(self, folder: str | None = None) -> list[str]:
+        """The command a worker runs in ``folder`` (default: the driver's folder)."""
+        if self.kind == "module":
+            return [sys.executable, "-m", self.target]
+        return [sys.executable, os.path.join(folder or self.folder, self.target)]
+
+    def runtime_env(self) -> dict[str, Any]:
+        """``working_dir`` (+ excludes): the folder, on every node."""
+        from launcher.driver import code
+
+        return {"working_dir": self.folder, "excludes": list(code.EXCLUDES)}
+
+    def to_config(self, shipped: bool) -> dict[str, Any]:
+        """What a worker needs to find and start the program (see launcher.worker.script)."""
+        from launcher.worker.deps import env_key
+
+        return {"kind": self.kind, "target": self.target, "folder": self.folder, "shipped": shipped,
+                "requirements": list(self.requirements),
+                "env_key": env_key(list(self.requirements), self.folder) if self.requirements else None}
+
+    def to_argv(self) -> list[str]:
+        """The flags that name this program, for a command run in the shipped folder."""
+        if self.kind == "module":
+            return ["--package", ".", "--module", self.target]
+        return ["--script", self.target]
+
+
+# -- building one from the flags -----------------------------------------------------------
+
+def from_flags(script: str | None, package: str | None, module: str | None) -> Program | None:
+    """The program the flags name (None: a workload run).
+
+    Raises:
+        UserError: a flag combination or a program that cannot run.
+    """
+    if script and (package or module):
+        raise UserError("--script and --package/--module name two programs", "give one of them")
+    if script:
+        return from_script(script)
+    if package or module:
+        if not (package and module):
+            missing = "--module" if package else "--package"
+            raise UserError(f"{missing} is missing: a trainer package is run as --package DIR --module NAME",
+                            "for example --package . --module trainer.task")
+        return from_package(package, module)
+    return None
+
+
+def from_script(path: str) -> Program:
+    full = os.path.abspath(os.path.expanduser(path))
+    if not os.path.exists(full):
+        raise UserError(f"--script {path}: no such file", "give the path of a Python training script")
+    if not os.path.isfile(full):
+        raise UserError(f"--script {path}: not a file", "give the path of a Python training script, not a folder")
+    if not full.endswith(".py"):
+        with open(full, "rb") as f:
+            if not SHEBANG.match(f.readline(200)):
+                raise UserError(f"--script {path}: not a Python script (no .py suffix and no python shebang)",
+                                "rename it to end with .py, or start it with #!/usr/bin/env python3")
+    folder = os.path.dirname(full)
+    requirements, sources = declared_requirements(folder)
+    program = Program("script", folder, os.path.basename(full), tuple(requirements), tuple(sources))
+    check_imports(program, full, f"--script {path}")
+    return program
+
+
+def from_package(package: str, module: str) -> Program:
+    folder = os.path.abspath(os.path.expanduser(package))
+    if not os.path.exists(folder):
+        raise UserError(f"--package {package}: no such folder", "give the folder that holds your trainer package "
+                        "(the one with setup.py, and trainer/ inside it)")
+    if not os.path.isdir(folder):
+        raise UserError(f"--package {package}: not a folder", "give the folder that holds the package, e.g. "
+                        "--package . --module trainer.task")
+    if not MODULE_NAME.match(module):
+        raise UserError(f"--module {module}: not a dotted module name", "for example --module trainer.task")
+    path = module_file(folder, module)
+    if path is None:
+        raise UserError(f"--module {module}: no {module.replace('.', '/')}.py (or package with __main__.py) "
+                        f"in {folder}", "run from the folder that holds the package, or pass --package FOLDER")
+    requirements, sources = declared_requirements(folder)
+    program = Program("module", folder, module, tuple(requirements), tuple(sources))
+    check_imports(program, path, f"--module {module}")
+    return program
+
+
+def module_file(folder: str, module: str) -> str | None:
+    """The file ``python -m module`` runs from ``folder``, or None."""
+    base = os.path.join(folder, *module.split("."))
+    for candidate in (base + ".py", os.path.join(base, "__main__.py")):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+# -- dependencies ----------------------------------------------------------------------------
+
+def declared_requirements(folder: str) -> tuple[list[str], list[str]]:
+    """The pip requirements a folder declares, and the files they came from.
+
+    Local files named in ``requirements.txt`` (a wheel, an sdist, a folder)
+    must be inside the folder; they are rewritten to the node's copy of it.
+
+    Raises:
+        UserError: a requirements line or a declaration that cannot work on another node.
+    """
+    out: list[str] = []
+    sources: list[str] = []
+    req = os.path.join(folder, "requirements.txt")
+    if os.path.isfile(req):
+        sources.append("requirements.txt")
+        out += _requirements_file(folder, req)
+    pyproject = os.path.join(folder, "pyproject.toml")
+    setup = os.path.join(folder, "setup.py")
+    if os.path.isfile(pyproject):
+        deps = _pyproject_dependencies(pyproject)
+        if deps is not None:
+            sources.append("pyproject.toml")
+            out += deps
+    if os.path.isfile(setup) and "pyproject.toml" not in sources:
+        deps = _setup_py_dependencies(setup)
+        sources.append("setup.py")
+        # A computed install_requires: let pip build the package to find them.
+        out += deps if deps is not None else [WORKING_DIR_VAR]
+    unique: list[str] = []
+    for line in out:
+        if line not in unique:
+            unique.append(line)
+    return unique, sources
+
+
+def _requirements_file(folder: str, path: str) -> list[str]:
+    out = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = f.read().splitlines()
+    for number, raw in enumerate(lines, 1):
+        line = raw.split(" #")[0].strip()
+        if not line or line.startswith("#"):
+            continue
+        where = f"{os.path.join(os.path.basename(folder), 'requirements.txt')} line {number}"
+        if line.startswith(("-r", "--requirement", "-c", "--constraint", "-e", "--editable")):
+            raise UserError(f"{where}: {line!r}: nested requirement files and editable installs are not "
+                            "supported", "list the packages in requirements.txt itself")
+        if line.startswith("-"):
+            raise UserError(f"{where}: {line!r}: pip options are not supported here",
+                            "list only packages (names, versions, or files inside the package folder)")
+        out.append(_local_requirement(folder, line, where) if _looks_local(line) else line)
+    return out
+
+
+def _looks_local(line: str) -> bool:
+    return line.startswith((".", "/", "~", "file:")) or line.endswith(_LOCAL_SUFFIXES)
+
+
+def _local_requirement(folder: str, line: str, where: str) -> str:
+    """A file or folder named in requirements.txt, as the node's copy of it."""
+    path = line[len("file:"):] if line.startswith("file:") else line
+    full = os.path.abspath(os.path.join(folder, os.path.expanduser(path)))
+    inside = full == folder or full.startswith(folder + os.sep)
+    if not os.path.exists(full):
+        raise UserError(f"{where}: {line}: no such file", "put the file inside the package folder and name it "
+                        "relative to it, e.g. ./deps/mylib-1.0-py3-none-any.whl")
+    if not inside:
+        raise UserError(f"{where}: {line} is outside {folder}, so other nodes would not have it",
+                        "copy it into the package folder and name it relative to it")
+    rel = os.path.relpath(full, folder)
+    return WORKING_DIR_VAR if rel == "." else f"{WORKING_DIR_VAR}/{rel}"
+
+
+def _pyproject_dependencies(path: str) -> list[str] | None:
+    import tomllib
+
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not valid TOML ({exc})", "fix the file, or remove it") from None
+    deps = (data.get("project") or {}).get("dependencies")
+    if deps is None:
+        return None
+    if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
+        raise UserError(f"{path}: [project] dependencies must be a list of strings")
+    return list(deps)
+
+
+def _setup_py_dependencies(path: str) -> list[str] | None:
+    """``install_requires`` when setup.py spells it as a list of strings; None when it is computed."""
+    try:
+        tree = ast.parse(_read(path), path)
+    except SyntaxError as exc:
+        raise UserError(f"{path}: syntax error at line {exc.lineno}: {exc.msg}") from None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "setup":
+            for kw in node.keywords:
+                if kw.arg == "install_requires":
+                    try:
+                        value = ast.literal_eval(kw.value)
+                    except ValueError:
+                        return None
+                    return [str(v) for v in value] if isinstance(value, (list, tuple)) else None
+            return []
+    return None
+
+
+# -- imports ---------------------------------------------------------------------------------
+
+def check_imports(program: Program, entry: str, what: str) -> None:
+    """Compile the entry file and the folder's modules it imports; every module imported at
+    the top must be in the folder, installed here, or declared as a dependency.
+
+    Raises:
+        UserError: a syntax error, or a module nothing provides.
+    """
+    seen: set[str] = set()
+    todo = [entry]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        rel = os.path.relpath(path, program.folder)
+        try:
+            tree = ast.parse(_read(path), path)
+        except SyntaxError as exc:
+            raise UserError(f"{what}: {rel} line {exc.lineno}: syntax error: {exc.msg}",
+                            f"run `python -m py_compile {path}` to see it") from None
+        except ValueError as exc:  # null bytes: not a text file
+            raise UserError(f"{what}: {rel} is not Python source ({exc})") from None
+        package = _package_of(program.folder, path)
+        for name, line in top_level_imports(tree, package):
+            local = _local_module(program.folder, name)
+            if local:
+                todo.append(local)
+                continue
+            top = name.split(".")[0]
+            if top in sys.stdlib_module_names or _importable(top):
+                continue
+            if program.requirements:
+                continue  # import names and distribution names differ (yaml/PyYAML): pip will tell
+            raise UserError(f"{what}: {rel} line {line} imports {top}, which is not in {program.folder}, "
+                            "not installed here and not declared as a dependency",
+                            f"add {top} to {os.path.join(program.folder, 'requirements.txt')}, or fix the import")
+
+
+def top_level_imports(tree: ast.Module, package: str) -> list[tuple[str, int]]:
+    """Absolute names of the modules imported by module-level statements (not inside
+    functions or try/except, which are often optional), with their line numbers."""
+    out = []
+    body = list(tree.body)
+    while body:
+        node = body.pop(0)
+        if isinstance(node, ast.If):  # `if __name__ == "__main__":` and version checks
+            body = node.body + node.orelse + body
+        elif isinstance(node, ast.Import):
+            out += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".") if package else []
+                base = parts[:len(parts) - node.level + 1] if node.level <= len(parts) + 1 else []
+                name = ".".join(filter(None, [*base, node.module or ""]))
+                if name:
+                    out.append((name, node.lineno))
+                    if not node.module:  # from . import model
+                        out += [(f"{name}.{alias.name}", node.lineno) for alias in node.names]
+            elif node.module != "__future__":
+                out.append((node.module, node.lineno))
+                out += [(f"{node.module}.{alias.name}", node.lineno) for alias in node.names]
+    return out
+
+
+def _package_of(folder: str, path: str) -> str:
+    rel = os.path.relpath(os.path.dirname(path), folder)
+    return "" if rel == "." else rel.replace(os.sep, ".")
+
+
+def _local_module(folder: str, name: str) -> str | None:
+    base = os.path.join(folder, *name.split("."))
+    for candidate in (base + ".py", os.path.join(base, "__init__.py")):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def _importable(top: str) -> bool:
+    try:
+        return importlib.util.find_spec(top) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()

@@ -1,0 +1,97 @@
+"""Chaos for a trainer package: a preemption notice reaches it as SIGTERM and costs no step;
+a crash is restarted within --max-failures, and fails the run with the rank's status beyond it.
+
+The example package (examples/trainer_package) runs unmodified on the preemption
+lab's two worker nodes; it checkpoints to AIP_CHECKPOINT_DIR each epoch and on
+SIGTERM, and resumes from there.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import threading
+import time
+
+import pytest
+
+from launcher.driver.program import from_package
+from launcher.driver.script import run_script
+from launcher.spec import JobSpec
+
+pytestmark = pytest.mark.chaos
+
+EXAMPLE = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                       "examples", "trainer_package")
+PER_EPOCH = 1437 // 64  # the digits' training split, batches of 32 on each of 2 ranks
+EPOCHS = 5
+TOTAL = PER_EPOCH * EPOCHS
+
+
+class Run:
+    """run_script in a thread of this process (connected to the lab's cluster), its lines kept."""
+
+    def __init__(self, lab, storage: str, name: str, max_failures: int, *args: str) -> None:
+        self.spec = JobSpec(workers=2, storage=storage, name=name, address=lab.address,
+                            max_failures=max_failures).validated()
+        self.out = io.StringIO()
+        self.result = None
+        self.error: BaseException | None = None
+        program = from_package(EXAMPLE, "trainer.task")
+        argv = ["--epochs", str(EPOCHS), *args]
+        self.thread = threading.Thread(target=self._run, args=(program, argv), daemon=True)
+        self.thread.start()
+
+    def _run(self, program, argv) -> None:
+        try:
+            self.result = run_script(self.spec, program, argv, out=self.out, progress_out=self.out)
+        except BaseException as exc:  # noqa: BLE001 - raised in wait()
+            self.error = exc
+
+    def wait_for(self, text: str, timeout_s: float = 180) -> None:
+        end = time.time() + timeout_s
+        while text not in self.out.getvalue():
+            assert self.thread.is_alive() and time.time() < end, f"no {text!r}:\n{self.out.getvalue()[-3000:]}"
+            time.sleep(0.1)
+
+    def wait(self, timeout_s: float = 400):
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), self.out.getvalue()[-3000:]
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def test_a_notice_reaches_the_package_as_sigterm_and_costs_no_step(lab, tmp_path):
+    run = Run(lab, str(tmp_path), "notice", 0, "--step-sleep", "0.08")
+    run.wait_for("saved checkpoint at step 22 (epoch 1)")
+    lab.preempt(0)
+    code, s = run.wait()
+    out = run.out.getvalue()
+    assert code == 0 and s.status == "succeeded", out[-3000:]
+    assert (s.restarts, s.preemptions, s.preemption_notices) == (1, 1, 1), s
+    saved = [int(m) for m in re.findall(r"saved checkpoint at step (\d+) \(SIGTERM\)", out)]
+    resumed = [int(m) for m in re.findall(r"resumed from step (\d+)", out)]
+    # every rank resumes at the step saved on SIGTERM: 0 steps lost
+    assert len(saved) == 1 and resumed == saved * 2 and PER_EPOCH < saved[0] < TOTAL, out[-3000:]
+    assert f"exported the model to {tmp_path}/notice/model/ after {TOTAL} steps" in out
+    assert s.steps_completed == TOTAL and s.metrics["accuracy"] > 0.8  # its own hypertune report
+
+
+def test_a_crash_is_restarted_within_max_failures(lab, tmp_path):
+    run = Run(lab, str(tmp_path), "crash", 1, "--fail-at-step", str(PER_EPOCH + 3))
+    code, s = run.wait()
+    out = run.out.getvalue()
+    assert code == 0 and s.status == "succeeded", out[-3000:]
+    assert (s.restarts, s.preemptions) == (1, 0) and s.exit_codes == {"0": 0, "1": 0}, s
+    assert out.count(f"resumed from step {PER_EPOCH} of {TOTAL}") == 2  # both ranks, from the epoch-1 checkpoint
+
+
+def test_beyond_max_failures_the_run_fails_with_the_ranks_status(lab, tmp_path):
+    run = Run(lab, str(tmp_path), "fail", 0, "--fail-at-step", "3")
+    code, s = run.wait()
+    out = run.out.getvalue()
+    assert code == 1 and s.status == "failed" and s.restarts == 0, out[-3000:]
+    assert s.exit_codes["1"] == 1 and s.error.startswith("rank 1 exited with status 1"), s
+    assert "[rank 1] rank 1: failing at step 3 on purpose" in out

@@ -1,0 +1,278 @@
+"""The user's own program (``--script``, ``--package --module``): checks on the driver, the
+environment every rank gets (Vertex AI's contract), dependencies, runs on a cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from launcher.cli.main import main
+from launcher.driver.program import WORKING_DIR_VAR, declared_requirements, from_package
+from launcher.errors import UserError
+from launcher.worker import vertex
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "trainer_package")
+
+
+def package(tmp_path, files: dict[str, str]) -> str:
+    folder = tmp_path / "pkg"
+    for name, text in files.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return str(folder)
+
+
+# -- checks before anything starts -----------------------------------------------------------
+
+def test_the_example_package_passes_the_checks_and_declares_its_dependencies():
+    program = from_package(EXAMPLE, "trainer.task")
+    assert (program.kind, program.folder, program.target) == ("module", EXAMPLE, "trainer.task")
+    assert program.requirements == ("cloudml-hypertune",) and program.sources == ("setup.py",)
+    assert program.command()[1:] == ["-m", "trainer.task"]
+    assert program.runtime_env()["working_dir"] == EXAMPLE
+
+
+@pytest.mark.parametrize("files, module, message", [
+    ({}, "trainer.task", "no trainer/task.py"),
+    ({"trainer/__init__.py": "", "trainer/task.py": "def f(:\n"}, "trainer.task",
+     "trainer/task.py line 1: syntax error"),
+    ({"trainer/__init__.py": "", "trainer/task.py": "from trainer import model\n",
+      "trainer/model.py": "import os\nimport not_installed_anywhere\n"}, "trainer.task",
+     "trainer/model.py line 2 imports not_installed_anywhere"),
+    ({"trainer/__init__.py": "", "trainer/task.py": "from . import helpers\n",
+      "trainer/helpers.py": "x = (\n"}, "trainer.task", "trainer/helpers.py line 1: syntax error"),
+    ({"trainer/task.py": ""}, "trainer-task", "not a dotted module name"),
+    ({"trainer/task.py": "", "requirements.txt": "./deps/missing-1.0-py3-none-any.whl\n"}, "trainer.task",
+     "requirements.txt line 1: ./deps/missing-1.0-py3-none-any.whl: no such file"),
+    ({"trainer/task.py": "", "requirements.txt": "numpy\n-e ./somewhere\n"}, "trainer.task",
+     "line 2: '-e ./somewhere': nested requirement files and editable installs"),
+    ({"trainer/task.py": "", "pyproject.toml": "[project\n"}, "trainer.task", "not valid TOML"),
+])
+def test_a_package_that_cannot_run_is_one_clear_error(tmp_path, files, module, message):
+    folder = package(tmp_path, files) if files else str(tmp_path)
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        from_package(folder, module)
+
+
+def test_imports_guarded_or_declared_are_not_refused(tmp_path):
+    folder = package(tmp_path, {
+        "trainer/task.py": """
+            import json
+            try:
+                import optional_thing
+            except ImportError:
+                optional_thing = None
+
+            def main():
+                import only_when_called
+        """,
+    })
+    assert from_package(folder, "trainer.task").requirements == ()
+    (tmp_path / "pkg" / "trainer" / "task.py").write_text("import yaml_under_another_name\n")
+    (tmp_path / "pkg" / "requirements.txt").write_text("PyYAML\n")  # pip decides, on the node
+    assert from_package(folder, "trainer.task").requirements == ("PyYAML",)
+
+
+def test_requirements_from_each_kind_of_declaration(tmp_path):
+    folder = tmp_path / "p"
+    (folder / "deps").mkdir(parents=True)
+    (folder / "deps" / "extra-1.0-py3-none-any.whl").write_bytes(b"")
+    (folder / "requirements.txt").write_text("# pinned\nnumpy==2.4.6  # comment\n\n./deps/extra-1.0-py3-none-any.whl\n")
+    (folder / "setup.py").write_text("from setuptools import setup\nsetup(name='t', install_requires=['pyyaml', "
+                                     "'numpy==2.4.6'])\n")
+    reqs, sources = declared_requirements(str(folder))
+    assert reqs == ["numpy==2.4.6", f"{WORKING_DIR_VAR}/deps/extra-1.0-py3-none-any.whl", "pyyaml"]
+    assert sources == ["requirements.txt", "setup.py"]
+    # install_requires computed at build time: pip builds the package on the node to find them
+    (folder / "setup.py").write_text("from setuptools import setup\nsetup(name='t', install_requires=deps())\n")
+    assert declared_requirements(str(folder))[0][-1] == WORKING_DIR_VAR
+    (folder / "pyproject.toml").write_text("[project]\nname = 't'\ndependencies = ['tqdm>=4']\n")
+    os.remove(folder / "requirements.txt")
+    assert declared_requirements(str(folder)) == (["tqdm>=4"], ["pyproject.toml"])
+    outside = tmp_path / "elsewhere.whl"
+    outside.write_bytes(b"")
+    (folder / "requirements.txt").write_text(f"{outside}\n")
+    with pytest.raises(UserError, match="is outside .* so other nodes would not have it"):
+        declared_requirements(str(folder))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--package", "nowhere", "--module", "trainer.task"], "--package nowhere: no such folder"),
+    (["--package", EXAMPLE], "--module is missing"),
+    (["--module", "trainer.task"], "--package is missing"),
+    (["--script", "x.py", "--package", EXAMPLE, "--module", "trainer.task"], "name two programs"),
+    (["--package", EXAMPLE, "--module", "trainer.nothing"], "no trainer/nothing.py"),
+    (["--no-job-dir"], "--no-job-dir applies to --script or --package runs only"),
+])
+def test_bad_program_flags_are_one_line_and_exit_2(tmp_path, capsys, argv, message):
+    code = main(["run", *argv, "--storage", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_folder_over_the_size_limit_is_refused_before_ray_starts(tmp_path, capsys, monkeypatch):
+    folder = package(tmp_path, {"trainer/__init__.py": "", "trainer/task.py": "print(1)\n"})
+    with open(os.path.join(folder, "data.bin"), "wb") as f:
+        f.write(os.urandom(3 * 2**20))
+    monkeypatch.setenv("LAUNCHER_CODE_LIMIT_MB", "1")
+    code = main(["run", "--package", folder, "--module", "trainer.task", "--storage", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert "the package's folder" in err[0] and "over 1 MiB" in err[0] and "data.bin (3 MiB)" in err[0]
+
+
+def test_dependencies_install_once_per_node_on_top_of_its_environment(tmp_path):
+    from launcher.worker import deps
+
+    folder = tmp_path / "pkg"
+    wheel = build_wheel(tmp_path, str(folder / "deps"))
+    reqs = [f"{WORKING_DIR_VAR}/deps/{wheel}", "numpy"]  # numpy: already here, so not installed again
+    key = deps.env_key(reqs, str(folder))
+    python, installed = deps.ensure(reqs, key, str(folder), root=str(tmp_path / "envs"))
+    assert installed and python.startswith(str(tmp_path / "envs"))
+    probe = subprocess.run([python, "-c", "import launcher_test_extra, numpy, torch; print(launcher_test_extra.MARK,"
+                            " numpy.__file__)"], capture_output=True, text=True, check=True).stdout.split()
+    assert probe[0] == "extra-4.2" and not probe[1].startswith(str(tmp_path))  # the node's own numpy
+    assert deps.ensure(reqs, key, str(folder), root=str(tmp_path / "envs")) == (python, False)  # cached
+    # a changed wheel is a new environment; a broken one is pip's reason, and nothing half built stays
+    (folder / "deps" / wheel).write_bytes(b"not a zip file")
+    broken = deps.env_key(reqs, str(folder))
+    assert broken != key
+    with pytest.raises(deps.DependencyError, match=r"Wheel .launcher-test-extra. located at .* is invalid"):
+        deps.ensure(reqs, broken, str(folder), root=str(tmp_path / "envs"))
+    assert not os.path.exists(tmp_path / "envs" / broken)
+
+
+# -- the environment each rank gets -------------------------------------------------------------
+
+def test_vertex_variables_for_each_rank():
+    addresses = ["10.0.0.1:2222", "10.0.0.2:2222", "10.0.0.3:2222"]
+    assert vertex.cluster_spec(addresses, 0) == {
+        "cluster": {"workerpool0": ["10.0.0.1:2222"], "workerpool1": ["10.0.0.2:2222", "10.0.0.3:2222"]},
+        "environment": "cloud", "task": {"type": "workerpool0", "index": 0}}
+    assert vertex.cluster_spec(addresses, 2)["task"] == {"type": "workerpool1", "index": 1}
+    assert vertex.cluster_spec(addresses[:1], 0)["cluster"] == {"workerpool0": ["10.0.0.1:2222"]}
+    tf = vertex.tf_config(addresses, 1, trial="3")
+    assert tf == {"cluster": {"chief": ["10.0.0.1:2222"], "worker": ["10.0.0.2:2222", "10.0.0.3:2222"]},
+                  "task": {"type": "worker", "index": 0, "trial": "3"}, "environment": "cloud"}
+    assert vertex.tf_addresses(json.dumps(tf)) == addresses
+    assert vertex.output_dirs("gs://b/runs/r1") == {
+        "AIP_MODEL_DIR": "gs://b/runs/r1/model/", "AIP_CHECKPOINT_DIR": "gs://b/runs/r1/checkpoints/",
+        "AIP_TENSORBOARD_LOG_DIR": "gs://b/runs/r1/logs/"}
+
+
+def test_hypertune_reports_are_read_back_as_numbers(tmp_path, monkeypatch):
+    import hypertune
+
+    path = tmp_path / "hp" / "output.metrics"
+    monkeypatch.setenv("CLOUD_ML_HP_METRIC_FILE", str(path))
+    monkeypatch.setenv("CLOUD_ML_TRIAL_ID", "7")
+    tuner = hypertune.HyperTune()
+    tuner.report_hyperparameter_tuning_metric(hyperparameter_metric_tag="accuracy", metric_value=0.5, global_step=10)
+    first = vertex.read_metrics(str(path))
+    assert [(e["accuracy"], e["global_step"], e["trial"]) for e in first] == [(0.5, 10, 7)]
+    tuner.report_hyperparameter_tuning_metric(hyperparameter_metric_tag="accuracy", metric_value=0.75, global_step=20)
+    new = vertex.read_metrics(str(path), after=first[-1]["timestamp"])  # the library rewrites the whole file
+    assert [vertex.metric_values(e) for e in new] == [{"accuracy": 0.75}]
+    with open(path, "a") as f:
+        f.write('{"accuracy": "0.9", "timest')  # half written: skipped, read next time
+    assert len(vertex.read_metrics(str(path))) == 2
+
+
+# -- on a real cluster ------------------------------------------------------------------------------
+
+EXTRA = '''
+import launcher_test_extra, json, os, sys
+print("extra", launcher_test_extra.MARK, "job-dir", sys.argv[sys.argv.index("--job-dir") + 1], flush=True)
+print("cluster-spec", os.environ["CLUSTER_SPEC"], flush=True)
+print("dirs", os.environ["AIP_MODEL_DIR"], os.environ["AIP_CHECKPOINT_DIR"], flush=True)
+'''
+
+
+def build_wheel(tmp_path, dest: str) -> str:
+    """A tiny distribution, built into a wheel in ``dest``: the package's local dependency."""
+    src = tmp_path / "extra-src"
+    (src / "launcher_test_extra").mkdir(parents=True)
+    (src / "launcher_test_extra" / "__init__.py").write_text("MARK = 'extra-4.2'\n")
+    (src / "setup.py").write_text("from setuptools import setup\nsetup(name='launcher-test-extra', version='4.2', "
+                                  "packages=['launcher_test_extra'])\n")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", dest,
+                    str(src)], check=True, capture_output=True)
+    (wheel,) = os.listdir(dest)
+    return wheel
+
+
+@pytest.mark.integration
+def test_the_example_package_runs_on_two_nodes_with_a_local_dependency(tmp_path):
+    from ray.cluster_utils import Cluster
+
+    pkg = tmp_path / "trainer_package"
+    shutil.copytree(EXAMPLE, pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    wheel = build_wheel(tmp_path, str(pkg / "deps"))
+    (pkg / "requirements.txt").write_text(f"./deps/{wheel}\n")
+    task = pkg / "trainer" / "task.py"
+    task.write_text(task.read_text().replace("\nimport hypertune\n", "\nimport hypertune\n" + EXTRA))
+    cwd, storage = tmp_path / "elsewhere", str(tmp_path / "runs")
+    cwd.mkdir()
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    try:
+        for _ in range(2):
+            cluster.add_node(num_cpus=1)
+        cluster.wait_for_nodes()
+        done = subprocess.run([sys.executable, "-m", "launcher", "run", "--package", str(pkg), "--module",
+                               "trainer.task", "--workers", "2", "--address", cluster.address, "--storage", storage,
+                               "--name", "pkg", "--json", "--", "--epochs", "2"],
+                              cwd=cwd, capture_output=True, text=True, timeout=400,
+                              env={**os.environ, "LAUNCHER_ENV_CACHE": str(tmp_path / "envs")})
+    finally:
+        cluster.shutdown()
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    run_dir = os.path.join(storage, "pkg")
+    assert summary["status"] == "succeeded" and summary["exit_codes"] == {"0": 0, "1": 0}, summary
+    assert summary["metrics"]["accuracy"] > 0.8 and summary["workload"] == "module:trainer.task"
+    assert summary["steps_completed"] == 2 * (1437 // 64)
+    assert "installing the dependencies from requirements.txt and setup.py on 3 node(s)" in done.stderr
+    specs = {}
+    for r in range(2):
+        assert f"[rank {r}] extra extra-4.2 job-dir {run_dir}" in done.stderr, done.stderr[-3000:]
+        line = next(x for x in done.stderr.splitlines() if x.startswith(f"[rank {r}] cluster-spec "))
+        specs[r] = json.loads(line.split("cluster-spec ", 1)[1])
+        assert f"[rank {r}] dirs {run_dir}/model/ {run_dir}/checkpoints/" in done.stderr
+    assert specs[0]["task"] == {"type": "workerpool0", "index": 0}
+    assert specs[1]["task"] == {"type": "workerpool1", "index": 0}
+    assert specs[0]["cluster"] == specs[1]["cluster"] and len(specs[0]["cluster"]["workerpool1"]) == 1
+    assert os.path.getsize(os.path.join(run_dir, "model", "model.pt")) > 0  # exported to AIP_MODEL_DIR
+    assert os.path.exists(os.path.join(run_dir, "checkpoints", "checkpoint.pt"))
+    # a run like any other: its log lists it, with the program's own reported metric
+    runs = subprocess.run([sys.executable, "-m", "launcher", "runs", "--storage", storage, "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    (row,) = json.loads(runs.stdout)
+    assert row["status"] == "succeeded" and row["workload"] == "module:trainer.task" and "accuracy" in row["metrics"]
+
+
+@pytest.mark.integration
+def test_a_requirement_that_cannot_be_installed_is_one_line_before_training(tmp_path):
+    pkg = package(tmp_path, {"trainer/__init__.py": "", "trainer/task.py": "print('trained', flush=True)\n"})
+    os.makedirs(os.path.join(pkg, "deps"))
+    with open(os.path.join(pkg, "deps", "broken-1.0-py3-none-any.whl"), "wb") as f:
+        f.write(b"this is not a zip file")
+    with open(os.path.join(pkg, "requirements.txt"), "w") as f:
+        f.write("./deps/broken-1.0-py3-none-any.whl\n")
+    done = subprocess.run([sys.executable, "-m", "launcher", "run", "--package", pkg, "--module", "trainer.task",
+                           "--workers", "1", "--storage", str(tmp_path / "runs")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "LAUNCHER_ENV_CACHE": str(tmp_path / "envs")})
+    err = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert err[-1].startswith("error: the dependencies from requirements.txt could not be installed"), err
+    assert "trained" not in done.stdout + done.stderr
