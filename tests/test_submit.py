@@ -240,6 +240,25 @@ def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 1.0):
 
 
 @pytest.mark.integration
+@pytest.mark.integration
+def test_submit_a_trainer_package(head, capsys, tmp_path):
+    example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
+                           "trainer_package")
+    storage = str(tmp_path / "runs")
+    code, out, err = run_cli(capsys, "submit", "--address", head, "--package", example, "--module", "trainer.task",
+                             "--workers", "2", "--storage", storage, "--name", "sub_pkg", "--follow", "--",
+                             "--epochs", "1")
+    assert code == 0, out + err
+    assert "run sub_pkg: succeeded" in out and "exit status rank 0: 0, rank 1: 0" in out, out
+    run_dir = os.path.join(storage, "sub_pkg")
+    assert f"[rank 0] exported the model to {run_dir}/model/ after 22 steps" in out  # --job-dir, AIP_MODEL_DIR
+    summary = json.load(open(os.path.join(run_dir, "summary.json")))
+    assert summary["workload"] == "module:trainer.task" and summary["metrics"]["accuracy"] > 0.5, summary
+    code, out, _ = run_cli(capsys, "status", "launcher-sub_pkg", "--address", head, "--json")
+    shipped = json.loads(out)["runtime_env"]
+    assert shipped["working_dir"].startswith("gcs://") and len(shipped["py_modules"]) == 2  # the package, our code
+
+
 def test_submit_follow_to_succeeded(head, capsys, tmp_path):
     storage = str(tmp_path / "runs")
     code, out, err = run_cli(capsys, "submit", "--address", head, "--workers", "2", "--epochs", "1",
