@@ -104,8 +104,12 @@ def test_storage_outage_is_not_bad_input(monkeypatch, capsys):
         code = main(["run", "--storage", "gs://busy/runs"])
     finally:
         server.shutdown()
-    err = capsys.readouterr().err.strip()
-    assert code == 1 and len(err.splitlines()) == 1, err
+    lines = capsys.readouterr().err.strip().splitlines()
+    # at the first retry, a line says what does not answer and for how long it will be tried
+    assert code == 1 and len(lines) == 2, lines
+    assert lines[0].startswith("launcher: the Cloud Storage emulator at http://127.0.0.1:") and \
+        lines[0].endswith("did not answer (ServiceUnavailable); retrying for up to 2s (LAUNCHER_GCS_RETRY_S sets it)")
+    err = lines[1]
     assert err.startswith("error: cannot use gs://busy/runs: the Cloud Storage emulator at http://127.0.0.1:")
     assert "(STORAGE_EMULATOR_HOST) did not answer" in err and "unset STORAGE_EMULATOR_HOST" in err
 

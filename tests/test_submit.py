@@ -17,6 +17,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import pytest
@@ -297,7 +298,33 @@ def test_submit_follow_to_succeeded(head, capsys, tmp_path):
 
 @pytest.mark.integration
 @pytest.mark.gcs
-def test_stop_a_long_run(head, capsys, bucket):
+def follow_a_job_server_that_stops_answering(head: str, job: str, capsys, monkeypatch) -> None:
+    """`logs --follow` while the head's job server freezes (SIGSTOP): one line, in bounded time."""
+    import psutil
+
+    port = int(head.rsplit(":", 1)[1])
+    (server,) = {psutil.Process(c.pid) for c in psutil.net_connections(kind="tcp")
+                 if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid}
+    monkeypatch.setattr(submit, "FOLLOW_CHECK_S", 1.0)
+    monkeypatch.setenv(submit.TIMEOUT_ENV, "3")
+    result = {}
+    follower = threading.Thread(target=lambda: result.update(code=main(["logs", job, "--address", head, "--follow"])))
+    follower.start()
+    wait_for(lambda: "epoch" in capsys.readouterr().out or None, 60, "the followed logs", poll_s=0.2)
+    server.suspend()
+    frozen = time.time()
+    try:
+        follower.join(60)
+        took = time.time() - frozen
+    finally:
+        server.resume()
+    assert not follower.is_alive() and result["code"] == 1, result
+    err = capsys.readouterr().err
+    one_line_error(1, err, f"stopped answering while following job {job}", exit_code=1)
+    assert took < 20, took  # a check every 1 s, each answer awaited 3 s (and the request's own 3 s)
+
+
+def test_stop_a_long_run(head, capsys, bucket, monkeypatch):
     # Storage on the Cloud Storage emulator: the job reaches it only through the
     # STORAGE_EMULATOR_HOST that submit passes on (the head was started without it).
     storage = f"gs://{bucket}/runs"
@@ -310,6 +337,7 @@ def test_stop_a_long_run(head, capsys, bucket):
     one_line_error(code, err, "run sub_long is already", "as job launcher-sub_long")
     # Stop it once it trains (an epoch line in its logs), not while it starts.
     wait_for(lambda: "epoch 1/1000" in submit.logs(head, job), 150, "the first epoch")
+    follow_a_job_server_that_stops_answering(head, job, capsys, monkeypatch)
     code, out, err = run_cli(capsys, "stop", job, "--address", head)
     assert code == 0, err
     assert out.strip() == f"job {job}: STOPPED"

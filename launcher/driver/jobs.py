@@ -43,6 +43,7 @@ TIMEOUT_ENV = "LAUNCHER_JOB_TIMEOUT_S"  # each part of the answer (default 60 s)
 
 def request_timeout_s() -> float:
     return float(os.environ.get(TIMEOUT_ENV, "60"))
+FOLLOW_CHECK_S = 10.0  # while following a job's logs, check that its server still answers this often
 # `launcher logs --follow` and `submit --follow` exit like `launcher run` would.
 EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 130}
 FIX_ADDRESS = ("pass the head's dashboard address, e.g. --address http://127.0.0.1:8265 "
@@ -313,7 +314,34 @@ def follow(address: str | None, job_id: str, write: Callable[[str], None]) -> st
             async for chunk in client.tail_job_logs(job_id):
                 write(chunk)
 
-        asyncio.run(pump())
+        async def watch() -> None:
+            """The log stream alone can wait forever on a server that stopped answering:
+            check on the job's status now and then, within a bounded wait."""
+            ended = None
+            while True:
+                await asyncio.sleep(FOLLOW_CHECK_S)
+                try:
+                    status = await asyncio.wait_for(asyncio.to_thread(client.get_job_status, job_id),
+                                                    timeout=request_timeout_s())
+                except (asyncio.TimeoutError, OSError, RuntimeError):
+                    raise Unreachable(f"the Ray job server at {client.get_address()} stopped answering while "
+                                      f"following job {job_id} (no answer within {request_timeout_s():g}s)",
+                                      f"the job may still be running: `launcher status {job_id}` or `launcher logs "
+                                      f"{job_id} --follow` again once the head answers") from None
+                if str(status.value) in TERMINAL:
+                    ended = ended or time.monotonic()
+                    if time.monotonic() - ended > FOLLOW_CHECK_S:  # the stream did not close: stop anyway
+                        return
+
+        async def both() -> None:
+            tasks = [asyncio.ensure_future(pump()), asyncio.ensure_future(watch())]
+            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in pending:
+                task.cancel()
+            for task in done:
+                task.result()  # an exception (the job server gone) is raised here
+
+        asyncio.run(both())
         # The log stream closes when the job ends; the status can lag it a moment.
         return _wait_terminal(client, job_id, timeout_s=60.0)
 

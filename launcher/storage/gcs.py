@@ -61,11 +61,34 @@ def client():
                         "run `gcloud auth application-default login` or set GOOGLE_APPLICATION_CREDENTIALS") from None
 
 
+def _retry_notice():
+    """An on_error callback: the first retry of an operation says what does not answer and for
+    how long it is tried, so a storage outage is not minutes of silence."""
+    said = []
+
+    def say(exc: Exception) -> None:
+        if said:
+            return
+        said.append(exc)
+        import sys
+
+        where = (f"the Cloud Storage emulator at {emulator_host()} ({EMULATOR_ENV})" if emulator_host()
+                 else "Cloud Storage")
+        print(f"launcher: {where} did not answer ({type(exc).__name__}); retrying for up to "
+              f"{float(os.environ.get(RETRY_ENV, '120')):g}s ({RETRY_ENV} sets it)", file=sys.stderr, flush=True)
+
+    return say
+
+
 def retry_policy():
-    """Retries for 429, 5xx and dropped connections, with exponential backoff."""
+    """Retries for 429, 5xx and dropped connections, with exponential backoff; the first
+    retry is said on stderr."""
+    from google.api_core.retry import Retry
     from google.cloud.storage.retry import DEFAULT_RETRY
 
-    return DEFAULT_RETRY.with_timeout(float(os.environ.get(RETRY_ENV, "120")))
+    return Retry(predicate=DEFAULT_RETRY._predicate, initial=DEFAULT_RETRY._initial,
+                 maximum=DEFAULT_RETRY._maximum, multiplier=DEFAULT_RETRY._multiplier,
+                 timeout=float(os.environ.get(RETRY_ENV, "120")), on_error=_retry_notice())
 
 
 def _shortened(text: str, limit: int = 200) -> str:

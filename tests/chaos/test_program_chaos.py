@@ -77,6 +77,8 @@ def test_a_notice_reaches_the_package_as_sigterm_and_costs_no_step(lab, tmp_path
     # every rank resumes at the step saved on SIGTERM: 0 steps lost
     assert len(saved) == 1 and resumed == saved * 2 and PER_EPOCH < saved[0] < TOTAL, out[-3000:]
     assert f"exported the model to {tmp_path}/notice/model/ after {TOTAL} steps" in out
+    left = float(re.search(r"preemption notice: ([0-9.]+)s were left", out).group(1))  # the notice file
+    assert 0 < left <= 6  # the lab's notice is 6 s
     assert s.steps_completed == TOTAL and s.metrics["accuracy"] > 0.8  # its own hypertune report
 
 

@@ -107,6 +107,10 @@ def main():
         time.sleep(args.step_sleep)
         if all_agree(stop_requested, distributed):
             save("SIGTERM")
+            notice = os.environ.get("LAUNCHER_PREEMPTION_FILE")  # the launcher's; Vertex AI has none
+            if rank == 0 and notice and os.path.exists(notice):
+                with open(notice) as f:
+                    print(f"preemption notice: {json.load(f)['seconds_left']}s were left", flush=True)
             return
         if step % per_epoch == 0:
             acc = accuracy(model, x_test, y_test)
