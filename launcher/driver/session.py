@@ -132,23 +132,38 @@ def _init(address: str | None, head: dict | None, workers: int, cpus_per_worker:
 
 @contextlib.contextmanager
 def _interrupts_noted() -> Iterator[Callable[[], bool]]:
-    """Meanwhile Ctrl-C is noted as well as raised: Ray's start-up can catch the
-    KeyboardInterrupt and carry on, and a run must not then train anyway."""
+    """Meanwhile Ctrl-C and SIGTERM are noted as well as acted on: Ray's start-up can catch
+    the KeyboardInterrupt and carry on, and the SIGTERM handler it installs exits with a
+    SystemExit that was seen swallowed ("Exception ignored in ... _releaseLock"); a run
+    must not then train anyway. So the SIGTERM handler Ray installs is wrapped to note
+    the signal first."""
     if threading.current_thread() is not threading.main_thread():
         yield lambda: False
         return
     seen = threading.Event()
     previous = signal.getsignal(signal.SIGINT)
+    install = signal.signal
 
     def note(signum, frame) -> None:
         seen.set()
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGINT, note)
+    def noting(signum, handler):
+        if signum == signal.SIGTERM and callable(handler):
+            inner = handler
+
+            def handler(sig, frame):  # noqa: F811 - Ray's handler, noted first
+                seen.set()
+                inner(sig, frame)
+        return install(signum, handler)
+
+    install(signal.SIGINT, note)
+    signal.signal = noting
     try:
         yield seen.is_set
     finally:
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+        signal.signal = install
+        install(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
 
 
 def check_local_fit(workers: int, cpus_per_worker: float, cores: int | None = None) -> None:

@@ -73,6 +73,9 @@ def ensure(requirements: list[str], key: str, folder: str, root: str | None = No
         DependencyError: pip failed; the message is its reason.
     """
     root = root or cache_root()
+    # The overlay reads this environment's site-packages: one per base environment.
+    base = hashlib.sha256(os.path.realpath(sys.prefix).encode()).hexdigest()[:8]
+    key = f"{key}-{base}"
     env = os.path.join(root, key)
     ready = os.path.join(env, ".ready")
     if os.path.exists(ready):

@@ -126,6 +126,7 @@ def main():
         print(f"exported the model to {model_dir} after {step} steps", flush=True)
         print(json.dumps({"final_step": step, "accuracy": accuracy(model, x_test, y_test)}), flush=True)
     if distributed:
+        dist.barrier()  # leave together: a rank tearing down while another still talks can abort
         dist.destroy_process_group()
 
 
