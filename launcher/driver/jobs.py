@@ -188,13 +188,19 @@ def run_argv(spec) -> list[str]:
     return argv
 
 
+PROGRAM_FIELDS = ("framework", "backend", "workers", "cpus_per_worker", "gpus_per_worker", "storage", "name",
+                  "max_failures")
+
+
 def entrypoint(spec, program=None, program_args: list[str] | tuple[str, ...] = (), job_dir: bool = True) -> str:
     """The job's shell command: the cluster's ``python`` (the one Ray runs on) runs the launcher.
     A program runs from the job's working directory, which is its shipped folder."""
-    argv = ["python", "-m", "launcher", "run", *run_argv(spec)]
-    if program is not None:
-        argv += [*program.to_argv(), "--job-dir-arg" if job_dir else "--no-job-dir", "--", *program_args]
-    return shlex.join(argv)
+    if program is None:
+        return shlex.join(["python", "-m", "launcher", "run", *run_argv(spec)])
+    # A program's run takes only the flags that shape its workers and its run folder.
+    flags = schema.to_argv(spec, skip=tuple(f.name for f in schema.fields(type(spec)) if f.name not in PROGRAM_FIELDS))
+    return shlex.join(["python", "-m", "launcher", "run", *flags, *program.to_argv(),
+                       "--job-dir-arg" if job_dir else "--no-job-dir", "--", *program_args])
 
 
 def runtime_env(environ: dict[str, str] | None = None, workload: str | None = None,
