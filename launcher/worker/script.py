@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -193,6 +194,8 @@ def script_worker(config: dict[str, Any]) -> None:
 
     def ship() -> None:
         nonlocal last_metric
+        if len(pending) > 1000:  # a long run: forget the messages already delivered
+            pending[:] = ray.wait(pending, num_returns=len(pending), timeout=0)[1]
         with lock:
             batch, lines[:] = lines[:MAX_BATCH], lines[MAX_BATCH:]
         if batch:
@@ -220,6 +223,7 @@ def script_worker(config: dict[str, Any]) -> None:
     status = proc.returncode
     ray.get(pending + [sink.put.remote({"rank": rank, "attempt": attempt, "exit": status, "time": time.time(),
                                         "preempted": deadline_s is not None})])
+    shutil.rmtree(scratch, ignore_errors=True)  # the metrics and notice files: read and shipped
     if deadline_s is not None:
         _hold(rank, deadline_s)
     if status != 0:
