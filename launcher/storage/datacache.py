@@ -63,7 +63,8 @@ def _check_copy(path: str, blob) -> str | None:
 
 
 @contextlib.contextmanager
-def _node_lock(path: str) -> Iterator[None]:
+def node_lock(path: str) -> Iterator[None]:
+    """An exclusive lock between the processes of this machine (a file lock at ``path``)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     with open(path, "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -95,7 +96,7 @@ def fetch(uri: str, note: Callable[[str], None] | None = None) -> str:
     where, blobs = _list(uri)
     root = os.path.join(cache_root(), "gcs", where.bucket)
     lock = os.path.join(cache_root(), "locks", where.bucket, hashlib.sha1(where.prefix.encode()).hexdigest())
-    with _node_lock(lock):
+    with node_lock(lock):
         for blob in blobs:
             dest = os.path.join(root, blob.name)
             if os.path.isfile(dest) and _check_copy(dest, blob) is None:

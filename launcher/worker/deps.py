@@ -15,8 +15,6 @@ half-built environment is ever used.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import os
 import shutil
@@ -24,7 +22,8 @@ import site
 import subprocess
 import sys
 import sysconfig
-from typing import Iterator
+
+from launcher.storage.datacache import node_lock
 
 CACHE_ENV = "LAUNCHER_ENV_CACHE"
 WORKING_DIR_VAR = "{folder}"  # in a requirement: the program's folder, as shipped to this node
@@ -56,16 +55,6 @@ def python_of(env: str) -> str:
     return os.path.join(env, "bin", "python")
 
 
-@contextlib.contextmanager
-def _locked(path: str) -> Iterator[None]:
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
-
-
 def ensure(requirements: list[str], key: str, folder: str, root: str | None = None) -> tuple[str, bool]:
     """(the python to run the program with, whether this call installed anything).
 
@@ -81,7 +70,7 @@ def ensure(requirements: list[str], key: str, folder: str, root: str | None = No
     if os.path.exists(ready):
         return python_of(env), False
     os.makedirs(root, exist_ok=True)
-    with _locked(os.path.join(root, f"{key}.lock")):
+    with node_lock(os.path.join(root, f"{key}.lock")):
         if os.path.exists(ready):  # another rank of this node built it while we waited
             return python_of(env), False
         shutil.rmtree(env, ignore_errors=True)  # a build that died half way
