@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any, Callable
 
 import workloads
 from launcher import backends
@@ -54,8 +55,12 @@ def preflight(spec: JobSpec, progress: Progress) -> tuple[Storage, RunLog, list[
     return storage, log, complete_checkpoints(storage, spec.name)
 
 
-def run(spec: JobSpec, *, verbose: bool = False, show_progress: bool = True) -> RunSummary:
+def run(spec: JobSpec, *, verbose: bool = False, show_progress: bool = True,
+        on_epoch: Callable[[dict[str, Any]], None] | None = None) -> RunSummary:
     """Train ``spec`` (validated) and return the summary; resumes a run of the same name.
+
+    ``on_epoch``: called (on the driver's pump thread) with rank 0's metrics after each
+    epoch, as a tuning trial hands them to Ray Tune.
 
     Raises:
         UserError: bad input found before any worker started.
@@ -69,14 +74,14 @@ def run(spec: JobSpec, *, verbose: bool = False, show_progress: bool = True) -> 
     if checkpoints and checkpoints[-1][0].epoch >= spec.epochs:
         summary = already_done(spec, log, *checkpoints[-1])
     else:
-        summary = _launch(spec, storage, log, checkpoints, progress, launched, verbose)
+        summary = _launch(spec, storage, log, checkpoints, progress, launched, verbose, on_epoch)
     startup.mark("done")
     summary.startup = startup.report(startup.MARKS)
     return summary
 
 
 def _launch(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tuple[Manifest, str]],
-            progress: Progress, launched: float, verbose: bool) -> RunSummary:
+            progress: Progress, launched: float, verbose: bool, on_epoch=None) -> RunSummary:
     """Take the run's lock, connect to Ray, train."""
     lock = RunLock(storage, spec.name)
     lock.acquire()  # a second launch of this run is refused here, before Ray starts or anything is written
@@ -86,16 +91,16 @@ def _launch(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tupl
                              verbose=verbose, workload=spec.workload) as nodes:
             startup.mark("ray_ready")
             session.check_fits(nodes, spec.min_workers or spec.workers, spec.cpus_per_worker, spec.gpus_per_worker)
-            return _train(spec, storage, log, checkpoints, progress, launched, verbose, lock)
+            return _train(spec, storage, log, checkpoints, progress, launched, verbose, lock, on_epoch)
     finally:
         lock.release()
 
 
 def _train(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tuple[Manifest, str]],
-           progress: Progress, launched: float, verbose: bool, lock: RunLock) -> RunSummary:
+           progress: Progress, launched: float, verbose: bool, lock: RunLock, on_epoch=None) -> RunSummary:
     """Holding the run's lock: train, export, and write the run log's start and end."""
     log.begin(spec.to_dict())
-    tracker = Tracker(spec, log, progress, started=launched)
+    tracker = Tracker(spec, log, progress, started=launched, on_epoch=on_epoch)
     if checkpoints:
         m = checkpoints[-1][0]
         progress.note(f"run {spec.name} exists: resuming after epoch {m.epoch} (step {m.global_step})")

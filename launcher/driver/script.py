@@ -22,7 +22,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import Any, Callable, TextIO
 
 from launcher.driver.program import Program
 from launcher.errors import UserError
@@ -94,18 +94,21 @@ def is_shipped(program: Program, address: str | None) -> bool:
 
 
 def run_script(spec, program: Program, args: list[str], *, job_dir: bool = True, out: TextIO | None = None,
-               progress_out: TextIO | None = None, verbose: bool = False,
-               trial_id: str | None = None) -> tuple[int, RunSummary]:
+               progress_out: TextIO | None = None, verbose: bool = False, trial_id: str | None = None,
+               on_metrics: Callable[[dict[str, Any]], None] | None = None) -> tuple[int, RunSummary]:
     """Run ``program`` with ``args`` on spec.workers workers as run ``spec.name``;
     returns (exit status, summary). A run of the same name continues (the program
     finds its checkpoints in AIP_CHECKPOINT_DIR).
+
+    ``trial_id``: the tuning trial this run is (CLOUD_ML_TRIAL_ID); the tuning driver has
+    checked and shipped the folder already. ``on_metrics``: called with each entry rank 0
+    writes to its hypertune file (on the driver's pump thread).
 
     Raises:
         UserError: the backend cannot run here, or the program's dependencies cannot be
             installed (before it starts).
         Unreachable: the Ray cluster named by --address does not answer.
     """
-    from launcher import backends
     from launcher.driver import code, session
     from launcher.driver.progress import Progress
     from launcher.storage import Storage
@@ -115,16 +118,10 @@ def run_script(spec, program: Program, args: list[str], *, job_dir: bool = True,
     started = time.time()
     out = out or sys.stdout
     progress = Progress(0, stream=progress_out or sys.stderr)
-    backend = backends.get(spec.backend)
-    if not backend.runs_scripts:
-        able = [b.name for b in backends.REGISTRY if b.runs_scripts]
-        raise UserError(f"backend {spec.backend} cannot run scripts yet", f"use --backend {' or '.join(able)}")
-    reason = backend.unavailable_reason(spec.framework)
-    if reason:
-        raise UserError(f"backend {spec.backend} cannot run {spec.framework} here: {reason}")
+    check_backend(spec)
     spec = dataclasses.replace(spec, workload=program.label)
     shipped = is_shipped(program, spec.address)
-    if shipped and not session.in_ray_job():
+    if shipped and not session.in_ray_job() and trial_id is None:
         code.check_size(program.folder, what=f"the {'package' if program.kind == 'module' else 'script'}'s folder")
     storage = Storage.resolve(spec.storage)
     where = storage.check_writable()
@@ -143,9 +140,22 @@ def run_script(spec, program: Program, args: list[str], *, job_dir: bool = True,
             if program.requirements:
                 install_everywhere(program, program_config, nodes, progress)
             return _run(spec, program, program_config, args, storage, log, lock, job_dir, out, progress, started,
-                        verbose, trial_id)
+                        verbose, trial_id, on_metrics)
     finally:
         lock.release()
+
+
+def check_backend(spec) -> None:
+    """UserError unless the spec's backend runs programs, and its framework, here."""
+    from launcher import backends
+
+    backend = backends.get(spec.backend)
+    if not backend.runs_scripts:
+        able = [b.name for b in backends.REGISTRY if b.runs_scripts]
+        raise UserError(f"backend {spec.backend} cannot run scripts yet", f"use --backend {' or '.join(able)}")
+    reason = backend.unavailable_reason(spec.framework)
+    if reason:
+        raise UserError(f"backend {spec.backend} cannot run {spec.framework} here: {reason}")
 
 
 def install_everywhere(program: Program, config: dict[str, Any], nodes, progress) -> None:
@@ -186,7 +196,8 @@ def install_everywhere(program: Program, config: dict[str, Any], nodes, progress
 
 
 def _run(spec, program: Program, program_config: dict[str, Any], args: list[str], storage, log, lock, job_dir: bool,
-         out: TextIO, progress, started: float, verbose: bool, trial_id: str | None) -> tuple[int, RunSummary]:
+         out: TextIO, progress, started: float, verbose: bool, trial_id: str | None,
+         on_metrics=None) -> tuple[int, RunSummary]:
     import ray
 
     from launcher import backends
@@ -219,6 +230,8 @@ def _run(spec, program: Program, program_config: dict[str, Any], args: list[str]
         nonlocal log_failed
         for event in ray.get(sink.take.remote()):
             for entry in outcome.handle(event):
+                if on_metrics is not None:
+                    on_metrics(dict(entry))
                 try:
                     log.record({"source": "hypertune", **entry}, tensorboard=False)
                 except OSError as exc:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from launcher.driver import startup
 from launcher.driver.events import lost_work
@@ -50,6 +50,7 @@ class Tracker:
     samples: int = 0
     train_time: float = 0.0
     log_failed: bool = False
+    on_epoch: Callable[[dict[str, Any]], None] | None = None  # e.g. a tuning trial's report to Ray Tune
 
     def handle(self, event: Event) -> None:
         if isinstance(event, Failure):
@@ -92,6 +93,8 @@ class Tracker:
             self.progress.epoch(m, time.time() - self.started)
         if kind in ("epoch", "step", "preemption"):
             self._record(m)
+        if kind == "epoch" and self.on_epoch is not None:
+            self.on_epoch(dict(m))
 
     def _record(self, m: dict[str, Any]) -> None:
         """The run log's line for a report; storage refusing writes is said once, not raised."""

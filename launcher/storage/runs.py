@@ -12,6 +12,9 @@ from launcher.storage.runlog import read_jsonl
 from launcher.summary import RunStatus
 from launcher.storage.store import Storage
 
+TUNING_FILE = "tuning.json"      # a tuning run's folder holds this (its definition) instead of run.json
+TUNING_SUMMARY = "summary.json"  # and, once a launch ends, its summary
+
 
 def pid_alive(pid: int) -> bool:
     try:
@@ -38,7 +41,7 @@ def _status(launches: list[dict[str, Any]], summary: dict[str, Any] | None) -> s
 def describe_run(storage: Storage, name: str) -> dict[str, Any] | None:
     ident = storage.read_text(name, "run.json")
     if ident is None:
-        return None
+        return describe_tuning(storage, name)
     try:
         info = json.loads(ident)
         if not isinstance(info, dict):
@@ -80,6 +83,36 @@ def describe_run(storage: Storage, name: str) -> dict[str, Any] | None:
     }
 
 
+def describe_tuning(storage: Storage, name: str) -> dict[str, Any] | None:
+    """A tuning run's row (None: the folder is not a tuning run either)."""
+    definition = storage.read_text(name, TUNING_FILE)
+    if definition is None:
+        return None
+    try:
+        info = json.loads(definition)
+        text = storage.read_text(name, TUNING_SUMMARY)
+        summary = json.loads(text) if text else None
+    except ValueError:
+        return damaged(name, f"{TUNING_FILE} or {TUNING_SUMMARY} is damaged")
+    spec = info.get("spec") or {}
+    program = info.get("program")
+    row = damaged(name, "")
+    row.update(workload="tuning:" + (f"{program['kind']}:{program['target']}" if program else spec.get("workload", "?")),
+               framework=spec.get("framework", "?"), kind="tuning", note=None)
+    if summary is None:
+        lock = storage.read_text(name, "launch.lock")
+        row["status"] = str(RunStatus.RUNNING) if lock else "not finished"
+        return row
+    best = summary.get("best") or {}
+    metric = summary.get("metric")
+    row.update(status=summary.get("status", "unknown"), wall_s=float(summary.get("wall_s") or 0.0),
+               trials=(summary.get("trials") or {}).get("total", 0), best=best, metric=metric)
+    if metric in best:
+        row["metrics"] = {metric: best[metric]}
+        row["note"] = f"best {metric} {best[metric]:.4f} ({best.get('trial')}), {row['trials']} trial(s)"
+    return row
+
+
 def damaged(name: str, why: str) -> dict[str, Any]:
     """The row of a run whose log cannot be read: listed, marked, never a reason to fail the list."""
     return {"name": name, "status": "unreadable", "note": why, "workload": "?", "framework": "?", "epochs": 0,
@@ -102,7 +135,7 @@ def format_table(runs: list[dict[str, Any]]) -> str:
         rows.append((r["name"], r["status"], f"{r['workload']}/{r['framework']}", str(r["epochs"]),
                      f"{m['loss']:.4f}" if "loss" in m else "-", f"{m['accuracy']:.4f}" if "accuracy" in m else "-",
                      f"{r['wall_s']:.0f}s", format_restarts(r), format_lost(r),
-                     os.path.basename(r["checkpoint"] or "-")))
+                     r.get("note") or "-" if r.get("kind") == "tuning" else os.path.basename(r["checkpoint"] or "-")))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
 

@@ -98,11 +98,15 @@ class Storage:
 
     def write_text(self, text: str, *parts: str) -> None:
         """Write a whole file so that readers see the old or the new content, never half."""
+        self.write_bytes(text.encode("utf-8"), *parts)
+
+    def write_bytes(self, data: bytes, *parts: str) -> None:
+        """:meth:`write_text` for bytes (a plot, say)."""
         target = self.path(*parts)
         self.fs.create_dir(posixpath.dirname(target), recursive=True)
         tmp = f"{target}.tmp-{uuid.uuid4().hex[:8]}" if self.is_local else target
         with self.fs.open_output_stream(tmp) as f:
-            f.write(text.encode("utf-8"))
+            f.write(data)
         if tmp != target:
             self.fs.move(tmp, target)
 

@@ -1,0 +1,92 @@
+"""``launcher tune``: hyperparameter tuning from AI Platform's YAML, each trial a distributed run."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import re
+import sys
+
+from launcher.cli.options import (EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, add_program_flags, add_run_flags, add_verbose,
+                                  parse_params, program_from_args, wants_job_dir)
+from launcher.errors import UserError
+
+EXAMPLE = """example tune.yaml (AI Platform's hyperparameters block; other top-level keys are job keys):
+  workload: digits-mlp
+  epochs: 3
+  hyperparameters:
+    goal: MAXIMIZE
+    hyperparameterMetricTag: accuracy
+    maxTrials: 8
+    maxParallelTrials: 2
+    enableTrialEarlyStopping: true
+    params:
+      - parameterName: lr
+        type: DOUBLE
+        minValue: 0.001
+        maxValue: 0.5
+        scaleType: UNIT_LOG_SCALE
+"""
+
+
+def add_parsers(sub) -> None:
+    tune = sub.add_parser("tune", help="tune hyperparameters (AI Platform's YAML) on Ray Tune; each trial is a "
+                          "distributed run; the same --name continues", epilog=EXAMPLE,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_flags(tune)
+    tune.set_defaults(config=None)
+    for action in tune._actions:  # --config is the tuning YAML here
+        if action.dest == "config":
+            action.help = ("tuning YAML: a hyperparameters block (or trainingInput.hyperparameters), and job keys "
+                           "(workload, epochs, ...) that flags override; required")
+    add_program_flags(tune)
+    tune.add_argument("--json", action="store_true", help="print the summary and the trials as JSON on stdout")
+    add_verbose(tune)
+
+
+def study_from_args(args: argparse.Namespace):
+    """The checked Study the flags and the YAML describe."""
+    from launcher import schema
+    from launcher.spec import JobSpec
+    from launcher.tune.study import Study, load
+
+    if not args.config:
+        raise UserError("launcher tune needs --config tune.yaml (its hyperparameters block)",
+                        "see `launcher tune --help` for an example")
+    program = program_from_args(args)
+    hp, raw = load(args.config)
+    spec = JobSpec.from_mapping(raw, source=args.config)
+    overrides = schema.given_flags(args, JobSpec)
+    overrides.pop("config", None)
+    if args.param:
+        overrides["params"] = parse_params(args.param, spec.params)
+    spec = spec.merged(overrides)
+    if not spec.name:
+        what = program.target.removesuffix(".py") if program is not None else spec.workload
+        stem = re.sub(r"[^A-Za-z0-9_]", "_", what.rsplit(":", 1)[-1])
+        spec = spec.merged({"name": f"tune_{stem}_{_dt.datetime.now():%Y%m%d_%H%M%S}"[:128]})
+    spec = spec.validated()
+    return Study(hp=hp, spec=spec, program=program, args=list(args.program_args),
+                 job_dir=wants_job_dir(args, program), source=args.config)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from launcher.cli.run import sigterm_as_ctrl_c, summary_stream
+    from launcher.tune import results, search
+
+    study = study_from_args(args)
+    with sigterm_as_ctrl_c():
+        with summary_stream() as out:
+            outcome = search.run(study, verbose=args.verbose, out=sys.stderr)
+            if args.json:
+                text = json.dumps({"summary": outcome.summary, "trials": outcome.rows}, default=str)
+            else:
+                text = results.format_summary(study, outcome.summary, outcome.rows)
+            print(text, file=out, flush=True)
+    if outcome.interrupted:
+        return EXIT_CANCELLED
+    return EXIT_OK if outcome.summary["status"] == "succeeded" else EXIT_FAILED
+
+
+COMMANDS = {"tune": cmd_tune}

@@ -1,0 +1,240 @@
+"""A tuning run's results: one row per trial, the best trial, and the files they go to.
+
+In the tuning run's folder: ``trials.json`` (the summary and every row),
+``trials.csv`` (the rows), ``tuning.png`` (the metric per trial, and the metric
+against each parameter) and ``summary.json`` (what ``launcher runs`` lists).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+from typing import Any
+
+from launcher.storage.runs import TUNING_SUMMARY
+from launcher.tune.trial import trial_name
+
+SUCCEEDED, STOPPED, FAILED, UNFINISHED = "succeeded", "stopped early", "failed", "not finished"
+
+
+def error_line(trial) -> str:
+    """A failed trial's error in one line: the TrialFailed message when there is one."""
+    try:
+        error = trial.get_error()
+    except Exception:  # noqa: BLE001 - the error file may be gone
+        error = None
+    text = str(error or "unknown error")
+    for line in reversed(text.splitlines()):
+        if "TrialFailed:" in line:
+            return line.split("TrialFailed:", 1)[1].strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "unknown error"
+
+
+def trial_status(study, storage, trial, tally=None) -> str:
+    """succeeded, stopped early, failed or not finished. Tune marks a trial its scheduler
+    stopped as terminated, like one that ended; the trial's own run says which: only a run
+    that trained to its end wrote a succeeded summary (a stopped trial's run is cut off).
+    After an interrupt, a terminated trial that had not ended (``tally``) is not finished:
+    Tune saved it as running, and resumes it next time."""
+    if trial.status == "ERROR":
+        return FAILED
+    if trial.status != "TERMINATED":
+        return UNFINISHED
+    if tally is not None and trial.trial_id in tally.stopped:
+        return STOPPED
+    if tally is not None and tally.interrupted and trial.trial_id in tally.started \
+            and trial.trial_id not in tally.ended:
+        return UNFINISHED
+    text = storage.read_text(study.name, trial_name(trial.trial_id), "summary.json")
+    try:
+        summary = json.loads(text) if text else {}
+    except ValueError:
+        summary = {}
+    if summary.get("status") != SUCCEEDED:
+        return STOPPED  # its run was cut off when Tune stopped the trial
+    return SUCCEEDED
+
+
+def earlier_stops(storage, name: str) -> set[str]:
+    """The trials an earlier launch of this tuning run listed as stopped early (ASHA's
+    decisions are not in Ray Tune's saved state)."""
+    text = storage.read_text(name, "trials.json")
+    try:
+        table = (json.loads(text) or {}).get("trials", []) if text else []
+    except ValueError:
+        return set()
+    return {r["trial"] for r in table if isinstance(r, dict) and r.get("status") == STOPPED}
+
+
+def rows(study, trials: list, storage, tally=None) -> list[dict[str, Any]]:
+    """One row per trial, in the order Ray Tune created them."""
+    metric = study.metric()
+    out = []
+    for number, trial in enumerate(trials, 1):
+        last = trial.last_result or {}
+        status = trial_status(study, storage, trial, tally)
+        value = last.get(metric)
+        name = trial_name(trial.trial_id)
+        row = {"number": number, "trial": name, "status": status, **study.hp.values(trial.config),
+               metric: float(value) if isinstance(value, (int, float)) else None,
+               "epochs" if study.program is None else "reports":
+                   int(last.get("epoch" if study.program is None else "training_iteration") or 0),
+               "wall_s": round(float(last.get("time_total_s") or 0.0), 1),
+               "run_dir": storage.uri_of(study.name, name),
+               "error": error_line(trial) if status == FAILED else None}
+        out.append(row)
+    return out
+
+
+def best(study, table: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The row with the best metric among the trials that reported it (ties: the earlier trial)."""
+    metric = study.metric()
+    scored = [r for r in table if r.get(metric) is not None and r["status"] in (SUCCEEDED, STOPPED)]
+    if not scored:
+        return None
+    sign = 1 if study.hp.mode == "max" else -1
+    return max(scored, key=lambda r: (sign * r[metric], -r["number"]))
+
+
+def write(study, storage, table: list[dict[str, Any]], *, started: float, interrupted: bool,
+          stopped: str | None) -> dict[str, Any]:
+    """Write the result files; returns the summary (also in summary.json)."""
+    metric = study.metric()
+    top = best(study, table)
+    counts = {s: sum(1 for r in table if r["status"] == s) for s in (SUCCEEDED, STOPPED, FAILED, UNFINISHED)}
+    if interrupted:
+        status, note = "cancelled", "interrupted; launch again with the same --name to go on"
+    elif stopped:
+        status, note = "failed", stopped
+    elif top is None:
+        status, note = "failed", "no trial reported the metric"
+    else:
+        status, note = "succeeded", None
+    best_out = None
+    if top is not None:
+        model = _model_of(storage, study.name, top["trial"])
+        best_out = {"trial": top["trial"], metric: top[metric],
+                    "params": {p.parameterName: top[p.parameterName] for p in study.hp.params},
+                    "run_dir": top["run_dir"], "model": model}
+    files = {kind: storage.uri_of(study.name, f) for kind, f in
+             (("json", "trials.json"), ("csv", "trials.csv"), ("plot", "tuning.png"))}
+    summary = {"name": study.name, "kind": "tuning", "status": status, "note": note, "goal": study.hp.goal,
+               "metric": metric, "algorithm": study.hp.algorithm,
+               "early_stopping": study.hp.enableTrialEarlyStopping, "max_trials": study.hp.maxTrials,
+               "trials": {"total": len(table), **{k.replace(" ", "_"): v for k, v in counts.items()}},
+               "best": best_out, "wall_s": round(time.time() - started, 1),
+               "workload": study.program.label if study.program is not None else study.spec.workload,
+               "run_dir": storage.uri_of(study.name), "files": files}
+    storage.write_text(json.dumps({"summary": summary, "trials": table}, indent=1, default=str),
+                       study.name, "trials.json")
+    storage.write_text(to_csv(table), study.name, "trials.csv")
+    storage.write_bytes(plot(study, table, top), study.name, "tuning.png")
+    storage.write_text(json.dumps(summary, indent=1, default=str), study.name, TUNING_SUMMARY)
+    return summary
+
+
+def _model_of(storage, name: str, trial: str) -> str | None:
+    text = storage.read_text(name, trial, "summary.json")
+    try:
+        return (json.loads(text) or {}).get("model") if text else None
+    except ValueError:
+        return None
+
+
+def to_csv(table: list[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    fields = list(table[0]) if table else ["trial"]
+    writer = csv.DictWriter(buf, fieldnames=fields)
+    writer.writeheader()
+    writer.writerows(table)
+    return buf.getvalue()
+
+
+def format_table(study, table: list[dict[str, Any]]) -> str:
+    metric = study.metric()
+    names = [p.parameterName for p in study.hp.params]
+    count = "epochs" if study.program is None else "reports"
+    header = ("#", "TRIAL", "STATUS", *names, metric.upper(), count.upper(), "WALL")
+    lines = [header]
+    for r in table:
+        lines.append((str(r["number"]), r["trial"], r["status"], *(_cell(r[n]) for n in names),
+                      "-" if r[metric] is None else f"{r[metric]:.4f}", str(r[count]), f"{r['wall_s']:.0f}s"))
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
+
+
+def format_summary(study, summary: dict[str, Any], table: list[dict[str, Any]]) -> str:
+    t = summary["trials"]
+    parts = [f"tuning run {summary['name']}: {summary['status']}" + (f" ({summary['note']})" if summary["note"] else ""),
+             f"  {t['total']} trial(s): {t['succeeded']} succeeded, {t['stopped_early']} stopped early, "
+             f"{t['failed']} failed" + (f", {t['not_finished']} not finished" if t["not_finished"] else "")
+             + f"; {summary['wall_s']:.0f}s", "", format_table(study, table), ""]
+    b = summary["best"]
+    if b:
+        params = ", ".join(f"{k}={_cell(v)}" for k, v in b["params"].items())
+        parts.append(f"best: {b['trial']} {summary['metric']} {b[summary['metric']]:.4f} with {params}")
+        parts.append(f"  run {b['run_dir']}")
+        if b["model"]:
+            parts.append(f"  model {b['model']}")
+    files = summary["files"]
+    parts.append(f"results: {files['csv']}, {files['json']}; plot: {files['plot']}")
+    return "\n".join(parts)
+
+
+def _cell(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def plot(study, table: list[dict[str, Any]], top: dict[str, Any] | None) -> bytes:
+    """The metric per trial, then the metric against each parameter, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    metric = study.metric()
+    params = study.hp.params
+    fig, axes = plt.subplots(ncols=1 + len(params), figsize=(4.2 * (1 + len(params)), 3.8), squeeze=False)
+    axes = axes[0]
+    marks = {SUCCEEDED: ("o", "tab:blue"), STOPPED: ("v", "tab:orange"), FAILED: ("x", "tab:red"),
+             UNFINISHED: ("s", "tab:gray")}
+    scored = [r for r in table if r[metric] is not None]
+    ax = axes[0]
+    for status, (marker, color) in marks.items():
+        pts = [r for r in scored if r["status"] == status]
+        if pts:
+            ax.scatter([r["number"] for r in pts], [r[metric] for r in pts], marker=marker, color=color, label=status)
+    if top is not None:
+        ax.scatter([top["number"]], [top[metric]], s=220, facecolors="none", edgecolors="black", label="best")
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("trial")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric} per trial ({study.hp.goal.lower()})")
+    if scored:
+        ax.legend(fontsize=7)
+    for ax, p in zip(axes[1:], params):
+        name = p.parameterName
+        categorical = p.type == "CATEGORICAL"
+        order = p.grid() if categorical else None
+        for status, (marker, color) in marks.items():
+            pts = [r for r in scored if r["status"] == status]
+            if pts:
+                xs = [order.index(r[name]) if categorical else r[name] for r in pts]
+                ax.scatter(xs, [r[metric] for r in pts], marker=marker, color=color)
+        if categorical:
+            ax.set_xticks(range(len(order)), [str(v) for v in order], rotation=30)
+        elif p.scaleType in ("UNIT_LOG_SCALE", "UNIT_REVERSE_LOG_SCALE"):
+            ax.set_xscale("log")
+        ax.set_xlabel(name)
+        ax.set_ylabel(metric)
+        ax.set_title(f"{metric} vs {name}")
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()

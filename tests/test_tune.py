@@ -1,0 +1,256 @@
+"""`launcher tune`: AI Platform's hyperparameters YAML, checked; trials as whole runs on Ray Tune.
+
+The bad-input cases run no Ray (one line, exit 2). The searches run on the
+session's local Ray (2 CPUs), with real Ray Tune trials, each a real Ray Train
+run of its own; the interrupted search is a real `launcher tune` process
+stopped with SIGINT and launched again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from launcher.cli.main import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.join(ROOT, "examples", "trainer_package")
+
+
+def write_yaml(tmp_path, text: str, name: str = "tune.yaml") -> str:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+LR_LOG = """
+    workload: digits-mlp
+    epochs: 1
+    workers: 1
+    hyperparameters:
+      goal: MAXIMIZE
+      hyperparameterMetricTag: accuracy
+      maxTrials: 4
+      maxParallelTrials: 2
+      params:
+        - parameterName: lr
+          type: DOUBLE
+          minValue: 0.00005
+          maxValue: 0.3
+          scaleType: UNIT_LOG_SCALE
+"""
+
+
+@pytest.mark.parametrize("edit, message", [
+    (("goal: MAXIMIZE", "gaol: MAXIMIZE"), "hyperparameters: unknown key 'gaol'; did you mean goal?"),
+    (("scaleType: UNIT_LOG_SCALE", "scale: UNIT_LOG_SCALE"), "unknown key 'scale' in params[0] (lr); did you mean "
+                                                             "scaleType?"),
+    (("maxValue: 0.3", "maxValue: 0.00001"), "parameter lr: minValue 5e-05 must be below maxValue 1e-05"),
+    (("minValue: 0.00005", "minValue: 0"), "parameter lr: UNIT_LOG_SCALE needs minValue > 0"),
+    (("parameterName: lr", "parameterName: dropout"), "parameter dropout is neither a tunable JobSpec field"),
+    (("parameterName: lr", "parameterName: workers"), "parameter workers is a JobSpec field a trial cannot vary"),
+    (("hyperparameterMetricTag: accuracy", "hyperparameterMetricTag: auc"),
+     "hyperparameterMetricTag 'auc' is not reported by digits-mlp; it reports accuracy, loss, train_loss"),
+    (("type: DOUBLE", "type: FLOAT"), "params[0] (lr).type = 'FLOAT': input should be 'DOUBLE', 'INTEGER'"),
+    (("maxTrials: 4", "maxTrials: 0"), "maxTrials = 0: input should be greater than or equal to 1"),
+    (("parameterName: lr", "parameterName: epochs"), "parameter epochs = 5e-05 is refused by the job"),
+    (("maxParallelTrials: 2", "maxParallelTrials: 2\n  algorithm: GRID_SEARCH"),
+     "GRID_SEARCH cannot search DOUBLE parameter lr"),
+])
+def test_bad_hyperparameters_are_one_line_and_exit_2(tmp_path, capsys, edit, message):
+    text = textwrap.dedent(LR_LOG).replace(*edit)
+    path = write_yaml(tmp_path, text)
+    started = time.time()
+    code = main(["tune", "--config", path, "--storage", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert message in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert time.time() - started < 10  # before any Ray starts
+    assert not (tmp_path / "runs").exists() or not os.listdir(tmp_path / "runs")
+
+
+def test_a_missing_hyperparameters_block_and_a_search_that_does_not_fit(tmp_path, capsys):
+    path = write_yaml(tmp_path, "workload: digits-mlp\nepochs: 1\n")
+    assert main(["tune", "--config", path]) == 2
+    assert "no hyperparameters block" in capsys.readouterr().err
+    path = write_yaml(tmp_path, LR_LOG.replace("maxParallelTrials: 2", "maxParallelTrials: 50"))
+    assert main(["tune", "--config", path, "--workers", "2", "--storage", str(tmp_path / "runs")]) == 2
+    err = capsys.readouterr().err
+    assert "100 workers x 1 CPUs" in err or "maxParallelTrials 50 x 2" in err, err
+
+
+def read_summary(storage: str, name: str) -> dict:
+    with open(os.path.join(storage, name, "summary.json")) as f:
+        return json.load(f)
+
+
+@pytest.mark.integration
+def test_a_search_over_lr_runs_every_trial_and_picks_the_best(ray_local, tmp_path, capsys, storage):
+    path = write_yaml(tmp_path, LR_LOG)
+    code = main(["tune", "--config", path, "--storage", storage, "--name", "lr_search", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-3000:]
+    result = json.loads(captured.out)
+    rows, summary = result["trials"], result["summary"]
+    assert len(rows) == 4 and all(r["status"] == "succeeded" for r in rows), rows
+    assert all(r["accuracy"] is not None and r["epochs"] == 1 for r in rows)
+    assert len({r["lr"] for r in rows}) == 4 and all(5e-5 <= r["lr"] <= 0.3 for r in rows)
+    best = summary["best"]
+    assert best["accuracy"] == max(r["accuracy"] for r in rows)
+    worst = min(rows, key=lambda r: r["accuracy"])
+    assert best["params"]["lr"] != worst["lr"]
+    # each trial is a run of its own, under the tuning run's folder, with its model
+    assert os.path.isdir(best["model"]) and best["run_dir"].startswith(os.path.join(storage, "lr_search"))
+    for r in rows:
+        with open(os.path.join(r["run_dir"], "run.json")) as f:
+            assert json.load(f)["spec"]["lr"] == pytest.approx(r["lr"])
+    with open(os.path.join(storage, "lr_search", "tuning.png"), "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    with open(os.path.join(storage, "lr_search", "trials.csv")) as f:
+        assert len(f.read().strip().splitlines()) == 5
+    assert "started: lr=" in captured.err and "4/4 done" in captured.err
+    assert read_summary(storage, "lr_search") == summary
+    # `launcher runs` lists the tuning run with its best value
+    assert main(["runs", "--storage", storage]) == 0
+    listed = capsys.readouterr().out
+    assert "lr_search" in listed and f"best accuracy {best['accuracy']:.4f}" in listed
+
+
+@pytest.mark.integration
+def test_asha_stops_a_trial_that_barely_learns(ray_local, tmp_path, capsys, storage):
+    path = write_yaml(tmp_path, """
+        workload: digits-mlp
+        epochs: 3
+        workers: 1
+        hyperparameters:
+          goal: MAXIMIZE
+          hyperparameterMetricTag: accuracy
+          maxTrials: 4
+          maxParallelTrials: 2
+          algorithm: GRID_SEARCH
+          enableTrialEarlyStopping: true
+          params:
+            - parameterName: lr
+              type: DISCRETE
+              discreteValues: [0.1, 0.05, 0.00001, 0.00002]
+    """)
+    code = main(["tune", "--config", path, "--storage", storage, "--name", "asha", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-3000:]
+    rows = json.loads(captured.out)["trials"]
+    shown = [(r["lr"], r["status"], r["epochs"], r["accuracy"]) for r in rows]
+    stopped = [r for r in rows if r["status"] == "stopped early"]
+    # ASHA keeps the better half at each rung: a barely-learning lr is among those it stops
+    # (one of the two good ones may be too, when the other is ahead at a rung).
+    assert any(r["lr"] < 0.001 for r in stopped), shown
+    assert all(r["epochs"] < 3 for r in stopped), shown
+    assert any(r["status"] == "succeeded" and r["epochs"] == 3 and r["lr"] >= 0.05 for r in rows), shown
+    assert "stopped early (ASHA)" in captured.err
+
+
+@pytest.mark.integration
+def test_a_package_is_tuned_on_its_hypertune_metric_and_a_missing_tag_is_one_line(ray_local, tmp_path, capsys,
+                                                                                    storage):
+    path = write_yaml(tmp_path, """
+        workers: 1
+        hyperparameters:
+          goal: MAXIMIZE
+          hyperparameterMetricTag: accuracy
+          maxTrials: 2
+          maxParallelTrials: 2
+          algorithm: GRID_SEARCH
+          params:
+            - parameterName: lr
+              type: DISCRETE
+              discreteValues: [0.0001, 0.1]
+    """)
+    code = main(["tune", "--config", path, "--storage", storage, "--name", "pkg", "--json",
+                 "--package", PACKAGE, "--module", "trainer.task", "--", "--epochs", "2"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-3000:]
+    result = json.loads(captured.out)
+    rows = {r["lr"]: r for r in result["trials"]}
+    assert set(rows) == {0.0001, 0.1} and all(r["status"] == "succeeded" for r in rows.values())
+    assert rows[0.1]["accuracy"] > rows[0.0001]["accuracy"]  # the metric is the package's own report
+    assert result["summary"]["best"]["params"] == {"lr": 0.1}
+    with open(os.path.join(rows[0.1]["run_dir"], "run.json")) as f:
+        assert json.load(f)["spec"]["program"]["args"][-2:] == ["--lr", "0.1"]
+    # a tag the package never reports stops the search at its first report
+    wrong = path.replace("tune.yaml", "wrong.yaml")
+    with open(path) as f, open(wrong, "w") as g:
+        g.write(f.read().replace("hyperparameterMetricTag: accuracy", "hyperparameterMetricTag: auc")
+                .replace("maxTrials: 2", "maxTrials: 1"))
+    code = main(["tune", "--config", wrong, "--storage", storage, "--name", "pkg_wrong",
+                 "--package", PACKAGE, "--module", "trainer.task", "--", "--epochs", "1"])
+    err = capsys.readouterr().err
+    assert code == 2, err[-3000:]
+    assert "error: hyperparameterMetricTag 'auc' is not among the metrics trial_" in err
+    assert "reported: accuracy" in err
+
+
+@pytest.mark.integration
+def test_an_interrupted_search_continues_and_keeps_its_finished_trials(tmp_path):
+    storage = str(tmp_path / "runs")
+    path = write_yaml(tmp_path, """
+        workload: digits-mlp
+        epochs: 1
+        workers: 1
+        hyperparameters:
+          goal: MAXIMIZE
+          hyperparameterMetricTag: accuracy
+          maxTrials: 3
+          maxParallelTrials: 1
+          algorithm: GRID_SEARCH
+          params:
+            - parameterName: lr
+              type: DISCRETE
+              discreteValues: [0.05, 0.01, 0.002]
+    """)
+    argv = [sys.executable, "-m", "launcher", "tune", "--config", path, "--storage", storage, "--name", "again"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "finished" in line:  # the first trial is done: interrupt the search
+            proc.send_signal(signal.SIGINT)
+            break
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(seen) + err
+    assert "cancelled" in out
+    first = [d for d in os.listdir(os.path.join(storage, "again")) if d.startswith("trial_")]
+    done_before = [d for d in first if read_status(storage, d) == "succeeded"]
+    assert done_before, first
+    again = subprocess.run(argv + ["--json"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    result = json.loads(again.stdout)
+    assert len(result["trials"]) == 3 and all(r["status"] == "succeeded" for r in result["trials"])
+    assert "continuing: finished trials are kept" in again.stderr
+    for d in done_before:  # a trial finished before the interrupt was not run again
+        with open(os.path.join(storage, "again", d, "launches.jsonl")) as f:
+            assert sum(json.loads(line)["event"] == "start" for line in f if line.strip()) == 1
+        assert f"{d} started" not in again.stderr
+    # a search defined differently is refused under the same name
+    changed = path.replace("tune.yaml", "changed.yaml")
+    with open(path) as f, open(changed, "w") as g:
+        g.write(f.read().replace("maxTrials: 3", "maxTrials: 5"))
+    refused = subprocess.run(argv[:5] + [changed] + argv[6:], capture_output=True, text=True, env=env, cwd=ROOT,
+                             timeout=60)
+    assert refused.returncode == 2
+    assert "tuning run again was started with a different hyperparameters" in refused.stderr
+
+
+def read_status(storage: str, trial: str) -> str | None:
+    path = os.path.join(storage, "again", trial, "summary.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f).get("status")
