@@ -184,6 +184,12 @@ class Workload:
         raise NotImplementedError
 
     # -- models -------------------------------------------------------------
+    def preprocess(self, x: np.ndarray, params: Mapping[str, Any]) -> np.ndarray:
+        """Instances as a user sends them for prediction (raw, as the data files hold them)
+        -> the model's input batch, float32 of shape (N, *input_shape). The default: the
+        values as they are, each instance flat or already shaped."""
+        return as_batch(x, self.input_shape(params))
+
     def input_shape(self, params: Mapping[str, Any]) -> tuple[int, ...]:
         raise NotImplementedError
 
@@ -243,3 +249,21 @@ def shard(x: Any, y: Any, split: str, rank: int, world_size: int) -> "Split | Da
 def check_split_name(split: str) -> None:
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', not {split!r}")
+
+
+def as_batch(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``x`` as float32 of shape (N, *shape): each instance flat (N, prod(shape)) or already
+    shaped. ValueError, naming the shape expected, for anything else."""
+    x = np.asarray(x)
+    if x.dtype.kind in "USO":
+        what = "text" if x.dtype.kind in "US" else "lists of different lengths, or mixed types"
+        raise ValueError(f"instances must be numbers, got {what}")
+    if x.dtype.kind not in "uifb":
+        raise ValueError(f"instances must be numbers, got {x.dtype}")
+    size = int(np.prod(shape))
+    if x.ndim >= 1 and tuple(x.shape[1:]) == tuple(shape):
+        return x.astype(np.float32, copy=False)
+    if x.ndim == 2 and x.shape[1] == size:
+        return x.reshape(len(x), *shape).astype(np.float32, copy=False)
+    raise ValueError(f"each instance must have shape {list(shape)} (or {size} numbers), got "
+                     f"{list(x.shape[1:])}")

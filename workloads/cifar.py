@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from workloads.base import DataError, Defaults, Split, Workload, check_split_name, take
+from workloads.base import DataError, Defaults, Split, Workload, as_batch, check_split_name, take
 
 TRAIN_BATCHES = tuple(f"data_batch_{i}" for i in range(1, 6))
 TEST_BATCH = "test_batch"
@@ -117,6 +117,15 @@ class CifarCNN(Workload):
         shard = take(raw, labels, split, rank, world_size)
         x = shard.x.reshape(-1, 3, 32, 32) / 255.0
         return Split(((x - MEAN) / STD).astype(np.float32), shard.y)
+
+    def preprocess(self, x: np.ndarray, params: Mapping[str, Any]) -> np.ndarray:
+        """Raw 0..255 pixels: CIFAR's own rows of 3072 (channels first), (3, 32, 32), or
+        height-width-channels images (32, 32, 3) -> scaled and normalised as in training."""
+        x = np.asarray(x)
+        if x.ndim == 4 and x.shape[1:] == (32, 32, 3):
+            x = x.transpose(0, 3, 1, 2)
+        x = as_batch(x, (3, 32, 32)) / 255.0
+        return ((x - MEAN) / STD).astype(np.float32)
 
     def input_shape(self, params: Mapping[str, Any]) -> tuple[int, ...]:
         return (3, 32, 32)

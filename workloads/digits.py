@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from workloads.base import Defaults, Split, Workload, check_split_name, take
+from workloads.base import Defaults, Split, Workload, as_batch, check_split_name, take
 
 TEST_FRACTION = 0.2
 SPLIT_SEED = 0  # fixed: the train/test split never depends on the run's seed
@@ -77,6 +77,10 @@ class DigitsMLP(Workload):
         xtr, ytr, xte, yte = _digits()
         x, y = (xtr, ytr) if split == "train" else (xte, yte)
         return take(x, y, split, rank, world_size)
+
+    def preprocess(self, x: np.ndarray, params: Mapping[str, Any]) -> np.ndarray:
+        """Raw pixel values 0..16 (scikit-learn's load_digits().data), as training scales them."""
+        return (as_batch(x, (64,)) / 16.0).astype(np.float32)
 
     def input_shape(self, params: Mapping[str, Any]) -> tuple[int, ...]:
         return (64,)

@@ -26,7 +26,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from workloads.base import DataError, Defaults, Split, Workload, check_split_name, shard_indices
+from workloads.base import DataError, Defaults, Split, Workload, as_batch, check_split_name, shard_indices
 
 UBYTE = 0x08
 MEAN, STD = 0.1307, 0.3081
@@ -202,6 +202,14 @@ class MNIST(Workload):
         return Split(x, labels.astype(np.int64))
 
     # -- models -------------------------------------------------------------
+    def preprocess(self, x: np.ndarray, params: Mapping[str, Any]) -> np.ndarray:
+        """Raw 0..255 pixels, (28, 28) images or rows of 784 -> scaled and normalised as in training."""
+        x = np.asarray(x)
+        if x.ndim == 3 and x.shape[1:] == (28, 28):
+            x = x[:, None, :, :]
+        x = as_batch(x, (1, 28, 28)).astype(np.float32) / 255.0
+        return ((x - MEAN) / STD).astype(np.float32)
+
     def input_shape(self, params: Mapping[str, Any]) -> tuple[int, ...]:
         return (1, 28, 28)
 

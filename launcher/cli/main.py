@@ -13,13 +13,13 @@ import sys
 from typing import Sequence
 
 from launcher import __version__
-from launcher.cli import bench, cluster, data, doctor, jobs, local, preemption, run, runs, tune
+from launcher.cli import bench, cluster, data, doctor, jobs, local, predict, preemption, run, runs, tune
 from launcher.cli.options import EXIT_CANCELLED, EXIT_USAGE, Parser
 from launcher.driver import startup
 from launcher.errors import LauncherError
 
 # In the order `launcher --help` lists them.
-GROUPS = (run, tune, runs, local, bench, preemption, data, cluster, jobs, doctor)
+GROUPS = (run, tune, predict, runs, local, bench, preemption, data, cluster, jobs, doctor)
 COMMANDS = {name: handler for group in GROUPS for name, handler in group.COMMANDS.items()}
 
 

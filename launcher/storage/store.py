@@ -81,6 +81,14 @@ class Storage:
         infos = self.fs.get_file_info(pyarrow.fs.FileSelector(self.path(*parts)))
         return sorted(posixpath.basename(i.path) for i in infos if i.type == pyarrow.fs.FileType.Directory)
 
+    def list_files(self, *parts: str) -> list[str]:
+        """Names of the files directly inside ``parts`` (empty when there is none)."""
+        import pyarrow.fs
+
+        selector = pyarrow.fs.FileSelector(self.path(*parts), allow_not_found=True)
+        return sorted(posixpath.basename(i.path) for i in self.fs.get_file_info(selector)
+                      if i.type == pyarrow.fs.FileType.File)
+
     def _gcs_list_dirs(self, *parts: str) -> list[str]:
         # pyarrow does not list GCS "folders" that exist only as object-name
         # prefixes; the JSON API's delimiter listing does.

@@ -1,0 +1,92 @@
+"""``launcher predict`` (batch, on Ray Data) and ``launcher serve`` (HTTP, on Ray Serve)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from launcher.cli.options import EXIT_OK, add_verbose
+from launcher.storage.uri import DEFAULT_STORAGE
+
+
+def _model_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", help="a run's folder or its model folder (local or gs://)")
+    parser.add_argument("--run", metavar="NAME", help="a run's name, looked up under --storage")
+    parser.add_argument("--storage", default=None, help=f"where --run is (default {DEFAULT_STORAGE})")
+    parser.add_argument("--address", help="Ray cluster address (default: RAY_ADDRESS or a new local Ray)")
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("predict", help="batch prediction with a run's model over .npy/.npz/.csv/JSON-lines files "
+                       "(Ray Data); JSON lines out")
+    _model_flags(p)
+    p.add_argument("--input", required=True, help="a file, a folder or a glob (local or gs://)")
+    p.add_argument("--output", required=True, help="a new folder for the predictions (local or gs://)")
+    p.add_argument("--workers", type=int, default=1, help="model replicas predicting in parallel (default 1)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_verbose(p)
+
+    s = sub.add_parser("serve", help="serve a run's model over HTTP (Ray Serve), AI Platform's "
+                       "{\"instances\": [...]} format; Ctrl-C or --stop ends it")
+    _model_flags(s)
+    s.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    s.add_argument("--replicas", type=int, default=1, help="model replicas (default 1)")
+    s.add_argument("--public", action="store_true", help="listen on every interface, not only 127.0.0.1: "
+                   "anyone who can reach the port can use the model (no authentication)")
+    s.add_argument("--stop", action="store_true", help="stop the model server (this machine's, or with "
+                   "--address the cluster's)")
+    add_verbose(s)
+
+
+def _positive(flag: str, value: int) -> None:
+    from launcher.errors import UserError
+
+    if value < 1:
+        raise UserError(f"{flag} {value}: must be 1 or more")
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from launcher.cli.run import sigterm_as_ctrl_c, summary_stream
+    from launcher.predict.batch import predict
+    from launcher.predict.model import locate
+
+    _positive("--workers", args.workers)
+    ref = locate(args.model, args.run, args.storage)
+    with sigterm_as_ctrl_c():
+        with summary_stream() as out:
+            summary = predict(ref, args.input, args.output, workers=args.workers, address=args.address,
+                              verbose=args.verbose, note=lambda text: print(text, file=sys.stderr, flush=True))
+            if args.json:
+                print(json.dumps(summary.to_json()), file=out, flush=True)
+            else:
+                print(f"predicted {summary.rows} rows from {summary.files} file(s) in {summary.seconds:.1f}s "
+                      f"({summary.rows_per_s:.0f} rows/s) -> {summary.output}", file=out, flush=True)
+    return EXIT_OK
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from launcher.cli.run import sigterm_as_ctrl_c
+    from launcher.predict import serve
+
+    if args.stop:
+        print(serve.stop(args.address))
+        return EXIT_OK
+    from launcher.predict.model import locate
+
+    _positive("--replicas", args.replicas)
+    ref = locate(args.model, args.run, args.storage)
+
+    def ready(url: str) -> None:
+        print(f"serving {ref.uri} ({ref.info.get('workload')}, {ref.framework}) at {url}: POST "
+              "{\"instances\": [...]} to /, GET /healthz; " + ("it stays deployed on the cluster (launcher serve "
+                                                              "--stop --address ...)" if args.address else
+                                                              "Ctrl-C or `launcher serve --stop` stops it"),
+              flush=True)
+
+    with sigterm_as_ctrl_c():
+        return serve.serve(ref, port=args.port, public=args.public, replicas=args.replicas, address=args.address,
+                           verbose=args.verbose, ready=ready)
+
+
+COMMANDS = {"predict": cmd_predict, "serve": cmd_serve}
