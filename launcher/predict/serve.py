@@ -195,12 +195,10 @@ def stop(address: str | None = None, timeout_s: float = 60.0) -> str:
 def _running(pid: int) -> bool:
     """Whether ``pid`` is alive; a process that has exited but whose parent has not reaped it
     yet (a zombie) is not."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+    from launcher.storage.runs import pid_alive
+
+    if not pid_alive(pid):
         return False
-    except PermissionError:
-        return True
     try:
         with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
             return f.read().rpartition(")")[2].split()[0] != "Z"
