@@ -8,7 +8,7 @@ answer, :class:`Unreachable`. Everything is imported on first use, so
 ``launcher --help`` stays instant.
 
 The packages, in the order imports point (nothing imports ``cli``):
-``cli`` -> ``tune`` -> ``driver`` -> ``worker`` -> ``backends``, ``storage``, ``preemption``
+``cli`` -> ``tune``, ``predict`` -> ``driver`` -> ``worker`` -> ``backends``, ``storage``, ``preemption``
 -> ``spec``, ``schema``, ``summary``, ``errors``; ``lab`` (test stand-ins for the
 cloud) uses the driver. Every private Ray name used is in ``_ray``.
 """

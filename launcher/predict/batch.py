@@ -177,7 +177,8 @@ def predict(ref: ModelRef, pattern: str, output: str, *, workers: int = 1, addre
     if note is not None:
         note(f"predicting {len(paths)} file(s) with {ref.uri} ({ref.info.get('workload')}, {ref.framework}) on "
              f"{workers} worker(s)")
-    with session.connect(address, workers=workers, cpus_per_worker=1, verbose=verbose):
+    # One CPU per model replica, and one more for the read tasks (else they wait forever).
+    with session.connect(address, workers=workers + 1, cpus_per_worker=1, verbose=verbose):
         import logging
         import sys
 
