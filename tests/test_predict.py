@@ -183,3 +183,29 @@ def test_serve_answers_like_batch_prediction_and_refuses_bad_requests(models, te
     assert stopped.returncode == 0 and "stopped the model server" in stopped.stdout, \
         stopped.stderr + (tmp_path / "serve.err").read_text()[-3000:]
     assert proc.returncode == 0
+
+
+def test_image_files_are_instances_the_image_workloads_take(tmp_path):
+    """A folder of PNGs: each file is one instance, preprocessed as the workload trains on it."""
+    from PIL import Image
+
+    from launcher.predict.batch import parse
+
+    grey = np.arange(28 * 28, dtype=np.uint8).reshape(28, 28)
+    colour = np.random.default_rng(0).integers(0, 256, (32, 32, 3), dtype=np.uint8)
+    for name, pixels in (("grey.png", grey), ("colour.png", colour)):
+        Image.fromarray(pixels).save(tmp_path / name)
+    read = {name: parse(name, (tmp_path / name).read_bytes()) for name in ("grey.png", "colour.png")}
+    assert np.array_equal(read["grey.png"][0], grey) and np.array_equal(read["colour.png"][0], colour)
+    mnist = workloads.get("mnist-cnn").preprocess(read["grey.png"], {})
+    cifar = workloads.get("cifar10-cnn").preprocess(read["colour.png"], {})
+    assert mnist.shape == (1, 1, 28, 28) and cifar.shape == (1, 3, 32, 32)
+    # the same numbers the training loaders compute from the raw files
+    from workloads import cifar as cifar_module, mnist as mnist_module
+
+    assert np.allclose(mnist[0, 0], (grey / 255.0 - mnist_module.MEAN) / mnist_module.STD, atol=1e-6)
+    expected = (colour.transpose(2, 0, 1) / 255.0 - cifar_module.MEAN) / cifar_module.STD
+    assert np.allclose(cifar[0], expected, atol=1e-6)
+    (tmp_path / "bad.png").write_bytes(b"not a png")
+    with pytest.raises(ValueError, match="bad.png is not a readable image"):
+        parse("bad.png", (tmp_path / "bad.png").read_bytes())

@@ -3,9 +3,10 @@
 The input files (a file, a folder or a glob; local or ``gs://``) are read by
 Ray Data (``read_binary_files``) and split into instances: ``.npy`` (one
 instance per row), ``.npz`` (its ``x`` or ``instances`` array, or its only one),
-``.csv`` (numeric rows; a header line is skipped) and JSON lines (``.jsonl``
+``.csv`` (numeric rows; a header line is skipped), JSON lines (``.jsonl``
 or ``.json``: each line ``{"instances": [...]}`` as AI Platform's batch
-prediction takes, or one instance). A pool of ``--workers`` actors loads the
+prediction takes, or one instance) and images (``.png``, ``.jpg``, ``.bmp``:
+a folder of them for the image workloads, one instance each). A pool of ``--workers`` actors loads the
 model once each and predicts batch after batch; the results are written as
 JSON lines (``{"file", "row", "prediction", "scores"}``) to the output folder.
 The first file is tried on the driver first, so a wrong shape is one line
@@ -27,7 +28,8 @@ import numpy as np
 from launcher.errors import UserError
 from launcher.predict.model import Model, ModelRef
 
-EXTENSIONS = (".npy", ".npz", ".csv", ".jsonl", ".json")
+IMAGES = (".png", ".jpg", ".jpeg", ".bmp")
+EXTENSIONS = (".npy", ".npz", ".csv", ".jsonl", ".json") + IMAGES
 BATCH = 256
 CHECK_BYTES = 64 << 20  # the first file is tried on the driver when it is at most this big
 
@@ -87,6 +89,15 @@ def input_files(pattern: str) -> tuple[Any, list[str]]:
 def parse(path: str, data: bytes) -> np.ndarray | list:
     """The instances in one file's bytes; ValueError naming what is wrong."""
     name = posixpath.basename(path)
+    if path.lower().endswith(IMAGES):  # one image, one instance: (H, W) grey or (H, W, 3) colour pixels
+        from PIL import Image, UnidentifiedImageError
+
+        try:
+            with Image.open(io.BytesIO(data)) as image:
+                pixels = np.asarray(image.convert("L" if image.mode in ("L", "1", "P", "I;16") else "RGB"))
+        except (UnidentifiedImageError, OSError) as exc:
+            raise ValueError(f"{name} is not a readable image ({exc})") from None
+        return pixels[None]
     if path.endswith(".npy"):
         return np.load(io.BytesIO(data), allow_pickle=False)
     if path.endswith(".npz"):
