@@ -55,6 +55,12 @@ def test_split(tmp_path_factory):
     return d, raw, split.y
 
 
+
+def last_line(out: str) -> str:
+    """The --json summary: stdout's last line (in-process, Ray may print a warning to stdout
+    first; the CLI itself sends everything but the summary to stderr)."""
+    return out.strip().splitlines()[-1]
+
 def read_predictions(folder: str) -> dict[str, list[int]]:
     """file -> predictions in row order, from the JSON-lines output."""
     rows = [json.loads(line) for name in sorted(os.listdir(folder)) for line in open(os.path.join(folder, name))]
@@ -74,7 +80,7 @@ def test_batch_predictions_reproduce_the_runs_accuracy(models, test_split, tmp_p
     code = main(["predict", "--model", run_dir, "--input", str(folder), "--output", out, "--json"])
     captured = capsys.readouterr()
     assert code == 0, captured.err[-3000:]
-    summary = json.loads(captured.out)
+    summary = json.loads(last_line(captured.out))
     assert summary["rows"] == 2 * len(labels) and summary["files"] == 2 and summary["rows_per_s"] > 0
     predicted = read_predictions(out)
     for name in ("test.npy", "test.jsonl"):

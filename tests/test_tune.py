@@ -24,6 +24,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "examples", "trainer_package")
 
 
+
+def last_line(out: str) -> str:
+    """The --json summary: stdout's last line (in-process, Ray may print a warning to stdout
+    first; the CLI itself sends everything but the summary to stderr)."""
+    return out.strip().splitlines()[-1]
+
 def write_yaml(tmp_path, text: str, name: str = "tune.yaml") -> str:
     path = tmp_path / name
     path.write_text(textwrap.dedent(text))
@@ -98,7 +104,7 @@ def test_a_search_over_lr_runs_every_trial_and_picks_the_best(ray_local, tmp_pat
     code = main(["tune", "--config", path, "--storage", storage, "--name", "lr_search", "--json"])
     captured = capsys.readouterr()
     assert code == 0, captured.err[-3000:]
-    result = json.loads(captured.out)
+    result = json.loads(last_line(captured.out))
     rows, summary = result["trials"], result["summary"]
     assert len(rows) == 4 and all(r["status"] == "succeeded" for r in rows), rows
     assert all(r["accuracy"] is not None and r["epochs"] == 1 for r in rows)
@@ -145,7 +151,7 @@ def test_asha_stops_a_trial_that_barely_learns(ray_local, tmp_path, capsys, stor
     code = main(["tune", "--config", path, "--storage", storage, "--name", "asha", "--json"])
     captured = capsys.readouterr()
     assert code == 0, captured.err[-3000:]
-    rows = json.loads(captured.out)["trials"]
+    rows = json.loads(last_line(captured.out))["trials"]
     shown = [(r["lr"], r["status"], r["epochs"], r["accuracy"]) for r in rows]
     stopped = [r for r in rows if r["status"] == "stopped early"]
     # ASHA keeps the better half at each rung: a barely-learning lr is among those it stops
@@ -176,7 +182,7 @@ def test_a_package_is_tuned_on_its_hypertune_metric_and_a_missing_tag_is_one_lin
                  "--package", PACKAGE, "--module", "trainer.task", "--", "--epochs", "2"])
     captured = capsys.readouterr()
     assert code == 0, captured.err[-3000:]
-    result = json.loads(captured.out)
+    result = json.loads(last_line(captured.out))
     rows = {r["lr"]: r for r in result["trials"]}
     assert set(rows) == {0.0001, 0.1} and all(r["status"] == "succeeded" for r in rows.values())
     assert rows[0.1]["accuracy"] > rows[0.0001]["accuracy"]  # the metric is the package's own report
