@@ -108,7 +108,7 @@ def main():
         if all_agree(stop_requested, distributed):
             save("SIGTERM")
             notice = os.environ.get("LAUNCHER_PREEMPTION_FILE")  # the launcher's; Vertex AI has none
-            if rank == 0 and notice and os.path.exists(notice):
+            if notice and os.path.exists(notice):  # on the ranks whose node got the notice
                 with open(notice) as f:
                     print(f"preemption notice: {json.load(f)['seconds_left']}s were left", flush=True)
             return
