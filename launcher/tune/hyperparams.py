@@ -19,7 +19,6 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from launcher.errors import UserError
 
-SCALES = ("UNIT_LINEAR_SCALE", "UNIT_LOG_SCALE", "UNIT_REVERSE_LOG_SCALE")
 DEFAULT_METRIC_TAG = "training/hptuning/metric"  # cloudml-hypertune's default tag
 REVERSE = "~"  # prefix of a reverse-log parameter's key in the search space (it searches a mirror)
 

@@ -29,7 +29,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator, TextIO
 
 from launcher.errors import UserError
-from launcher.tune.study import STATE_DIR, TUNING_FILE, Study, same_definition
+from launcher.storage.runs import TUNING_FILE
+from launcher.tune.study import STATE_DIR, Study, same_definition
 
 HEAD_RESOURCE = "node:__internal_head__"  # Ray's marker resource of the head node (1.0 there)
 TRIAL_DRIVER = {"CPU": 0, HEAD_RESOURCE: 0.001}  # a trial's own driver: no CPU, on the head (never preempted)

@@ -26,7 +26,6 @@ from typing import Any
 from launcher import schema
 from launcher.errors import UserError
 from launcher.spec import JobSpec
-from launcher.storage.runs import TUNING_FILE  # noqa: F401 - the definition, kept to resume with the same one
 from launcher.tune.hyperparams import Hyperparameters, parse
 
 TUNABLE = ("lr", "batch_size", "epochs", "seed", "hvd_fp16", "hvd_fusion_mb", "hvd_backward_passes")
