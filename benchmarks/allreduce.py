@@ -2,9 +2,15 @@
 
 ``gloo`` and ``nccl`` are the native backend's torch.distributed process
 group as Ray Train's TorchTrainer sets it up (nccl needs GPUs); ``horovod``
-is the Horovod backend's ``hvd.allreduce``. Each worker calls its comm's
-``allreduce_sum`` on a float32 tensor of each size, so these are the
-collectives the training loop uses.
+is the Horovod backend's in-place ``hvd.allreduce_``. Each worker calls its
+comm's ``allreduce_sum_`` on a float32 tensor of each size, in place, as the
+training loop reduces gradients.
+
+Each backend is also measured bare, in the same run: the same worker on the
+same collective under ``torchrun`` (gloo, nccl) or ``horovodrun`` (horovod),
+without Ray (``benchmarks/bare.py``).
+The two alternate ``--rounds`` times and each keeps its median per size, so
+the table's launcher/bare ratio is the launcher's tax on communication.
 
 Figures follow nccl-tests (PERFORMANCE.md there): for a message of S bytes
 taking t seconds, algbw = S / t and busbw = algbw * 2 (n-1) / n, the
@@ -81,35 +87,44 @@ def repeats_for(size: int, target: int = TARGET_BYTES) -> int:
 
 # -- worker side ---------------------------------------------------------------------------
 
+def time_sizes(reduce: Callable, sizes: list[int], target_bytes: int, device, world_size: int) -> list[dict]:
+    """Seconds per ``reduce(tensor)`` (an in-place sum over ranks) for a float32 tensor of
+    each size, averaged over the ranks; every rank calls this together."""
+    import torch
+
+    out = []
+    for size in sizes:
+        tensor = torch.zeros(size // 4, dtype=torch.float32, device=device)  # zeros: sums never overflow
+        reps = repeats_for(size, target_bytes)
+        for _ in range(2):
+            reduce(tensor)
+        reduce(torch.zeros(1, device=device))  # line the ranks up before timing
+        start = time.perf_counter()
+        for _ in range(reps):
+            reduce(tensor)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        out.append({"bytes": size, "repeats": reps, "time_s": (time.perf_counter() - start) / reps})
+    # Ranks finish a collective within one message of each other: report their mean time.
+    times = torch.tensor([o["time_s"] for o in out], dtype=torch.float64, device=device)
+    reduce(times)
+    for o, t in zip(out, (times / world_size).tolist()):
+        o["time_s"] = t
+    return out
+
+
 def worker(config: dict[str, Any]) -> None:
     import os
 
     os.environ.update(config.get("env", {}))
     import torch
 
-    from launcher import backends
-
     torch.set_num_threads(config["threads"])
-    comm = backends.get(config["backend"]).torch_comm()
+    comm = raywork.torch_comm(config["backend"])
     comm.setup()
     device = comm.device()
-    out = []
-    for size in config["sizes"]:
-        tensor = torch.ones(size // 4, dtype=torch.float32, device=device)
-        reps = repeats_for(size, config.get("target_bytes", TARGET_BYTES))
-        for _ in range(2):
-            comm.allreduce_sum(tensor)
-        comm.allreduce_sum(torch.zeros(1, device=device))  # line the ranks up before timing
-        start = time.perf_counter()
-        for _ in range(reps):
-            comm.allreduce_sum(tensor)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        out.append({"bytes": size, "repeats": reps, "time_s": (time.perf_counter() - start) / reps})
-    # Ranks finish a collective within one message of each other: report their mean time.
-    mean = comm.allreduce_sum(torch.tensor([o["time_s"] for o in out], dtype=torch.float64)) / comm.world_size
-    for o, t in zip(out, mean.tolist()):
-        o["time_s"] = t
+    out = time_sizes(comm.allreduce_sum_, config["sizes"], config.get("target_bytes", TARGET_BYTES), device,
+                     comm.world_size)
     raywork.hand_back(comm.rank, {"sizes": out, "world_size": comm.world_size, "device": str(device)})
 
 
@@ -120,9 +135,20 @@ def _target(name: str) -> tuple[str, float]:
     return ("horovod", 0.0) if name == "horovod" else ("native", 1.0 if name == "nccl" else 0.0)
 
 
+BARE = {"gloo": "torchrun", "nccl": "torchrun", "horovod": "horovodrun"}  # each backend's bare launcher
+
+
+def bare_command(name: str, workers: int, threads: int, config: dict) -> list[str]:
+    """The command measuring ``name`` bare: this module's worker under torchrun or horovodrun."""
+    backend, _ = _target(name)
+    return raywork.bare_command(BARE[name], name, workers, "benchmarks.allreduce:worker",
+                                {**config, "backend": backend, "threads": threads})
+
+
 def run(names: list[str], sizes: list[int], workers: int, threads: int, note: Callable[[str], None],
-        target_bytes: int = TARGET_BYTES) -> tuple[list[dict], list[dict], float]:
-    """(measurements, skipped, copy bandwidth in bytes/s)."""
+        target_bytes: int = TARGET_BYTES, rounds: int = 1) -> tuple[list[dict], list[dict], float]:
+    """(measurements, skipped, copy bandwidth in bytes/s). Each round measures every backend
+    through the launcher (one local Ray for the round), then bare, with Ray shut down."""
     from benchmarks import machine
     from launcher.driver import connect
 
@@ -142,52 +168,90 @@ def run(names: list[str], sizes: list[int], workers: int, threads: int, note: Ca
         else:
             todo.append((name, backend, gpus))
     measured: list[dict] = []
-    if not todo:
-        return measured, skipped, copy_bw
+    failed: set[tuple[str, str]] = set()
+
+    def record(name: str, variant: str, r: int, out: dict) -> None:
+        for s in out["sizes"]:
+            measured.append({"backend": name, "variant": variant, "round": r + 1, "workers": workers, **s})
+
+    def failure(name: str, variant: str, exc: Exception, tag: str) -> None:
+        reason = raywork.one_line(exc)
+        note(f"{tag} {name} via {variant} failed: {reason}")
+        if (name, variant) not in failed:
+            failed.add((name, variant))
+            skipped.append({"backend": name, "variant": variant, "reason": f"failed: {reason}"})
+
     config = {"sizes": sizes, "target_bytes": target_bytes}
-    with connect(None, workers=workers, cpus_per_worker=threads):
-        for i, (name, backend, gpus) in enumerate(todo, 1):
-            note(f"[{i}/{len(todo)}] {name}: {workers} workers, {len(sizes)} sizes "
-                 f"{human(sizes[0])}..{human(sizes[-1])} ...")
+    span = f"{len(sizes)} sizes {human(sizes[0])}..{human(sizes[-1])}"
+    for r in range(rounds if todo else 0):
+        tag = f"[round {r + 1}/{rounds}]"
+        with connect(None, workers=workers, cpus_per_worker=threads):
+            for name, backend, gpus in todo:
+                note(f"{tag} {name} via the launcher: {workers} workers, {span} ...")
+                try:
+                    record(name, "launcher", r, raywork.run(backend, "torch", "resnet18-synthetic", workers, threads,
+                                                            worker, config, gpus_per_worker=gpus))
+                except Exception as exc:
+                    failure(name, "launcher", exc, tag)
+        for name, _, _ in todo:  # bare, with the launcher's Ray gone
+            note(f"{tag} {name} via {BARE[name]} (bare): {workers} processes, {span} ...")
             try:
-                out = raywork.run(backend, "torch", "resnet18-synthetic", workers, threads, worker, config,
-                                  gpus_per_worker=gpus)
+                record(name, BARE[name], r, raywork.run_bare(bare_command(name, workers, threads, config), threads))
             except Exception as exc:
-                reason = raywork.one_line(exc)
-                note(f"[{i}/{len(todo)}] {name} failed: {reason}")
-                skipped.append({"backend": name, "reason": f"failed: {reason}"})
-                continue
-            for s in out["sizes"]:
-                measured.append({"backend": name, "workers": workers, **s})
-            note(f"[{i}/{len(todo)}] {name} done")
+                failure(name, BARE[name], exc, tag)
     return measured, skipped, copy_bw
 
 
 def summarize(measured: list[dict], copy_bw: float) -> list[dict]:
-    rows = []
+    """One row per backend, way of launching and size: the median time over the rounds, and for
+    the launcher's rows ``vs_bare``, its bus bandwidth over the bare run's (1.0: no tax)."""
+    times: dict[tuple, list[float]] = {}
     for m in measured:
-        n, algbw = m["workers"], m["bytes"] / m["time_s"]
+        times.setdefault((m["backend"], m.get("variant", "launcher"), m["workers"], m["bytes"]), []).append(m["time_s"])
+    rows = []
+    for (backend, variant, n, size), ts in times.items():
+        t = statistics.median(ts)
+        algbw = size / t
         busbw = algbw * 2 * (n - 1) / n
-        rows.append({"backend": m["backend"], "workers": n, "bytes": m["bytes"], "size": human(m["bytes"]),
-                     "time_us": round(m["time_s"] * 1e6, 1), "algbw_gb_s": round(algbw / 1e9, 4),
+        rows.append({"backend": backend, "variant": variant, "workers": n, "bytes": size, "size": human(size),
+                     "rounds": len(ts), "time_us": round(t * 1e6, 1), "algbw_gb_s": round(algbw / 1e9, 4),
                      "busbw_gb_s": round(busbw / 1e9, 4), "busbw_vs_copy": round(busbw / copy_bw, 4),
-                     "latency_us": round(m["time_s"] * 1e6, 1) if m["bytes"] <= LATENCY_MAX_BYTES else None})
+                     "latency_us": round(t * 1e6, 1) if size <= LATENCY_MAX_BYTES else None, "vs_bare": None})
+    bare = {(r["backend"], r["workers"], r["bytes"]): r for r in rows if r["variant"] != "launcher"}
+    for r in rows:
+        twin = bare.get((r["backend"], r["workers"], r["bytes"]))
+        if r["variant"] == "launcher" and twin:
+            r["vs_bare"] = round(twin["time_us"] / r["time_us"], 3)
     return rows
 
 
 def format_rows(rows: list[dict], skipped: list[dict], copy_bw: float) -> str:
     lines = [f"memory-copy bandwidth (reference): {copy_bw / 1e9:.2f} GB/s",
-             f"{'backend':<8} {'workers':>7} {'size':>7} {'time us':>10} {'algbw GB/s':>11} {'busbw GB/s':>11} "
-             f"{'busbw/copy':>10}"]
+             f"{'backend':<8} {'workers':>7} {'size':>7} {'launcher us':>12} {'bare us':>10} "
+             f"{'busbw GB/s':>11} {'bare busbw':>11} {'busbw/copy':>10} {'launcher/bare':>13}"]
+    bare = {(r["backend"], r["workers"], r["bytes"]): r for r in rows if r["variant"] != "launcher"}
     for r in rows:
-        lines.append(f"{r['backend']:<8} {r['workers']:>7} {r['size']:>7} {r['time_us']:>10.1f} "
-                     f"{r['algbw_gb_s']:>11.3f} {r['busbw_gb_s']:>11.3f} {100 * r['busbw_vs_copy']:>9.1f}%")
+        if r["variant"] != "launcher":
+            continue
+        twin = bare.get((r["backend"], r["workers"], r["bytes"]))
+        bare_us = f"{twin['time_us']:.1f}" if twin else "-"
+        bare_bw = f"{twin['busbw_gb_s']:.3f}" if twin else "-"
+        ratio = f"{r['vs_bare']:.2f}" if r["vs_bare"] else "-"
+        lines.append(f"{r['backend']:<8} {r['workers']:>7} {r['size']:>7} {r['time_us']:>12.1f} {bare_us:>10} "
+                     f"{r['busbw_gb_s']:>11.3f} {bare_bw:>11} {100 * r['busbw_vs_copy']:>9.1f}% {ratio:>13}")
+    for name in dict.fromkeys(r["backend"] for r in rows):
+        ratios = [r["vs_bare"] for r in rows if r["backend"] == name and r["vs_bare"]]
+        if ratios:
+            lines.append(f"{name}: launcher/bare bus bandwidth {min(ratios):.2f}-{max(ratios):.2f} "
+                         f"(median {statistics.median(ratios):.2f}) against {BARE[name]}")
     small = [r for r in rows if r["latency_us"] is not None]
-    for name in dict.fromkeys(r["backend"] for r in small):
-        lat = [r["latency_us"] for r in small if r["backend"] == name]
-        lines.append(f"{name}: latency (sizes <= {human(LATENCY_MAX_BYTES)}) {min(lat):.0f}-{max(lat):.0f} us")
+    for name, variant in dict.fromkeys((r["backend"], r["variant"]) for r in small):
+        lat = [r["latency_us"] for r in small if (r["backend"], r["variant"]) == (name, variant)]
+        lines.append(f"{name} via {variant}: latency (sizes <= {human(LATENCY_MAX_BYTES)}) "
+                     f"{min(lat):.0f}-{max(lat):.0f} us")
     for s in skipped:
-        lines.append(f"{s['backend']:<8} unavailable: {s['reason']}")
+        lines.append(f"{s['backend']:<8} {('via ' + s['variant'] + ' ') if s.get('variant') else ''}"
+                     f"unavailable: {s['reason']}")
     return "\n".join(lines)
 
 
@@ -196,10 +260,13 @@ def write_results(rows: list[dict], skipped: list[dict], copy_bw: float, info: d
     from benchmarks import results
 
     fig, (ax_bw, ax_t) = results.new_figure(ncols=2, figsize=(11, 4))
-    for name in dict.fromkeys(r["backend"] for r in rows):
-        mine = [r for r in rows if r["backend"] == name]
-        ax_bw.plot([r["bytes"] for r in mine], [r["busbw_gb_s"] for r in mine], marker="o", label=f"{name} busbw")
-        ax_t.plot([r["bytes"] for r in mine], [r["time_us"] for r in mine], marker="o", label=name)
+    for name, variant in dict.fromkeys((r["backend"], r["variant"]) for r in rows):
+        mine = [r for r in rows if (r["backend"], r["variant"]) == (name, variant)]
+        style = "-" if variant == "launcher" else "--"
+        label = f"{name} via {variant}"
+        ax_bw.plot([r["bytes"] for r in mine], [r["busbw_gb_s"] for r in mine], marker="o", linestyle=style,
+                   label=label)
+        ax_t.plot([r["bytes"] for r in mine], [r["time_us"] for r in mine], marker="o", linestyle=style, label=label)
     ax_bw.axhline(copy_bw / 1e9, color="red", linestyle="--", label="memory copy")
     ax_bw.set(xscale="log", xlabel="message bytes", ylabel="GB/s", title="allreduce bus bandwidth")
     ax_t.set(xscale="log", yscale="log", xlabel="message bytes", ylabel="time per allreduce (us)",
@@ -209,5 +276,6 @@ def write_results(rows: list[dict], skipped: list[dict], copy_bw: float, info: d
     fig.suptitle(f"{info['cpu_model']} ({info['cpu_cores']} cores), {info['date_utc']}", fontsize=8)
     payload = {"machine": info, "copy_bandwidth_gb_s": copy_bw / 1e9, "unavailable": skipped,
                "definitions": {"algbw": "bytes / time", "busbw": "algbw * 2(n-1)/n (nccl-tests)",
+                               "vs_bare": "launcher busbw / bare busbw (torchrun or horovodrun, same loop)",
                                "copy_bandwidth": "numpy copy of 256 MiB: bytes copied / s (driver's machine)"}}
     return results.write(out_dir, "allreduce", rows, payload, fig)

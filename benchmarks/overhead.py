@@ -30,6 +30,8 @@ import tempfile
 import time
 from typing import Callable
 
+from benchmarks.raywork import last_json
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = ("launcher-cold", "launcher-warm", "torchrun", "horovodrun")
 THREADS = 1  # OMP_NUM_THREADS and torch threads per worker, equal for every launcher
@@ -68,14 +70,6 @@ def _command(variant: str, workers: int, storage: str, index: int) -> list[str]:
                 "--epochs", "1", "--comm", "horovod"]
     return [sys.executable, "-m", "launcher", "run", "--epochs", "1", "--workers", str(workers),
             "--storage", storage, "--name", f"overhead_{variant.replace('-', '_')}_{index}", "--json"]
-
-
-def last_json(stdout: str) -> dict:
-    """The last JSON object printed; horovodrun prefixes each line with ``[rank]<stdout>:``."""
-    lines = [line[line.index("{"):] for line in stdout.strip().splitlines() if "{" in line]
-    if not lines:
-        raise RuntimeError(f"no JSON result in the output: {stdout.strip()[-200:]!r}")
-    return json.loads(lines[-1])
 
 
 def run(repeats: int, workers: int, note: Callable[[str], None]) -> list[dict]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import glob
 import json
 import os
+import subprocess
+import sys
 import tempfile
 import uuid
 from typing import Any, Callable
@@ -36,8 +38,74 @@ def backend_or_reason(name: str, framework: str):
     return (None, reason) if reason else (backend, None)
 
 
+BARE_ENV = "LAUNCHER_BENCH_BARE"  # set by benchmarks/bare.py: no Ray, torchrun's or horovodrun's processes
+
+
+def torch_comm(backend_name: str):
+    """The comm a bench worker measures with: its backend's on a Ray Train worker; run bare
+    (benchmarks/bare.py), the same collective set up by torchrun (gloo, nccl) or horovodrun."""
+    from launcher import backends
+
+    bare = os.environ.get(BARE_ENV)
+    if not bare:
+        return backends.get(backend_name).torch_comm()
+    if bare == "horovod":
+        return backends.HorovodComm()
+    import torch
+    import torch.distributed as dist
+
+    class BareDDPComm(backends.DDPComm):  # DDPComm asks Ray Train for the device
+        def device(self):
+            if bare == "nccl":
+                return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+            return torch.device("cpu")
+
+    if not dist.is_initialized():
+        dist.init_process_group(bare)  # env:// rendezvous from torchrun
+        if bare == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    return BareDDPComm()
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def bare_command(launcher: str, comm: str, workers: int, function: str, config: dict[str, Any]) -> list[str]:
+    """``function(config)`` on ``workers`` processes of ``launcher`` (torchrun or horovodrun),
+    through benchmarks/bare.py with ``--comm`` gloo, nccl or horovod."""
+    bindir = os.path.dirname(sys.executable)
+    args = [os.path.join(ROOT, "benchmarks", "bare.py"), "--comm", comm, function, json.dumps(config)]
+    if launcher == "horovodrun":
+        return [os.path.join(bindir, "horovodrun"), "-np", str(workers), "-H", f"localhost:{workers}",
+                sys.executable, *args]
+    return [os.path.join(bindir, "torchrun"), f"--nproc-per-node={workers}", *args]
+
+
+def last_json(stdout: str) -> dict:
+    """The last JSON object printed; horovodrun prefixes each line with ``[rank]<stdout>:``."""
+    lines = [line[line.index("{"):] for line in stdout.strip().splitlines() if "{" in line]
+    if not lines:
+        raise RuntimeError(f"no JSON result in the output: {stdout.strip()[-200:]!r}")
+    return json.loads(lines[-1])
+
+
+def run_bare(cmd: list[str], threads: int) -> dict[str, Any]:
+    """Rank 0's result of a bare run (RuntimeError with its last error line if it failed)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    env.pop("RAY_ADDRESS", None)
+    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
+    if res.returncode != 0:
+        raise RuntimeError((res.stderr.strip().splitlines() or [f"exit status {res.returncode}"])[-1][:300])
+    return last_json(res.stdout)
+
+
 def hand_back(rank: int, result: dict[str, Any]) -> None:
-    """Called by every rank at the end (ray.train.report is collective); rank 0's result returns."""
+    """Called by every rank at the end (ray.train.report is collective); rank 0's result returns.
+    Run bare, rank 0 prints it as one JSON line instead."""
+    if os.environ.get(BARE_ENV):
+        if rank == 0:
+            print(json.dumps(result), flush=True)
+        return
     import ray.train
 
     if rank != 0:

@@ -89,10 +89,9 @@ def torch_worker(config: dict[str, Any]) -> None:
     import torch.nn.functional as F
 
     import workloads
-    from launcher import backends
 
     torch.set_num_threads(config["threads"])
-    comm = backends.get(config["backend"]).torch_comm()
+    comm = raywork.torch_comm(config["backend"])
     comm.setup()
     workload = workloads.get(config["workload"])
     device = comm.device()
@@ -198,8 +197,9 @@ WORKERS = {"torch": torch_worker, "tensorflow": tf_worker}
 # -- driver side ---------------------------------------------------------------------------
 
 def run(settings: Settings, frameworks: list[str], backend_names: list[str], worker_counts: list[int],
-        note: Callable[[str], None]) -> tuple[list[dict], list[dict]]:
-    """Measure every available (framework, backend, workers); returns (measurements, skipped)."""
+        note: Callable[[str], None], bare: bool = True) -> tuple[list[dict], list[dict]]:
+    """Measure every available (framework, backend, workers) through the launcher, then
+    (``bare``) each torch one under torchrun or horovodrun; returns (measurements, skipped)."""
     from launcher.driver import connect
 
     combos, skipped = [], []
@@ -228,44 +228,90 @@ def run(settings: Settings, frameworks: list[str], backend_names: list[str], wor
                 note(f"[{i}/{len(combos)}] {fw}/{backend.name}, {n} worker(s) failed: {reason}")
                 skipped.append({"framework": fw, "backend": backend.name, "workers": n, "reason": f"failed: {reason}"})
                 continue
-            m = {"framework": fw, "backend": backend.name, "workers": n, **out, "wall_s": time.perf_counter() - start}
+            m = {"framework": fw, "backend": backend.name, "variant": "launcher", "workers": n, **out,
+                 "wall_s": time.perf_counter() - start}
             measured.append(m)
             note(f"[{i}/{len(combos)}] {statistics.mean(out['rates']):,.1f} images/s "
                  f"({m['wall_s']:.0f}s)" + (f"; note: {out['note']}" if out.get("note") else ""))
+    if bare:
+        measured += run_bare(settings, [c for c in combos if c[0] == "torch"], skipped, note)
     return measured, skipped
 
 
+BARE = {"native": ("torchrun", "gloo"), "horovod": ("horovodrun", "horovod")}
+
+
+def run_bare(settings: Settings, combos: list, skipped: list[dict], note: Callable[[str], None]) -> list[dict]:
+    """The same worker, config and worker counts under torchrun (native: DDP over gloo) or
+    horovodrun (horovod), without Ray (benchmarks/bare.py), after the launcher's runs."""
+    measured = []
+    for i, (fw, backend, n) in enumerate(combos, 1):
+        launcher, comm = BARE[backend.name]
+        note(f"[bare {i}/{len(combos)}] {fw}/{backend.name}, {n} worker(s) under {launcher} ...")
+        config = {**settings.worker_config(), "backend": backend.name, "threads": settings.threads}
+        start = time.perf_counter()
+        try:
+            out = raywork.run_bare(raywork.bare_command(launcher, comm, n, "benchmarks.scaling:torch_worker", config),
+                                   settings.threads)
+        except Exception as exc:
+            reason = raywork.one_line(exc)
+            note(f"[bare {i}/{len(combos)}] failed: {reason}")
+            skipped.append({"framework": fw, "backend": backend.name, "workers": n, "variant": launcher,
+                            "reason": f"failed: {reason}"})
+            continue
+        measured.append({"framework": fw, "backend": backend.name, "variant": launcher, "workers": n, **out,
+                         "wall_s": time.perf_counter() - start})
+        note(f"[bare {i}/{len(combos)}] {statistics.mean(out['rates']):,.1f} images/s")
+    return measured
+
+
 def summarize(measured: list[dict]) -> list[dict]:
+    """One row per measurement; ``vs_bare``: the launcher's images/s over the same worker's
+    under torchrun/horovodrun (1.0: no tax)."""
     rows = []
+
+    def key(m: dict) -> tuple:
+        return m["framework"], m["backend"], m.get("variant", "launcher")
+
     for m in measured:
         rates = m["rates"]
         mean = statistics.mean(rates)
         ci = 1.96 * statistics.stdev(rates) if len(rates) > 1 else 0.0
-        one = next((o for o in measured if (o["framework"], o["backend"], o["workers"]) ==
-                    (m["framework"], m["backend"], 1)), None)
+        one = next((o for o in measured if key(o) == key(m) and o["workers"] == 1), None)
         t1 = statistics.mean(one["rates"]) if one else None
         share = max(0.0, 1.0 - m["local_step_s"] / m["sync_step_s"]) if m["workers"] > 1 else 0.0
         rows.append({
-            "framework": m["framework"], "backend": m["backend"], "workers": m["workers"],
+            "framework": m["framework"], "backend": m["backend"], "variant": m.get("variant", "launcher"),
+            "workers": m["workers"],
             "images_per_s": round(mean, 2), "ci95": round(ci, 2), "per_worker": round(mean / m["workers"], 2),
             "efficiency": round(mean / (m["workers"] * t1), 4) if t1 else None,
             "comm_share": round(share, 4), "sync_step_ms": round(1000 * m["sync_step_s"], 2),
             "local_step_ms": round(1000 * m["local_step_s"], 2), "gradient_mb": round(m["gradient_bytes"] / 1e6, 2),
+            "vs_bare": None,
         })
+    bare = {(r["framework"], r["backend"], r["workers"]): r for r in rows if r["variant"] != "launcher"}
+    for r in rows:
+        twin = bare.get((r["framework"], r["backend"], r["workers"]))
+        if r["variant"] == "launcher" and twin and twin["images_per_s"]:
+            r["vs_bare"] = round(r["images_per_s"] / twin["images_per_s"], 3)
     return rows
 
 
 def format_rows(rows: list[dict], skipped: list[dict]) -> str:
-    lines = [f"{'framework':<11} {'backend':<8} {'workers':>7} {'images/s (+-1.96sd)':>21} {'per worker':>10} "
-             f"{'efficiency':>10} {'comm share':>10} {'step ms':>8} {'local ms':>8}"]
+    lines = [f"{'framework':<11} {'backend':<8} {'via':<10} {'workers':>7} {'images/s (+-1.96sd)':>21} "
+             f"{'per worker':>10} {'efficiency':>10} {'comm share':>10} {'step ms':>8} {'local ms':>8} "
+             f"{'launcher/bare':>13}"]
     for r in rows:
         eff = f"{100 * r['efficiency']:.1f}%" if r["efficiency"] is not None else "-"
-        lines.append(f"{r['framework']:<11} {r['backend']:<8} {r['workers']:>7} "
+        ratio = f"{r['vs_bare']:.2f}" if r.get("vs_bare") else "-"
+        lines.append(f"{r['framework']:<11} {r['backend']:<8} {r['variant']:<10} {r['workers']:>7} "
                      f"{r['images_per_s']:>11.1f} +- {r['ci95']:<6.1f} {r['per_worker']:>10.1f} {eff:>10} "
-                     f"{100 * r['comm_share']:>9.1f}% {r['sync_step_ms']:>8.1f} {r['local_step_ms']:>8.1f}")
+                     f"{100 * r['comm_share']:>9.1f}% {r['sync_step_ms']:>8.1f} {r['local_step_ms']:>8.1f} "
+                     f"{ratio:>13}")
     for s in skipped:
         where = f", {s['workers']} worker(s)" if "workers" in s else ""
-        lines.append(f"{s['framework']:<11} {s['backend']:<8} {'':>7} unavailable{where}: {s['reason']}")
+        via = f" via {s['variant']}" if s.get("variant") else ""
+        lines.append(f"{s['framework']:<11} {s['backend']:<8} {'':>7} unavailable{via}{where}: {s['reason']}")
     return "\n".join(lines)
 
 
@@ -277,15 +323,17 @@ def write_results(rows: list[dict], measured: list[dict], skipped: list[dict], i
     from benchmarks import results
 
     fig, (ax_t, ax_e) = results.new_figure(ncols=2, figsize=(11, 4))
-    for key in dict.fromkeys((r["framework"], r["backend"]) for r in rows):
-        mine = sorted((r for r in rows if (r["framework"], r["backend"]) == key), key=lambda r: r["workers"])
-        label = f"{key[0]}/{key[1]}"
+    for key in dict.fromkeys((r["framework"], r["backend"], r["variant"]) for r in rows):
+        mine = sorted((r for r in rows if (r["framework"], r["backend"], r["variant"]) == key),
+                      key=lambda r: r["workers"])
+        label = f"{key[0]}/{key[1]}" + ("" if key[2] == "launcher" else f" via {key[2]}")
         xs = [r["workers"] for r in mine]
+        style = "-" if key[2] == "launcher" else "--"
         ax_t.errorbar(xs, [r["images_per_s"] for r in mine], yerr=[r["ci95"] for r in mine], marker="o",
-                      capsize=4, label=label)
+                      capsize=4, label=label, linestyle=style)
         eff = [(r["workers"], r["efficiency"]) for r in mine if r["efficiency"] is not None]
         if eff:
-            ax_e.plot(*zip(*eff), marker="o", label=label)
+            ax_e.plot(*zip(*eff), marker="o", label=label, linestyle=style)
     all_workers = sorted({r["workers"] for r in rows}) or [1]
     ax_t.set(xlabel="workers", ylabel="images/s (total)", title=f"{settings.workload}, batch {settings.batch_size}/worker")
     ax_e.set(xlabel="workers", ylabel="scaling efficiency T(n)/(n T(1))", title="scaling efficiency", ylim=(0, 1.1))
@@ -299,7 +347,8 @@ def write_results(rows: list[dict], measured: list[dict], skipped: list[dict], i
                "definitions": {
                    "images_per_s": "sum over workers of batch*batches_per_iter/iteration time; mean over iterations",
                    "ci95": "1.96 * standard deviation over iterations",
-                   "efficiency": "T(n) / (n * T(1)), same framework and backend",
+                   "efficiency": "T(n) / (n * T(1)), same framework, backend and way of launching",
+                   "vs_bare": "launcher images/s / images/s of the same worker under torchrun or horovodrun",
                    "comm_share": "1 - t_local/t_sync: t_sync = mean synchronised step, t_local = mean step of an "
                                  "identical unsynchronised model/optimizer on the same worker"}}
     return results.write(out_dir, "scaling", rows, payload, fig)

@@ -62,14 +62,38 @@ def test_horovod_options_are_validated():
 
 
 def test_missing_horovod_is_one_line_saying_how_to_build(monkeypatch, capsys, tmp_path):
+    import functools
+
     from launcher.backends import horovod
 
-    monkeypatch.setattr(horovod, "probe", lambda framework: "Horovod is not installed")
+    monkeypatch.setattr(horovod, "probe", functools.lru_cache(lambda framework: "Horovod is not installed"))
+    # an installed copy of the launcher has no install script at hand: refused in one line
+    monkeypatch.setattr(horovod, "INSTALL_SCRIPT", str(tmp_path / "no-such-script"))
     code = main(["run", "--backend", "horovod", "--storage", str(tmp_path)])
     err = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(err) == 1
+    assert code == 2 and len(err) == 1, err
     assert "backend horovod cannot run torch here: Horovod is not installed" in err[0]
     assert "scripts/install-horovod" in err[0]
+
+
+def test_a_first_horovod_run_builds_it_and_a_failed_build_is_refused_in_a_line(monkeypatch, capsys, tmp_path):
+    import functools
+
+    from launcher.backends import horovod
+
+    monkeypatch.setattr(horovod, "probe", functools.lru_cache(lambda framework: "Horovod is not installed"))
+    script = tmp_path / "install-horovod"  # a real build step that fails the way a missing compiler does
+    script.write_text("#!/bin/sh\necho \"install-horovod: g++ not found\" >&2\necho \"$1\" > \"$(dirname \"$0\")/asked\"\n"
+                      "exit 3\n")
+    script.chmod(0o755)
+    monkeypatch.setattr(horovod, "INSTALL_SCRIPT", str(script))
+    code = main(["run", "--backend", "horovod", "--storage", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2, err
+    assert (tmp_path / "asked").read_text().strip() == sys.executable  # built for this interpreter
+    assert "Horovod 0.28.1 is not installed in this environment yet; installing it now, once" in err[0]
+    assert err[1] == "building Horovod failed: install-horovod: g++ not found"
+    assert "backend horovod cannot run torch here: Horovod is not installed" in err[2] and len(err) == 3
 
 
 # -- real Horovod on Ray --------------------------------------------------------------------

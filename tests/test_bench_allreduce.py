@@ -21,9 +21,11 @@ def test_sizes_range_and_list():
 
 
 def test_bus_bandwidth_follows_nccl_tests():
-    rows = allreduce.summarize([{"backend": "gloo", "workers": 4, "bytes": 1_000_000, "time_s": 0.001, "repeats": 3}],
-                               copy_bw=4e9)
-    [r] = rows
+    rows = allreduce.summarize([{"backend": "gloo", "workers": 4, "bytes": 1_000_000, "time_s": 0.001, "repeats": 3},
+                                {"backend": "gloo", "variant": "torchrun", "workers": 4, "bytes": 1_000_000,
+                                 "time_s": 0.0008, "repeats": 3}], copy_bw=4e9)
+    [r] = [r for r in rows if r["variant"] == "launcher"]
+    assert r["vs_bare"] == pytest.approx(0.8)  # the launcher reaches 80 % of the bare bus bandwidth
     assert r["algbw_gb_s"] == pytest.approx(1.0)
     assert r["busbw_gb_s"] == pytest.approx(1.5)  # 2 (n-1) / n = 1.5 for n = 4
     assert r["busbw_vs_copy"] == pytest.approx(0.375)
@@ -49,9 +51,18 @@ def test_tiny_gloo_run_writes_results(ray_local, tmp_path, capsys):
     assert "memory-copy bandwidth" in captured.out and "# allreduce" in captured.out
     assert "nccl: unavailable" in captured.err  # no GPU on the test machine
     data = json.load(open(out / "allreduce.json"))
-    gloo = [r for r in data["summary"] if r["backend"] == "gloo"]
+    gloo = [r for r in data["summary"] if r["backend"] == "gloo" and r["variant"] == "launcher"]
     assert [r["bytes"] for r in gloo] == [4096, 65536]
     assert all(r["algbw_gb_s"] > 0 and r["busbw_gb_s"] == pytest.approx(r["algbw_gb_s"], rel=0.01) for r in gloo)
+    # The same collective measured bare in the same run, and the launcher's ratio to it.
+    bare = {(r["backend"], r["bytes"]): r for r in data["summary"] if r["variant"] != "launcher"}
+    assert bare[("gloo", 4096)]["variant"] == "torchrun" and bare[("gloo", 65536)]["time_us"] > 0
+    assert all(r["vs_bare"] == pytest.approx(bare[("gloo", r["bytes"])]["time_us"] / r["time_us"], rel=0.01)
+               for r in gloo)
+    assert "gloo: launcher/bare bus bandwidth" in captured.out and "against torchrun" in captured.out
+    if "horovod: unavailable" not in captured.err:
+        assert {("horovod", "launcher"), ("horovod", "horovodrun")} <= {(r["backend"], r["variant"])
+                                                                         for r in data["summary"]}
     assert data["copy_bandwidth_gb_s"] > 0 and data["machine"]["cpu_cores"]
     assert any(u["backend"] == "nccl" for u in data["unavailable"])
     assert len(list(csv.DictReader(open(out / "allreduce.csv")))) == len(data["summary"])

@@ -48,13 +48,18 @@ def test_tiny_torch_scaling_writes_results(ray_local, tmp_path, capsys):
     assert "# scaling" in captured.out and "nosuch" in captured.out  # the unavailable backend is listed
     assert "unavailable" in captured.err and "[2/2]" in captured.err  # progress on stderr
     data = json.load(open(out / "scaling.json"))
-    rows = {r["workers"]: r for r in data["summary"]}
+    rows = {r["workers"]: r for r in data["summary"] if r["variant"] == "launcher"}
     assert set(rows) == {1, 2} and rows[1]["efficiency"] == 1.0
     assert rows[2]["images_per_s"] > 0 and 0 <= rows[2]["comm_share"] <= 1
     assert data["measurements"][0]["gradient_bytes"] > 1e6  # ResNet-18: ~11 M parameters
     assert data["machine"]["cpu_model"] and data["machine"]["threads_per_worker"] == 1
     assert [u["backend"] for u in data["unavailable"]] == ["nosuch"]
-    assert len(list(csv.DictReader(open(out / "scaling.csv")))) == 2
+    # The same worker under torchrun, in the same run, and the launcher's ratio to it.
+    bare = {r["workers"]: r for r in data["summary"] if r["variant"] == "torchrun"}
+    assert set(bare) == {1, 2} and bare[1]["efficiency"] == 1.0 and bare[2]["images_per_s"] > 0
+    assert rows[2]["vs_bare"] == pytest.approx(rows[2]["images_per_s"] / bare[2]["images_per_s"], rel=0.01)
+    assert "launcher/bare" in captured.out and "torchrun" in captured.out
+    assert len(list(csv.DictReader(open(out / "scaling.csv")))) == 4
     assert open(out / "scaling.png", "rb").read(4) == b"\x89PNG"
 
 

@@ -7,10 +7,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
-import psutil
 import pytest
 
 import workloads
@@ -113,137 +111,6 @@ def test_resume_continues_exactly_where_it_stopped(ray_local, capsys, storage):
     assert runs["stopped"]["status"] == "succeeded" and runs["stopped"]["launches"] == 2
     assert runs["stopped"]["epochs"] == 3
     assert runs["straight"]["metrics"] == {k: full["metrics"][k] for k in ("loss", "accuracy")}
-
-
-def test_a_cut_off_file_of_another_rank_makes_the_checkpoint_incomplete(ray_local, capsys, storage):
-    # Rank 1 writes its own RNG state into each checkpoint; rank 0's manifest vouches for it too.
-    common = ["--storage", storage, "--name", "cut", "--checkpoint-every-steps", "10", "--keep-checkpoints", "20"]
-    code, _ = launch(capsys, *common, "--epochs", "1")
-    assert code == 0
-    kept = complete_checkpoints(Storage.resolve(storage), "cut")
-    manifest, newest = kept[-1]
-    assert {"rng_rank0.pt", "rng_rank1.pt"} <= set(manifest.files)
-    rng = os.path.join(newest, "rng_rank1.pt")
-    with open(rng, "r+b") as f:
-        f.truncate(os.path.getsize(rng) // 2)
-    assert [m.global_step for m, _ in complete_checkpoints(Storage.resolve(storage), "cut")] == \
-        [m.global_step for m, _ in kept[:-1]]
-    code, resumed = launch(capsys, *common, "--epochs", "2")
-    assert code == 0 and resumed["status"] == "succeeded", resumed
-    assert resumed["resumed_from"]["step"] == kept[-2][0].global_step  # the newest complete one
-    assert resumed["steps_completed"] == 2 * 23
-
-
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_signal_while_ray_starts_stops_the_launch(storage, signum):
-    cmd = [sys.executable, "-m", "launcher", "run", "--storage", storage, "--name", "early", "--json"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in proc.stderr:
-        if "starting a local Ray instance" in line:
-            break
-    time.sleep(0.5)  # inside ray.init
-    started = time.time()
-    proc.send_signal(signum)
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, err
-    assert time.time() - started < 60 and "epoch 1/" not in err
-    assert not os.path.exists(os.path.join(storage, "early", "launches.jsonl"))  # nothing was trained
-
-
-def _immutable(path: str, on: bool) -> bool:
-    """chattr +i / -i (root may still not write into an immutable folder); False where unsupported."""
-    return subprocess.run(["chattr", "+i" if on else "-i", path], capture_output=True).returncode == 0
-
-
-def test_storage_that_stops_taking_writes_fails_the_run_with_a_summary(storage, tmp_path):
-    probe = tmp_path / "probe"
-    probe.mkdir()
-    if not _immutable(str(probe), True):
-        pytest.skip("this filesystem has no immutable attribute (chattr +i)")
-    _immutable(str(probe), False)
-    cmd = [sys.executable, "-m", "launcher", "run", "--storage", storage, "--name", "ro", "--epochs", "300",
-           "--json"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    run_dir = os.path.join(storage, "ro")
-    try:
-        deadline = time.time() + 240
-        while not complete_checkpoints(Storage.resolve(storage), "ro") and time.time() < deadline:
-            time.sleep(0.5)
-        assert _immutable(run_dir, True)
-        out, err = proc.communicate(timeout=240)
-    finally:
-        _immutable(run_dir, False)
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 1, err
-    s = json.loads(out)  # a summary, whatever could not be written
-    assert s["status"] == "failed" and s["error"], s
-    done = s["epochs_completed"]
-    code = subprocess.run(cmd[:-2] + [str(done + 1), "--json"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
-    assert code.returncode == 0, code.stderr  # writable again: it resumes
-    resumed = json.loads(code.stdout)
-    assert resumed["resumed_from"] is not None and resumed["epochs_completed"] == done + 1
-
-
-def test_a_second_launch_of_a_running_run_is_refused(capsys, storage):
-    cmd = [sys.executable, "-m", "launcher", "run", "--storage", storage, "--name", "twice", "--epochs", "200",
-           "--json"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.time() + 240
-        while not complete_checkpoints(Storage.resolve(storage), "twice") and time.time() < deadline:
-            time.sleep(0.5)
-        started = time.time()
-        code = main(["run", "--storage", storage, "--name", "twice", "--epochs", "200"])
-        err = capsys.readouterr().err
-        lines = [line for line in err.splitlines() if line.strip()]
-        assert code == 2 and len(lines) == 1, err
-        assert f"run twice is being trained by another launch (pid {proc.pid} on" in lines[0]
-        assert time.time() - started < 10  # refused before Ray starts
-    finally:
-        proc.send_signal(signal.SIGINT)
-        proc.communicate(timeout=120)
-    assert proc.returncode == 130
-    assert not os.path.exists(os.path.join(storage, "twice", "launch.lock"))  # released on the way out
-
-
-def test_a_signal_stops_the_run_and_the_next_launch_resumes(storage, signum=signal.SIGTERM):
-    # SIGTERM (a scheduler, `launcher stop`) ends the run as Ctrl-C does: workers aborted, summary, 130.
-    # SIGTERM goes through Ray Train's SIGINT handler, so this covers Ctrl-C too (and the script
-    # runs' signal test sends SIGINT itself).
-    cmd = [sys.executable, "-m", "launcher", "run", "--storage", storage, "--name", "sig", "--epochs", "30",
-           "--json"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 240
-    err_lines = []
-    for line in proc.stderr:
-        err_lines.append(line)
-        if line.startswith("epoch 2/30") or time.time() > deadline:
-            break
-    launched = set(psutil.Process(proc.pid).children(recursive=True))  # Ray's processes, the workers
-    proc.send_signal(signum)
-    out, rest = proc.communicate(timeout=120)
-    assert proc.returncode == 130, "".join(err_lines) + rest
-    end = time.time() + 30
-    while time.time() < end and [p for p in launched if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]:
-        time.sleep(0.5)
-    left = [p for p in launched if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert len(launched) >= 4 and not left, left  # nothing of the launch is left running
-    assert "SIGTERM received" not in rest  # not Ray's C++ handler: ours
-    stopped = json.loads(out)
-    assert stopped["status"] == "cancelled" and 2 <= stopped["epochs_completed"] < 30
-    assert json.load(open(os.path.join(storage, "sig", "summary.json")))["status"] == "cancelled"
-
-    cmd[cmd.index("30")] = str(stopped["epochs_completed"] + 1)
-    res = subprocess.run(cmd + ["--profile-startup"], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr
-    resumed = json.loads(res.stdout)
-    assert "start-up profile:" in res.stderr and "time to first step (from process start)" in res.stderr
-    assert resumed["startup"]["time_to_first_step_s"] > resumed["startup"]["phases"]["Ray start or connect"]
-    assert resumed["resumed_from"]["epoch"] == stopped["epochs_completed"]
-    assert resumed["epochs_completed"] == stopped["epochs_completed"] + 1
-    assert "resumed from epoch" in res.stderr
 
 
 def test_cluster_too_small_is_rejected_before_start(ray_local, capsys, storage):

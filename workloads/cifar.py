@@ -90,7 +90,9 @@ def _read_from_tar(path: str, names: tuple[str, ...]) -> list[tuple[np.ndarray, 
                 out.append(_parse_batch(raw, f"{path}:{members[name].name}"))
             return out
     except (tarfile.TarError, OSError, EOFError) as exc:
-        raise DataError(f"cannot read {path} as a tar archive ({exc}); expected {DATA_HELP}") from None
+        why = "not a tar archive, plain or gzip-compressed" if isinstance(exc, tarfile.ReadError) else \
+            (str(exc).splitlines() or [type(exc).__name__])[0][:160]
+        raise DataError(f"cannot read {path} as a tar archive ({why}); expected {DATA_HELP}") from None
 
 
 class CifarCNN(Workload):

@@ -58,6 +58,10 @@ class TorchComm(Comm):
         """Backward passes per optimizer step (gradients accumulate locally in between)."""
         return 1
 
+    def allreduce_sum_(self, tensor):
+        """Sum ``tensor`` over all ranks in place, as gradients are reduced while training."""
+        return self.allreduce_sum(tensor)
+
 
 class TFComm(Comm):
     """Collective operations for a TensorFlow training loop."""
@@ -87,6 +91,10 @@ class Backend:
     def unavailable_reason(self, framework: str) -> str | None:
         """None when usable here; otherwise why not and how to fix it, in one line."""
         return None
+
+    def prepare(self, framework: str, note: Callable[[str], None]) -> None:
+        """Make the backend usable here if it can be done now (before :meth:`unavailable_reason`
+        is asked), saying what it does through ``note``. Most backends have nothing to do."""
 
     def trainer(self, spec, train_fn: Callable[[dict], None], loop_config: dict[str, Any],
                 scaling_config, run_config):

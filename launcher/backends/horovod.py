@@ -60,6 +60,60 @@ def build_hint() -> str:
     return BUILD_HINT.format(python=sys.executable)
 
 
+INSTALL_SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                              "scripts", "install-horovod")
+BUILD_LOG = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
+                         "launcher", "logs", "horovod-build.log")  # where scripts/install-horovod logs
+PROGRESS_S = 30.0
+
+
+def build_on_first_use(framework: str, note) -> None:
+    """Build Horovod now if a run asks for it and it was never built.
+
+    `scripts/run` sets up without Horovod (a several-minute build a first run does
+    not need); the first `--backend horovod` run builds it here with the project's
+    install script, saying why and how far it is, once: the wheel is cached.
+    Does nothing when Horovod is installed (usable or not: then the run is refused
+    with the reason) or when the install script is not at hand (an installed copy).
+    """
+    import time
+
+    if framework not in EXTENSIONS or probe(framework) != "Horovod is not installed" \
+            or not os.access(INSTALL_SCRIPT, os.X_OK):
+        return
+    note(f"--backend horovod: Horovod {HVD_VERSION} is not installed in this environment yet; installing it "
+         f"now, once (a build takes about 8 minutes on 2 idle cores, a cached wheel seconds; log: {BUILD_LOG})")
+    started = time.time()
+    proc = subprocess.Popen([INSTALL_SCRIPT, sys.executable], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    import threading
+
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
+    while proc.poll() is None:
+        try:
+            proc.wait(timeout=PROGRESS_S)
+        except subprocess.TimeoutExpired:
+            note(f"building Horovod: {time.time() - started:.0f}s so far ({_last_line(BUILD_LOG)})")
+    reader.join(timeout=5)
+    probe.cache_clear()
+    if proc.returncode == 0:
+        note(f"Horovod {HVD_VERSION} installed in {time.time() - started:.0f}s")
+    else:
+        note(f"building Horovod failed: {(lines[-1].strip() if lines else 'see the log')[:300]}")
+
+
+def _last_line(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - 4096))
+            tail = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+        return tail[-1][:120] if tail else "log empty so far"
+    except OSError:
+        return "no log yet"
+
+
 class HorovodBackend(Backend):
     name = "horovod"
     description = "Horovod ring-allreduce over Gloo (torch: DistributedOptimizer; TF: DistributedGradientTape)"
@@ -70,6 +124,9 @@ class HorovodBackend(Backend):
             return f"Horovod has no {framework} support here (it supports {', '.join(EXTENSIONS)})"
         why = probe(framework)
         return f"{why}; {build_hint()}" if why else None
+
+    def prepare(self, framework: str, note) -> None:
+        build_on_first_use(framework, note)
 
     def config(self, spec):
         from launcher.backends.horovod_train import HorovodConfig
@@ -177,6 +234,12 @@ class HorovodComm(_HorovodRing, TorchComm):
         if self.world_size == 1:
             return tensor
         return self.hvd.allreduce(tensor, op=self.hvd.Sum)
+
+    def allreduce_sum_(self, tensor):
+        """In place, as DistributedOptimizer reduces gradients (no new tensor per call)."""
+        if self.world_size > 1:
+            self.hvd.allreduce_(tensor, op=self.hvd.Sum)
+        return tensor
 
 
 class HorovodTFComm(_HorovodRing, TFComm):

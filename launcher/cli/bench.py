@@ -41,6 +41,8 @@ def add_parsers(sub) -> None:
     sc.add_argument("--batches-per-iter", type=int, default=10, help="steps per timed iteration")
     sc.add_argument("--threads", type=int, default=1, help="threads per worker (torch/TF/OMP)")
     sc.add_argument("--num-classes", type=int, default=1000)
+    sc.add_argument("--no-bare", dest="bare", action="store_false",
+                    help="skip the bare baseline (each torch run again under torchrun / horovodrun, without Ray)")
     sc.add_argument("--out", default="./bench-results", help=out_help)
 
     ar = bench_sub.add_parser("allreduce", help="allreduce bandwidth (algbw, busbw) and latency per message size")
@@ -48,6 +50,8 @@ def add_parsers(sub) -> None:
     ar.add_argument("--backends", default="gloo,horovod,nccl", help="comma-separated: gloo,horovod,nccl")
     ar.add_argument("--workers", type=int, default=2)
     ar.add_argument("--threads", type=int, default=1, help="threads per worker")
+    ar.add_argument("--rounds", type=int, default=1,
+                    help="launcher and bare (torchrun/horovodrun) runs alternate this many times; medians kept")
     ar.add_argument("--out", default="./bench-results", help=out_help)
 
     pr = bench_sub.add_parser("project", help="project scaling efficiency to many GPUs (ring-allreduce model)")
@@ -162,7 +166,7 @@ def cmd_scaling(args: argparse.Namespace) -> int:
     info = machine.describe(args.threads)
     print(machine.header(info, f"scaling: {args.workload}, image {args.image_size}, batch {args.batch_size}/worker, "
                                f"{args.warmup} warm-up + {args.iters} x {args.batches_per_iter} steps"), flush=True)
-    measured, skipped = scaling.run(settings, frameworks, backend_names, counts, note)
+    measured, skipped = scaling.run(settings, frameworks, backend_names, counts, note, bare=args.bare)
     rows = scaling.summarize(measured)
     print(scaling.format_rows(rows, skipped))
     _wrote(scaling.write_results(rows, measured, skipped, info, settings, args.out))
@@ -183,7 +187,8 @@ def cmd_allreduce(args: argparse.Namespace) -> int:
     info = machine.describe(args.threads)
     print(machine.header(info, f"allreduce: float32 sum, {args.workers} workers, "
                                f"{allreduce.human(sizes[0])}..{allreduce.human(sizes[-1])}"), flush=True)
-    measured, skipped, copy_bw = allreduce.run(names, sizes, args.workers, args.threads, note)
+    _positive("--rounds", args.rounds)
+    measured, skipped, copy_bw = allreduce.run(names, sizes, args.workers, args.threads, note, rounds=args.rounds)
     rows = allreduce.summarize(measured, copy_bw)
     print(allreduce.format_rows(rows, skipped, copy_bw))
     _wrote(allreduce.write_results(rows, skipped, copy_bw, info, args.out))

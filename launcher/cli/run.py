@@ -46,6 +46,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 print(startup.format_table(summary.startup), file=sys.stderr)
             text = json.dumps(summary.to_json(), sort_keys=True, default=str) if args.json else format_summary(summary)
             print(text, file=out, flush=True)
+            if args.json and summary.error and summary.status == RunStatus.FAILED:
+                print(f"error: {summary.error}", file=sys.stderr, flush=True)  # for the person reading stderr
     return {RunStatus.SUCCEEDED: EXIT_OK, RunStatus.CANCELLED: EXIT_CANCELLED}.get(summary.status, EXIT_FAILED)
 
 

@@ -21,7 +21,7 @@ from launcher.driver.tracker import Tracker, pick_metrics
 from launcher.errors import UserError
 from launcher.spec import JobSpec
 from launcher.storage import Storage, datacache, gcs
-from launcher.storage.checkpoint import Manifest, complete_checkpoints
+from launcher.storage.checkpoint import Manifest, complete_checkpoints, set_aside_damaged_snapshot
 from launcher.storage.runlock import RunLock
 from launcher.storage.runlog import RunLog
 from launcher.summary import RunStatus, RunSummary
@@ -47,7 +47,9 @@ def preflight(spec: JobSpec, progress: Progress) -> tuple[Storage, RunLog, list[
     if samples is not None and samples < spec.workers:
         raise UserError(f"{spec.workload} has {samples} training sample(s) for {spec.workers} workers: a worker "
                         "would have none", "use fewer --workers, or more data")
-    reason = backends.get(spec.backend).unavailable_reason(spec.framework)
+    backend = backends.get(spec.backend)
+    backend.prepare(spec.framework, progress.note)
+    reason = backend.unavailable_reason(spec.framework)
     if reason:
         raise UserError(f"backend {spec.backend} cannot run {spec.framework} here: {reason}")
     log = RunLog(storage, spec.name)
@@ -74,7 +76,11 @@ def run(spec: JobSpec, *, verbose: bool = False, show_progress: bool = True,
     if checkpoints and checkpoints[-1][0].epoch >= spec.epochs:
         summary = already_done(spec, log, *checkpoints[-1])
     else:
-        summary = _launch(spec, storage, log, checkpoints, progress, launched, verbose, on_epoch)
+        try:
+            summary = _launch(spec, storage, log, checkpoints, progress, launched, verbose, on_epoch)
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM before Ray Train took over (e.g. while Ray starts)
+            progress.close()
+            summary = stopped_before_training(spec, log, checkpoints, launched)
     startup.mark("done")
     summary.startup = startup.report(startup.MARKS)
     return summary
@@ -86,6 +92,9 @@ def _launch(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tupl
     lock = RunLock(storage, spec.name)
     lock.acquire()  # a second launch of this run is refused here, before Ray starts or anything is written
     try:
+        damaged = set_aside_damaged_snapshot(storage, spec.name)
+        if damaged:
+            progress.note(damaged)
         _say_where(spec, progress)
         with session.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
                              verbose=verbose, workload=spec.workload) as nodes:
@@ -113,6 +122,8 @@ def _train(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tuple
     latest = complete_checkpoints(storage, spec.name)
     if latest:
         tracker.reconcile(*latest[-1])
+    if tracker.resumed_from is None and checkpoints:  # stopped before rank 0 reported where it resumed
+        tracker.resumed_from = checkpoints[-1][0].position
     model_uri = None
     result = outcome.result
     if outcome.status == RunStatus.SUCCEEDED and result is not None and result.checkpoint is not None:
@@ -122,8 +133,10 @@ def _train(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tuple
     try:
         log.finish(summary.to_json())
     except OSError as exc:  # storage that stopped taking writes: the summary is still printed
-        summary.error = "; ".join(filter(None, (summary.error, f"the run log could not be written "
-                                                f"({_oserror(exc)}); the checkpoints written so far resume the run")))
+        ray_said = summary.error if summary.error and not summary.error.rstrip().endswith(":") else None
+        summary.error = "; ".join(filter(None, (f"storage stopped taking writes: the run log could not be written "
+                                                f"({_oserror(exc)}); the checkpoints written so far resume the run",
+                                                ray_said)))
         if summary.status == RunStatus.SUCCEEDED:
             summary.status = RunStatus.FAILED
     return summary
@@ -180,12 +193,38 @@ def _export(spec: JobSpec, storage: Storage, checkpoint) -> str | None:
 
 
 def already_done(spec: JobSpec, log: RunLog, manifest: Manifest, path: str) -> RunSummary:
-    """Summary for a run whose checkpoints already cover the requested epochs."""
+    """Summary for a run whose checkpoints already cover the requested epochs. A model
+    missing from the run (its export was cut off) is exported from ``path`` now."""
+    model = log.uri("model") if log.storage.exists(spec.name, "model") else None
+    if model is None and manifest.epoch == spec.epochs and not manifest.step_in_epoch:
+        import ray.train
+
+        model = _export(spec, log.storage, ray.train.Checkpoint(path, filesystem=log.storage.fs))
     return RunSummary(
         name=spec.name, status=RunStatus.SUCCEEDED, workload=spec.workload, framework=spec.framework,
         backend=spec.backend, workers=spec.workers, final_workers=manifest.world_size, epochs=spec.epochs,
         epochs_completed=manifest.epoch, steps_completed=manifest.global_step,
         metrics=pick_metrics(manifest.metrics), checkpoint=log.storage.to_uri(path),
         resumed_from=manifest.position, run_dir=log.uri(),
-        model=log.uri("model") if log.storage.exists(spec.name, "model") else None,
+        model=model,
         note=f"nothing to train: the run already completed {manifest.epoch} epoch(s)")
+
+
+def stopped_before_training(spec: JobSpec, log: RunLog, checkpoints: list[tuple[Manifest, str]],
+                            launched: float) -> RunSummary:
+    """Summary for a launch stopped by a signal before its workers trained: the run
+    stands where its newest complete checkpoint is (written to the run log if it has begun)."""
+    m, path = checkpoints[-1] if checkpoints else (None, None)
+    summary = RunSummary(
+        name=spec.name, status=RunStatus.CANCELLED, workload=spec.workload, framework=spec.framework,
+        backend=spec.backend, workers=spec.workers, epochs=spec.epochs,
+        epochs_completed=m.epoch if m else 0, steps_completed=m.global_step if m else 0,
+        checkpoint=log.storage.to_uri(path) if path else None, wall_s=time.time() - launched,
+        launch=log.launch or None, run_dir=log.uri(), note="stopped before any worker trained")
+    if log.launch:
+        try:
+            log.finish(summary.to_json())
+        except OSError:
+            pass  # the summary is still printed
+    return summary
+

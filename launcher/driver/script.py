@@ -112,6 +112,7 @@ def run_script(spec, program: Program, args: list[str], *, job_dir: bool = True,
     from launcher.driver import code, session
     from launcher.driver.progress import Progress
     from launcher.storage import Storage
+    from launcher.storage.checkpoint import set_aside_damaged_snapshot
     from launcher.storage.runlock import RunLock
     from launcher.storage.runlog import RunLog
 
@@ -132,6 +133,9 @@ def run_script(spec, program: Program, args: list[str], *, job_dir: bool = True,
     lock = RunLock(storage, spec.name)
     lock.acquire()
     try:
+        damaged = set_aside_damaged_snapshot(storage, spec.name)
+        if damaged:
+            progress.note(damaged)
         runtime_env = program.runtime_env() if shipped and not session.in_ray_job() else None
         with session.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
                              verbose=verbose, program=runtime_env) as nodes:
@@ -153,6 +157,7 @@ def check_backend(spec) -> None:
     if not backend.runs_scripts:
         able = [b.name for b in backends.REGISTRY if b.runs_scripts]
         raise UserError(f"backend {spec.backend} cannot run scripts yet", f"use --backend {' or '.join(able)}")
+    backend.prepare(spec.framework, lambda line: print(line, file=sys.stderr, flush=True))
     reason = backend.unavailable_reason(spec.framework)
     if reason:
         raise UserError(f"backend {spec.backend} cannot run {spec.framework} here: {reason}")

@@ -139,3 +139,30 @@ def newest_complete(options: list[tuple[object, str]]) -> tuple[object, str, Man
         if best is None or manifest.global_step > best[2].global_step:
             best = (fs, path, manifest)
     return best
+
+
+RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's own list of a run's checkpoints
+
+
+def set_aside_damaged_snapshot(storage, run: str) -> str | None:
+    """Move Ray Train's checkpoint list of ``run`` aside when it is not readable JSON;
+    returns a line saying so (None when the file is fine or absent).
+
+    Ray Train reads that file when a run of the same name starts, and a damaged one
+    fails its controller before any worker starts. The launcher resumes from the
+    checkpoints their manifests vouch for, so the list is not needed: the damaged
+    file is kept under another name and Ray Train starts a fresh list.
+    """
+    text = storage.read_text(run, RAY_SNAPSHOT)
+    if text is None:
+        return None
+    try:
+        if isinstance(json.loads(text), dict):
+            return None
+    except ValueError:
+        pass
+    aside = f"{RAY_SNAPSHOT}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+    storage.write_text(text, run, aside)
+    storage.remove_file(run, RAY_SNAPSHOT)
+    return (f"Ray Train's {RAY_SNAPSHOT} in run {run} was damaged: kept as {aside}; the run resumes "
+            "from the checkpoints their manifests vouch for")

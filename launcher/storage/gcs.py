@@ -112,10 +112,27 @@ def explain(exc: Exception, uri: str, action: str) -> LauncherError:
     first = _shortened((str(exc).splitlines() or [""])[0])
     if isinstance(exc, (gexc.ServerError, gexc.TooManyRequests, gexc.RetryError, OSError)) or \
             "connection" in type(exc).__name__.lower():
+        why = outage_cause(exc)
         if emulator_host():
             return Unreachable(f"cannot {action} {uri}: the Cloud Storage emulator at {emulator_host()} "
-                               f"({EMULATOR_ENV}) did not answer ({type(exc).__name__}: {first})",
+                               f"({EMULATOR_ENV}) did not answer ({why})",
                                f"start the emulator, or unset {EMULATOR_ENV} to use Cloud Storage itself")
-        return Unreachable(f"cannot {action} {uri}: Cloud Storage did not answer ({type(exc).__name__}: {first})",
+        return Unreachable(f"cannot {action} {uri}: Cloud Storage did not answer ({why})",
                            "check the network and https://status.cloud.google.com, then run the command again")
     return UserError(f"cannot {action} {uri}: {type(exc).__name__}: {first}")
+
+
+def outage_cause(exc: Exception) -> str:
+    """What happened, in a few words, for a service that did not answer (not the library's text)."""
+    retried = f"; retried for {float(os.environ.get(RETRY_ENV, '120')):g}s ({RETRY_ENV} sets it)"
+    exc = getattr(exc, "cause", None) or exc  # a RetryError: what the last try met
+    text = str(exc).lower()
+    if "refused" in text:
+        return "connection refused" + retried
+    if "timed out" in text or "timeout" in text:
+        return "no reply, the connection stayed silent" + retried
+    code = getattr(exc, "code", None)
+    if isinstance(code, int):
+        return f"HTTP {code}" + retried
+    return type(exc).__name__ + retried
+

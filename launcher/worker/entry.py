@@ -14,7 +14,7 @@ import os
 import time
 from typing import Any
 
-from launcher import backends
+from launcher import backends, faultpoint
 from launcher.spec import JobSpec
 
 
@@ -22,6 +22,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     """Join the backend's workers, build the framework's training state, restore, train."""
     started = time.time()
     os.environ.update(config.get("env", {}))
+    faultpoint.pause("workers-start")
     spec = JobSpec(**config["spec"])
     backend = backends.get(spec.backend)
     if spec.framework == "tensorflow":

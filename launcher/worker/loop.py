@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 import workloads
+from launcher import faultpoint
 from launcher.spec import JobSpec
 from launcher.storage.checkpoint import Manifest, complete_checkpoints, newest_complete, write_manifest
 
@@ -208,7 +209,10 @@ class Training(abc.ABC):
         with tempfile.TemporaryDirectory(prefix="launcher-ckpt-") as d:
             self.save(d, {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
             if self.rank == 0 and self.pos.epoch >= self.spec.epochs and not self.pos.step_in_epoch:
+                faultpoint.pause("export")
                 metrics["model"] = self.export_model(d)
+            elif self.rank == 0:
+                faultpoint.pause("checkpoint")
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
         self.checkpoint_s = time.perf_counter() - started
 

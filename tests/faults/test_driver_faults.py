@@ -1,87 +1,76 @@
-"""Faults injected into real launches: the driver SIGKILLed mid-run.
+"""Faults injected into real launches of the driver: Ctrl-C while Ray starts, storage
+that stops taking writes.
 
 Each case launches ``launcher run`` as its own process (a fresh local Ray),
-injects the fault, then checks what the user would: the exit code, that no
-process of that launch is left, and that the next launch of the same run
-resumes from a complete checkpoint. (SIGINT and SIGTERM while training are
-tests/test_train_local.py's signal test, which checks the same.)
+injects the fault, then checks what the user would: the exit code, the summary,
+that no process of that launch is left, and that the next launch of the same
+run resumes from a complete checkpoint. (A signal at each moment of a launch:
+test_signal_moments.py, which also SIGKILLs a driver and starts a second launch
+of a running run.)
 """
 
 from __future__ import annotations
 
-import json
 import os
+import signal
 import subprocess
-import sys
 import time
 
-import psutil
 import pytest
+from harness import Launch
 
 from launcher.storage import Storage, complete_checkpoints
 
 pytestmark = pytest.mark.integration
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-EPOCHS = 3
+
+def has_checkpoint(storage: str, name: str):
+    return lambda: bool(complete_checkpoints(Storage.resolve(storage), name))
 
 
-def launch(storage: str, name: str, *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "launcher", "run", "--workers", "2", "--epochs", str(EPOCHS), "--storage", storage,
-           "--name", name, "--json", *extra]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def family(pid: int) -> set[psutil.Process]:
-    try:
-        return set(psutil.Process(pid).children(recursive=True))
-    except psutil.NoSuchProcess:
-        return set()
-
-
-def wait_for_checkpoint(storage: str, name: str, proc: subprocess.Popen, seen: set, timeout_s: float = 180):
-    """Until the run has a complete checkpoint, noting the driver's descendants meanwhile."""
-    end = time.time() + timeout_s
-    while time.time() < end:
-        seen |= family(proc.pid)
-        if complete_checkpoints(Storage.resolve(storage), name):
-            return
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
-        time.sleep(0.2)
-    raise AssertionError("no checkpoint in time")
-
-
-def alive(processes: set[psutil.Process]) -> list[psutil.Process]:
-    out = []
-    for p in processes:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
-def test_a_sigkilled_driver_leaves_no_process_and_the_run_resumes(tmp_path):
-    storage = str(tmp_path / "runs")
-    proc = launch(storage, "killed", "--epochs", "30")
-    seen: set[psutil.Process] = set()
-    wait_for_checkpoint(storage, "killed", proc, seen)
-    seen |= family(proc.pid)
-    assert len(seen) >= 4, seen  # Ray's GCS, raylet, agents, the workers
-    proc.kill()
-    proc.communicate(timeout=30)
-    killed = time.time()
-    while alive(seen) and time.time() - killed < 30:
-        time.sleep(0.5)
-    left = alive(seen)
+def test_ctrl_c_while_ray_starts_stops_the_launch_at_once(storage):
+    launch = Launch("--storage", storage, "--name", "early")
+    launch.wait_for("starting a local Ray instance")
+    time.sleep(0.5)  # inside ray.init
+    launch.signal(signal.SIGINT)
+    assert launch.finish(timeout_s=120) == 130, launch.stderr
+    assert time.time() - launch.signalled_at < 30 and "epoch 1/" not in launch.stderr
+    summary = launch.summary()
+    assert summary["status"] == "cancelled" and summary["epochs_completed"] == 0, summary
+    assert not os.path.exists(os.path.join(storage, "early", "launches.jsonl"))  # nothing was begun
+    left = launch.left()
     assert not left, [(p.pid, p.name()) for p in left]
-    took = time.time() - killed
-    # The run goes on from the last complete checkpoint with the next launch.
-    done = launch(storage, "killed", "--epochs", "2")
-    out, err = done.communicate(timeout=300)
-    assert done.returncode == 0, err[-3000:]
-    summary = json.loads(out)
-    assert summary["status"] == "succeeded" and summary["resumed_from"]["epoch"] >= 1, summary
-    assert summary["epochs_completed"] == 2
-    print(f"SIGKILL: {len(seen)} processes of the launch gone {took:.1f}s after the driver")
+
+
+def _immutable(path: str, on: bool) -> bool:
+    """chattr +i / -i (root may still not write into an immutable folder); False where unsupported."""
+    return subprocess.run(["chattr", "+i" if on else "-i", path], capture_output=True).returncode == 0
+
+
+def test_storage_that_stops_taking_writes_fails_the_run_with_a_summary(storage, tmp_path):
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    if not _immutable(str(probe), True):
+        pytest.skip("this filesystem has no immutable attribute (chattr +i)")
+    _immutable(str(probe), False)
+    args = ("--storage", storage, "--name", "ro")
+    launch = Launch(*args, "--epochs", "300")
+    run_dir = os.path.join(storage, "ro")
+    try:
+        launch.wait_until(has_checkpoint(storage, "ro"))
+        assert _immutable(run_dir, True)
+        code = launch.finish(timeout_s=240)
+    finally:
+        _immutable(run_dir, False)
+        if launch.proc.poll() is None:
+            launch.proc.kill()
+    assert code == 1, launch.stderr[-3000:]
+    s = launch.summary()  # a summary, whatever could not be written
+    assert s["status"] == "failed" and s["error"].startswith("storage stopped taking writes: "), s
+    assert f"error: {s['error']}" in launch.stderr  # said on stderr too, for the person watching
+    assert not launch.left()
+    done = s["epochs_completed"]
+    again = Launch(*args, "--epochs", str(done + 1))
+    assert again.finish() == 0, again.stderr[-3000:]  # writable again: it resumes
+    resumed = again.summary()
+    assert resumed["resumed_from"] is not None and resumed["epochs_completed"] == done + 1

@@ -1,0 +1,40 @@
+"""A benchmark's worker function without Ray: the bare baseline it is compared with.
+
+``torchrun --nproc-per-node N benchmarks/bare.py --comm gloo MODULE:FUNCTION
+CONFIG_JSON`` (or ``nccl``; or ``horovodrun -np N -H localhost:N python
+benchmarks/bare.py --comm horovod ...``) calls the same worker function that
+`launcher bench` runs on Ray Train workers, with the same config. Only the
+set-up differs: the process group comes from torchrun's environment (or
+``hvd.init()`` under horovodrun) instead of Ray Train's, see
+:func:`benchmarks.raywork.torch_comm`; rank 0 prints its result as one JSON
+line instead of handing it back to Ray. So the launcher/bare ratio a bench
+prints compares launchers, not loops.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a file
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--comm", choices=("gloo", "nccl", "horovod"), required=True)
+    p.add_argument("function", help="MODULE:FUNCTION, e.g. benchmarks.allreduce:worker")
+    p.add_argument("config", help="the worker's config, as JSON")
+    args = p.parse_args()
+
+    from benchmarks import raywork
+
+    os.environ[raywork.BARE_ENV] = args.comm
+    module, _, name = args.function.partition(":")
+    getattr(importlib.import_module(module), name)(json.loads(args.config))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""Named moments where tests/faults can stop a launch (inert unless asked for).
+
+``LAUNCHER_FAULT_PAUSE=POINT[:SECONDS]`` makes the process that reaches POINT
+create the file ``LAUNCHER_FAULT_MARK`` names (workers' output does not reach
+the driver's terminal), print ``fault point POINT reached`` on stderr, and wait
+SECONDS (default 60), once per process, so a test can send its signal exactly
+then rather than guess from timing. The points:
+
+- ``workers-start``: every worker, before it joins the backend's process group;
+- ``checkpoint``: rank 0, its first checkpoint of the launch written and about
+  to be handed to Ray Train for upload;
+- ``export``: rank 0, the final checkpoint written, before exporting the model.
+
+Workers inherit the variable from a local Ray the launch starts itself.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+ENV = "LAUNCHER_FAULT_PAUSE"
+MARK_ENV = "LAUNCHER_FAULT_MARK"
+_reached: set[str] = set()
+
+
+def pause(point: str) -> None:
+    """Wait here if ``LAUNCHER_FAULT_PAUSE`` names ``point`` (the first time only)."""
+    wanted = os.environ.get(ENV)
+    if not wanted or point in _reached:
+        return
+    name, _, seconds = wanted.partition(":")
+    if name != point:
+        return
+    _reached.add(point)
+    if os.environ.get(MARK_ENV):
+        with open(os.environ[MARK_ENV], "a", encoding="utf-8") as f:
+            f.write(f"{point} {os.getpid()}\n")
+    print(f"fault point {point} reached", file=sys.stderr, flush=True)
+    time.sleep(float(seconds or 60))
