@@ -160,6 +160,29 @@ def test_asha_stops_a_trial_that_barely_learns(ray_local, tmp_path, capsys, stor
     assert all(r["epochs"] < 3 for r in stopped), shown
     assert any(r["status"] == "succeeded" and r["epochs"] == 3 and r["lr"] >= 0.05 for r in rows), shown
     assert "stopped early (ASHA)" in captured.err
+    # a stopped trial's workers gave their CPUs back (they once stayed reserved, and the
+    # next search waited for them forever)
+    assert cpus_free_again(ray_local) == 2, placement_groups(ray_local)
+    for r in stopped:  # each stopped run's own summary says why it ended
+        with open(os.path.join(r["run_dir"], "summary.json")) as f:
+            summary = json.load(f)
+        assert summary["status"] == "cancelled" and "stopped by Ray Tune" in summary["error"], summary
+
+
+def cpus_free_again(ray, within_s: float = 30.0) -> float:
+    """The local Ray's free CPUs, once every placement group is given back (or after ``within_s``)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        free = ray.available_resources().get("CPU", 0.0)
+        if free == ray.cluster_resources().get("CPU") or time.monotonic() > deadline:
+            return free
+        time.sleep(0.5)
+
+
+def placement_groups(ray) -> list:
+    from ray.util import placement_group_table
+
+    return [(pg["state"], pg["bundles"]) for pg in placement_group_table().values() if pg["state"] != "REMOVED"]
 
 
 @pytest.mark.integration

@@ -17,6 +17,7 @@ that into steps and seconds lost per restart.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -37,6 +38,7 @@ class Mailbox:
     def __init__(self) -> None:
         self._events: list[dict[str, Any]] = []
         self._groups: dict[str, dict[int, str]] = {}
+        self._controller = None
 
     def put(self, event: dict[str, Any]) -> None:
         self._events.append(event)
@@ -51,6 +53,13 @@ class Mailbox:
 
     def members(self, group: str) -> dict[int, str]:
         return dict(self._groups.get(group, {}))
+
+    # The run's Ray Train controller (a handle), for :meth:`EventChannel.abort`.
+    def hold(self, controller) -> None:
+        self._controller = controller
+
+    def controller(self):
+        return self._controller
 
 
 class ReportForwarder(UserCallback):
@@ -86,10 +95,23 @@ def restart_cause(error) -> str:
 
 
 class StateForwarder(_ray.ControllerCallback):
-    """Forwards controller state changes that matter to the summary: notices and restarts."""
+    """Forwards controller state changes that matter to the summary: notices and restarts;
+    and, once, the controller's own handle, so the driver can abort the run gracefully when
+    it cannot send itself SIGINT (a Ray Tune trial, which runs in a thread: see
+    :meth:`EventChannel.abort`)."""
 
     def __init__(self, path: str | None = None, mailbox=None) -> None:
         self.path, self.mailbox = path, mailbox
+
+    def after_controller_start(self, train_run_context) -> None:
+        handle = ray.get_runtime_context().current_actor
+        if self.mailbox is not None:
+            self.mailbox.hold.remote(handle)
+            return
+        part = self.path + ".controller.part"
+        with open(part, "wb") as f:
+            f.write(ray.cloudpickle.dumps(handle))
+        os.replace(part, self.path + ".controller")  # readers see the whole handle or none
 
     def after_controller_state_update(self, previous_state, current_state) -> None:
         kind, before = type(current_state).__name__, type(previous_state).__name__
@@ -189,8 +211,37 @@ class EventChannel:
         print(f"launcher: steps lost are unknown ({type(error).__name__}: {error})", file=sys.stderr)
         return []
 
+    def controller(self):
+        """The run's Ray Train controller (an actor handle), once it has started; else None."""
+        if self._mailbox is not None:
+            return ray.get(self._mailbox.controller.remote(), timeout=30)
+        try:
+            with open(self._path + ".controller", "rb") as f:
+                return ray.cloudpickle.loads(f.read())
+        except FileNotFoundError:
+            return None
+
+    def abort(self, timeout_s: float = 30.0) -> bool:
+        """End the run as Ctrl-C does: Ray Train's controller stops the workers and gives their
+        placement group back. For a driver that cannot send itself SIGINT: a Ray Tune trial
+        (its function runs in a thread) that Tune stops. Without it, the trial's process ends and
+        takes the controller along, but the workers' placement group stays reserved until the
+        tuning process exits, and later trials wait for CPUs that never free up."""
+        try:
+            controller = self.controller()
+            if controller is None:
+                return False
+            ray.get(controller.abort.remote(), timeout=timeout_s)
+        except ray.exceptions.RayActorError:
+            pass  # abort() ends the controller's process: its reply may never come
+        except Exception:  # noqa: BLE001 - best effort: the caller is shutting down either way
+            return False
+        return True
+
     def close(self) -> None:
         if self.board is not None:
             ray.kill(self.board)
         if self._path:
             os.remove(self._path)
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self._path + ".controller")

@@ -179,7 +179,7 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
         lock.refresh()
 
     try:
-        return trainer.fit(ray_trainer, drain, verbose=verbose)
+        return trainer.fit(ray_trainer, drain, verbose=verbose, abort=channel.abort)
     finally:
         tracker.account(channel.attempts())
         channel.close()

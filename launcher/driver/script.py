@@ -254,7 +254,7 @@ def _run(spec, program: Program, program_config: dict[str, Any], args: list[str]
         lock.refresh()
 
     try:
-        fitted = trainer.fit(ray_trainer, drain, verbose=verbose, poll_s=POLL_S)
+        fitted = trainer.fit(ray_trainer, drain, verbose=verbose, poll_s=POLL_S, abort=channel.abort)
     finally:
         channel.close()
         ray.kill(sink)

@@ -74,13 +74,46 @@ class FitOutcome:
     result: Any = None  # Ray Train's Result when the run succeeded
 
 
-def fit(trainer, drain: Callable[[], None], *, verbose: bool = False, poll_s: float = POLL_S) -> FitOutcome:
+@dataclass
+class _Abortable:
+    """A run fitting in this process, and how to abort it (see :func:`stop_running`)."""
+
+    abort: Callable[[float], bool]
+    reason: str | None = None  # set once an abort was asked for
+
+
+_RUNNING: dict[int, _Abortable] = {}
+_RUNNING_LOCK = threading.Lock()
+
+
+def stop_running(reason: str, timeout_s: float = 30.0) -> int:
+    """Abort every run fitting in this process, as Ctrl-C would, and return how many.
+
+    For a process that cannot send itself SIGINT because its run is fitted in a thread:
+    a Ray Tune trial that Tune stops (ASHA, an interrupted search). Each of those runs ends
+    CANCELLED with ``reason`` as its error.
+    """
+    with _RUNNING_LOCK:
+        running = list(_RUNNING.values())
+    for run in running:
+        run.reason = reason
+    return sum(bool(run.abort(timeout_s)) for run in running)
+
+
+def fit(trainer, drain: Callable[[], None], *, verbose: bool = False, poll_s: float = POLL_S,
+        abort: Callable[[float], bool] | None = None) -> FitOutcome:
     """``trainer.fit()`` while a thread calls ``drain()`` every ``poll_s`` (and once after).
 
     Ctrl-C (and SIGTERM, which the CLI turns into it) ends the run as CANCELLED;
     a failure of the workers as FAILED with one line naming the rank and its error.
+    ``abort(timeout_s)`` lets :func:`stop_running` end the run from another thread, as
+    CANCELLED too.
     """
     stop = threading.Event()
+    me = _Abortable(abort) if abort is not None else None
+    if me is not None:
+        with _RUNNING_LOCK:
+            _RUNNING[id(me)] = me
 
     def pump() -> None:
         while True:
@@ -95,18 +128,26 @@ def fit(trainer, drain: Callable[[], None], *, verbose: bool = False, poll_s: fl
     try:
         outcome.result = trainer.fit()
         outcome.status = RunStatus.SUCCEEDED
+        if me is not None and me.reason is not None:
+            outcome.status, outcome.error = RunStatus.CANCELLED, me.reason
     except (KeyboardInterrupt, SystemExit):
         # Ray Train's own SIGINT handler aborts the workers, then exits via SystemExit.
         outcome.status, outcome.error = RunStatus.CANCELLED, INTERRUPTED
     except Exception as exc:  # Ray Train wraps worker errors in TrainingFailedError
-        if verbose:
-            import traceback
+        if me is not None and me.reason is not None:  # the aborted controller's process ends
+            outcome.status, outcome.error = RunStatus.CANCELLED, me.reason
+        else:
+            if verbose:
+                import traceback
 
-            traceback.print_exc()
-        outcome.error = describe_failure(exc)
+                traceback.print_exc()
+            outcome.error = describe_failure(exc)
     finally:
         stop.set()
         pumper.join(timeout=30)
+        if me is not None:
+            with _RUNNING_LOCK:
+                _RUNNING.pop(id(me), None)
     return outcome
 
 

@@ -177,7 +177,7 @@ def _fit(study: Study, storage, verbose: bool, out: TextIO, lock) -> tuple[list,
     from ray import tune
 
     from launcher.driver import trainer
-    from launcher.tune.trial import run_trial
+    from launcher.tune.trial import trainable as trial_trainable
 
     trainer.apply_ray_train_env()
     os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # the Watch names a missing metric in one line
@@ -192,7 +192,7 @@ def _fit(study: Study, storage, verbose: bool, out: TextIO, lock) -> tuple[list,
 
     tally.stopped |= {name.removeprefix(PREFIX) for name in earlier_stops(storage, study.name)}
     watch = watching.Watch()
-    trainable = tune.with_resources(tune.with_parameters(run_trial, study=study), TRIAL_DRIVER)
+    trainable = tune.with_resources(trial_trainable(study), TRIAL_DRIVER)
     path = storage.path(study.name, STATE_DIR)
     fs = None if storage.is_local else storage.fs
     run_config = tune.RunConfig(name=STATE_DIR, storage_path=storage.path(study.name), storage_filesystem=fs,

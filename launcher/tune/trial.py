@@ -12,6 +12,11 @@ The run's own driver (:func:`launcher.driver.launch.run` or
 :func:`launcher.driver.script.run_script`) hands each epoch's metrics (or each
 hypertune entry of a program) to :class:`Reporter`, which reports them to Tune
 from the driver's pump thread; Tune's schedulers (ASHA) act on them.
+
+When Tune stops a trial (ASHA, or the search is interrupted), :func:`trainable`'s
+``cleanup`` aborts the trial's run before Tune ends the trial's process: Ray Train's
+controller stops the workers and gives their placement group back. Without that, the
+killed trial's placement group stayed reserved, and later trials waited for CPUs forever.
 """
 
 from __future__ import annotations
@@ -36,6 +41,23 @@ class TrialFailed(RuntimeError):
     """The trial's run ended without succeeding; the message is its summary's error."""
 
 
+FINISH_S = 120.0  # how long a trial Tune stops at its last epoch gets to end its run (export, summary)
+
+
+class _Progress:
+    """How far this process's trial got (a trial actor runs one trial): whether its run
+    reported its last epoch, and whether the run returned (its summary written). Not
+    whether ``run_trial`` returned: that waits for its last report, which Tune answers
+    only after ``cleanup``."""
+
+    def __init__(self) -> None:
+        self.final = threading.Event()
+        self.ran = threading.Event()
+
+
+_PROGRESS = _Progress()
+
+
 class Reporter:
     """Hands a run's metrics to Ray Tune: an epoch's for a workload, a hypertune entry's for a program.
 
@@ -44,8 +66,9 @@ class Reporter:
     its report raises SystemExit there; the trial's actor is ended by Tune right after.
     """
 
-    def __init__(self, program: bool) -> None:
+    def __init__(self, program: bool, last_epoch: int | None = None) -> None:
         self.program = program
+        self.last_epoch = last_epoch  # a workload's: its report for this epoch is its last
         self.sent = 0
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._deliver, name="launcher-tune-report", daemon=True)
@@ -62,6 +85,8 @@ class Reporter:
             values = {k: float(v) for k, v in metrics.items()
                       if isinstance(v, (int, float)) and not isinstance(v, bool) and k not in NOT_METRICS}
         self.sent += 1
+        if self.last_epoch is not None and values.get("epoch", 0) >= self.last_epoch:
+            _PROGRESS.final.set()
         self._queue.put(values)
 
     def _deliver(self) -> None:
@@ -90,23 +115,59 @@ def run_trial(config: dict[str, Any], study) -> None:
 
     from launcher.summary import RunStatus
 
+    global _PROGRESS
+    _PROGRESS = progress = _Progress()
     trial_id = tune.get_context().get_trial_id()
     values = study.hp.values(config)
     spec = study.trial_spec(values, trial_name(trial_id))
-    reporter = Reporter(program=study.program is not None)
+    reporter = Reporter(program=study.program is not None,
+                        last_epoch=None if study.program is not None else spec.epochs)
     print(f"trial {trial_id}: {values}", flush=True)
-    if study.program is not None:
-        from launcher.driver.script import run_script
+    try:
+        if study.program is not None:
+            from launcher.driver.script import run_script
 
-        code, summary = run_script(spec, study.program, study.trial_args(values), job_dir=study.job_dir,
-                                   out=sys.stdout, progress_out=sys.stderr, trial_id=trial_id, on_metrics=reporter)
-    else:
-        from launcher.driver import launch
+            code, summary = run_script(spec, study.program, study.trial_args(values), job_dir=study.job_dir,
+                                       out=sys.stdout, progress_out=sys.stderr, trial_id=trial_id,
+                                       on_metrics=reporter)
+        else:
+            from launcher.driver import launch
 
-        summary = launch.run(spec, show_progress=False, on_epoch=reporter)
+            summary = launch.run(spec, show_progress=False, on_epoch=reporter)
+    finally:
+        progress.ran.set()
     if summary.status == RunStatus.SUCCEEDED and not reporter.sent and summary.metrics:
         # A run that was already complete trains nothing: its final metrics are the result.
         reporter({**summary.metrics, "epoch": summary.epochs_completed})
     reporter.close()
     if summary.status != RunStatus.SUCCEEDED:
         raise TrialFailed(f"{summary.status}: {summary.error or 'no error given'}")
+
+
+def trainable(study):
+    """Ray Tune's trainable for ``study``: :func:`run_trial`, whose run is aborted when Tune stops it."""
+    from ray import tune
+    from ray.tune.trainable import wrap_function
+
+    base = wrap_function(tune.with_parameters(run_trial, study=study))
+
+    class Trial(base):  # type: ignore[misc, valid-type]
+        def cleanup(self) -> None:
+            on_stop()
+            super().cleanup()
+
+    Trial.__name__ = Trial.__qualname__ = base.__name__
+    return Trial
+
+
+def on_stop() -> None:
+    """Tune is stopping this process's trial: unless its run is at its end already (Tune
+    stops a trial after its last result too, ASHA at max_t), abort the run, so that its
+    workers and their placement group are gone before Tune ends the trial's process."""
+    progress = _PROGRESS
+    if progress.final.is_set() and progress.ran.wait(FINISH_S):
+        return
+    from launcher.driver.trainer import stop_running
+
+    if stop_running("stopped by Ray Tune (early stopping, or the search was interrupted)"):
+        progress.ran.wait(FINISH_S)  # its summary says so (cancelled) before the process ends
