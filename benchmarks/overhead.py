@@ -21,7 +21,6 @@ epoch, from the training loop itself) and, for the launcher, time to first step.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import subprocess
