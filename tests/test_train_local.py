@@ -84,7 +84,7 @@ def test_default_run_learns_logs_and_exports(ray_local, capsys, storage):
     assert (predicted == test.y).mean() >= 0.90
 
 
-def test_resume_continues_exactly_where_it_stopped(ray_local, capsys, storage):
+def test_resume_continues_exactly_where_it_stopped_and_a_missing_model_is_exported(ray_local, capsys, storage):
     common = ["--storage", storage, "--seed", "7", "--checkpoint-every-steps", "10", "--keep-checkpoints", "20"]
     code, full = launch(capsys, *common, "--name", "straight", "--epochs", "3")
     assert code == 0
@@ -105,6 +105,22 @@ def test_resume_continues_exactly_where_it_stopped(ray_local, capsys, storage):
 
     code, again = launch(capsys, *common, "--name", "stopped", "--epochs", "3")
     assert code == 0 and "nothing to train" in again["note"] and again["epochs_completed"] == 3
+    # A complete run whose model is missing gets it exported by the next launch, but not while
+    # another launch holds the run (the one that trained it may be exporting it right now).
+    import shutil
+    import time
+
+    from launcher.storage.runlock import LOCK
+
+    shutil.rmtree(os.path.join(storage, "stopped", "model"))
+    with open(os.path.join(storage, "stopped", LOCK), "w") as f:
+        json.dump({"host": "elsewhere", "pid": 1, "since": 0, "heartbeat": time.time()}, f)
+    assert main(["run", *common, "--name", "stopped", "--epochs", "3"]) == 2
+    assert "run stopped is being trained by another launch (pid 1 on elsewhere" in capsys.readouterr().err
+    os.remove(os.path.join(storage, "stopped", LOCK))
+    code, again = launch(capsys, *common, "--name", "stopped", "--epochs", "3")
+    assert code == 0 and again["model"] and os.path.isdir(again["model"])
+    assert not os.path.exists(os.path.join(storage, "stopped", LOCK))
 
     assert main(["runs", "--storage", storage, "--json"]) == 0
     runs = {r["name"]: r for r in json.loads(capsys.readouterr().out)}

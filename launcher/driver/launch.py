@@ -199,7 +199,12 @@ def already_done(spec: JobSpec, log: RunLog, manifest: Manifest, path: str) -> R
     if model is None and manifest.epoch == spec.epochs and not manifest.step_in_epoch:
         import ray.train
 
-        model = _export(spec, log.storage, ray.train.Checkpoint(path, filesystem=log.storage.fs))
+        lock = RunLock(log.storage, spec.name)
+        lock.acquire()  # the launch that trained it may be exporting it right now: refused then
+        try:
+            model = _export(spec, log.storage, ray.train.Checkpoint(path, filesystem=log.storage.fs))
+        finally:
+            lock.release()
     return RunSummary(
         name=spec.name, status=RunStatus.SUCCEEDED, workload=spec.workload, framework=spec.framework,
         backend=spec.backend, workers=spec.workers, final_workers=manifest.world_size, epochs=spec.epochs,
