@@ -237,7 +237,8 @@ def test_warm_local_head_is_used_until_down(storage, tmp_path):
     from launcher.lab.gcs_emulator import free_port
 
     env = {**os.environ, "LAUNCHER_STATE_DIR": str(tmp_path / "state")}
-    env.pop("RAY_ADDRESS", None)
+    for name in ("RAY_ADDRESS", "RAY_AUTH_MODE"):  # as a new shell has it (an in-process test may set them)
+        env.pop(name, None)
     port = str(free_port())
     up = subprocess.run([sys.executable, "-m", "launcher", "up", "--num-cpus", "2", "--port", port], cwd=ROOT,
                         env=env, capture_output=True, text=True, timeout=120)

@@ -21,6 +21,8 @@ from launcher.errors import LauncherError
 # In the order `launcher --help` lists them.
 GROUPS = (run, tune, predict, runs, local, bench, preemption, data, cluster, jobs, doctor)
 COMMANDS = {name: handler for group in GROUPS for name, handler in group.COMMANDS.items()}
+# Commands that use the warm local head (`launcher up`) when given no --address.
+WARM_HEAD_USERS = ("run", "tune", "predict", "serve")
 
 
 def build_parser() -> Parser:
@@ -60,6 +62,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.command:
             parser.print_help()
             return EXIT_USAGE
+        if args.command in WARM_HEAD_USERS:
+            from launcher.driver import localhead
+
+            localhead.warm_head_for(getattr(args, "address", None))  # before anything imports Ray
         code = COMMANDS[args.command](args)
         if argv_given is None and args.command == "run":
             _exit_now(code)

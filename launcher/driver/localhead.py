@@ -57,6 +57,19 @@ def running_head() -> dict | None:
     return state if _reachable(state.get("address", "")) else None
 
 
+def warm_head_for(address: str | None) -> dict | None:
+    """The warm head a launch without an address (nor RAY_ADDRESS) uses, if one is up; its
+    auth mode is set for Ray then. Call it before Ray is first imported: Ray reads the auth
+    mode once, at import, and a launch that imported Ray first (any module that does, at
+    the top) could not authenticate to the head."""
+    if address or os.environ.get("RAY_ADDRESS"):
+        return None
+    head = running_head()
+    if head:
+        os.environ.setdefault(AUTH_ENV, head.get("auth_mode", "token"))
+    return head
+
+
 def up(num_cpus: int | None = None, port: int = 6390, timeout_s: float = 60.0,
        note: Callable[[str], None] | None = None) -> dict:
     """Start a local head (idempotent) and record its address.

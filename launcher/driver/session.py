@@ -47,11 +47,8 @@ def connect(address: str | None, *, workers: int, cpus_per_worker: float, verbos
     (:mod:`launcher.driver.code`) with the job's runtime environment. ``program``: the
     runtime environment of a script's or package's folder (see launcher.driver.program).
     """
+    head = localhead.warm_head_for(address)
     address = address or os.environ.get("RAY_ADDRESS")
-    head = None if address else localhead.running_head()
-    if head:
-        # Ray reads its auth mode once, when it is first imported.
-        os.environ.setdefault(localhead.AUTH_ENV, head.get("auth_mode", "token"))
     import ray
 
     _quiet_ray_loggers(verbose)
