@@ -148,7 +148,7 @@ def _oserror(exc: OSError) -> str:
 
 
 def _say_where(spec: JobSpec, progress: Progress) -> None:
-    head = None if spec.address or os.environ.get("RAY_ADDRESS") else localhead.running_head()
+    head = localhead.warm_head_for(spec.address)
     if not head and not (spec.address or os.environ.get("RAY_ADDRESS")):
         session.check_local_fit(spec.workers, spec.cpus_per_worker)  # before saying Ray starts
     if head:
