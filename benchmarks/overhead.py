@@ -29,7 +29,7 @@ import tempfile
 import time
 from typing import Callable
 
-from benchmarks.raywork import last_json
+from benchmarks.raywork import failure_reason, last_json, torchrun_port
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = ("launcher-cold", "launcher-warm", "torchrun", "horovodrun")
@@ -63,7 +63,7 @@ def _command(variant: str, workers: int, storage: str, index: int) -> list[str]:
     script = os.path.join(ROOT, "benchmarks", "torchrun_digits.py")
     if variant == "torchrun":
         torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-        return [torchrun, f"--nproc-per-node={workers}", script, "--epochs", "1"]
+        return [torchrun, *torchrun_port(), f"--nproc-per-node={workers}", script, "--epochs", "1"]
     if variant == "horovodrun":
         return [_horovodrun(), "-np", str(workers), "-H", f"localhost:{workers}", sys.executable, script,
                 "--epochs", "1", "--comm", "horovod"]
@@ -101,13 +101,15 @@ def run(repeats: int, workers: int, note: Callable[[str], None]) -> list[dict]:
                     if res.returncode != 0:
                         # One failed run (e.g. a Ray health check timing out on a loaded machine)
                         # is reported and counted; the other runs still give their figures.
-                        why = (res.stderr.strip().splitlines() or [f"exit status {res.returncode}"])[-1][:200]
-                        samples.append({"variant": variant, "repeat": i, "wall_s": wall, "failed": why})
+                        why = failure_reason(res.stderr, res.returncode, 200)
+                        samples.append({"variant": variant, "repeat": i, "wall_s": wall, "failed": why,
+                                        "stderr_tail": res.stderr.splitlines()[-40:]})
                         note(f"{i + 1}/{repeats} {variant:<14} FAILED after {wall:.1f}s: {why}")
                         continue
                     out = last_json(res.stdout)
                     first = (out.get("startup") or {}).get("time_to_first_step_s") or out.get("first_step_s")
                     samples.append({"variant": variant, "repeat": i, "wall_s": wall, "first_step_s": first,
+                                    "phases": (out.get("startup") or {}).get("phases"),
                                     "samples_per_s": out.get("samples_per_s"), "threads": out.get("threads", THREADS),
                                     "accuracy": out.get("accuracy") or out.get("metrics", {}).get("accuracy")})
                     note(f"{i + 1}/{repeats} {variant:<14} wall {wall:6.2f}s"
@@ -166,6 +168,31 @@ def format_rows(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def phase_medians(samples: list[dict]) -> dict[str, dict[str, float]]:
+    """Per launcher variant, the median seconds of each start-up phase the runs reported
+    (:mod:`launcher.driver.startup`), in the order the phases happen."""
+    out: dict[str, dict[str, float]] = {}
+    for variant in VARIANTS:
+        runs = [s["phases"] for s in samples if s["variant"] == variant and s.get("phases")]
+        if runs:
+            names = list(dict.fromkeys(name for run in runs for name in run))
+            out[variant] = {n: statistics.median(r[n] for r in runs if n in r) for n in names}
+    return out
+
+
+def format_phases(medians: dict[str, dict[str, float]]) -> str:
+    if not medians:
+        return ""
+    variants = list(medians)
+    names = list(dict.fromkeys(n for v in variants for n in medians[v]))
+    width = max(len(n) for n in names)
+    lines = ["start-up phases, median seconds:", f"{'phase':<{width}} " + " ".join(f"{v:>14}" for v in variants)]
+    for n in names:
+        cells = [f"{medians[v][n]:>14.2f}" if n in medians[v] else f"{'-':>14}" for v in variants]
+        lines.append(f"{n:<{width}} " + " ".join(cells))
+    return "\n".join(lines)
+
+
 def write_results(rows: list[dict], samples: list[dict], out_dir: str, info: dict | None = None) -> list[str]:
     """overhead.json, overhead.csv and a bar chart (PNG) of wall times against 2x and 3x torchrun."""
     from benchmarks import results
@@ -184,4 +211,5 @@ def write_results(rows: list[dict], samples: list[dict], out_dir: str, info: dic
     if torchrun:  # the 2x / 3x lines are the only labelled artists
         ax.legend()
     return results.write(out_dir, "overhead", rows, {"samples": samples, "machine": info,
+                                                     "phases_median_s": phase_medians(samples),
                                                      "threads_per_worker": THREADS}, fig)

@@ -78,7 +78,17 @@ def bare_command(launcher: str, comm: str, workers: int, function: str, config: 
     if launcher == "horovodrun":
         return [os.path.join(bindir, "horovodrun"), "-np", str(workers), "-H", f"localhost:{workers}",
                 sys.executable, *args]
-    return [os.path.join(bindir, "torchrun"), f"--nproc-per-node={workers}", *args]
+    return [os.path.join(bindir, "torchrun"), *torchrun_port(), f"--nproc-per-node={workers}", *args]
+
+
+def torchrun_port() -> list[str]:
+    """torchrun's rendezvous on a free port: its fixed default (29500) can still be held by the
+    previous run, which fails the next one at start."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return ["--master-addr=127.0.0.1", f"--master-port={s.getsockname()[1]}"]
 
 
 def last_json(stdout: str) -> dict:
@@ -95,8 +105,22 @@ def run_bare(cmd: list[str], threads: int) -> dict[str, Any]:
     env.pop("RAY_ADDRESS", None)
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=3600)
     if res.returncode != 0:
-        raise RuntimeError((res.stderr.strip().splitlines() or [f"exit status {res.returncode}"])[-1][:300])
+        raise RuntimeError(failure_reason(res.stderr, res.returncode))
     return last_json(res.stdout)
+
+
+def failure_reason(stderr: str, returncode: int, width: int = 300) -> str:
+    """The line of a failed process's stderr that says why. torchrun and horovodrun end with
+    a report of their own (ChildFailedError, rows of "=" signs) after the worker's traceback:
+    the worker's exception line is what counts, so the first "XxxError: message" line is
+    taken, else the last line with words in it."""
+    lines = [line.strip() for line in stderr.splitlines() if any(c.isalnum() for c in line)]
+    for line in lines:
+        head, sep, message = line.partition(": ")
+        if sep and message.strip() and head.split(".")[-1].endswith(("Error", "Exception")) and " " not in head \
+                and "ChildFailedError" not in head:
+            return line[:width]
+    return (lines[-1] if lines else f"exit status {returncode}")[:width]
 
 
 def hand_back(rank: int, result: dict[str, Any]) -> None:
@@ -123,6 +147,9 @@ def run(backend, framework: str, workload: str, workers: int, threads: int, fn: 
     from ray.train import RunConfig, ScalingConfig
 
     from launcher import JobSpec
+    from launcher.driver import apply_ray_train_env
+
+    apply_ray_train_env()  # the Ray Train settings `launcher run` uses (its health-check period, ...)
 
     spec = JobSpec(workload=workload, framework=framework, backend=backend.name, workers=workers,
                    cpus_per_worker=float(threads), gpus_per_worker=gpus_per_worker,

@@ -198,10 +198,12 @@ WORKERS = {"torch": torch_worker, "tensorflow": tf_worker}
 
 def run(settings: Settings, frameworks: list[str], backend_names: list[str], worker_counts: list[int],
         note: Callable[[str], None], bare: bool = True) -> tuple[list[dict], list[dict]]:
-    """Measure every available (framework, backend, workers) through the launcher, then
-    (``bare``) each torch one under torchrun or horovodrun; returns (measurements, skipped)."""
-    from launcher.driver import connect
+    """Measure every available (framework, backend, workers) through the launcher and, right
+    after each torch one (``bare``), the same worker under torchrun or horovodrun, so drift in
+    the machine's state hits both alike; returns (measurements, skipped).
 
+    Each launcher measurement gets its own local Ray, shut down before the bare twin runs:
+    an idle Ray beside the bare run would take CPU from it and flatter the launcher."""
     combos, skipped = [], []
     for fw in frameworks:
         for name in backend_names:
@@ -212,57 +214,65 @@ def run(settings: Settings, frameworks: list[str], backend_names: list[str], wor
             else:
                 combos.extend((fw, backend, n) for n in worker_counts)
     measured: list[dict] = []
-    if not combos:
-        return measured, skipped
-    with connect(None, workers=max(worker_counts), cpus_per_worker=settings.threads, workload=settings.workload):
-        for i, (fw, backend, n) in enumerate(combos, 1):
-            note(f"[{i}/{len(combos)}] {fw}/{backend.name}, {n} worker(s): {settings.workload}, "
-                 f"batch {settings.batch_size}, {settings.warmup} warm-up + {settings.iters}x"
-                 f"{settings.batches_per_iter} steps ...")
-            start = time.perf_counter()
-            try:
-                out = raywork.run(backend, fw, settings.workload, n, settings.threads, WORKERS[fw],
-                                  settings.worker_config())
-            except Exception as exc:  # one failed combination must not lose the others
-                reason = raywork.one_line(exc)
-                note(f"[{i}/{len(combos)}] {fw}/{backend.name}, {n} worker(s) failed: {reason}")
-                skipped.append({"framework": fw, "backend": backend.name, "workers": n, "reason": f"failed: {reason}"})
-                continue
-            m = {"framework": fw, "backend": backend.name, "variant": "launcher", "workers": n, **out,
-                 "wall_s": time.perf_counter() - start}
+    for i, combo in enumerate(combos, 1):
+        m = _run_launcher(settings, combo, f"[{i}/{len(combos)}]", skipped, note)
+        if m:
             measured.append(m)
-            note(f"[{i}/{len(combos)}] {statistics.mean(out['rates']):,.1f} images/s "
-                 f"({m['wall_s']:.0f}s)" + (f"; note: {out['note']}" if out.get("note") else ""))
-    if bare:
-        measured += run_bare(settings, [c for c in combos if c[0] == "torch"], skipped, note)
+        if bare and combo[0] == "torch":
+            m = _run_bare(settings, combo, f"[{i}/{len(combos)} bare]", skipped, note)
+            if m:
+                measured.append(m)
     return measured, skipped
+
+
+def _run_launcher(settings: Settings, combo: tuple, tag: str, skipped: list[dict],
+                  note: Callable[[str], None]) -> dict | None:
+    from launcher.driver import connect
+
+    fw, backend, n = combo
+    note(f"{tag} {fw}/{backend.name}, {n} worker(s): {settings.workload}, batch {settings.batch_size}, "
+         f"{settings.warmup} warm-up + {settings.iters}x{settings.batches_per_iter} steps ...")
+    start = time.perf_counter()
+    try:
+        with connect(None, workers=n, cpus_per_worker=settings.threads, workload=settings.workload):
+            out = raywork.run(backend, fw, settings.workload, n, settings.threads, WORKERS[fw],
+                              settings.worker_config())
+    except Exception as exc:  # one failed combination must not lose the others
+        reason = raywork.one_line(exc)
+        note(f"{tag} {fw}/{backend.name}, {n} worker(s) failed: {reason}")
+        skipped.append({"framework": fw, "backend": backend.name, "workers": n, "reason": f"failed: {reason}"})
+        return None
+    m = {"framework": fw, "backend": backend.name, "variant": "launcher", "workers": n, **out,
+         "wall_s": time.perf_counter() - start}
+    note(f"{tag} {statistics.mean(out['rates']):,.1f} images/s ({m['wall_s']:.0f}s)"
+         + (f"; note: {out['note']}" if out.get("note") else ""))
+    return m
 
 
 BARE = {"native": ("torchrun", "gloo"), "horovod": ("horovodrun", "horovod")}
 
 
-def run_bare(settings: Settings, combos: list, skipped: list[dict], note: Callable[[str], None]) -> list[dict]:
-    """The same worker, config and worker counts under torchrun (native: DDP over gloo) or
-    horovodrun (horovod), without Ray (benchmarks/bare.py), after the launcher's runs."""
-    measured = []
-    for i, (fw, backend, n) in enumerate(combos, 1):
-        launcher, comm = BARE[backend.name]
-        note(f"[bare {i}/{len(combos)}] {fw}/{backend.name}, {n} worker(s) under {launcher} ...")
-        config = {**settings.worker_config(), "backend": backend.name, "threads": settings.threads}
-        start = time.perf_counter()
-        try:
-            out = raywork.run_bare(raywork.bare_command(launcher, comm, n, "benchmarks.scaling:torch_worker", config),
-                                   settings.threads)
-        except Exception as exc:
-            reason = raywork.one_line(exc)
-            note(f"[bare {i}/{len(combos)}] failed: {reason}")
-            skipped.append({"framework": fw, "backend": backend.name, "workers": n, "variant": launcher,
-                            "reason": f"failed: {reason}"})
-            continue
-        measured.append({"framework": fw, "backend": backend.name, "variant": launcher, "workers": n, **out,
-                         "wall_s": time.perf_counter() - start})
-        note(f"[bare {i}/{len(combos)}] {statistics.mean(out['rates']):,.1f} images/s")
-    return measured
+def _run_bare(settings: Settings, combo: tuple, tag: str, skipped: list[dict],
+              note: Callable[[str], None]) -> dict | None:
+    """The same worker and config under torchrun (native: DDP over gloo) or horovodrun
+    (horovod), without Ray (benchmarks/bare.py)."""
+    fw, backend, n = combo
+    launcher, comm = BARE[backend.name]
+    note(f"{tag} {fw}/{backend.name}, {n} worker(s) under {launcher} ...")
+    config = {**settings.worker_config(), "backend": backend.name, "threads": settings.threads}
+    start = time.perf_counter()
+    try:
+        out = raywork.run_bare(raywork.bare_command(launcher, comm, n, "benchmarks.scaling:torch_worker", config),
+                               settings.threads)
+    except Exception as exc:
+        reason = raywork.one_line(exc)
+        note(f"{tag} failed: {reason}")
+        skipped.append({"framework": fw, "backend": backend.name, "workers": n, "variant": launcher,
+                        "reason": f"failed: {reason}"})
+        return None
+    note(f"{tag} {statistics.mean(out['rates']):,.1f} images/s")
+    return {"framework": fw, "backend": backend.name, "variant": launcher, "workers": n, **out,
+            "wall_s": time.perf_counter() - start}
 
 
 def summarize(measured: list[dict]) -> list[dict]:

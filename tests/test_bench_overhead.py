@@ -35,6 +35,19 @@ def test_result_line_with_and_without_horovodrun_prefix():
         overhead.last_json("no result")
 
 
+def test_start_up_phases_are_medians_per_launcher():
+    samples = [{"variant": "launcher-cold", "repeat": i, "wall_s": 10.0 + i,
+                "phases": {"Ray start or connect": ray_s, "first training step": 0.5}}
+               for i, ray_s in enumerate([4.0, 6.0, 5.0])]
+    samples.append({"variant": "launcher-warm", "repeat": 0, "wall_s": 6.0, "phases": {"Ray start or connect": 0.4}})
+    samples.append({"variant": "torchrun", "repeat": 0, "wall_s": 5.0, "phases": None})
+    medians = overhead.phase_medians(samples)
+    assert medians == {"launcher-cold": {"Ray start or connect": 5.0, "first training step": 0.5},
+                       "launcher-warm": {"Ray start or connect": 0.4}}
+    table = overhead.format_phases(medians).splitlines()
+    assert table[2].split()[-2:] == ["5.00", "0.40"] and table[3].split()[-2:] == ["0.50", "-"]
+
+
 def test_failed_runs_are_counted_not_summarised():
     samples = [{"variant": "torchrun", "repeat": 0, "wall_s": 7.0, "first_step_s": 3.0, "samples_per_s": 100.0},
                {"variant": "launcher-cold", "repeat": 0, "wall_s": 30.0, "first_step_s": 25.0, "samples_per_s": 80.0},
@@ -58,12 +71,21 @@ def test_every_torchrun_failed_still_gives_a_table(tmp_path):
 def test_torchrun_baseline_trains_under_torchrun():
     """The benchmark's baseline really runs: our training loop, 2 processes, torchrun's rendezvous."""
     import subprocess
-    import sys
 
-    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    res = subprocess.run([torchrun, "--nproc-per-node=2", os.path.join(overhead.ROOT, "benchmarks", "torchrun_digits.py"),
-                          "--epochs", "2"], cwd=overhead.ROOT, capture_output=True, text=True, timeout=300,
+    cmd = overhead._command("torchrun", 2, "", 0)
+    assert cmd[-2:] == ["--epochs", "1"]
+    res = subprocess.run(cmd[:-1] + ["2"], cwd=overhead.ROOT, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr[-2000:]
     out = overhead.last_json(res.stdout)
     assert out["accuracy"] > 0.7 and out["samples_per_s"] > 0 and out["first_step_s"] > 0
+
+
+def test_a_failed_bare_run_says_why_not_torchruns_banner():
+    """torchrun ends a failure with a row of "=" signs; the reason kept is the worker's error."""
+    from benchmarks import raywork
+
+    cmd = raywork.bare_command("torchrun", "gloo", 1, "benchmarks.no_such_module:worker", {})
+    with pytest.raises(RuntimeError) as caught:
+        raywork.run_bare(cmd, 1)
+    assert "No module named 'benchmarks.no_such_module'" in str(caught.value)

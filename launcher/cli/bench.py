@@ -251,6 +251,7 @@ def cmd_overhead(args: argparse.Namespace) -> int:
     samples = overhead.run(args.repeats, args.workers, note)
     rows = overhead.summarize(samples)
     print(overhead.format_rows(rows))
+    print(overhead.format_phases(overhead.phase_medians(samples)))
     _wrote(overhead.write_results(rows, samples, args.out, info))
     return EXIT_OK
 

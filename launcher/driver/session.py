@@ -86,9 +86,15 @@ def _ray_started(address, head, workers, cpus_per_worker, workload, verbose, pro
         if interrupted():  # Ray's start-up swallowed a Ctrl-C: honour it now
             ray.shutdown()
             raise KeyboardInterrupt
+    from launcher.driver import trainer
+
+    # A local Ray this launch started and stops: no other process knows its address, so
+    # nothing can drain its node (`launcher preemption watch` attaches to a cluster or the warm head).
+    trainer.set_private_ray(started and not address and not head)
     try:
         yield started
     finally:
+        trainer.set_private_ray(False)
         if started:
             ray.shutdown()
 
