@@ -171,11 +171,14 @@ def format_rows(rows: list[dict]) -> str:
 def phase_medians(samples: list[dict]) -> dict[str, dict[str, float]]:
     """Per launcher variant, the median seconds of each start-up phase the runs reported
     (:mod:`launcher.driver.startup`), in the order the phases happen."""
+    from launcher.driver import PHASES
+
+    order = {name: i for i, (name, _, _) in enumerate(PHASES)}  # the summary's JSON sorts its keys
     out: dict[str, dict[str, float]] = {}
     for variant in VARIANTS:
         runs = [s["phases"] for s in samples if s["variant"] == variant and s.get("phases")]
         if runs:
-            names = list(dict.fromkeys(name for run in runs for name in run))
+            names = sorted({name for run in runs for name in run}, key=lambda n: order.get(n, len(order)))
             out[variant] = {n: statistics.median(r[n] for r in runs if n in r) for n in names}
     return out
 
