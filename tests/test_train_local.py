@@ -278,3 +278,26 @@ def test_warm_local_head_is_used_until_down(storage, tmp_path):
 
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", int(port)), timeout=1).close()
+
+
+def test_ray_train_settings_leave_the_users_values_and_the_watcher_only_off_on_a_private_ray(monkeypatch):
+    from launcher.driver import trainer
+
+    watcher, period = trainer.PREEMPTION_WATCHER_ENV, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
+    for key in (watcher, period):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setattr(trainer, "_SET_HERE", {})
+    try:
+        trainer.set_private_ray(True)
+        trainer.apply_ray_train_env()
+        assert (os.environ[watcher], os.environ[period]) == ("0", str(trainer.HEALTH_CHECK_S))
+        trainer.set_private_ray(False)  # the next run is on a cluster: Ray Train's watcher is back
+        trainer.apply_ray_train_env()
+        assert watcher not in os.environ
+        monkeypatch.setenv(period, "1")  # the user's own setting, made after the launcher's
+        monkeypatch.setenv(watcher, "1")
+        trainer.set_private_ray(True)
+        trainer.apply_ray_train_env()
+        assert (os.environ[watcher], os.environ[period]) == ("1", "1")
+    finally:
+        trainer.set_private_ray(False)

@@ -36,7 +36,7 @@ def ray_train_env() -> dict[str, str]:
 
 # Ray Train's preemption watcher: an actor per worker group that polls the nodes' drain state.
 PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
-_SET_HERE: set[str] = set()  # the variables apply_ray_train_env set (not the user)
+_SET_HERE: dict[str, str] = {}  # what apply_ray_train_env set, and to what (the rest is the user's)
 _private_ray = False  # connected to a local Ray this process started itself (session says)
 
 
@@ -56,13 +56,14 @@ def apply_ray_train_env() -> None:
     wanted = ray_train_env()
     if _private_ray:
         wanted[PREEMPTION_WATCHER_ENV] = "0"
-    for key in _SET_HERE - wanted.keys():  # set for an earlier run in this process, not wanted now
-        os.environ.pop(key, None)
-        _SET_HERE.discard(key)
+    for key, value in list(_SET_HERE.items()):
+        if os.environ.get(key) != value:  # changed since by someone else: theirs now
+            del _SET_HERE[key]
+        elif key not in wanted:  # set for an earlier run in this process, not wanted now
+            del os.environ[key], _SET_HERE[key]
     for key, value in wanted.items():
         if key in _SET_HERE or key not in os.environ:
-            os.environ[key] = value
-            _SET_HERE.add(key)
+            os.environ[key] = _SET_HERE[key] = value
 
 
 def scaling_config(spec, elastic: bool = True):
