@@ -284,8 +284,9 @@ def test_ray_train_settings_leave_the_users_values_and_the_watcher_only_off_on_a
     from launcher.driver import trainer
 
     watcher, period = trainer.PREEMPTION_WATCHER_ENV, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
-    for key in (watcher, period):
-        monkeypatch.delenv(key, raising=False)
+    for key in (watcher, period):  # monkeypatch puts back whatever was there before the test
+        monkeypatch.setenv(key, "")
+        monkeypatch.delenv(key)
     monkeypatch.setattr(trainer, "_SET_HERE", {})
     try:
         trainer.set_private_ray(True)
