@@ -41,7 +41,7 @@ class RunStatus(str, enum.Enum):
 class Interruption:
     """One restart of the worker group: why, and what it cost."""
 
-    cause: str                          # "preemption" or "failure"
+    cause: str                          # "preemption", "failure" or "resize"
     steps_lost: int | None = None       # steps trained twice (past the checkpoint resumed from)
     time_lost_s: float | None = None    # from the checkpoint's time to the next group's first step
     resumed_from_step: int | None = None
@@ -139,12 +139,16 @@ class Preempting:
 
 @dataclass
 class Restart:
-    """The controller restarts the worker group, after a preemption or a failure."""
+    """The controller restarts the worker group, after a preemption, a failure or a resize."""
 
     time: float
     cause: str
     error: str
     type: str = "restart"
+
+    def what(self) -> str:
+        """"a failure", "a preemption", "a resize (the cluster's free resources changed: 2 -> 1 workers)"."""
+        return f"a {self.cause} ({self.error})" if self.cause == "resize" else f"a {self.cause}"
 
 
 Event = Union[Report, Failure, Preempting, Restart]

@@ -177,3 +177,35 @@ def test_bench_writes_table_and_plot(tmp_path):
     assert sorted(os.path.basename(p) for p in paths) == ["preemption.csv", "preemption.json", "preemption.png"]
     header, row = (tmp_path / "preemption.csv").read_text().splitlines()
     assert dict(zip(header.split(","), row.split(",")))["recovery_mean_s"] == "7.0"
+
+
+def test_controller_states_become_restart_events_with_their_cause():
+    """Ray Train's own state objects through the forwarder and the event file: an elastic group
+    resized under a running run counts as a restart (it resumes from the last checkpoint like one),
+    and a group merely scheduled, or resized before it ran, does not."""
+    from ray.train.v2.api.exceptions import ControllerError
+    from ray.train.v2._internal.execution.controller import state
+    from ray.train.v2._internal.execution.scaling_policy import ResizeDecision
+
+    from launcher.driver.events import EventChannel
+    from launcher.summary import Restart
+
+    channel = EventChannel(board=False)
+    try:
+        forward = channel.states.after_controller_state_update
+        size = {n: ResizeDecision(num_workers=n, resources_per_worker={"CPU": 1}) for n in (1, 2)}
+        forward(state.InitializingState(), state.SchedulingState(size[2]))
+        forward(state.SchedulingState(size[2]), state.RunningState())
+        forward(state.RunningState(), state.RunningState())
+        assert channel.take() == []
+        forward(state.RunningState(), state.ResizingState(size[1]))  # a node gone: 2 -> 1
+        forward(state.ResizingState(size[1]), state.SchedulingState(size[1]))
+        forward(state.SchedulingState(size[1]), state.RunningState())
+        forward(state.RunningState(), state.RestartingState(training_failed_error=ControllerError(OSError("gone"))))
+        events = channel.take()
+    finally:
+        channel.close()
+    assert [type(e) for e in events] == [Restart, Restart]
+    assert [e.cause for e in events] == ["resize", "failure"]
+    assert events[0].what() == "a resize (the cluster's free resources changed: 2 -> 1 workers)"
+    assert events[1].what() == "a failure" and "gone" in events[1].error

@@ -205,7 +205,8 @@ SHIPPED = GOOD + '''
 class Noted(Blobs):
     def __init__(self):
         super().__init__()
-        self.params = self.params + (Param("delay_ms", int, 0, "sleep in every forward pass"),)
+        self.params = self.params + (Param("delay_ms", int, 0, "sleep in every forward pass"),
+                                     Param("hold_after", int, 0, "after this many training steps, wait to be stopped"))
 
     def load(self, data, split, rank, world_size, params):
         import os
@@ -219,8 +220,14 @@ class Noted(Blobs):
         import torch.nn as nn
 
         class Slow(nn.Module):
+            calls = 0
+
             def forward(self, x):
                 time.sleep(params["delay_ms"] / 1000)
+                if self.training:
+                    self.calls += 1
+                    while params["hold_after"] and self.calls > params["hold_after"]:
+                        time.sleep(0.5)  # the stop lands here, at a step the test chose
                 return x
 
         return nn.Sequential(Slow(), super().torch_model(params))
@@ -265,13 +272,15 @@ def test_user_workload_is_shipped_to_a_cluster_and_resumes_mid_epoch_exactly(tmp
         assert reference["status"] == "succeeded" and reference["steps_completed"] == 4 * 19
         assert reference["metrics"]["accuracy"] >= 0.9  # it learned
 
-        # The same run, stopped (Ctrl-C) in the middle of an epoch, then launched again.
-        proc = subprocess.Popen(base + ["--name", "stopped", "--param", "delay_ms=40"], cwd=cwd,
+        # The same run, stopped (Ctrl-C) in the middle of an epoch, then launched again. The
+        # workers hold after step 27, so the last checkpoint before the stop is step 25 (epoch 1,
+        # 6 steps in) however long the stop takes to land.
+        proc = subprocess.Popen(base + ["--name", "stopped", "--param", "hold_after=27"], cwd=cwd,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.time() + 240
         while time.time() < deadline:
             done = complete_checkpoints(Storage.resolve(storage), "stopped")
-            if any(m.epoch >= 1 and m.step_in_epoch for m, _ in done):
+            if any(m.global_step >= 25 for m, _ in done):
                 break
             time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
@@ -281,7 +290,7 @@ def test_user_workload_is_shipped_to_a_cluster_and_resumes_mid_epoch_exactly(tmp
         assert stopped["status"] == "cancelled" and stopped["steps_completed"] < 4 * 19
         resumed = launch("stopped")
         start = resumed["resumed_from"]["step"]
-        assert start > 19 and start % 19, resumed  # in the middle of an epoch after the first
+        assert start == 25, resumed  # in the middle of the second epoch
         assert resumed["steps_completed"] == 4 * 19
         assert resumed["weights_sha256"] == reference["weights_sha256"]  # exactly where it stopped
     finally:

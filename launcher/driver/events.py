@@ -9,7 +9,10 @@ no extra process. A driver connected through Ray Client (``ray://``) is not on
 a Ray node; there the forwarder drops events into a :class:`Mailbox` actor.
 
 :class:`StateForwarder` adds the controller's own view: a preemption notice
-seen (PREEMPTING) and each restart with its cause (preemption or failure).
+seen (PREEMPTING) and each restart with its cause: a preemption, a failure, or
+a resize (an elastic run whose cluster grew or shrank under it: Ray Train
+stops the group and starts one of the new size from the last checkpoint, often
+before any worker's death is reported, so it costs steps like a failure).
 :class:`ProgressBoard` is where rank 0 notes the last step it trained, so the
 driver can tell how many steps a restart threw away; :func:`lost_work` turns
 that into steps and seconds lost per restart.
@@ -102,6 +105,7 @@ class StateForwarder(_ray.ControllerCallback):
 
     def __init__(self, path: str | None = None, mailbox=None) -> None:
         self.path, self.mailbox = path, mailbox
+        self._workers: int | None = None  # the size of the group last scheduled
 
     def after_controller_start(self, train_run_context) -> None:
         handle = ray.get_runtime_context().current_actor
@@ -122,6 +126,12 @@ class StateForwarder(_ray.ControllerCallback):
             error = current_state.training_failed_error
             _send(self.path, self.mailbox, Restart(time.time(), restart_cause(error),
                                                    f"{type(error).__name__}: {error}"[:500]))
+        elif kind == "ResizingState" and before == "RunningState":
+            size = current_state.scaling_decision.num_workers
+            _send(self.path, self.mailbox, Restart(
+                time.time(), "resize", f"the cluster's free resources changed: {self._workers} -> {size} workers"))
+        if kind == "SchedulingState":
+            self._workers = current_state.scaling_decision.num_workers
 
 
 @ray.remote(num_cpus=0)

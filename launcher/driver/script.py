@@ -250,7 +250,7 @@ def _run(spec, program: Program, program_config: dict[str, Any], args: list[str]
                               f"{', '.join(map(str, event.ranks))}; the program gets SIGTERM")
             elif isinstance(event, Restart):
                 restarts.append(event)
-                progress.note(f"restarting the program on a new worker group after a {event.cause}")
+                progress.note(f"restarting the program on a new worker group after {event.what()}")
         lock.refresh()
 
     try:

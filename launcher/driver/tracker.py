@@ -61,7 +61,7 @@ class Tracker:
         elif isinstance(event, Restart):
             self.restarts.append(event)
             self.failed_at, self.noted_failure = self.failed_at or event.time, False
-            self.progress.note(f"restarting the worker group after a {event.cause}")
+            self.progress.note(f"restarting the worker group after {event.what()}")
         elif isinstance(event, Report):
             self._report(event)
 

@@ -125,7 +125,10 @@ def test_lost_node_not_replaced_the_run_shrinks_and_completes(lab, tmp_path):
     s = run.wait(timeout_s=600)
     assert s.status == "succeeded", s
     assert (s.epochs_completed, s.workers, s.final_workers) == (4, 2, 1), s
+    # Ray Train either sees the lost worker fail, or first sees the cluster shrink and resizes the
+    # group (which one comes first is timing): a restart either way.
     assert s.restarts >= 1 and s.metrics["accuracy"] >= 0.85
+    assert {i.cause for i in s.interruptions} <= {"failure", "resize"}, s
     epochs = [m for m in read_jsonl(open(os.path.join(root, "elastic", "metrics.jsonl")).read())
               if m["kind"] == "epoch"]
     # Reports the controller had not collected yet when the node died never reach the log (their
