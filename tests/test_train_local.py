@@ -267,6 +267,14 @@ def test_warm_local_head_is_used_until_down(storage, tmp_path):
         assert res.returncode == 0, res.stderr
         assert f"using the warm local Ray at 127.0.0.1:{port}" in res.stderr
         assert json.loads(res.stdout)["status"] == "succeeded"
+        # Nothing preempts this machine and the run could not restart: neither Ray Train's
+        # preemption watcher nor the launcher's progress board was started on the head.
+        probe = ("import ray; ray.init(address='127.0.0.1:%s', logging_level='ERROR');"
+                 "print(sorted({a['ActorClassName'] for a in ray._private.state.actors().values()}))" % port)
+        seen = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env={**env, "RAY_AUTH_MODE": "token"},
+                              capture_output=True, text=True, timeout=120)
+        assert "RayTrainWorker" in seen.stdout, seen.stderr[-1500:]
+        assert "PreemptionWatcher" not in seen.stdout and "ProgressBoard" not in seen.stdout, seen.stdout
         too_big = subprocess.run([sys.executable, "-m", "launcher", "run", "--storage", storage, "--workers", "3"],
                                  cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert too_big.returncode == 2 and "room for 2" in too_big.stderr
@@ -280,7 +288,7 @@ def test_warm_local_head_is_used_until_down(storage, tmp_path):
         socket.create_connection(("127.0.0.1", int(port)), timeout=1).close()
 
 
-def test_ray_train_settings_leave_the_users_values_and_the_watcher_only_off_on_a_private_ray(monkeypatch):
+def test_ray_train_settings_leave_the_users_values_and_the_watcher_only_off_on_a_local_ray(monkeypatch):
     from launcher.driver import trainer
 
     watcher, period = trainer.PREEMPTION_WATCHER_ENV, "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"
@@ -289,16 +297,16 @@ def test_ray_train_settings_leave_the_users_values_and_the_watcher_only_off_on_a
         monkeypatch.delenv(key)
     monkeypatch.setattr(trainer, "_SET_HERE", {})
     try:
-        trainer.set_private_ray(True)
+        trainer.set_local_ray(True)
         trainer.apply_ray_train_env()
         assert (os.environ[watcher], os.environ[period]) == ("0", str(trainer.HEALTH_CHECK_S))
-        trainer.set_private_ray(False)  # the next run is on a cluster: Ray Train's watcher is back
+        trainer.set_local_ray(False)  # the next run is on a cluster: Ray Train's watcher is back
         trainer.apply_ray_train_env()
         assert watcher not in os.environ
         monkeypatch.setenv(period, "1")  # the user's own setting, made after the launcher's
         monkeypatch.setenv(watcher, "1")
-        trainer.set_private_ray(True)
+        trainer.set_local_ray(True)
         trainer.apply_ray_train_env()
         assert (os.environ[watcher], os.environ[period]) == ("1", "1")
     finally:
-        trainer.set_private_ray(False)
+        trainer.set_local_ray(False)

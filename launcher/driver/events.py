@@ -209,7 +209,9 @@ class EventChannel:
         return [event_from_json(json.loads(line)) for line in data[:end].splitlines() if line.strip()]
 
     def attempts(self) -> list[dict[str, Any]]:
-        """The board's attempts (dicts with "attempt", "start_step", "first_time", ...)."""
+        """The board's attempts (dicts with "attempt", "start_step", "first_time", ...); none without a board."""
+        if self.board is None:
+            return []
         error = None
         for _ in range(3):  # a loaded machine can be slow to answer; accounting is worth a retry
             try:

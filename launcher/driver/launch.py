@@ -165,7 +165,9 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
     from launcher.worker.entry import train_loop_per_worker
 
     trainer.apply_ray_train_env()
-    channel = EventChannel()
+    # The progress board (an actor, and a call from rank 0 every step) tells how much work each
+    # restart lost: a run that cannot restart goes without.
+    channel = EventChannel(board=trainer.restarts_possible(spec))
     config = trainer.run_config(spec, storage, max_failures=spec.max_failures,
                                 keep_checkpoints=spec.keep_checkpoints,
                                 callbacks=[channel.forwarder, channel.states])

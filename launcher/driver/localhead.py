@@ -131,10 +131,13 @@ with tempfile.TemporaryDirectory(prefix="launcher-warm-up-") as d:
 
 def _warm_up(address: str, env: dict, timeout_s: float) -> None:
     """Run the warm-up job; a failure is not fatal (the head works, only slower at first)."""
-    from launcher.driver.trainer import ray_train_env
+    from launcher.driver.trainer import PREEMPTION_WATCHER_ENV, ray_train_env
 
+    # The settings of `launcher run` on this head (the controller's runtime environment is then
+    # the one later runs use), and like them no preemption watcher unless the user asked for one.
+    env = {**env, **ray_train_env(), PREEMPTION_WATCHER_ENV: env.get(PREEMPTION_WATCHER_ENV, "0")}
     with contextlib.suppress(subprocess.SubprocessError, OSError):
-        subprocess.run([sys.executable, "-c", _WARM_UP, address], env={**env, **ray_train_env()}, timeout=timeout_s,
+        subprocess.run([sys.executable, "-c", _WARM_UP, address], env=env, timeout=timeout_s,
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

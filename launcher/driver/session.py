@@ -88,13 +88,12 @@ def _ray_started(address, head, workers, cpus_per_worker, workload, verbose, pro
             raise KeyboardInterrupt
     from launcher.driver import trainer
 
-    # A local Ray this launch started and stops: no other process knows its address, so
-    # nothing can drain its node (`launcher preemption watch` attaches to a cluster or the warm head).
-    trainer.set_private_ray(started and not address and not head)
+    # A local Ray this launch started, or the warm head: nothing preempts this machine's node.
+    trainer.set_local_ray(started and (bool(head) or not address))
     try:
         yield started
     finally:
-        trainer.set_private_ray(False)
+        trainer.set_local_ray(False)
         if started:
             ray.shutdown()
 
