@@ -32,6 +32,8 @@ PRIVATE: dict[str, tuple[str, str]] = {
     "PlacementGroupCleanerCallback": ("ray.train.v2._internal.callbacks.placement_group_callback:"
                                       "PlacementGroupCleanerCallback",
                                       "dropped: the driver always outlives its run"),
+    "FixedScalingPolicy": ("ray.train.v2._internal.execution.scaling_policy:FixedScalingPolicy",
+                           "a fixed-size group on a local Ray, without requests to the autoscaling coordinator"),
     "TrainingFramework": ("ray.train.v2._internal.util:TrainingFramework",
                           "marks the lean torch process group as a torch backend"),
     # Ray's torch process-group set-up, called on the workers only (the module imports torch).
@@ -55,6 +57,10 @@ PRIVATE: dict[str, tuple[str, str]] = {
                    "the size of a user's code folder as Ray would ship it (.gitignore, .rayignore)"),
     "excludes_matcher": ("ray._private.runtime_env.packaging:_get_excludes",
                          "the runtime_env 'excludes' patterns as Ray applies them"),
+    # A local Ray this launch started: its autoscaler monitor, stopped before ray.shutdown().
+    "global_worker": ("ray._private.worker:global_worker", "the node this driver started (.node.all_processes)"),
+    "PROCESS_TYPE_MONITOR": ("ray._private.ray_constants:PROCESS_TYPE_MONITOR",
+                             "the autoscaler monitor's key in that node's processes"),
     "DrainNodeReason": ("ray.core.generated.autoscaler_pb2:DrainNodeReason", "the PREEMPTION drain reason"),
 }
 
@@ -62,6 +68,10 @@ PRIVATE: dict[str, tuple[str, str]] = {
 OVERRIDDEN: dict[str, str] = {
     "ray.train.v2.api.data_parallel_trainer:DataParallelTrainer._create_default_callbacks":
         "LeanTrainer drops the Ray Data and placement-group-cleaner callbacks a run never uses",
+    "ray.train.v2.api.data_parallel_trainer:DataParallelTrainer._initialize_and_run_controller":
+        "LeanTrainer swaps the fixed scaling policy for one without autoscaler requests on a local Ray",
+    "ray.train.v2._internal.execution.scaling_policy.scaling_policy:ScalingPolicy._maybe_send_resource_request":
+        "the local Ray's fixed policy sends no resource requests (no coordinator is started)",
     "ray.dashboard.modules.dashboard_sdk:SubmissionClient._do_request":
         "the job client's requests get a timeout (Ray sets none)",
 }

@@ -121,7 +121,7 @@ def test_drain_deadline_stays_inside_the_notice():
 
 
 def test_lost_work_per_restart():
-    from launcher.driver.events import lost_work
+    from launcher.driver.tracker import lost_work
     from launcher.summary import Attempt
 
     attempts = [

@@ -14,8 +14,9 @@ a resize (an elastic run whose cluster grew or shrank under it: Ray Train
 stops the group and starts one of the new size from the last checkpoint, often
 before any worker's death is reported, so it costs steps like a failure).
 :class:`ProgressBoard` is where rank 0 notes the last step it trained, so the
-driver can tell how many steps a restart threw away; :func:`lost_work` turns
-that into steps and seconds lost per restart.
+driver can tell how many steps a restart threw away;
+:func:`launcher.driver.tracker.lost_work` turns that into steps and seconds lost
+per restart.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import ray
 from ray.train import UserCallback
 
 from launcher import _ray
-from launcher.summary import Attempt, Event, Failure, Preempting, Report, Restart, event_from_json, event_to_json
+from launcher.summary import Event, Failure, Preempting, Report, Restart, event_from_json, event_to_json
 
 
 @ray.remote(num_cpus=0)
@@ -148,25 +149,6 @@ class ProgressBoard:
     def attempts(self) -> list[dict[str, float]]:
         """Attempts in the order they trained their first step."""
         return sorted(({"attempt": k, **v} for k, v in self._attempts.items()), key=lambda a: a["first_time"])
-
-
-def lost_work(attempts: list[Attempt], checkpoint_times: dict[int, float]) -> list[dict[str, Any]]:
-    """Steps and seconds each restart cost, from consecutive attempts.
-
-    Steps lost: the steps the earlier attempt trained past the step the next
-    one resumed from (they were trained twice). Time lost: from the moment
-    training first reached the resumed-from step (the checkpoint's time) to
-    the next attempt's first step; it covers redone steps, waiting out a
-    notice, and restarting the workers.
-    """
-    out = []
-    for before, after in zip(attempts, attempts[1:]):
-        resumed = int(after.start_step)
-        reached = checkpoint_times.get(resumed, before.first_time)
-        out.append({"resumed_from_step": resumed,
-                    "steps_lost": max(0, int(before.last_step) - resumed),
-                    "time_lost_s": round(max(0.0, after.first_time - reached), 2)})
-    return out
 
 
 def _on_this_node() -> dict[str, Any]:

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from launcher.driver import startup
-from launcher.driver.events import lost_work
 from launcher.driver.progress import Progress
 from launcher.spec import JobSpec
 from launcher.storage.checkpoint import Manifest
@@ -177,3 +176,22 @@ class Tracker:
 def pick_metrics(values: dict[str, Any]) -> dict[str, float]:
     """The metrics a summary shows, from a report or a checkpoint's manifest."""
     return {k: values[k] for k in METRIC_KEYS if k in values}
+
+
+def lost_work(attempts: list[Attempt], checkpoint_times: dict[int, float]) -> list[dict[str, Any]]:
+    """Steps and seconds each restart cost, from consecutive attempts.
+
+    Steps lost: the steps the earlier attempt trained past the step the next
+    one resumed from (they were trained twice). Time lost: from the moment
+    training first reached the resumed-from step (the checkpoint's time) to
+    the next attempt's first step; it covers redone steps, waiting out a
+    notice, and restarting the workers.
+    """
+    out = []
+    for before, after in zip(attempts, attempts[1:]):
+        resumed = int(after.start_step)
+        reached = checkpoint_times.get(resumed, before.first_time)
+        out.append({"resumed_from_step": resumed,
+                    "steps_lost": max(0, int(before.last_step) - resumed),
+                    "time_lost_s": round(max(0.0, after.first_time - reached), 2)})
+    return out

@@ -153,6 +153,8 @@ def fit(trainer, drain: Callable[[], None], *, verbose: bool = False, poll_s: fl
     ``abort(timeout_s)`` lets :func:`stop_running` end the run from another thread, as
     CANCELLED too.
     """
+    if _local_ray and hasattr(trainer, "request_resources"):
+        trainer.request_resources = False  # no autoscaler to ask on a local Ray
     stop = threading.Event()
     me = _Abortable(abort) if abort is not None else None
     if me is not None:
