@@ -147,7 +147,7 @@ def run(backend, framework: str, workload: str, workers: int, threads: int, fn: 
     from ray.train import RunConfig, ScalingConfig
 
     from launcher import JobSpec
-    from launcher.driver import apply_ray_train_env
+    from launcher.driver import apply_ray_train_env, prepare_trainer
 
     apply_ray_train_env()  # the Ray Train settings `launcher run` uses (its health-check period, ...)
 
@@ -162,7 +162,7 @@ def run(backend, framework: str, workload: str, workers: int, threads: int, fn: 
         name = f"bench_{uuid.uuid4().hex[:8]}"
         run_config = RunConfig(name=name, storage_path=storage)
         try:
-            result = backend.trainer(spec, fn, config, scaling, run_config).fit()
+            result = prepare_trainer(backend.trainer(spec, fn, config, scaling, run_config)).fit()
         except Exception as exc:
             # Seen with TensorFlow's MultiWorkerMirroredStrategy on a loaded machine: rank 0 has
             # reported its result, then a worker health check fails while the group shuts down.

@@ -15,6 +15,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "check_fits": "launcher.driver.session",
     "describe_failure": "launcher.driver.trainer",
     "apply_ray_train_env": "launcher.driver.trainer",
+    "prepare_trainer": "launcher.driver.trainer",
     "PHASES": "launcher.driver.startup",
     "submit": "launcher.driver.jobs",
     "up": "launcher.driver.localhead",

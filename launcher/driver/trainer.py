@@ -144,6 +144,15 @@ def stop_running(reason: str, timeout_s: float = 30.0) -> int:
     return sum(bool(run.abort(timeout_s)) for run in running)
 
 
+def prepare_trainer(ray_trainer):
+    """The launcher's settings that depend on the Ray this process is connected to: on a local
+    Ray there is no autoscaler, so a fixed-size group sends it no resource requests (see
+    launcher.backends.raytrain.FixedWithoutRequests). Returns ``ray_trainer``."""
+    if _local_ray and hasattr(ray_trainer, "request_resources"):
+        ray_trainer.request_resources = False
+    return ray_trainer
+
+
 def fit(trainer, drain: Callable[[], None], *, verbose: bool = False, poll_s: float = POLL_S,
         abort: Callable[[float], bool] | None = None) -> FitOutcome:
     """``trainer.fit()`` while a thread calls ``drain()`` every ``poll_s`` (and once after).
@@ -153,8 +162,7 @@ def fit(trainer, drain: Callable[[], None], *, verbose: bool = False, poll_s: fl
     ``abort(timeout_s)`` lets :func:`stop_running` end the run from another thread, as
     CANCELLED too.
     """
-    if _local_ray and hasattr(trainer, "request_resources"):
-        trainer.request_resources = False  # no autoscaler to ask on a local Ray
+    prepare_trainer(trainer)
     stop = threading.Event()
     me = _Abortable(abort) if abort is not None else None
     if me is not None:
