@@ -119,8 +119,9 @@ def up(num_cpus: int | None = None, port: int = 6390, timeout_s: float = 60.0,
 
 # A first job on the new head: a one-worker Ray Train run that does nothing. It returns
 # once the head's raylet has registered, and it starts what every later run would
-# otherwise start first (Ray Train's detached resource coordinator, the runtime
-# environment Ray Train gives its controller and workers, the worker imports). Measured
+# otherwise start first (the runtime environment Ray Train gives its controller and
+# workers, the worker imports; also Ray Train's detached resource coordinator, which
+# launcher runs on this head no longer ask for: no autoscaler here). Measured
 # on 2 cores (1-epoch digits-mlp): without it the first `launcher run` on a new head
 # took 16-23 s and later ones 12-14 s; with it the first took 14.0-14.8 s, later ones
 # 13.3-14.8 s. It costs `launcher up` ~6 s.
