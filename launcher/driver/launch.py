@@ -93,7 +93,7 @@ def run(spec: JobSpec, *, verbose: bool = False, show_progress: bool = True,
 PREFETCH = ("ray.train", "launcher.driver.events", "launcher.backends.raytrain")
 
 
-def _prefetch_ray_train() -> threading.Thread:
+def _prefetch_ray_train() -> None:
     """Import Ray Train (and with it Ray Data and pandas: ~0.8 s on 2 cores) in a thread.
 
     A new local Ray takes ~3 s to start in its own processes while the driver only waits, so
@@ -107,9 +107,7 @@ def _prefetch_ray_train() -> threading.Thread:
             except Exception:  # noqa: BLE001 - reported where the module is really imported
                 return
 
-    thread = threading.Thread(target=load, name="launcher-prefetch", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=load, name="launcher-prefetch", daemon=True).start()
 
 
 def _launch(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tuple[Manifest, str]],

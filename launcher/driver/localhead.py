@@ -70,15 +70,6 @@ def warm_head_for(address: str | None) -> dict | None:
     return head
 
 
-# Raylet settings for a launch's own local Ray: by default the raylet starts one idle worker
-# process per CPU when the first driver connects. On 2 cores those two starts landed on the
-# critical path of a cold launch, beside the controller's start (Ray Train's controller and
-# workers carry their own runtime environment, so they never use them). The warm head keeps
-# Ray's default: there they start during `launcher up`, and runs on a fresh warm head were not
-# slower with them (3 alternated pairs). A value the user set wins.
-LOCAL_RAY_ENV = {"RAY_prestart_worker_first_driver": "0"}
-
-
 def up(num_cpus: int | None = None, port: int = 6390, timeout_s: float = 60.0,
        note: Callable[[str], None] | None = None) -> dict:
     """Start a local head (idempotent) and record its address.

@@ -24,6 +24,14 @@ from launcher.errors import Unreachable, UserError
 
 LOCAL_OVERSUBSCRIPTION = 4  # a local Ray runs up to this many worker CPUs per core
 
+# Raylet settings for a launch's own local Ray: by default the raylet starts one idle worker
+# process per CPU when the first driver connects. On 2 cores those two starts landed on the
+# critical path of a cold launch, beside the controller's start (Ray Train's controller and
+# workers carry their own runtime environment, so they never use them). The warm head keeps
+# Ray's default: there they start during `launcher up`, and runs on a fresh warm head were not
+# slower with them (3 alternated pairs). A value the user set wins.
+LOCAL_RAY_ENV = {"RAY_prestart_worker_first_driver": "0"}
+
 
 @dataclass(frozen=True)
 class NodeResources:
@@ -143,7 +151,7 @@ def _init(address: str | None, head: dict | None, workers: int, cpus_per_worker:
         else:
             check_local_fit(workers, cpus_per_worker)
             cpus = max(os.cpu_count() or 1, math.ceil(workers * cpus_per_worker))
-            with _environ(localhead.LOCAL_RAY_ENV):  # the raylet reads its settings from its environment
+            with _environ(LOCAL_RAY_ENV):  # the raylet reads its settings from its environment
                 ray.init(address="local", num_cpus=cpus,  # never a running cluster by surprise
                          runtime_env=code.runtime_env(workload, False, program) or None, **kwargs)
     except ConnectionError as exc:
