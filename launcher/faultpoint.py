@@ -9,7 +9,9 @@ then rather than guess from timing. The points:
 - ``workers-start``: every worker, before it joins the backend's process group;
 - ``checkpoint``: rank 0, its first checkpoint of the launch written and about
   to be handed to Ray Train for upload;
-- ``export``: rank 0, the final checkpoint written, before exporting the model.
+- ``export``: rank 0, the final checkpoint written, before exporting the model;
+- ``step-checkpoint``: rank 0, its first step checkpoint (``--checkpoint-every-steps``)
+  of the launch reported to Ray Train: a stop now resumes from that mid-epoch step.
 
 Workers inherit the variable from a local Ray the launch starts itself.
 """

@@ -166,3 +166,20 @@ def event_from_json(data: dict[str, Any]) -> Event:
     if cls is Failure:  # JSON object keys are strings
         values["errors"] = {int(rank): text for rank, text in values["errors"].items()}
     return cls(**values)
+
+
+METRIC_KEYS = ("loss", "accuracy", "train_loss")
+# What a report carries about the run itself, not the model: never shown as a metric.
+BOOKKEEPING = frozenset({
+    "kind", "epoch", "step_in_epoch", "global_step", "world_size", "time", "attempt", "restored_from",
+    "steps_per_epoch", "startup_marks", "samples", "train_time_s", "samples_per_s", "notice", "held",
+    "weights_sha256", "model", "timestamp", "checkpoint_dir_name", "training_iteration"})
+
+
+def pick_metrics(values: dict[str, Any]) -> dict[str, float]:
+    """The metrics a summary shows, from a report or a checkpoint's manifest: the managed loop's
+    (loss, accuracy, train_loss) first, then any other number a training function reported."""
+    known = {k: values[k] for k in METRIC_KEYS if k in values}
+    others = {k: v for k, v in values.items() if k not in BOOKKEEPING and k not in known
+              and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {**known, **others}

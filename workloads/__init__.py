@@ -10,6 +10,7 @@ any cloud library; building a model imports its framework only when it is called
 
 from workloads.base import DataError, DatasetSplit, Defaults, Param, Split, Workload, shard
 from workloads.cifar import CifarCNN
+from workloads.function import TrainingFunction, training_function
 from workloads.digits import DigitsMLP
 from workloads.mnist import MNIST
 from workloads.registry import Registry, UnknownName
@@ -42,4 +43,4 @@ def names() -> list[str]:
 
 
 __all__ = ["DataError", "DatasetSplit", "Defaults", "Param", "Split", "Workload", "WorkloadError", "UnknownName",
-           "REGISTRY", "DEFAULT", "get", "keras", "names", "shard"]
+           "REGISTRY", "DEFAULT", "TrainingFunction", "get", "keras", "names", "shard", "training_function"]

@@ -25,6 +25,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from workloads import function
 from workloads.base import Defaults, Workload
 
 FRAMEWORKS = ("torch", "tensorflow")
@@ -100,9 +101,10 @@ def _import_object(ref: Reference) -> Any:
     if not hasattr(module, ref.attribute):
         candidates = sorted(k for k, v in vars(module).items()
                             if isinstance(v, Workload) or (isinstance(v, type) and issubclass(v, Workload)
-                                                           and v is not Workload))
+                                                           and v is not Workload)
+                            or (function.kind_of(v) is not None and getattr(v, "__module__", None) == module.__name__))
         hint = (f"it defines: {', '.join(candidates)}" if candidates
-                else "define a Workload (or a subclass) under that name")
+                else "define a Workload (or a subclass), or a training function def NAME(session), under that name")
         raise WorkloadError(f"--workload {ref.text}: {_where(ref)} has no {ref.attribute!r}; {hint}")
     return getattr(module, ref.attribute)
 
@@ -187,12 +189,14 @@ def _as_workload(obj: Any, ref: Reference) -> Workload:
         except TypeError as exc:
             raise WorkloadError(f"--workload {ref.text}: {obj.__name__}() needs arguments ({exc})",
                                 "give it defaults, or name an instance of it instead") from None
+    elif function.kind_of(obj) is not None:  # the user's own loop: def train(session) / (config)
+        return function.TrainingFunction(obj, ref.text, function.kind_of(obj))
     elif callable(obj) and not isinstance(obj, Workload):
         obj = obj()
     if not isinstance(obj, Workload):
         raise WorkloadError(f"--workload {ref.text}: {ref.attribute} is a {type(obj).__name__}, not a workload",
-                            "make it a workloads.Workload (see `launcher workloads --help` and the README's "
-                            "'Bring your own model')")
+                            "make it a workloads.Workload, or a training function def NAME(session) "
+                            "(see the README's 'Bring your own model' and 'Your own training loop')")
     check_declaration(obj, ref.text)
     return obj
 
@@ -245,6 +249,8 @@ def check_data(workload: Workload, where: str, data: str | None, params: Mapping
     Raises:
         WorkloadError: naming the split and what is wrong.
     """
+    if isinstance(workload, function.TrainingFunction):
+        return  # it reads its own data, inside its loop
     shape = tuple(workload.input_shape(params))
     classes = int(workload.num_classes(params))
     for split in ("train", "test"):

@@ -53,6 +53,14 @@ class TorchComm(Comm):
         """Return the optimizer as it should be stepped (e.g. Horovod's)."""
         return optimizer
 
+    def clip_gradients(self, parameters, optimizer, max_norm: float):
+        """Clip the gradients' global norm to ``max_norm`` before ``optimizer.step()``; returns
+        the norm before clipping. The gradients must be the reduced ones: DDP has reduced them
+        by the end of ``backward()``."""
+        import torch
+
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+
     @property
     def accumulation_steps(self) -> int:
         """Backward passes per optimizer step (gradients accumulate locally in between)."""

@@ -215,7 +215,21 @@ class HorovodComm(_HorovodRing, TorchComm):
         # carry over what a restored checkpoint put into the original.
         if restored["state"]:
             wrapped.load_state_dict(restored)
+        _accept_set_to_none(wrapped)
         return wrapped
+
+    def clip_gradients(self, parameters, optimizer, max_norm: float):
+        """Wait for Horovod's allreduce first (it runs in the background during backward), then
+        clip the averaged gradients. ``optimizer.step()`` then reduces them once more: the average
+        of equal values is the same values, at the cost of one allreduce more per step (Horovod's
+        skip_synchronize would avoid it, but it must wrap the user's own ``step()`` call)."""
+        import warnings
+
+        import torch
+
+        optimizer.synchronize()
+        warnings.filterwarnings("ignore", message=r"optimizer\.step\(\) called without optimizer\.skip_synchronize")
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
 
     def after_restore(self, model, optimizer) -> None:
         """Make every rank start from rank 0's parameters and optimizer state."""
@@ -240,6 +254,22 @@ class HorovodComm(_HorovodRing, TorchComm):
         if self.world_size > 1:
             self.hvd.allreduce_(tensor, op=self.hvd.Sum)
         return tensor
+
+
+def _accept_set_to_none(optimizer) -> None:
+    """Horovod's ``zero_grad()`` takes no argument, while torch's takes ``set_to_none`` and loops
+    written for torch pass it: the wrapped optimizer accepts it too."""
+    import torch
+
+    horovods = optimizer.zero_grad
+
+    def zero_grad(set_to_none: bool = True) -> None:
+        if set_to_none:
+            horovods()  # Horovod's checks, then torch's default (set_to_none=True)
+        else:
+            torch.optim.Optimizer.zero_grad(optimizer, set_to_none=False)
+
+    optimizer.zero_grad = zero_grad
 
 
 class HorovodTFComm(_HorovodRing, TFComm):

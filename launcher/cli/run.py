@@ -179,7 +179,16 @@ def cmd_workloads(args: argparse.Namespace) -> int:
         print(f"{d['name']:<20} {', '.join(d['frameworks']):<12} {d['description']}")
         if d.get("reference"):
             print(f"{'':<20} --workload {d['reference']}")
+        if d.get("kind"):
+            print(f"{'':<20} {d['kind']}, defined at {d['defined_at']}")
+        defaults = d.get("defaults") or {}
+        if d.get("kind") and defaults:
+            print(f"{'':<20} defaults: epochs {defaults['epochs']}, batch size {defaults['batch_size']}, "
+                  f"lr {defaults['lr']:g}")
         print(f"{'':<20} data: {d['data']}")
+        if isinstance(d["params"], str):
+            print(f"{'':<20} params: {d['params']}")
+            continue
         for name, p in d["params"].items():
             print(f"{'':<20} --param {name}=... (default {p['default']}): {p['help']}")
     return EXIT_OK

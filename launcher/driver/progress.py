@@ -10,13 +10,20 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
+from launcher.summary import METRIC_KEYS, pick_metrics
+
 
 def format_epoch(m: dict[str, Any], epochs: int, elapsed: float) -> str:
     parts = [f"epoch {m.get('epoch')}/{epochs}", f"step {m.get('global_step')}"]
     for key, fmt in (("train_loss", "train_loss {:.4f}"), ("loss", "loss {:.4f}"),
-                     ("accuracy", "acc {:.4f}"), ("samples_per_s", "{:,.0f} samples/s")):
+                     ("accuracy", "acc {:.4f}")):
         if isinstance(m.get(key), (int, float)):
             parts.append(fmt.format(m[key]))
+    # A training function's own metrics, by their names (at most six: a line, not a table).
+    others = [(k, v) for k, v in pick_metrics(m).items() if k not in METRIC_KEYS][:6]
+    parts += [f"{k} {v:.4g}" for k, v in others]
+    if isinstance(m.get("samples_per_s"), (int, float)):
+        parts.append(f"{m['samples_per_s']:,.0f} samples/s")
     parts.append(f"elapsed {elapsed:.1f}s")
     return "  ".join(parts)
 

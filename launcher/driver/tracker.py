@@ -18,11 +18,8 @@ from launcher.driver.progress import Progress
 from launcher.spec import JobSpec
 from launcher.storage.checkpoint import Manifest
 from launcher.storage.runlog import RunLog
-from launcher.summary import (Attempt, Event, Failure, Interruption, Preempting, Report, Restart, RunStatus,
-                              RunSummary)
-
-METRIC_KEYS = ("loss", "accuracy", "train_loss")
-
+from launcher.summary import (METRIC_KEYS, Attempt, Event, Failure, Interruption, Preempting, Report, Restart,
+                              RunStatus, RunSummary, pick_metrics)
 
 @dataclass
 class Tracker:
@@ -171,11 +168,6 @@ class Tracker:
             interruptions=interruptions, attempts=self.attempt_log, recovery_s=self.recoveries,
             weights_sha256=m.get("weights_sha256"), wall_s=round(time.time() - self.started, 2),
             launch=self.log.launch, run_dir=self.log.uri(), error=error, model=model)
-
-
-def pick_metrics(values: dict[str, Any]) -> dict[str, float]:
-    """The metrics a summary shows, from a report or a checkpoint's manifest."""
-    return {k: values[k] for k in METRIC_KEYS if k in values}
 
 
 def lost_work(attempts: list[Attempt], checkpoint_times: dict[int, float]) -> list[dict[str, Any]]:

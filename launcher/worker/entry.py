@@ -25,6 +25,14 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     faultpoint.pause("workers-start")
     spec = JobSpec(**config["spec"])
     backend = backends.get(spec.backend)
+    function = _training_function(spec)
+    if function is not None:  # the user's own loop, given a session
+        from launcher.worker.session import TorchSession
+
+        comm = backend.torch_comm(spec)
+        comm.setup()
+        TorchSession(spec, comm, function).start(config, started)
+        return
     if spec.framework == "tensorflow":
         from launcher.worker.tf_loop import TFTraining, configure_tensorflow
 
@@ -37,3 +45,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     comm.setup()
     training = training_class(spec, comm)
     training.start(config, started)
+
+
+def _training_function(spec: JobSpec):
+    """The user's training function the spec names (a session function), or None for a workload."""
+    import workloads
+
+    if not workloads.is_reference(spec.workload):
+        return None
+    workload = workloads.get(spec.workload)
+    return workload if isinstance(workload, workloads.TrainingFunction) else None

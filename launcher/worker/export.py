@@ -58,6 +58,8 @@ def export_torch(spec, checkpoint_dir: str, storage: Storage) -> str:
     import torch
 
     workload = workloads.get(spec.workload)
+    if isinstance(workload, workloads.TrainingFunction):
+        return export_weights(spec, checkpoint_dir, storage)
     model = workload.torch_model(spec.params)
     model.load_state_dict(torch.load(os.path.join(checkpoint_dir, TORCH_MODEL_FILE), map_location="cpu"))
     model.eval()
@@ -69,6 +71,23 @@ def export_torch(spec, checkpoint_dir: str, storage: Storage) -> str:
         torch.save(model.state_dict(), os.path.join(d, "state_dict.pt"))
         _describe(spec, workload, shape, {"model.pt2": "torch.export program: torch.export.load(p).module()",
                                           "state_dict.pt": "weights for the workload's torch model"}, d)
+        storage.upload_dir(d, spec.name, "model")
+    return storage.uri_of(spec.name, "model")
+
+
+def export_weights(spec, checkpoint_dir: str, storage: Storage) -> str:
+    """A training function's model: its weights (the model class is the user's, so no program
+    is exported) and a model.json saying where the code is."""
+    import shutil
+
+    with tempfile.TemporaryDirectory(prefix="launcher-export-") as d:
+        shutil.copy(os.path.join(checkpoint_dir, TORCH_MODEL_FILE), os.path.join(d, "state_dict.pt"))
+        with open(os.path.join(d, "model.json"), "w", encoding="utf-8") as f:
+            json.dump({"workload": spec.workload, "framework": spec.framework, "kind": "training function",
+                       "params": spec.params,
+                       "files": {"state_dict.pt": "the registered model's weights: build the model as your "
+                                                  "function does, then model.load_state_dict(torch.load(p))"}},
+                      f, indent=1)
         storage.upload_dir(d, spec.name, "model")
     return storage.uri_of(spec.name, "model")
 

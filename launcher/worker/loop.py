@@ -25,7 +25,7 @@ import math
 import tempfile
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -75,26 +75,21 @@ def checkpoint_to_resume(config: dict[str, Any], storage, name: str) -> tuple[An
     return None
 
 
-class Training(abc.ABC):
-    """One worker's training state, and the loop that does not depend on the framework.
+class Session(abc.ABC):
+    """One worker's place in a run, whatever code trains: the position, reports to Ray Train with
+    a checkpoint, the choice of the checkpoint to resume from, and preemption notices.
 
-    Subclasses build the model in ``__init__`` and implement the abstract methods;
-    :meth:`start` restores the newest complete checkpoint and calls :meth:`fit`.
+    :class:`Training` (the managed loop) and :class:`launcher.worker.session.TorchSession` (the
+    user's own loop) are its two clients; each saves and restores its own state.
     """
 
     def __init__(self, spec: JobSpec, comm) -> None:
-        from launcher.storage.datacache import local_data
-
         self.spec, self.comm = spec, comm
         self.rank, self.world = comm.rank, comm.world_size
-        self.workload = workloads.get(spec.workload)
-        data = local_data(spec.data)  # gs:// data: this node's verified copy
-        self.train = self.workload.load(data, "train", self.rank, self.world, spec.params)
-        self.test = self.workload.load(data, "test", self.rank, self.world, spec.params)
         self.pos = Position()
         self.restored_from: dict[str, int] | None = None
         self.attempt = uuid.uuid4().hex[:12]
-        self.steps_per_epoch = math.ceil(len(self.train) / spec.batch_size)
+        self.steps_per_epoch = 0
         self.marks: dict[str, float] = {}  # start-up milestones, sent with the first report
         self.board = None  # the driver's ProgressBoard actor (rank 0 writes to it)
         self.start_step = 0
@@ -102,11 +97,9 @@ class Training(abc.ABC):
         self.step_s = 0.0        # recent time per step, for the reserve before a drain deadline
         self.checkpoint_s = 0.0  # time the last checkpoint took
 
-    # -- what each framework provides ----------------------------------------------------
     @abc.abstractmethod
     def restore(self, directory: str) -> None:
-        """Load the model, optimizer, RNG state and position from a checkpoint folder
-        (then call :meth:`restored` with its position)."""
+        """Load the state and position from a checkpoint folder (then call :meth:`restored`)."""
 
     @abc.abstractmethod
     def save(self, directory: str, metrics: dict[str, Any]) -> None:
@@ -116,54 +109,6 @@ class Training(abc.ABC):
     def sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
         """Sum a float64 vector over all ranks."""
 
-    @abc.abstractmethod
-    def prepare(self) -> None:
-        """Once before training, after any restore: wrap the model and optimizer for the
-        backend and make every rank's state equal."""
-
-    @abc.abstractmethod
-    def run_epoch(self) -> dict[str, float]:
-        """Train the rest of the current epoch, calling :meth:`stepped` after every step;
-        returns train_loss, samples, train_time_s and samples_per_s summed over the ranks."""
-
-    @abc.abstractmethod
-    def evaluate(self) -> dict[str, float]:
-        """Loss and accuracy on the whole test split (each rank scores its shard)."""
-
-    @abc.abstractmethod
-    def weights_digest(self) -> str:
-        """sha256 over the model's weights (the same on every rank after a step)."""
-
-    # -- the loop -----------------------------------------------------------------------
-    def start(self, config: dict[str, Any], started: float) -> None:
-        """Restore the newest complete checkpoint, mark start-up, train."""
-        import ray.train
-
-        from launcher.storage import Storage
-
-        self.board = config.get("board")
-        model_ready = time.time()
-        chosen = checkpoint_to_resume(config, Storage.resolve(self.spec.storage), self.spec.name)
-        if chosen is not None:
-            with ray.train.Checkpoint(chosen[1], filesystem=chosen[0]).as_directory() as d:
-                self.restore(d)
-        if self.rank == 0:
-            self.marks.update(worker_start=started, model_ready=model_ready, worker_ready=time.time())
-        self.fit()
-
-    def fit(self) -> None:
-        """Train the epochs left, reporting metrics and a checkpoint after each."""
-        self.prepare()
-        if self.pos.epoch >= self.spec.epochs:
-            # Nothing left to train: report where the run stands so the driver sees it.
-            self.report({"kind": "done", **self.evaluate()}, checkpoint=False)
-            return
-        while self.pos.epoch < self.spec.epochs:
-            stats = self.run_epoch()
-            self.pos.epoch, self.pos.step_in_epoch = self.pos.epoch + 1, 0
-            last = self.pos.epoch == self.spec.epochs
-            extra = {"weights_sha256": self.weights_digest()} if last and self.rank == 0 else {}
-            self.report({"kind": "epoch", **stats, **self.evaluate(), **extra})
 
     # -- position and checkpoints ----------------------------------------------------------
     def write_manifest(self, directory: str, metrics: dict[str, Any], others: dict[str, int] | None = None) -> None:
@@ -193,7 +138,9 @@ class Training(abc.ABC):
         self.start_step = pos.global_step
         self.restored_from = manifest.position
 
-    def report(self, metrics: dict[str, Any], checkpoint: bool = True) -> None:
+    def send(self, metrics: dict[str, Any], checkpoint: bool = True) -> None:
+        """Report ``metrics`` (with the position) to Ray Train, with a checkpoint of this state
+        unless ``checkpoint`` is False; rank 0 exports the model with the final one."""
         import ray.train
 
         metrics = {**metrics, "epoch": self.pos.epoch, "step_in_epoch": self.pos.step_in_epoch,
@@ -231,29 +178,28 @@ class Training(abc.ABC):
             return None
 
     # -- after each step ---------------------------------------------------------------------
-    def stepped(self, i: int, value: float, step_started: float, boundary: bool = True) -> None:
-        """Book-keeping after step ``i`` of the epoch (loss ``value``): position, progress,
-        preemption notices and step checkpoints. ``boundary``: an optimizer step happened
-        (False while gradients accumulate: a checkpoint cannot hold them)."""
+    def after_step(self, step_started: float, *, boundary: bool = True, epoch_ends: bool = False,
+                   values: Callable[[], dict[str, Any]] = dict) -> None:
+        """Book-keeping after a step whose position is already counted: progress, preemption
+        notices and step checkpoints. ``boundary``: an optimizer step happened (False while
+        gradients accumulate: a checkpoint cannot hold them); ``epoch_ends``: the epoch's last
+        step (its checkpoint follows at the epoch's end); ``values()``: the metrics a
+        checkpoint taken now reports (called only then, so nothing is read per step)."""
         if "first_step" not in self.marks and "worker_ready" in self.marks:
             self.marks["first_step"] = time.time()
-        self.pos.step_in_epoch, self.pos.global_step = i + 1, self.pos.global_step + 1
         self.note_progress()
         took = time.perf_counter() - step_started
         self.step_s = 0.9 * self.step_s + 0.1 * took if self.step_s else took
         every = self.spec.checkpoint_every_steps
         action = self.preemption_action() if boundary else None
         if action:
-            self.report({"kind": "preemption", "notice": 1, "held": int(action == "hold"), "train_loss": value})
+            self.send({"kind": "preemption", "notice": 1, "held": int(action == "hold"), **values()})
             if action == "hold":
                 self.hold()
-        elif every and boundary and self.pos.global_step % every == 0 and i + 1 < self.steps_per_epoch:
-            self.report({"kind": "step", "train_loss": value})
-
-    def diverged(self, value: float) -> FloatingPointError:
-        return FloatingPointError(
-            f"training diverged: loss is {value} at epoch {self.pos.epoch + 1}, "
-            f"step {self.pos.global_step + 1}; lower --lr (now {self.spec.lr:g})")
+        elif every and boundary and self.pos.global_step % every == 0 and not epoch_ends:
+            self.send({"kind": "step", **values()})
+            if self.rank == 0:
+                faultpoint.pause("step-checkpoint")
 
     # -- preemption -----------------------------------------------------------------------
     def note_progress(self) -> None:
@@ -294,3 +240,84 @@ class Training(abc.ABC):
               "waiting for Ray Train to restart the group", flush=True)
         while True:
             time.sleep(1.0)
+
+
+class Training(Session):
+    """One worker's training state in the managed loop, and the loop that does not depend on
+    the framework.
+
+    Subclasses build the model in ``__init__`` and implement the abstract methods;
+    :meth:`start` restores the newest complete checkpoint and calls :meth:`fit`.
+    """
+
+    def __init__(self, spec: JobSpec, comm) -> None:
+        from launcher.storage.datacache import local_data
+
+        super().__init__(spec, comm)
+        self.workload = workloads.get(spec.workload)
+        data = local_data(spec.data)  # gs:// data: this node's verified copy
+        self.train = self.workload.load(data, "train", self.rank, self.world, spec.params)
+        self.test = self.workload.load(data, "test", self.rank, self.world, spec.params)
+        self.steps_per_epoch = math.ceil(len(self.train) / spec.batch_size)
+
+    # -- what each framework provides ----------------------------------------------------
+    @abc.abstractmethod
+    def prepare(self) -> None:
+        """Once before training, after any restore: wrap the model and optimizer for the
+        backend and make every rank's state equal."""
+
+    @abc.abstractmethod
+    def run_epoch(self) -> dict[str, float]:
+        """Train the rest of the current epoch, calling :meth:`stepped` after every step;
+        returns train_loss, samples, train_time_s and samples_per_s summed over the ranks."""
+
+    @abc.abstractmethod
+    def evaluate(self) -> dict[str, float]:
+        """Loss and accuracy on the whole test split (each rank scores its shard)."""
+
+    @abc.abstractmethod
+    def weights_digest(self) -> str:
+        """sha256 over the model's weights (the same on every rank after a step)."""
+
+    # -- the loop -----------------------------------------------------------------------
+    def start(self, config: dict[str, Any], started: float) -> None:
+        """Restore the newest complete checkpoint, mark start-up, train."""
+        import ray.train
+
+        from launcher.storage import Storage
+
+        self.board = config.get("board")
+        model_ready = time.time()
+        chosen = checkpoint_to_resume(config, Storage.resolve(self.spec.storage), self.spec.name)
+        if chosen is not None:
+            with ray.train.Checkpoint(chosen[1], filesystem=chosen[0]).as_directory() as d:
+                self.restore(d)
+        if self.rank == 0:
+            self.marks.update(worker_start=started, model_ready=model_ready, worker_ready=time.time())
+        self.fit()
+
+    def fit(self) -> None:
+        """Train the epochs left, reporting metrics and a checkpoint after each."""
+        self.prepare()
+        if self.pos.epoch >= self.spec.epochs:
+            # Nothing left to train: report where the run stands so the driver sees it.
+            self.send({"kind": "done", **self.evaluate()}, checkpoint=False)
+            return
+        while self.pos.epoch < self.spec.epochs:
+            stats = self.run_epoch()
+            self.pos.epoch, self.pos.step_in_epoch = self.pos.epoch + 1, 0
+            last = self.pos.epoch == self.spec.epochs
+            extra = {"weights_sha256": self.weights_digest()} if last and self.rank == 0 else {}
+            self.send({"kind": "epoch", **stats, **self.evaluate(), **extra})
+
+    # -- after each step ---------------------------------------------------------------------
+    def stepped(self, i: int, value: float, step_started: float, boundary: bool = True) -> None:
+        """After step ``i`` of the epoch (loss ``value``): the position, then :meth:`after_step`."""
+        self.pos.step_in_epoch, self.pos.global_step = i + 1, self.pos.global_step + 1
+        self.after_step(step_started, boundary=boundary, epoch_ends=i + 1 >= self.steps_per_epoch,
+                        values=lambda: {"train_loss": value})
+
+    def diverged(self, value: float) -> FloatingPointError:
+        return FloatingPointError(
+            f"training diverged: loss is {value} at epoch {self.pos.epoch + 1}, "
+            f"step {self.pos.global_step + 1}; lower --lr (now {self.spec.lr:g})")

@@ -1,0 +1,591 @@
+"""The training session: the user's own PyTorch loop with every guarantee of the launcher.
+
+``--workload FILE.py:train`` where ``train(session)`` is the user's loop. The launcher
+calls it on every worker with a :class:`TorchSession`; a few lines of the loop go
+through the session and the rest stays the user's::
+
+    def train(session):
+        model = MyModel()
+        optimizer = torch.optim.AdamW(model.parameters(), lr=session.lr)
+        scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, 100)
+        model, optimizer = session.prepare(model, optimizer)     # DDP or Horovod, same weights
+        session.register(model=model, optimizer=optimizer, scheduler=scheduler)  # restored here
+        loader = session.loader(MyDataset(...), batch_size=session.batch_size)
+        for epoch in session.epochs():                            # starts where the run stopped
+            for x, y in loader:                                   # mid-epoch: at the exact batch
+                loss = F.mse_loss(model(x), y)
+                optimizer.zero_grad(); loss.backward(); optimizer.step(); scheduler.step()
+                session.step(train_loss=loss)                     # may checkpoint (cadence, notice)
+            session.report(val_loss=evaluate(model))              # epoch end: checkpoint
+
+What makes a resumed run exact, the session owns: the data order (a pure function of
+seed, epoch and rank, as the managed loop's), the position inside the epoch, every
+registered state (anything with ``state_dict``/``load_state_dict``), every rank's RNG
+states, and the step at which all ranks save on a preemption notice. Checkpoints are the
+launcher's own (:class:`launcher.worker.loop.Session`: manifest written last, storage,
+keep-N), so ``launcher runs``, tuning and gs:// work as for any workload.
+
+The loader is a plain ``torch.utils.data.DataLoader`` over the user's map-style dataset,
+driven by a batch sampler whose order is that pure function; its position is a batch
+count, restored by starting the sampler there. torchdata's ``StatefulDataLoader`` is not
+needed for this (it saves the sampler's and workers' iteration state, which here is
+derived from the position); it serves iterable or stateful datasets, and a user with one
+registers it like any other state: ``session.register(loader=stateful_loader)``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import sys
+import time
+import traceback
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from launcher.spec import JobSpec
+from launcher.storage.checkpoint import read_manifest
+from launcher.worker.formats import TORCH_MODEL_FILE, torch_rng_file
+from launcher.worker.loop import Position, Session, epoch_order
+
+STATE_FILE = "state.pt"           # every registered object's state_dict but the model's
+_LAUNCHER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SKIP_DIRS = (_LAUNCHER_DIR, os.path.dirname(os.__file__))
+
+
+class SessionError(RuntimeError):
+    """A training function that uses the session wrongly: what, where in the user's file, how to fix."""
+
+
+class CollateError(RuntimeError):
+    """The loader could not make a batch of the dataset's items."""
+
+
+def user_line(tb=None) -> str:
+    """``file:line`` of the innermost frame in the user's code (outside the launcher, torch and
+    the standard library): of a traceback when given, else of the current call stack."""
+    frames = traceback.extract_tb(tb) if tb is not None else traceback.extract_stack()[:-1]
+    for frame in reversed(frames):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith(_SKIP_DIRS) and "site-packages" not in path and not path.startswith("<"):
+            return f"{frame.filename}:{frame.lineno}"
+    return "?"
+
+
+def _unwrap(model):
+    """The module inside a DDP wrapper (its state_dict keys have no ``module.`` prefix)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model
+
+
+def _to_device(batch: Any, device) -> Any:
+    """Tensors anywhere in a batch (tuples, lists, dicts) moved to ``device``, asynchronously
+    where the memory is pinned."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
+        return type(batch)(_to_device(v, device) for v in batch)
+    if hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(_to_device(v, device) for v in batch))
+    return batch
+
+
+def _rng_states() -> dict[str, Any]:
+    import torch
+
+    states = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _set_rng_states(states: dict[str, Any]) -> None:
+    import torch
+
+    torch.set_rng_state(states["torch"])
+    np.random.set_state(states["numpy"])
+    random.setstate(states["python"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def _seed_all(seed: int) -> None:
+    import torch
+
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+class _BatchOrder:
+    """A batch sampler: rank's shard of ``n`` items in the launcher's order, batch by batch,
+    starting at the batch the session says (the resumed position). For evaluation
+    (``train`` False) the shards cover every item once, in order."""
+
+    def __init__(self, session: "TorchSession", n: int, batch_size: int, train: bool, shuffle: bool,
+                 drop_last: bool) -> None:
+        from workloads.base import shard_indices
+
+        self.session, self.batch_size, self.train, self.shuffle = session, batch_size, train, shuffle
+        self.indices = shard_indices(n, session.rank, session.world, equal=train)
+        self.drop_last = drop_last
+        self.start = 0
+
+    def __len__(self) -> int:
+        n = len(self.indices)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        idx = self.indices
+        if self.shuffle:
+            idx = idx[epoch_order(self.session.spec.seed, self.session.pos.epoch, self.session.rank, len(idx))]
+        for b in range(self.start, len(self)):
+            yield idx[b * self.batch_size:(b + 1) * self.batch_size].tolist()
+
+    def size_of(self, b: int) -> int:
+        return min(self.batch_size, len(self.indices) - b * self.batch_size)
+
+
+class _CheckedCollate:
+    """The user's collate function (or torch's default), failing with a CollateError that says
+    which items could not be batched."""
+
+    def __init__(self, collate: Callable | None, dataset: Any) -> None:
+        from torch.utils.data import default_collate
+
+        self.collate, self.custom = collate or default_collate, collate is not None
+        self.what = type(dataset).__name__
+
+    def __call__(self, items: list) -> Any:
+        try:
+            return self.collate(items)
+        except Exception as exc:  # noqa: BLE001 - whatever the collate raises on these items
+            first = items[0] if items else None
+            shape = type(first).__name__
+            raise CollateError(
+                f"{'your collate_fn' if self.custom else 'the default collate'} cannot batch the items of "
+                f"{self.what} (each a {shape}): {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                "; give items of one shape and type (tensors, numbers, or tuples/dicts of them), or pass "
+                "session.loader(..., collate_fn=YOUR_FUNCTION)") from None
+
+
+class ResumableLoader:
+    """A DataLoader over the user's dataset in the launcher's order; the training loader
+    counts the batches it hands out, which is the position a checkpoint saves."""
+
+    def __init__(self, session: "TorchSession", dataset: Any, order: _BatchOrder, *, collate_fn, num_workers: int,
+                 pin_memory: bool, to_device: bool, **kwargs: Any) -> None:
+        import torch
+
+        self.session, self.order, self.to_device = session, order, to_device
+        self.loader = torch.utils.data.DataLoader(
+            dataset, batch_sampler=order, collate_fn=_CheckedCollate(collate_fn, dataset), num_workers=num_workers,
+            pin_memory=pin_memory, **kwargs)
+        self.batches = 0  # training loader: batches handed out in the epoch under way
+
+    @property
+    def dataset(self) -> Any:
+        return self.loader.dataset
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __iter__(self) -> Iterator[Any]:
+        import torch
+
+        s = self.session
+        if self.order.train:
+            self.batches = s._loader_start(self)
+        self.order.start = self.batches if self.order.train else 0
+        # Worker processes are seeded from the loader's generator, not the global RNG: drawing
+        # from the global one at each iter() would shift the training RNG stream on a resume.
+        self.loader.generator = torch.Generator().manual_seed(
+            int(np.random.default_rng([s.spec.seed, s.pos.epoch, s.rank, 7]).integers(2**62)))
+        device = s.device if self.to_device and s.device.type != "cpu" else None
+        try:
+            for batch in self.loader:
+                if self.order.train:
+                    s._samples += self.order.size_of(self.batches)
+                    self.batches += 1
+                yield _to_device(batch, device) if device is not None else batch
+        except CollateError as exc:
+            raise SessionError(f"{str(exc).splitlines()[0]} (loader made at {self.made_at})") from None
+
+    made_at = "?"
+
+
+class TorchSession(Session):
+    """What a training function gets: the run's facts, the backend, a resumable loader, and
+    the checkpoints. See the module docstring for the loop it expects."""
+
+    def __init__(self, spec: JobSpec, comm, function: Any = None) -> None:
+        import torch
+
+        super().__init__(spec, comm)
+        self.function = function
+        self.device = comm.device()
+        torch.set_num_threads(max(1, int(spec.cpus_per_worker)))
+        self.objects: dict[str, Any] = {}
+        self.model_name: str | None = None
+        self._saved: dict[str, Any] = {}       # states read from the checkpoint, until registered
+        self._rng: dict[str, Any] | None = None
+        self._carried: dict[str, Any] | None = None  # the interrupted epoch's metrics so far
+        self._resume_batches = 0
+        self._train_loader: ResumableLoader | None = None
+        self._sums: dict[str, Any] = {}        # step metrics of the epoch under way, summed (on the device)
+        self._counts: dict[str, int] = {}
+        self._reported: dict[str, float] = {}  # report() values of the epoch under way
+        self._samples = 0
+        self._epoch_started = 0.0
+        self._step_started = 0.0
+        self._in_epochs = False
+        self.trained = False
+        _seed_all(spec.seed)  # the same initial weights on every rank
+
+    # -- the run's facts -------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.world
+
+    @property
+    def local_rank(self) -> int:
+        import ray.train
+
+        return ray.train.get_context().get_local_rank()
+
+    @property
+    def params(self) -> dict[str, Any]:
+        """The run's ``--param``s (with the function's declared defaults)."""
+        return dict(self.spec.params)
+
+    @property
+    def epochs_total(self) -> int:
+        return int(self.spec.epochs)
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.spec.batch_size)
+
+    @property
+    def lr(self) -> float:
+        return float(self.spec.lr)
+
+    @property
+    def seed(self) -> int:
+        return int(self.spec.seed)
+
+    @property
+    def data(self) -> str | None:
+        """``--data`` as a local path (a gs:// folder is this node's verified copy)."""
+        from launcher.storage.datacache import local_data
+
+        return local_data(self.spec.data)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch under way (0-based), or the number completed between epochs."""
+        return self.pos.epoch
+
+    @property
+    def global_step(self) -> int:
+        return self.pos.global_step
+
+    @property
+    def step_in_epoch(self) -> int:
+        return self.pos.step_in_epoch
+
+    @property
+    def is_chief(self) -> bool:
+        return self.rank == 0
+
+    # -- the backend ------------------------------------------------------------------------
+    def prepare(self, model, optimizer=None):
+        """The model on the session's device, wrapped for the backend (DDP, or as it is for
+        Horovod), and the optimizer (Horovod's DistributedOptimizer); rank 0's weights on
+        every rank. Returns ``model`` or ``(model, optimizer)`` as given."""
+        module = model.to(self.device)
+        wrapped = self.comm.wrap_model(module)
+        if optimizer is not None:
+            optimizer = self.comm.wrap_optimizer(optimizer, module)
+        self.comm.after_restore(module, optimizer if optimizer is not None else _NoOptimizer())
+        return wrapped if optimizer is None else (wrapped, optimizer)
+
+    def clip_gradients(self, model, optimizer, max_norm: float):
+        """``clip_grad_norm_`` on the model's gradients as the backend has reduced them (with
+        Horovod it waits for the allreduce first); call it between ``backward()`` and
+        ``optimizer.step()``. Returns the norm before clipping."""
+        return self.comm.clip_gradients(_unwrap(model).parameters(), optimizer, max_norm)
+
+    def sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
+        import torch
+
+        return self.comm.allreduce_sum(torch.from_numpy(np.array(values, dtype=np.float64))).numpy()
+
+    def mean_over_ranks(self, value: float) -> float:
+        """``value`` averaged over the ranks (a collective: every rank calls it)."""
+        return float(self.sum_over_ranks(np.array([value], dtype=np.float64))[0] / self.world)
+
+    # -- state ---------------------------------------------------------------------------
+    def register(self, **objects: Any) -> None:
+        """Objects whose state the checkpoints hold: the model (the first ``nn.Module``, or the one
+        named ``model``), optimizers, LR schedulers, a GradScaler, anything with ``state_dict``
+        and ``load_state_dict``. On a resumed run each is restored here, before the first step."""
+        import torch
+
+        for name, obj in objects.items():
+            if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+                raise SessionError(f"session.register({name}=...) at {user_line()}: a {type(obj).__name__} has no "
+                                   "state_dict()/load_state_dict(); register objects that do (a model, an "
+                                   "optimizer, a scheduler, a GradScaler) and keep plain values in one of them")
+            if name in self.objects and self.objects[name] is not obj:
+                raise SessionError(f"session.register({name}=...) at {user_line()}: {name!r} is registered "
+                                   "already; give each object its own name")
+            if isinstance(obj, torch.nn.Module):
+                obj = _unwrap(obj)
+                if self.model_name is None or name == "model":
+                    self.model_name = name
+            self.objects[name] = obj
+            if name in self._saved:
+                obj.load_state_dict(self._saved.pop(name))
+
+    def loader(self, dataset: Any, batch_size: int | None = None, *, shuffle: bool = True, train: bool = True,
+               collate_fn: Callable | None = None, num_workers: int = 0, drop_last: bool = False,
+               pin_memory: bool | None = None, to_device: bool = True, **kwargs: Any) -> ResumableLoader:
+        """A loader over a map-style ``dataset`` (``len`` and ``dataset[i]``; items of any
+        structure): this rank's shard, in the launcher's order (``shuffle``) or in order,
+        ``num_workers`` prefetch processes, pinned memory and batches moved to the device on a
+        GPU. The training loader (``train``, one per session) resumes at the exact batch;
+        an evaluation loader (``train=False``) covers the whole dataset across the ranks."""
+        if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
+            raise SessionError(f"session.loader(...) at {user_line()}: a {type(dataset).__name__} is not a map-style "
+                               "dataset (len(d) and d[i]); wrap an iterable in a list or a torch Dataset")
+        if train and self._train_loader is not None:
+            raise SessionError(f"session.loader(...) at {user_line()}: this session has a training loader already; "
+                               "make the other loaders with train=False")
+        n = len(dataset)
+        if n < (self.world if train else 1):
+            raise SessionError(f"session.loader(...) at {user_line()}: the dataset has {n} item(s) for "
+                               f"{self.world} worker(s): a worker would have none; give it more items")
+        order = _BatchOrder(self, n, int(batch_size or self.spec.batch_size), train, shuffle and train, drop_last)
+        if pin_memory is None:
+            pin_memory = self.device.type == "cuda"
+        made = ResumableLoader(self, dataset, order, collate_fn=collate_fn, num_workers=num_workers,
+                               pin_memory=pin_memory, to_device=to_device, **kwargs)
+        made.made_at = user_line()
+        if train:
+            self._train_loader = made
+            self.steps_per_epoch = len(order)
+        return made
+
+    def _loader_start(self, loader: ResumableLoader) -> int:
+        """The batch the training loader starts at: the resumed position once, then 0."""
+        start, self._resume_batches = self._resume_batches, 0
+        return start
+
+    # -- the loop --------------------------------------------------------------------------
+    def epochs(self) -> Iterator[int]:
+        """The epochs left to train (0-based), each ending with a checkpoint; the last one exports
+        the model. On a resumed run the first is the interrupted one, its loader at the next batch."""
+        self._begin()
+        self._in_epochs = True
+        try:
+            while self.pos.epoch < self.spec.epochs:
+                self._epoch_started = self._step_started = time.perf_counter()
+                if self._carried:  # resumed mid-epoch: the epoch's metrics so far, as saved
+                    c, self._carried = self._carried, None
+                    self._sums, self._counts = dict(c["sums"]), dict(c["counts"])
+                    self._reported, self._samples = dict(c["reported"]), int(c["samples"])
+                    self._epoch_started -= float(c["seconds"])
+                yield self.pos.epoch
+                self._end_epoch()
+        finally:
+            self._in_epochs = False
+        if not self.trained:  # nothing was left: say where the run stands
+            self.send({"kind": "done", **self._reported}, checkpoint=False)
+            self.trained = True
+
+    def step(self, **metrics: Any) -> None:
+        """One optimizer step done; ``metrics`` (numbers or 0-d tensors, any names) are
+        averaged over the epoch. May checkpoint: every ``--checkpoint-every-steps`` and at
+        once on a preemption notice (all ranks at the same step)."""
+        if not self._in_epochs:
+            raise SessionError(f"session.step() at {user_line()} outside `for epoch in session.epochs():`; "
+                               "call it inside that loop, once per optimizer step")
+        for name, value in metrics.items():
+            detach = getattr(value, "detach", None)
+            value = detach().float() if callable(detach) else float(value)
+            self._sums[name] = self._sums[name] + value if name in self._sums else value
+            self._counts[name] = self._counts.get(name, 0) + 1
+        self.pos.step_in_epoch += 1
+        self.pos.global_step += 1
+        self.trained = True
+        loader = self._train_loader
+        ends = loader is not None and loader.batches >= len(loader)
+        self.after_step(self._step_started, epoch_ends=ends, values=self._step_values)
+        self._step_started = time.perf_counter()
+
+    def report(self, **named: Any) -> None:
+        """``session.report(val_loss=..., perplexity=...)``: metrics of the epoch under way (any
+        names; each rank's value, averaged over the ranks at the epoch's end, where they are
+        reported with the epoch's checkpoint)."""
+        for name, value in named.items():
+            item = getattr(value, "item", None)
+            self._reported[name] = float(item() if callable(item) else value)
+
+    def _step_values(self) -> dict[str, float]:
+        out = {name: float(total) / self._counts[name] for name, total in self._sums.items()}
+        self._check_finite(out)
+        return out
+
+    def _check_finite(self, values: dict[str, float]) -> None:
+        for name, value in values.items():
+            if "loss" in name and not math.isfinite(value):
+                raise FloatingPointError(
+                    f"training diverged: {name} is {value} in epoch {self.pos.epoch + 1} by step "
+                    f"{self.pos.global_step}; no checkpoint was written from it; lower the learning rate")
+
+    def _end_epoch(self) -> None:
+        """Average the epoch's metrics over the ranks, advance the position, checkpoint."""
+        seconds = time.perf_counter() - self._epoch_started
+        steps = self._step_values()
+        names = sorted(steps) + sorted(self._reported)
+        vector = np.array([steps.get(n, self._reported.get(n, 0.0)) for n in names] + [self._samples],
+                          dtype=np.float64)
+        total = self.sum_over_ranks(vector)
+        means = {n: float(v) / self.world for n, v in zip(names, total[:-1])}
+        self._check_finite(means)
+        samples = int(total[-1])
+        self.pos.epoch, self.pos.step_in_epoch = self.pos.epoch + 1, 0
+        if self._train_loader is not None:
+            self._train_loader.batches = 0
+        last = self.pos.epoch == self.spec.epochs
+        extra = {"weights_sha256": self.weights_digest()} if last and self.rank == 0 else {}
+        self.send({"kind": "epoch", **means, "samples": samples, "train_time_s": seconds,
+                     "samples_per_s": samples / seconds if seconds > 0 else 0.0, **extra})
+        self._sums, self._counts, self._reported, self._samples = {}, {}, {}, 0
+
+    def _begin(self) -> None:
+        """Before the first step: a model registered, the RNG streams set (restored)."""
+        import torch
+
+        if self.model_name is None:
+            raise SessionError(f"`session.epochs()` at {user_line()} before any model was registered: call "
+                               "session.register(model=model, optimizer=optimizer, ...) first, so checkpoints "
+                               "hold the model and the run can export it")
+        if self._saved:
+            names = ", ".join(sorted(self._saved))
+            raise SessionError(f"`session.epochs()` at {user_line()}: the checkpoint holds {names}, which this "
+                               "run did not register; register the same objects as the run that wrote it")
+        if self._rng is not None:
+            _set_rng_states(self._rng)
+            self._rng = None
+        else:  # a per-rank stream for dropout and augmentation, as the managed loop
+            torch.manual_seed(self.spec.seed * 1000 + self.rank + 1)
+            np.random.seed((self.spec.seed * 1000 + self.rank + 1) % 2**32)
+            random.seed(self.spec.seed * 1000 + self.rank + 1)
+        if self.rank == 0 and "worker_ready" not in self.marks:
+            self.marks["worker_ready"] = time.time()
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def model(self):
+        return self.objects[self.model_name]
+
+    def weights_digest(self) -> str:
+        from launcher.worker.torch_loop import weights_digest
+
+        return weights_digest(self.model().state_dict())
+
+    def save(self, directory: str, metrics: dict[str, Any]) -> None:
+        import torch
+
+        rng = os.path.join(directory, torch_rng_file(self.rank))
+        # Each rank's RNG streams and its share of the epoch's metrics so far (a resumed epoch
+        # reports the whole epoch's means, not only those of the steps after the resume).
+        torch.save({"rng": _rng_states(), "epoch": self._epoch_so_far()}, rng)
+        others = self.sizes_over_ranks(torch_rng_file, os.path.getsize(rng))
+        if self.rank != 0:
+            return
+        torch.save(self.model().state_dict(), os.path.join(directory, TORCH_MODEL_FILE))
+        state = {name: obj.state_dict() for name, obj in self.objects.items() if name != self.model_name}
+        loader = self._train_loader
+        state["_launcher"] = {"batches": loader.batches if loader is not None else 0, "model": self.model_name}
+        torch.save(state, os.path.join(directory, STATE_FILE))
+        self.write_manifest(directory, metrics, others)
+
+    def restore(self, directory: str) -> None:
+        """Read the checkpoint's states into memory; each is loaded when its object is registered."""
+        import torch
+
+        manifest = read_manifest(directory)
+        state = torch.load(os.path.join(directory, STATE_FILE), map_location="cpu", weights_only=False)
+        info = state.pop("_launcher", {})
+        self._saved = state
+        self._saved[info.get("model") or "model"] = torch.load(os.path.join(directory, TORCH_MODEL_FILE),
+                                                               map_location="cpu")
+        pos = Position(manifest.epoch, manifest.step_in_epoch, manifest.global_step)
+        self.restored(pos, manifest)
+        same_layout = manifest.world_size == self.world and manifest.batch_size == self.spec.batch_size
+        rng_file = os.path.join(directory, torch_rng_file(self.rank))
+        if same_layout and os.path.isfile(rng_file):
+            mine = torch.load(rng_file, weights_only=False)
+            self._rng = mine["rng"]
+            if self.pos.step_in_epoch:
+                self._carried = mine["epoch"]
+        self._resume_batches = int(info.get("batches", 0)) if self.pos.step_in_epoch else 0
+
+    def _epoch_so_far(self) -> dict[str, Any]:
+        """The epoch's running metrics as plain numbers (read from the device now: a checkpoint)."""
+        return {"sums": {k: float(v) for k, v in self._sums.items()}, "counts": dict(self._counts),
+                "reported": dict(self._reported), "samples": self._samples,
+                "seconds": time.perf_counter() - self._epoch_started if self._epoch_started else 0.0}
+
+    # -- running the user's function ------------------------------------------------------------
+    def start(self, config: dict[str, Any], started: float) -> None:
+        """Read the newest complete checkpoint, then run the training function."""
+        import ray.train
+
+        from launcher.storage import Storage
+        from launcher.worker.loop import checkpoint_to_resume
+
+        self.board = config.get("board")
+        chosen = checkpoint_to_resume(config, Storage.resolve(self.spec.storage), self.spec.name)
+        if chosen is not None:
+            with ray.train.Checkpoint(chosen[1], filesystem=chosen[0]).as_directory() as d:
+                self.restore(d)
+        if self.rank == 0:
+            self.marks.update(worker_start=started, model_ready=time.time())
+        self.run_function()
+
+    def run_function(self) -> None:
+        fn = self.function.fn
+        try:
+            fn(self)
+        except (SessionError, FloatingPointError):
+            raise
+        except Exception as exc:
+            where = user_line(sys.exc_info()[2])
+            text = str(exc).strip().splitlines()
+            raise RuntimeError(f"{type(exc).__name__} in {fn.__name__}(session) at {where}: "
+                               f"{text[-1] if text else ''}") from exc
+        if not self.trained:
+            raise SessionError(f"{fn.__name__}(session) at {self.function.source} returned without training: "
+                               "iterate `for epoch in session.epochs():` and call session.step() after each "
+                               "optimizer step, so the launcher can checkpoint and report")
+        if self.pos.epoch < self.spec.epochs:
+            raise SessionError(f"{fn.__name__}(session) at {self.function.source} returned after epoch "
+                               f"{self.pos.epoch} of {self.spec.epochs}: leave the `session.epochs()` loop "
+                               "only when it ends")
+
+
+class _NoOptimizer:
+    """An optimizer with no state, for :meth:`TorchSession.prepare` without one."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"state": {}}

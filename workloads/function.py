@@ -1,0 +1,118 @@
+"""Training functions: the user's own training loop, named like a workload.
+
+``--workload FILE.py:NAME`` may name a plain function instead of a
+:class:`~workloads.base.Workload`. Which kind it is follows from its one
+parameter:
+
+* ``def train(session): ...`` is a *session function*: the launcher calls it on
+  every worker with a :class:`launcher.worker.session.TorchSession`, which
+  prepares the model for the backend, hands out a resumable data loader and
+  saves what the function registers;
+* ``def train_loop_per_worker(config): ...`` is a *Ray Train function*, written for
+  Ray Train's ``TorchTrainer``: it gets the run's hyper-parameters as ``config``
+  and talks to Ray's own API (``ray.train.report``, ``get_checkpoint``).
+
+`@training_function(...)` attaches hyper-parameter defaults, ``--param``s and a data
+description to either kind, as a workload's ``Defaults`` and ``Param`` do::
+
+    @workloads.training_function(epochs=3, batch_size=64, lr=3e-4,
+                        params=[Param("layers", int, 2, "transformer blocks")])
+    def train(session): ...
+
+Without it a function trains 1 epoch of batch 32 at lr 0.001 and takes any
+``--param key=value`` (values read as numbers or booleans where they look like
+one). Nothing here imports the launcher, Ray or a framework.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Iterable, Mapping
+
+from workloads.base import Defaults, Param, Workload
+
+SESSION = "session"
+RAY_TRAIN = "ray-train"
+_RAY_PARAMS = ("config", "train_loop_config")
+_ATTRIBUTE = "__launcher_defaults__"
+FALLBACK = Defaults(epochs=1, batch_size=32, lr=0.001)
+
+
+class FunctionError(ValueError):
+    """A function that cannot be a training function; str() says why and how to fix it."""
+
+
+def training_function(*, epochs: int = FALLBACK.epochs, batch_size: int = FALLBACK.batch_size, lr: float = FALLBACK.lr,
+             params: Iterable[Param] = (), data: str | None = None,
+             description: str | None = None) -> Callable[[Callable], Callable]:
+    """Decorator: the hyper-parameter defaults, the ``--param``s and what ``--data`` must be.
+
+    ``params`` given: only those parameters are accepted (typed, as a Workload's).
+    ``data``: what ``--data`` points at (the run then requires it).
+    """
+    declared = {"defaults": Defaults(epochs=epochs, batch_size=batch_size, lr=lr), "params": tuple(params),
+                "data": data, "description": description}
+
+    def attach(fn: Callable) -> Callable:
+        setattr(fn, _ATTRIBUTE, declared)
+        return fn
+
+    return attach
+
+
+def kind_of(fn: Callable) -> str | None:
+    """SESSION or RAY_TRAIN for a function of one required parameter; None for anything else
+    (a zero-argument callable is a workload factory)."""
+    if not inspect.isfunction(fn):
+        return None
+    required = [p for p in inspect.signature(fn).parameters.values()
+                if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(required) != 1:
+        return None
+    return RAY_TRAIN if required[0].name in _RAY_PARAMS else SESSION
+
+
+def _literal(value: Any) -> Any:
+    """A free-form --param value: a number or a boolean where it reads as one, else the text."""
+    if not isinstance(value, str):
+        return value
+    lowered = value.strip().lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    for convert in (int, float):
+        try:
+            return convert(value)
+        except ValueError:
+            pass
+    return value
+
+
+class TrainingFunction(Workload):
+    """A user's training function seen as a workload: it owns its data and model, so the
+    launcher neither loads data for it nor builds a model for it."""
+
+    def __init__(self, fn: Callable, where: str, kind: str) -> None:
+        declared = getattr(fn, _ATTRIBUTE, None) or {}
+        doc = (inspect.getdoc(fn) or "").strip().splitlines()
+        super().__init__(
+            name=fn.__name__, description=declared.get("description") or (doc[0] if doc else
+                                                                          f"training function {fn.__name__}"),
+            defaults=declared.get("defaults", FALLBACK), frameworks=("torch",),
+            data_help=declared.get("data"), params=tuple(declared.get("params", ())))
+        self.fn, self.where, self.kind = fn, where, kind
+        self.free_params = "params" not in declared or not declared["params"]
+        code = getattr(fn, "__code__", None)
+        self.source = f"{code.co_filename}:{code.co_firstlineno}" if code else where
+
+    def resolve_params(self, given: Mapping[str, Any]) -> dict[str, Any]:
+        if self.free_params:
+            return {key: _literal(value) for key, value in given.items()}
+        return super().resolve_params(given)
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out.update(kind=("training function (your loop, given a launcher session)" if self.kind == SESSION
+                         else "Ray Train function (train_loop_per_worker(config))"), defined_at=self.source)
+        if self.free_params:
+            out["params"] = "any --param KEY=VALUE (declare them with @workloads.training_function(params=...))"
+        return out
