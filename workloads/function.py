@@ -60,16 +60,21 @@ def training_function(*, epochs: int = FALLBACK.epochs, batch_size: int = FALLBA
     return attach
 
 
+def required_parameters(fn: Callable) -> list[str]:
+    """The names of the parameters a call of ``fn`` must give (none for a class or a builtin)."""
+    if not inspect.isfunction(fn):
+        return []
+    return [p.name for p in inspect.signature(fn).parameters.values()
+            if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
 def kind_of(fn: Callable) -> str | None:
     """SESSION or RAY_TRAIN for a function of one required parameter; None for anything else
     (a zero-argument callable is a workload factory)."""
-    if not inspect.isfunction(fn):
-        return None
-    required = [p for p in inspect.signature(fn).parameters.values()
-                if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    required = required_parameters(fn)
     if len(required) != 1:
         return None
-    return RAY_TRAIN if required[0].name in _RAY_PARAMS else SESSION
+    return RAY_TRAIN if required[0] in _RAY_PARAMS else SESSION
 
 
 def _literal(value: Any) -> Any:
@@ -87,6 +92,20 @@ def _literal(value: Any) -> Any:
     return value
 
 
+def _defined_at(fn: Callable) -> str | None:
+    """``file:line`` of the function's ``def`` (below any decorator)."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    line = code.co_firstlineno
+    try:
+        lines, start = inspect.getsourcelines(fn)
+        line = start + next(i for i, text in enumerate(lines) if text.lstrip().startswith(("def ", "async def ")))
+    except (OSError, TypeError, StopIteration):
+        pass
+    return f"{code.co_filename}:{line}"
+
+
 class TrainingFunction(Workload):
     """A user's training function seen as a workload: it owns its data and model, so the
     launcher neither loads data for it nor builds a model for it."""
@@ -101,8 +120,7 @@ class TrainingFunction(Workload):
             data_help=declared.get("data"), params=tuple(declared.get("params", ())))
         self.fn, self.where, self.kind = fn, where, kind
         self.free_params = "params" not in declared or not declared["params"]
-        code = getattr(fn, "__code__", None)
-        self.source = f"{code.co_filename}:{code.co_firstlineno}" if code else where
+        self.source = _defined_at(fn) or where
 
     def resolve_params(self, given: Mapping[str, Any]) -> dict[str, Any]:
         if self.free_params:

@@ -192,6 +192,12 @@ def _as_workload(obj: Any, ref: Reference) -> Workload:
     elif function.kind_of(obj) is not None:  # the user's own loop: def train(session) / (config)
         return function.TrainingFunction(obj, ref.text, function.kind_of(obj))
     elif callable(obj) and not isinstance(obj, Workload):
+        needs = function.required_parameters(obj)
+        if needs:
+            raise WorkloadError(f"--workload {ref.text}: {ref.attribute} is a function, not a workload: it takes "
+                                f"{len(needs)} parameters ({', '.join(needs)})",
+                                "a training function takes one, the session: def NAME(session); a function "
+                                "that makes a workload takes none")
         obj = obj()
     if not isinstance(obj, Workload):
         raise WorkloadError(f"--workload {ref.text}: {ref.attribute} is a {type(obj).__name__}, not a workload",

@@ -1,0 +1,240 @@
+"""Training functions (``def train(session)``): the user's own loop with the launcher's guarantees.
+
+The fast tests check how a function is recognised, described and refused; the
+integration tests train examples/char_lm.py (a causal transformer language model
+written as an ordinary PyTorch loop) with 2 workers, stop it with Ctrl-C right
+after a mid-epoch checkpoint and launch it again: the resumed run must end with the
+uninterrupted run's weights, with DDP and with Horovod. Broken functions (one that
+never steps, one that registers no model, a dataset whose items cannot be batched)
+end as failed runs whose error names the user's file and line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import workloads
+from launcher.cli.main import main
+from launcher.faultpoint import ENV, MARK_ENV
+from test_user_workloads import elsewhere, run_cli, write  # noqa: F401 - elsewhere: a fixture
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHAR_LM = os.path.join(ROOT, "examples", "char_lm.py") + ":train"
+CHARS = 40_000  # of Python's own help topics: 18 steps per epoch with 2 workers, batch 16
+
+
+def topics_file(folder) -> str:
+    """A UTF-8 text file made from text that ships with Python."""
+    import pydoc_data.topics
+
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(str(folder), "topics.txt")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("".join(pydoc_data.topics.topics.values())[:CHARS])
+    return path
+
+
+# -- recognising and describing a function (no Ray) -----------------------------------------------
+
+FUNCTIONS = '''
+import workloads
+
+def train(session):
+    """Fits nothing: a function the launcher can recognise."""
+
+def ray_style(config):
+    pass
+
+def two(session, other):
+    pass
+
+@workloads.training_function(epochs=4, batch_size=8, lr=0.5,
+                             params=[workloads.Param("width", int, 3, "how wide")])
+def declared(session):
+    pass
+'''
+
+
+def test_functions_are_told_apart_by_their_parameter(elsewhere):
+    path = write(elsewhere, FUNCTIONS)
+    session_fn = workloads.get(f"{path}:train")
+    assert isinstance(session_fn, workloads.TrainingFunction) and session_fn.kind == "session"
+    assert session_fn.description == "Fits nothing: a function the launcher can recognise."
+    assert session_fn.frameworks == ("torch",)
+    assert workloads.get(f"{path}:ray_style").kind == "ray-train"
+    declared = workloads.get(f"{path}:declared")
+    assert (declared.defaults.epochs, declared.defaults.batch_size, declared.defaults.lr) == (4, 8, 0.5)
+    assert declared.resolve_params({"width": "5"}) == {"width": 5}
+    with pytest.raises(KeyError, match="has no parameter 'depth'"):
+        declared.resolve_params({"depth": "2"})
+    # Without a declaration any --param goes, read as a number or a boolean where it is one.
+    assert session_fn.resolve_params({"a": "3", "b": "0.5", "c": "true", "d": "text"}) == \
+        {"a": 3, "b": 0.5, "c": True, "d": "text"}
+
+
+def test_workloads_describes_a_training_function(capsys, elsewhere):
+    path = write(elsewhere, FUNCTIONS)
+    code, out, _ = run_cli(capsys, "workloads", f"{path}:declared", "--json")
+    assert code == 0
+    [d] = json.loads(out)
+    assert d["kind"].startswith("training function") and d["defined_at"].startswith(path)
+    assert d["defaults"]["epochs"] == 4 and d["params"]["width"]["default"] == 3
+    code, out, _ = run_cli(capsys, "workloads", CHAR_LM)
+    assert code == 0 and "character-level causal transformer" in out and "--param context=" in out
+
+
+@pytest.mark.parametrize("reference,needle", [
+    ("{path}:two", "two is a function, not a workload"),
+    ("{path}:nope", "has no 'nope'; it defines: declared, ray_style, train"),
+])
+def test_a_function_that_cannot_train_is_one_line(capsys, elsewhere, tmp_path, reference, needle):
+    path = write(elsewhere, FUNCTIONS)
+    code, out, err = run_cli(capsys, "run", "--workload", reference.format(path=path),
+                             "--storage", str(tmp_path / "runs"))
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and needle in lines[0], err
+
+
+def test_a_training_function_is_torch_only(capsys, elsewhere, tmp_path):
+    path = write(elsewhere, FUNCTIONS)
+    code, _, err = run_cli(capsys, "run", "--workload", f"{path}:train", "--framework", "tensorflow",
+                           "--storage", str(tmp_path / "runs"))
+    assert code == 2 and "has no tensorflow model" in err
+
+
+# -- training (a real local Ray, real processes) --------------------------------------------------
+
+def launch(args: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "launcher", "run", "--json", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **(env or {})})
+
+
+def finish(proc: subprocess.Popen, expect: int = 0) -> dict:
+    out, err = proc.communicate(timeout=420)
+    assert proc.returncode == expect, err[-3000:]
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def stop_after_step_checkpoint(args: list[str], marks) -> dict:
+    """Launch, hold rank 0 right after its first step checkpoint, Ctrl-C, return the summary."""
+    mark = os.path.join(str(marks), "step-checkpoint")
+    proc = launch(args, env={ENV: "step-checkpoint:120", MARK_ENV: mark})
+    deadline = time.time() + 300
+    while not os.path.exists(mark):
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    return finish(proc, expect=130)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("backend", ["native", "horovod"])
+def test_char_lm_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path, backend):
+    from launcher.backends import horovod
+
+    if backend == "horovod" and horovod.probe("torch"):
+        pytest.skip(f"Horovod is not built here: {horovod.probe('torch')}")
+    storage = str(tmp_path / "runs")
+    args = ["--workload", CHAR_LM, "--data", topics_file(tmp_path / "data"), "--storage", storage,
+            "--backend", backend, "--epochs", "2", "--checkpoint-every-steps", "4"]
+
+    whole = finish(launch(args + ["--name", "whole"]))
+    assert whole["status"] == "succeeded" and whole["steps_completed"] == 2 * 18, whole
+    m = whole["metrics"]
+    assert {"train_loss", "val_loss", "perplexity"} <= set(m), m
+    vocab = len(set(open(os.path.join(tmp_path, "data", "topics.txt"), encoding="utf-8").read()))
+    assert m["val_loss"] < 0.8 * math.log(vocab), m  # it learned: well below guessing among the characters
+
+    stopped = stop_after_step_checkpoint(args + ["--name", "stopped"], tmp_path)
+    assert stopped["status"] == "cancelled" and stopped["steps_completed"] < 2 * 18, stopped
+    resumed = finish(launch(args + ["--name", "stopped"]))
+    assert resumed["resumed_from"] == {"epoch": 0, "step": 4}, resumed  # in the middle of the first epoch
+    assert resumed["status"] == "succeeded" and resumed["steps_completed"] == 2 * 18
+    assert resumed["weights_sha256"] == whole["weights_sha256"]
+    # The resumed epoch reports the whole epoch's mean, not only the steps after the resume.
+    assert resumed["metrics"]["train_loss"] == pytest.approx(m["train_loss"], rel=1e-6)
+
+    # The exported model loads into the user's own class.
+    import importlib.util
+
+    import torch
+    spec = importlib.util.spec_from_file_location("char_lm", CHAR_LM.rsplit(":", 1)[0])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    state = torch.load(os.path.join(storage, "stopped", "model", "state_dict.pt"))
+    module.CharTransformer(vocab, 64, 64, 2, 4).load_state_dict(state)
+
+
+BROKEN = '''
+import torch
+import workloads
+
+
+class Ragged(torch.utils.data.Dataset):
+    def __len__(self):
+        return 40
+
+    def __getitem__(self, i):
+        return torch.zeros(1 + i % 3), torch.tensor(0.0)
+
+
+@workloads.training_function(epochs=1, batch_size=4)
+def no_steps(session):  # no_steps fails here
+    model = torch.nn.Linear(1, 1)
+    session.register(model=model)
+    for _ in range(3):
+        pass
+
+
+@workloads.training_function(epochs=1, batch_size=4)
+def no_model(session):
+    for epoch in session.epochs():  # no_model fails here
+        session.step(loss=0.0)
+
+
+@workloads.training_function(epochs=1, batch_size=4)
+def ragged(session):
+    model = session.prepare(torch.nn.Linear(1, 1))
+    session.register(model=model)
+    for epoch in session.epochs():
+        for x, y in session.loader(Ragged()):  # ragged fails here
+            session.step(loss=0.0)
+
+
+@workloads.training_function(epochs=1, batch_size=4)
+def raises(session):
+    model = session.prepare(torch.nn.Linear(1, 1))
+    session.register(model=model)
+    for epoch in session.epochs():
+        values = {}
+        values["missing"]  # raises fails here
+'''
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name,needles", [
+    ("no_steps", ["no_steps(session) at", "returned without training", "session.epochs()"]),
+    ("no_model", ["`session.epochs()` at", "before any model was registered", "session.register(model="]),
+    ("ragged", ["the default collate cannot batch the items of Ragged", "collate_fn="]),
+    ("raises", ["KeyError in raises(session) at", "missing"]),
+])
+def test_a_broken_function_fails_naming_the_users_line(ray_local, capsys, elsewhere, tmp_path, name, needles):
+    path = write(elsewhere, BROKEN, "broken.py")
+    line = 1 + BROKEN.splitlines().index(next(t for t in BROKEN.splitlines() if t.endswith(f"# {name} fails here")))
+    needles = needles + [f"{path}:{line}"]
+    code, out, err = run_cli(capsys, "run", "--workload", f"{path}:{name}", "--storage", str(tmp_path / "runs"),
+                             "--json")
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert code == 1 and summary["status"] == "failed", err
+    assert path in summary["error"], summary["error"]
+    for needle in needles:
+        assert needle in summary["error"], summary["error"]
