@@ -1,8 +1,9 @@
-"""Launcher overhead: the same 1-epoch digits-mlp job under several launchers, alternating.
+"""Launcher overhead: the same 1-epoch job (digits-mlp, or any workload or training function
+given with ``--workload``) under several launchers, alternating.
 
 * ``launcher-cold``: ``launcher run`` starting its own local Ray (and stopping it);
 * ``launcher-warm``: ``launcher run`` with a warm local head from ``launcher up``;
-* ``torchrun``: ``benchmarks/torchrun_digits.py`` under torchrun, the same
+* ``torchrun``: ``benchmarks/torchrun_session.py`` under torchrun, the same
   training code without Ray;
 * ``horovodrun`` (where Horovod's torch extension loads): the same script
   with ``--comm horovod`` under ``horovodrun -np N -H localhost:N``.
@@ -14,7 +15,7 @@ a cold start (measured: ``ray.init`` 7.5 s instead of 4.3 s), and a user with a
 warm head never starts a cold one.
 Every run is a fresh process timed from outside (wall clock, start to exit),
 with OMP_NUM_THREADS=1 and one torch thread per worker in all of them
-(TorchTraining sets the torch thread count from cpus_per_worker = 1). Besides
+(the session sets the torch thread count from cpus_per_worker = 1). Besides
 wall time, each reports its steady-state training throughput (samples/s of the
 epoch, from the training loop itself) and, for the launcher, time to first step.
 """
@@ -27,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Callable
 
 from benchmarks.raywork import failure_reason, last_json, torchrun_port
@@ -59,19 +61,37 @@ def variants(note: Callable[[str], None]) -> tuple[str, ...]:
     return VARIANTS
 
 
-def _command(variant: str, workers: int, storage: str, index: int) -> list[str]:
-    script = os.path.join(ROOT, "benchmarks", "torchrun_digits.py")
+@dataclass(frozen=True)
+class Job:
+    """What every variant trains: a workload or a training function, for ``epochs``."""
+
+    workload: str = "digits-mlp"
+    epochs: int = 1
+    data: str | None = None
+    params: tuple[str, ...] = ()  # KEY=VALUE
+
+    def args(self) -> list[str]:
+        """The flags both ``launcher run`` and torchrun_session.py take."""
+        out = ["--workload", self.workload, "--epochs", str(self.epochs)]
+        out += ["--data", self.data] if self.data else []
+        for kv in self.params:
+            out += ["--param", kv]
+        return out
+
+
+def _command(variant: str, workers: int, storage: str, index: int, job: Job = Job()) -> list[str]:
+    script = os.path.join(ROOT, "benchmarks", "torchrun_session.py")
     if variant == "torchrun":
         torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-        return [torchrun, *torchrun_port(), f"--nproc-per-node={workers}", script, "--epochs", "1"]
+        return [torchrun, *torchrun_port(), f"--nproc-per-node={workers}", script, *job.args()]
     if variant == "horovodrun":
         return [_horovodrun(), "-np", str(workers), "-H", f"localhost:{workers}", sys.executable, script,
-                "--epochs", "1", "--comm", "horovod"]
-    return [sys.executable, "-m", "launcher", "run", "--epochs", "1", "--workers", str(workers),
+                *job.args(), "--comm", "horovod"]
+    return [sys.executable, "-m", "launcher", "run", *job.args(), "--workers", str(workers),
             "--storage", storage, "--name", f"overhead_{variant.replace('-', '_')}_{index}", "--json"]
 
 
-def run(repeats: int, workers: int, note: Callable[[str], None]) -> list[dict]:
+def run(repeats: int, workers: int, note: Callable[[str], None], job: Job = Job()) -> list[dict]:
     from launcher import driver
 
     samples = []
@@ -91,7 +111,7 @@ def run(repeats: int, workers: int, note: Callable[[str], None]) -> list[dict]:
                     if variant == "launcher-warm":
                         driver.up()
                     env = {**base, driver.STATE_ENV: warm_state if variant == "launcher-warm" else cold_state}
-                    cmd = _command(variant, workers, os.path.join(tmp, "runs"), i)
+                    cmd = _command(variant, workers, os.path.join(tmp, "runs"), i, job)
                     env["BENCH_LAUNCHED"] = repr(time.time())
                     start = time.perf_counter()
                     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)

@@ -59,6 +59,9 @@ class JobSpec:
     name: str | None = option(None, help="run name; an existing name resumes that run")
     checkpoint_every_steps: int | None = option(None, help="also checkpoint every N steps (default: per epoch)")
     keep_checkpoints: int = option(3, help="checkpoints to keep (default 3)")
+    checkpoint_upload: str = option("sync", help="sync (default): training waits while a checkpoint is stored; "
+                                    "async: step and epoch checkpoints are stored in the background (those taken on "
+                                    "a preemption notice and the last one always wait)")
     max_failures: int = option(0, help="worker-group restarts allowed after failures (default 0, -1: unlimited); "
                                "preemptions never count")
     # ask Ray Train for a preemption notice every N steps; 0: never
@@ -68,6 +71,12 @@ class JobSpec:
     min_workers: int | None = option(None, help="elastic: when nodes are lost and not replaced, go on with as few "
                                      "as this many workers (default: always --workers)")
     address: str | None = option(None, help="Ray cluster address (default: RAY_ADDRESS or a new local Ray)")
+    # The managed torch loop's numerics (a training function reads them from its session).
+    precision: str = option("fp32", help="fp32 (default), bf16 or fp16: mixed precision by autocast in the managed "
+                            "torch loop (fp16 with a checkpointed GradScaler); your own loop: session.autocast()")
+    grad_clip: float | None = option(None, help="clip the gradients' global norm to this (default: no clipping)")
+    grad_accumulation: int = option(1, help="batches whose gradients add up before each optimizer step, any torch "
+                                    "backend (default 1)")
     params: dict[str, Any] = option(default_factory=dict, cli=False,
                                     help="workload parameters (on the command line: --param KEY=VALUE)")
     # Horovod only (--backend horovod): fp16 gradient compression, the tensor-fusion
@@ -102,6 +111,8 @@ class JobSpec:
         workload = self._check_choices()
         self._check_numbers()
         self._check_horovod_options()
+        self._check_numerics()
+        self._check_upload()
         try:
             params = workload.resolve_params(self.params)
         except (KeyError, ValueError) as exc:
@@ -134,6 +145,10 @@ class JobSpec:
         if self.framework not in workload.frameworks:
             raise UserError(f"workload {workload.name} has no {self.framework} model",
                             f"use --framework {' or '.join(workload.frameworks)}")
+        if getattr(workload, "kind", None) == workloads.function.RAY_TRAIN and self.backend != "native":
+            raise UserError(f"{workload.name}(config) is a Ray Train function: it runs on Ray Train's own torch "
+                            f"backend, not {self.backend}",
+                            "drop --backend, or write it as def NAME(session) to train with Horovod")
         backend = _lookup(backends.REGISTRY, self.backend, "--backend")
         if self.framework not in backend.frameworks:
             raise UserError(f"backend {self.backend} does not support {self.framework}",
@@ -176,6 +191,33 @@ class JobSpec:
                             "drop the option, or raise --batch-size instead")
 
 
+    def _check_upload(self) -> None:
+        if self.checkpoint_upload not in ("sync", "async"):
+            raise UserError(f"unknown checkpoint upload {self.checkpoint_upload!r}", "valid: sync, async")
+
+    def _check_numerics(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise UserError(f"unknown precision {self.precision!r}", f"valid: {', '.join(PRECISIONS)}")
+        if self.grad_clip is not None:
+            _positive("grad_clip", self.grad_clip)
+        _at_least("grad_accumulation", self.grad_accumulation, 1)
+        changed = [n for n, default in (("precision", "fp32"), ("grad_clip", None), ("grad_accumulation", 1))
+                   if getattr(self, n) != default]
+        if changed and self.framework != "torch":
+            raise UserError(f"{_flag(changed[0])} applies to torch runs; the TensorFlow loop does not take it",
+                            "drop the option, or use --framework torch")
+        if self.grad_accumulation > 1 and self.hvd_backward_passes > 1 \
+                and self.grad_accumulation != self.hvd_backward_passes:
+            raise UserError(f"--grad-accumulation {self.grad_accumulation} and --hvd-backward-passes "
+                            f"{self.hvd_backward_passes} disagree", "give one of them (they mean the same)")
+
+    @property
+    def accumulation(self) -> int:
+        """Batches per optimizer step: --grad-accumulation, or Horovod's --hvd-backward-passes."""
+        return max(self.grad_accumulation, self.hvd_backward_passes)
+
+
+PRECISIONS = ("fp32", "bf16", "fp16")
 # Horovod's options and their defaults (which any backend accepts).
 HOROVOD_OPTIONS = {f.name: f.default for f in dataclasses.fields(JobSpec) if f.name.startswith("hvd_")}
 

@@ -238,3 +238,86 @@ def test_a_broken_function_fails_naming_the_users_line(ray_local, capsys, elsewh
     assert path in summary["error"], summary["error"]
     for needle in needles:
         assert needle in summary["error"], summary["error"]
+
+
+# A function written for Ray Train's TorchTrainer, in the style of Ray's documentation: it
+# reports a checkpoint every epoch and resumes from ray.train.get_checkpoint().
+RAY_FUNCTION = """
+import os
+import tempfile
+
+import torch
+import torch.nn as nn
+
+import ray.train
+import ray.train.torch
+
+
+def train_loop_per_worker(config):
+    '''Ray Train's documentation style: report a checkpoint each epoch, resume from get_checkpoint().'''
+    torch.manual_seed(0)
+    x = torch.randn(256, 4)
+    y = x @ torch.tensor([1.0, -2.0, 0.5, 3.0]) + 0.1
+    dataset = torch.utils.data.TensorDataset(x, y)
+    model = ray.train.torch.prepare_model(nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=config["lr"])
+    start = 0
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as d:
+            state = torch.load(os.path.join(d, "state.pt"))
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = state["epoch"] + 1
+    loader = ray.train.torch.prepare_data_loader(
+        torch.utils.data.DataLoader(dataset, batch_size=config["batch_size"], shuffle=True))
+    for epoch in range(start, config["epochs"]):
+        if ray.train.get_context().get_world_size() > 1:
+            loader.sampler.set_epoch(epoch)
+        for xb, yb in loader:
+            loss = nn.functional.mse_loss(model(xb).squeeze(-1), yb)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        with tempfile.TemporaryDirectory() as d:
+            if ray.train.get_context().get_world_rank() == 0:
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch},
+                           os.path.join(d, "state.pt"))
+            ray.train.report({"loss": loss.item(), "epoch": epoch, "started_at_epoch": start},
+                             checkpoint=ray.train.Checkpoint.from_directory(d))
+        if config.get("stop_after") and epoch + 1 >= config["stop_after"] and start == 0:
+            import time
+            time.sleep(300)
+"""
+
+
+@pytest.mark.integration
+def test_a_ray_train_function_runs_as_it_is_and_resumes_from_its_checkpoint(ray_local, capsys, elsewhere,
+                                                                            tmp_path):
+    path = write(elsewhere, RAY_FUNCTION, "ray_style.py")
+    storage = str(tmp_path / "runs")
+    args = ["--workload", f"{path}:train_loop_per_worker", "--storage", storage, "--epochs", "4", "--lr", "0.05"]
+    code, out, err = run_cli(capsys, "run", *args, "--name", "whole", "--json")
+    whole = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and whole["status"] == "succeeded" and whole["epochs_completed"] == 4, err
+    assert whole["metrics"]["loss"] < 1.0 and whole["metrics"]["started_at_epoch"] == 0  # it learned
+
+    proc = launch(args + ["--name", "stopped", "--param", "stop_after=2"])
+    deadline = time.time() + 300
+    while len([d for d in os.listdir(os.path.join(storage, "stopped")) if d.startswith("checkpoint_")]
+              if os.path.isdir(os.path.join(storage, "stopped")) else []) < 2:
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    time.sleep(1.0)  # Ray Train registers the second checkpoint in its list
+    proc.send_signal(signal.SIGINT)
+    assert finish(proc, expect=130)["status"] == "cancelled"
+    resumed = finish(launch(args + ["--name", "stopped", "--param", "stop_after=2"]))
+    assert resumed["status"] == "succeeded" and resumed["metrics"]["started_at_epoch"] == 2, resumed
+    assert resumed["metrics"]["loss"] == pytest.approx(whole["metrics"]["loss"], rel=1e-5)
+
+
+def test_a_ray_train_function_runs_on_the_native_backend_only(capsys, elsewhere, tmp_path):
+    path = write(elsewhere, FUNCTIONS)
+    code, _, err = run_cli(capsys, "run", "--workload", f"{path}:ray_style", "--backend", "horovod",
+                           "--storage", str(tmp_path / "runs"))
+    assert code == 2 and "ray_style(config) is a Ray Train function" in err, err

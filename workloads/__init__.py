@@ -38,9 +38,16 @@ def get(name: str) -> Workload:
     return REGISTRY.get(name)
 
 
+def is_ray_train(name: str) -> bool:
+    """Whether the workload ``name`` is a Ray Train function (``def f(config)``)."""
+    from workloads.function import RAY_TRAIN
+
+    return is_reference(name) and getattr(get(name), "kind", None) == RAY_TRAIN
+
+
 def names() -> list[str]:
     return REGISTRY.names()
 
 
 __all__ = ["DataError", "DatasetSplit", "Defaults", "Param", "Split", "Workload", "WorkloadError", "UnknownName",
-           "REGISTRY", "DEFAULT", "TrainingFunction", "get", "keras", "names", "shard", "training_function"]
+           "REGISTRY", "DEFAULT", "TrainingFunction", "get", "is_ray_train", "keras", "names", "shard", "training_function"]

@@ -35,7 +35,8 @@ class Param:
 
 @dataclass(frozen=True)
 class Split:
-    """One rank's share of a data split: inputs ``x`` (float32) and labels ``y`` (int64)."""
+    """One rank's share of a data split: inputs ``x`` (float32) and labels ``y`` (int64 classes,
+    or float32 targets for a workload with a loss of its own)."""
 
     x: np.ndarray
     y: np.ndarray
@@ -73,7 +74,7 @@ class DatasetSplit:
         if not items:
             return np.zeros((0,), np.float32), np.zeros((0,), np.int64)
         x = np.stack([np.asarray(_numpy(item[0]), dtype=np.float32) for item in items])
-        y = np.asarray([int(_numpy(item[1])) for item in items], dtype=np.int64)
+        y = label_array(np.stack([np.asarray(_numpy(item[1])) for item in items]))
         return x, y
 
 
@@ -89,7 +90,16 @@ class ArraySplit:
 
     def take(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         rows = self.indices[np.asarray(idx)]
-        return np.asarray(self.x[rows], dtype=np.float32), np.asarray(self.y[rows], dtype=np.int64)
+        return np.asarray(self.x[rows], dtype=np.float32), label_array(self.y[rows])
+
+
+def label_array(y: Any) -> np.ndarray:
+    """Labels as the loop takes them: integers (classes) as int64, real numbers (regression
+    targets) as float32."""
+    y = np.asarray(y)
+    if y.dtype.kind in "fc":
+        return np.ascontiguousarray(y, dtype=np.float32)
+    return np.ascontiguousarray(y, dtype=np.int64)
 
 
 def _numpy(value: Any) -> Any:
@@ -197,8 +207,46 @@ class Workload:
         raise NotImplementedError
 
     def torch_model(self, params: Mapping[str, Any]):
-        """A fresh, randomly initialised torch.nn.Module producing class logits."""
+        """A fresh, randomly initialised torch.nn.Module producing class logits (or, with a
+        loss of your own, whatever that loss takes)."""
         raise NotImplementedError
+
+    # -- how the managed torch loop trains it (the defaults make a classifier) --------------
+    def torch_loss(self, outputs, labels, params: Mapping[str, Any]):
+        """The training loss of a batch: a scalar tensor. Default: cross-entropy of class logits.
+        Override it (e.g. ``F.mse_loss``) and the workload is no longer a classifier: its labels
+        may be any numbers, and it needs no ``num_classes``."""
+        import torch.nn.functional as F
+
+        return F.cross_entropy(outputs, labels)
+
+    def torch_metrics(self, outputs, labels, params: Mapping[str, Any]) -> dict[str, float]:
+        """Metrics of one rank's whole test shard (its outputs and labels, concatenated): name ->
+        number. The launcher averages each over the ranks, weighted by shard size, and reports it
+        after every epoch; ``launcher tune`` may rank by any of them. Default: loss and accuracy."""
+        out = {"loss": float(self.torch_loss(outputs, labels, params))}
+        if self.is_classifier:
+            out["accuracy"] = int((outputs.argmax(1) == labels).sum()) / max(1, len(labels))
+        return out
+
+    def torch_optimizer(self, parameters, lr: float, params: Mapping[str, Any]):
+        """The optimizer over ``parameters`` at learning rate ``lr``. Default: by
+        ``defaults.optimizer``, Adam or SGD with momentum 0.9."""
+        import torch
+
+        if self.defaults.optimizer == "sgd":
+            return torch.optim.SGD(parameters, lr=lr, momentum=0.9)
+        return torch.optim.Adam(parameters, lr=lr)
+
+    def torch_scheduler(self, optimizer, total_steps: int, params: Mapping[str, Any]):
+        """A learning-rate scheduler stepped after every optimizer step (``total_steps`` in the
+        run), or None (the default: a fixed learning rate). Its state is checkpointed."""
+        return None
+
+    @property
+    def is_classifier(self) -> bool:
+        """Whether the labels are classes (the default loss); a workload with its own loss is not."""
+        return type(self).torch_loss is Workload.torch_loss
 
     def tf_model(self, params: Mapping[str, Any]):
         """A fresh tf.keras model (legacy Keras, see workloads.tf_models) producing class logits.
@@ -223,7 +271,7 @@ def take(x: np.ndarray, y: np.ndarray, split_kind: str, rank: int, world_size: i
     if len(x) != len(y):
         raise ValueError(f"{len(x)} inputs but {len(y)} labels in the {split_kind} split")
     idx = shard_indices(len(y), rank, world_size, equal=(split_kind == "train"))
-    return Split(np.ascontiguousarray(x[idx], dtype=np.float32), np.asarray(y[idx], dtype=np.int64))
+    return Split(np.ascontiguousarray(x[idx], dtype=np.float32), label_array(y[idx]))
 
 
 def shard(x: Any, y: Any, split: str, rank: int, world_size: int) -> "Split | DatasetSplit":

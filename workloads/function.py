@@ -77,6 +77,14 @@ def kind_of(fn: Callable) -> str | None:
     return RAY_TRAIN if required[0] in _RAY_PARAMS else SESSION
 
 
+def ray_config(spec: Any) -> dict[str, Any]:
+    """The ``config`` a Ray Train function gets: its ``--param``s and the run's hyper-parameters
+    under the names Ray Train's examples use (``lr``, ``batch_size``, ``epochs``, ``seed``) and the
+    launcher's (``batch_size_per_worker``, ``num_workers``)."""
+    return {**spec.params, "lr": spec.lr, "batch_size": spec.batch_size, "batch_size_per_worker": spec.batch_size,
+            "epochs": spec.epochs, "num_epochs": spec.epochs, "seed": spec.seed, "num_workers": spec.workers}
+
+
 def _literal(value: Any) -> Any:
     """A free-form --param value: a number or a boolean where it reads as one, else the text."""
     if not isinstance(value, str):

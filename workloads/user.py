@@ -237,7 +237,7 @@ def check_declaration(workload: Workload, where: str) -> None:
     if not _overrides(workload, "load"):
         raise WorkloadError(f"--workload {where}: the workload has no data: define load(self, data, split, rank, "
                             "world_size, params) returning this rank's shard (see workloads.shard)")
-    for name in ("input_shape", "num_classes"):
+    for name in ("input_shape", "num_classes") if workload.is_classifier else ("input_shape",):
         if not _overrides(workload, name):
             raise WorkloadError(f"--workload {where}: the workload does not define {name}(self, params)")
     for framework in frameworks:
@@ -258,7 +258,7 @@ def check_data(workload: Workload, where: str, data: str | None, params: Mapping
     if isinstance(workload, function.TrainingFunction):
         return  # it reads its own data, inside its loop
     shape = tuple(workload.input_shape(params))
-    classes = int(workload.num_classes(params))
+    classes = int(workload.num_classes(params)) if workload.is_classifier else None
     for split in ("train", "test"):
         try:
             part = workload.load(data, split, 0, world_size, params)
@@ -279,6 +279,10 @@ def check_data(workload: Workload, where: str, data: str | None, params: Mapping
             if tuple(x.shape[1:]) != shape:
                 raise WorkloadError(f"--workload {where}: {split} inputs have shape {tuple(x.shape[1:])}, "
                                     f"but input_shape() says {shape}", "make them agree")
-            if len(y) and (y.min() < 0 or y.max() >= classes):
+            if classes is not None and len(y) and y.dtype.kind == "f":
+                raise WorkloadError(f"--workload {where}: {split} labels are real numbers, but the workload is a "
+                                    "classifier (it keeps the default cross-entropy loss)",
+                                    "give class labels 0..num_classes-1, or define torch_loss (e.g. F.mse_loss)")
+            if classes is not None and len(y) and (y.min() < 0 or y.max() >= classes):
                 raise WorkloadError(f"--workload {where}: {split} labels run {y.min()}..{y.max()}, outside "
                                     f"0..{classes - 1} (num_classes() is {classes})", "make them agree")

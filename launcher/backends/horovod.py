@@ -151,7 +151,7 @@ class HorovodBackend(Backend):
     def torch_comm(self, spec=None) -> TorchComm:
         if spec is None:
             return HorovodComm()
-        return HorovodComm(fp16=spec.hvd_fp16, backward_passes=spec.hvd_backward_passes)
+        return HorovodComm(fp16=spec.hvd_fp16, backward_passes=spec.accumulation)
 
     def tf_comm(self, spec=None) -> TFComm:
         return HorovodTFComm(fp16=bool(spec and spec.hvd_fp16))

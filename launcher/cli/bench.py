@@ -41,6 +41,12 @@ def add_parsers(sub) -> None:
     sc.add_argument("--batches-per-iter", type=int, default=10, help="steps per timed iteration")
     sc.add_argument("--threads", type=int, default=1, help="threads per worker (torch/TF/OMP)")
     sc.add_argument("--num-classes", type=int, default=1000)
+    sc.add_argument("--repeats", type=int, default=3,
+                    help="a training function: launcher/bare pairs per worker count (default 3)")
+    sc.add_argument("--epochs", type=int, default=1, help="a training function: epochs per run (default 1)")
+    sc.add_argument("--data", default=None, help="a training function: its --data")
+    sc.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                    help="a training function: its --param (repeatable)")
     sc.add_argument("--no-bare", dest="bare", action="store_false",
                     help="skip the bare baseline (each torch run again under torchrun / horovodrun, without Ray)")
     sc.add_argument("--out", default="./bench-results", help=out_help)
@@ -79,9 +85,21 @@ def add_parsers(sub) -> None:
     ck.add_argument("--model", choices=("resnet50", "resnet18"), default="resnet50")
     ck.add_argument("--out", default="./bench-results", help=out_help)
 
+    st = bench_sub.add_parser("stall", help="training time one step checkpoint costs: local disk and the Cloud "
+                              "Storage emulator, synchronous and asynchronous upload")
+    st.add_argument("--mb", type=int, default=100, help="size of the state in MB (default 100)")
+    st.add_argument("--steps", type=int, default=40, help="steps in the run (default 40)")
+    st.add_argument("--every", type=int, default=5, help="checkpoint every N steps (default 5)")
+    st.add_argument("--out", default="./bench-results", help=out_help)
+
     ov = bench_sub.add_parser("overhead", help="1-epoch job under launcher (cold, warm), torchrun and horovodrun")
     ov.add_argument("--repeats", type=int, default=3)
     ov.add_argument("--workers", type=int, default=2)
+    ov.add_argument("--workload", default="digits-mlp",
+                    help="a built-in workload, FILE.py:NAME or module:NAME (a workload or a training function)")
+    ov.add_argument("--epochs", type=int, default=1)
+    ov.add_argument("--data", default=None, help="--data for the workload")
+    ov.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
     ov.add_argument("--out", default="./bench-results", help=out_help)
     _add_preemption_parser(bench_sub)
 
@@ -144,11 +162,13 @@ def cmd_scaling(args: argparse.Namespace) -> int:
 
     if args.workload not in ("resnet18-synthetic", "resnet50-synthetic"):
         try:
-            workloads.get(args.workload)
+            workload = workloads.get(args.workload)
         except workloads.UnknownName as exc:
             raise UserError(f"--workload: {exc}") from None
         except workloads.WorkloadError as exc:
             raise UserError(str(exc)) from None
+        if isinstance(workload, workloads.TrainingFunction):
+            return _function_scaling(args)
     frameworks = _names("--frameworks", args.frameworks, FRAMEWORKS)
     backend_names = [t.strip() for t in args.backends.split(",") if t.strip()]
     if not backend_names:
@@ -245,15 +265,48 @@ def cmd_overhead(args: argparse.Namespace) -> int:
 
     _positive("--repeats", args.repeats)
     _positive("--workers", args.workers)
+    _positive("--epochs", args.epochs)
+    job = overhead.Job(_checked_workload(args.workload), args.epochs, args.data, tuple(args.param))
     info = machine.describe(overhead.THREADS)
-    print(machine.header(info, f"overhead: 1-epoch digits-mlp, {args.workers} workers, {args.repeats} repeats"),
-          flush=True)
-    samples = overhead.run(args.repeats, args.workers, note)
+    print(machine.header(info, f"overhead: {args.epochs}-epoch {args.workload}, {args.workers} workers, "
+                               f"{args.repeats} repeats"), flush=True)
+    samples = overhead.run(args.repeats, args.workers, note, job)
     rows = overhead.summarize(samples)
     print(overhead.format_rows(rows))
     print(overhead.format_phases(overhead.phase_medians(samples)))
     _wrote(overhead.write_results(rows, samples, args.out, info))
     return EXIT_OK
+
+
+def _function_scaling(args: argparse.Namespace) -> int:
+    """bench scaling of a training function: whole runs, each launcher run then its bare twin."""
+    from benchmarks import function_scaling, machine, overhead
+
+    backend_names = [t.strip() for t in args.backends.split(",") if t.strip()]
+    unknown = [b for b in backend_names if b not in function_scaling.BARE]
+    if unknown or not backend_names:
+        raise UserError(f"--backends {args.backends}: a training function runs on native and/or horovod")
+    counts = _ints("--workers", args.workers)
+    for flag in ("repeats", "epochs", "threads"):
+        _positive("--" + flag, getattr(args, flag))
+    job = overhead.Job(_checked_workload(args.workload), args.epochs, args.data, tuple(args.param))
+    info = machine.describe(args.threads)
+    print(machine.header(info, f"scaling: {args.workload}, {args.epochs} epoch(s) per run, {args.repeats} "
+                               f"launcher/bare pair(s) per worker count"), flush=True)
+    measured = function_scaling.run(job, backend_names, counts, args.repeats, args.threads, note)
+    rows = function_scaling.summarize(measured)
+    print(function_scaling.format_rows(rows))
+    _wrote(function_scaling.write_results(rows, measured, info, job, args.out))
+    return EXIT_OK if rows else EXIT_FAILED
+
+
+def _checked_workload(name: str) -> str:
+    """The workload (or training function) checked as `launcher run` checks it, as an absolute
+    reference (the variants start elsewhere)."""
+    from launcher.spec import canonical_workload, load_workload
+
+    load_workload(name)
+    return canonical_workload(name)
 
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
@@ -299,6 +352,24 @@ def _bench_emulator() -> Iterator[str]:
                 os.environ[gcs.EMULATOR_ENV] = previous
 
 
+def cmd_stall(args: argparse.Namespace) -> int:
+    from benchmarks import checkpoint_stall, machine
+
+    for flag in ("mb", "steps", "every"):
+        _positive("--" + flag, getattr(args, flag))
+    info = machine.describe(1)
+    print(machine.header(info, f"checkpoint stall: a {args.mb} MB state, a checkpoint every {args.every} steps"),
+          flush=True)
+    with contextlib.ExitStack() as stack:
+        local = stack.enter_context(tempfile.TemporaryDirectory(prefix="launcher-stall-"))
+        remote = stack.enter_context(_bench_emulator())
+        rows = checkpoint_stall.run([("local disk", local), ("GCS emulator", remote)], args.mb, args.steps,
+                                    args.every, note)
+    print(checkpoint_stall.format_rows(rows))
+    _wrote(checkpoint_stall.write_results(rows, info, args.out))
+    return EXIT_OK if all("failed" not in r for r in rows) else EXIT_FAILED
+
+
 def cmd_bench_preemption(args: argparse.Namespace) -> int:
     from benchmarks import preemption as bench
 
@@ -314,7 +385,7 @@ def cmd_bench_preemption(args: argparse.Namespace) -> int:
 
 
 HANDLERS = {"scaling": cmd_scaling, "allreduce": cmd_allreduce, "project": cmd_project,
-            "overhead": cmd_overhead, "checkpoint": cmd_checkpoint, "preemption": cmd_bench_preemption}
+            "overhead": cmd_overhead, "checkpoint": cmd_checkpoint, "stall": cmd_stall, "preemption": cmd_bench_preemption}
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

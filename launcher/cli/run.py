@@ -127,7 +127,8 @@ def format_summary(s: RunSummary) -> str:
         lines.append("  " + format_interruptions(s))
     if s.metrics:
         lines.append("  " + ", ".join(f"{k} {v:.4f}" for k, v in s.metrics.items()))
-    lines.append(f"  {s.samples_per_s:,.0f} samples/s, wall {s.wall_s:.1f}s")
+    rate = f"{s.samples_per_s:,.0f} samples/s, " if s.samples_per_s else ""  # a Ray Train function counts none
+    lines.append(f"  {rate}wall {s.wall_s:.1f}s")
     if s.error:
         lines.append(f"  error: {s.error}")
     lines.append(f"  run log:    {s.run_dir}")

@@ -17,13 +17,13 @@ from typing import Any, Callable
 
 import workloads
 from launcher import backends
-from launcher.driver import localhead, session, startup, trainer
+from launcher.driver import localhead, runpath, session, startup, trainer
 from launcher.driver.progress import Progress
 from launcher.driver.tracker import Tracker, pick_metrics
 from launcher.errors import UserError
 from launcher.spec import JobSpec
 from launcher.storage import Storage, datacache, gcs
-from launcher.storage.checkpoint import Manifest, complete_checkpoints, set_aside_damaged_snapshot
+from launcher.storage.checkpoint import Manifest, complete_checkpoints
 from launcher.storage.runlock import RunLock
 from launcher.storage.runlog import RunLog
 from launcher.summary import RunStatus, RunSummary
@@ -33,10 +33,7 @@ RESUME_CANDIDATES = 5  # complete checkpoints offered to the workers, newest fir
 
 def preflight(spec: JobSpec, progress: Progress) -> tuple[Storage, RunLog, list[tuple[Manifest, str]]]:
     """Every check that needs no Ray: storage, data, backend, the existing run."""
-    storage = Storage.resolve(spec.storage)
-    where = storage.check_writable()
-    if not storage.is_local:
-        progress.note(f"storage: {where}")
+    storage, log = runpath.open_run(spec, progress)
     workload = workloads.get(spec.workload)
     data = datacache.local_data(spec.data, progress.note)
     try:
@@ -54,8 +51,6 @@ def preflight(spec: JobSpec, progress: Progress) -> tuple[Storage, RunLog, list[
     reason = backend.unavailable_reason(spec.framework)
     if reason:
         raise UserError(f"backend {spec.backend} cannot run {spec.framework} here: {reason}")
-    log = RunLog(storage, spec.name)
-    log.check_compatible(spec)
     return storage, log, complete_checkpoints(storage, spec.name)
 
 
@@ -112,21 +107,14 @@ def _prefetch_ray_train() -> None:
 
 def _launch(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tuple[Manifest, str]],
             progress: Progress, launched: float, verbose: bool, on_epoch=None) -> RunSummary:
-    """Take the run's lock, connect to Ray, train."""
-    lock = RunLock(storage, spec.name)
-    lock.acquire()  # a second launch of this run is refused here, before Ray starts or anything is written
-    try:
-        damaged = set_aside_damaged_snapshot(storage, spec.name)
-        if damaged:
-            progress.note(damaged)
+    """Take the run's lock (before Ray starts or anything is written), connect to Ray, train."""
+    with runpath.holding(storage, spec.name, progress) as lock:
         _say_where(spec, progress)
         with session.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
                              verbose=verbose, workload=spec.workload) as nodes:
             startup.mark("ray_ready")
             session.check_fits(nodes, spec.min_workers or spec.workers, spec.cpus_per_worker, spec.gpus_per_worker)
             return _train(spec, storage, log, checkpoints, progress, launched, verbose, lock, on_epoch)
-    finally:
-        lock.release()
 
 
 def _train(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tuple[Manifest, str]],
@@ -150,7 +138,9 @@ def _train(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tuple
         tracker.resumed_from = checkpoints[-1][0].position
     model_uri = None
     result = outcome.result
-    if outcome.status == RunStatus.SUCCEEDED and result is not None and result.checkpoint is not None:
+    # A Ray Train function's checkpoints are its own files: it exports its model itself, if at all.
+    if outcome.status == RunStatus.SUCCEEDED and result is not None and result.checkpoint is not None \
+            and not workloads.is_ray_train(spec.workload):
         # Rank 0 exports with its final checkpoint; if that failed, export here.
         model_uri = (result.metrics or {}).get("model") or _export(spec, storage, result.checkpoint)
     summary = tracker.summary(outcome.status, error=outcome.error, model=model_uri)
@@ -196,6 +186,8 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
                                 keep_checkpoints=spec.keep_checkpoints,
                                 callbacks=[channel.forwarder, channel.states])
     loop_config = {"spec": spec.to_dict(), "resume": resume, "env": gcs.worker_env(), "board": channel.board}
+    if workloads.is_ray_train(spec.workload):
+        loop_config["user_config"] = workloads.function.ray_config(spec)
     ray_trainer = backends.get(spec.backend).trainer(spec, train_loop_per_worker, loop_config,
                                                      trainer.scaling_config(spec), config)
 

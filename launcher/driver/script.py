@@ -109,12 +109,8 @@ def run_script(spec, program: Program, args: list[str], *, job_dir: bool = True,
             installed (before it starts).
         Unreachable: the Ray cluster named by --address does not answer.
     """
-    from launcher.driver import code, session
+    from launcher.driver import code, runpath, session
     from launcher.driver.progress import Progress
-    from launcher.storage import Storage
-    from launcher.storage.checkpoint import set_aside_damaged_snapshot
-    from launcher.storage.runlock import RunLock
-    from launcher.storage.runlog import RunLog
 
     started = time.time()
     out = out or sys.stdout
@@ -124,18 +120,8 @@ def run_script(spec, program: Program, args: list[str], *, job_dir: bool = True,
     shipped = is_shipped(program, spec.address)
     if shipped and not session.in_ray_job() and trial_id is None:
         code.check_size(program.folder, what=f"the {'package' if program.kind == 'module' else 'script'}'s folder")
-    storage = Storage.resolve(spec.storage)
-    where = storage.check_writable()
-    if not storage.is_local:
-        progress.note(f"storage: {where}")
-    log = RunLog(storage, spec.name)
-    log.check_compatible(spec)
-    lock = RunLock(storage, spec.name)
-    lock.acquire()
-    try:
-        damaged = set_aside_damaged_snapshot(storage, spec.name)
-        if damaged:
-            progress.note(damaged)
+    storage, log = runpath.open_run(spec, progress)
+    with runpath.holding(storage, spec.name, progress) as lock:
         runtime_env = program.runtime_env() if shipped and not session.in_ray_job() else None
         with session.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
                              verbose=verbose, program=runtime_env) as nodes:
@@ -145,8 +131,6 @@ def run_script(spec, program: Program, args: list[str], *, job_dir: bool = True,
                 install_everywhere(program, program_config, nodes, progress)
             return _run(spec, program, program_config, args, storage, log, lock, job_dir, out, progress, started,
                         verbose, trial_id, on_metrics)
-    finally:
-        lock.release()
 
 
 def check_backend(spec) -> None:

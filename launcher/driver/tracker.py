@@ -47,6 +47,7 @@ class Tracker:
     train_time: float = 0.0
     log_failed: bool = False
     on_epoch: Callable[[dict[str, Any]], None] | None = None  # e.g. a tuning trial's report to Ray Tune
+    plain_reports: int = 0  # reports without the launcher's bookkeeping (a Ray Train function's)
 
     def handle(self, event: Event) -> None:
         if isinstance(event, Failure):
@@ -63,6 +64,8 @@ class Tracker:
 
     def _report(self, event: Report) -> None:
         m = event.metrics
+        if "kind" not in m:  # a Ray Train function's own ray.train.report: one per epoch, by its examples
+            m = self._plain_report(m)
         self._attempt_seen(m)
         marks = m.pop("startup_marks", None) or {}
         if marks:
@@ -91,6 +94,14 @@ class Tracker:
             self._record(m)
         if kind == "epoch" and self.on_epoch is not None:
             self.on_epoch(dict(m))
+
+    def _plain_report(self, m: dict[str, Any]) -> dict[str, Any]:
+        """A report without the launcher's bookkeeping (a Ray Train function's): counted as an epoch,
+        its own ``epoch`` (0-based, as in Ray's examples) taken where it gives one."""
+        self.plain_reports += 1
+        epoch = int(m["epoch"]) + 1 if isinstance(m.get("epoch"), (int, float)) else self.plain_reports
+        step = m.get("global_step", m.get("step", self.plain_reports))
+        return {**m, "kind": "epoch", "epoch": epoch, "global_step": step, "time": m.get("time", time.time())}
 
     def _record(self, m: dict[str, Any]) -> None:
         """The run log's line for a report; storage refusing writes is said once, not raised."""

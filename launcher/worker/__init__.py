@@ -1,9 +1,11 @@
 """What runs inside a Ray Train worker.
 
-:mod:`~launcher.worker.loop` is the training loop every framework shares
-(data order, position, checkpoints, preemption notices, ``fit()``);
-:mod:`~launcher.worker.torch_loop` and :mod:`~launcher.worker.tf_loop` fill in
-the framework; :mod:`~launcher.worker.export` writes the final model.
+:mod:`~launcher.worker.loop` holds what every kind of training shares (the
+session's position, checkpoints, preemption notices); :mod:`~launcher.worker.session`
+is the PyTorch training session a user's own loop gets, and the managed torch
+loop (:mod:`~launcher.worker.torch_loop`) is one client of it;
+:mod:`~launcher.worker.tf_loop` is the TensorFlow loop; :mod:`~launcher.worker.export`
+writes the final model.
 """
 
 from launcher._lazy import lazy_exports  # noqa: E402
@@ -11,7 +13,10 @@ from launcher._lazy import lazy_exports  # noqa: E402
 __all__, __getattr__ = lazy_exports(__name__, {
     "train_loop_per_worker": "launcher.worker.entry",
     "Training": "launcher.worker.loop",
-    "TorchTraining": "launcher.worker.torch_loop",
+    "TorchSession": "launcher.worker.session",
+    "BareSession": "launcher.worker.session",
+    "managed": "launcher.worker.torch_loop",
+    "train_workload": "launcher.worker.torch_loop",
     "TFTraining": "launcher.worker.tf_loop",
     "configure_tensorflow": "launcher.worker.tf_loop",
     "export": "launcher.worker.export",

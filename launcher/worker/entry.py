@@ -14,6 +14,7 @@ import os
 import time
 from typing import Any
 
+import workloads
 from launcher import backends, faultpoint
 from launcher.spec import JobSpec
 
@@ -26,6 +27,10 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     spec = JobSpec(**config["spec"])
     backend = backends.get(spec.backend)
     function = _training_function(spec)
+    if function is not None and function.kind == workloads.function.RAY_TRAIN:
+        # Written for Ray Train's TorchTrainer: Ray's own API inside, the run's values as config.
+        function.fn(dict(config["user_config"]))
+        return
     if function is not None:  # the user's own loop, given a session
         from launcher.worker.session import TorchSession
 
@@ -37,20 +42,21 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         from launcher.worker.tf_loop import TFTraining, configure_tensorflow
 
         configure_tensorflow(max(1, int(spec.cpus_per_worker)))  # before TensorFlow starts
-        comm, training_class = backend.tf_comm(spec), TFTraining
-    else:
-        from launcher.worker.torch_loop import TorchTraining
+        comm = backend.tf_comm(spec)
+        comm.setup()
+        TFTraining(spec, comm).start(config, started)
+        return
+    # A torch workload: the managed loop, a training function of the launcher's own.
+    from launcher.worker.session import TorchSession
+    from launcher.worker.torch_loop import managed
 
-        comm, training_class = backend.torch_comm(spec), TorchTraining
+    comm = backend.torch_comm(spec)
     comm.setup()
-    training = training_class(spec, comm)
-    training.start(config, started)
+    TorchSession(spec, comm, managed(workloads.get(spec.workload))).start(config, started)
 
 
 def _training_function(spec: JobSpec):
     """The user's training function the spec names (a session function), or None for a workload."""
-    import workloads
-
     if not workloads.is_reference(spec.workload):
         return None
     workload = workloads.get(spec.workload)

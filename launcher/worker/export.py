@@ -43,7 +43,8 @@ def native_stderr_silenced() -> Iterator[None]:
 def _describe(spec, workload, shape, files: dict[str, str], directory: str) -> None:
     with open(os.path.join(directory, "model.json"), "w", encoding="utf-8") as f:
         json.dump({"workload": spec.workload, "framework": spec.framework, "input_shape": list(shape),
-                   "num_classes": workload.num_classes(spec.params), "params": spec.params,
+                   "num_classes": workload.num_classes(spec.params) if workload.is_classifier else None,
+                   "params": spec.params,
                    "files": files}, f, indent=1)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import math
+import shutil
 import tempfile
 import time
 import uuid
@@ -153,14 +154,24 @@ class Session(abc.ABC):
             ray.train.report(metrics)
             return
         started = time.perf_counter()
-        with tempfile.TemporaryDirectory(prefix="launcher-ckpt-") as d:
+        final = self.pos.epoch >= self.spec.epochs and not self.pos.step_in_epoch
+        # In the background only where nothing waits on it: not the last checkpoint (the run's
+        # result), not one taken on a preemption notice (it must be stored before the node goes).
+        background = self.spec.checkpoint_upload == "async" and not final and metrics.get("kind") != "preemption"
+        d = tempfile.mkdtemp(prefix="launcher-ckpt-")
+        try:
             self.save(d, {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
-            if self.rank == 0 and self.pos.epoch >= self.spec.epochs and not self.pos.step_in_epoch:
+            if self.rank == 0 and final:
                 faultpoint.pause("export")
                 metrics["model"] = self.export_model(d)
             elif self.rank == 0:
                 faultpoint.pause("checkpoint")
-            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
+            mode = ray.train.CheckpointUploadMode.ASYNC if background else ray.train.CheckpointUploadMode.SYNC
+            ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d),
+                             checkpoint_upload_mode=mode, delete_local_checkpoint_after_upload=background)
+        finally:
+            if not background:  # Ray deletes a background upload's folder once it is stored
+                shutil.rmtree(d, ignore_errors=True)
         self.checkpoint_s = time.perf_counter() - started
 
     def export_model(self, directory: str) -> str | None:

@@ -47,7 +47,7 @@ import numpy as np
 
 from launcher.spec import JobSpec
 from launcher.storage.checkpoint import read_manifest
-from launcher.worker.formats import TORCH_MODEL_FILE, torch_rng_file
+from launcher.worker.formats import TORCH_MODEL_FILE, TORCH_OPTIMIZER_FILE, torch_rng_file
 from launcher.worker.loop import Position, Session, epoch_order
 
 STATE_FILE = "state.pt"           # every registered object's state_dict but the model's
@@ -110,8 +110,9 @@ def _set_rng_states(states: dict[str, Any]) -> None:
     import torch
 
     torch.set_rng_state(states["torch"])
-    np.random.set_state(states["numpy"])
-    random.setstate(states["python"])
+    if "numpy" in states:
+        np.random.set_state(states["numpy"])
+        random.setstate(states["python"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
 
@@ -130,11 +131,11 @@ class _BatchOrder:
     (``train`` False) the shards cover every item once, in order."""
 
     def __init__(self, session: "TorchSession", n: int, batch_size: int, train: bool, shuffle: bool,
-                 drop_last: bool) -> None:
+                 drop_last: bool, shard: bool = True) -> None:
         from workloads.base import shard_indices
 
         self.session, self.batch_size, self.train, self.shuffle = session, batch_size, train, shuffle
-        self.indices = shard_indices(n, session.rank, session.world, equal=train)
+        self.indices = shard_indices(n, session.rank, session.world, equal=train) if shard else np.arange(n)
         self.drop_last = drop_last
         self.start = 0
 
@@ -241,9 +242,10 @@ class TorchSession(Session):
         self._train_loader: ResumableLoader | None = None
         self._sums: dict[str, Any] = {}        # step metrics of the epoch under way, summed (on the device)
         self._counts: dict[str, int] = {}
-        self._reported: dict[str, float] = {}  # report() values of the epoch under way
+        self._reported: dict[str, tuple[float, float]] = {}  # report(): value x weight, weight
         self._samples = 0
         self._epoch_started = 0.0
+        self._last_step_at: float | None = None
         self._step_started = 0.0
         self._in_epochs = False
         self.trained = False
@@ -305,6 +307,24 @@ class TorchSession(Session):
     def is_chief(self) -> bool:
         return self.rank == 0
 
+    @property
+    def precision(self) -> str:
+        """``--precision``: fp32, bf16 or fp16."""
+        return self.spec.precision
+
+    def autocast(self):
+        """``torch.autocast`` for ``--precision`` on the session's device (a no-op for fp32)."""
+        import torch
+
+        dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.spec.precision)
+        return torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None)
+
+    def grad_scaler(self):
+        """A ``torch.amp.GradScaler`` for ``--precision fp16`` (disabled otherwise); register it."""
+        import torch
+
+        return torch.amp.GradScaler(self.device.type, enabled=self.spec.precision == "fp16")
+
     # -- the backend ------------------------------------------------------------------------
     def prepare(self, model, optimizer=None):
         """The model on the session's device, wrapped for the backend (DDP, or as it is for
@@ -357,12 +377,15 @@ class TorchSession(Session):
 
     def loader(self, dataset: Any, batch_size: int | None = None, *, shuffle: bool = True, train: bool = True,
                collate_fn: Callable | None = None, num_workers: int = 0, drop_last: bool = False,
-               pin_memory: bool | None = None, to_device: bool = True, **kwargs: Any) -> ResumableLoader:
+               pin_memory: bool | None = None, to_device: bool = True, shard: bool = True,
+               **kwargs: Any) -> ResumableLoader:
         """A loader over a map-style ``dataset`` (``len`` and ``dataset[i]``; items of any
         structure): this rank's shard, in the launcher's order (``shuffle``) or in order,
         ``num_workers`` prefetch processes, pinned memory and batches moved to the device on a
         GPU. The training loader (``train``, one per session) resumes at the exact batch;
-        an evaluation loader (``train=False``) covers the whole dataset across the ranks."""
+        an evaluation loader (``train=False``) covers the whole dataset across the ranks.
+        ``shard=False``: the dataset is this rank's share already (e.g. a workload's shard).
+        A dataset with ``__getitems__(indices)`` is read a batch per call (torch's batched fetch)."""
         if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
             raise SessionError(f"session.loader(...) at {user_line()}: a {type(dataset).__name__} is not a map-style "
                                "dataset (len(d) and d[i]); wrap an iterable in a list or a torch Dataset")
@@ -370,10 +393,11 @@ class TorchSession(Session):
             raise SessionError(f"session.loader(...) at {user_line()}: this session has a training loader already; "
                                "make the other loaders with train=False")
         n = len(dataset)
-        if n < (self.world if train else 1):
+        if n < (self.world if train and shard else 1):
             raise SessionError(f"session.loader(...) at {user_line()}: the dataset has {n} item(s) for "
                                f"{self.world} worker(s): a worker would have none; give it more items")
-        order = _BatchOrder(self, n, int(batch_size or self.spec.batch_size), train, shuffle and train, drop_last)
+        order = _BatchOrder(self, n, int(batch_size or self.spec.batch_size), train, shuffle and train, drop_last,
+                            shard)
         if pin_memory is None:
             pin_memory = self.device.type == "cuda"
         made = ResumableLoader(self, dataset, order, collate_fn=collate_fn, num_workers=num_workers,
@@ -398,23 +422,26 @@ class TorchSession(Session):
         try:
             while self.pos.epoch < self.spec.epochs:
                 self._epoch_started = self._step_started = time.perf_counter()
+                self._last_step_at = None
                 if self._carried:  # resumed mid-epoch: the epoch's metrics so far, as saved
                     c, self._carried = self._carried, None
                     self._sums, self._counts = dict(c["sums"]), dict(c["counts"])
-                    self._reported, self._samples = dict(c["reported"]), int(c["samples"])
+                    self._reported = {n: tuple(v) for n, v in c["reported"].items()}
+                    self._samples = int(c["samples"])
                     self._epoch_started -= float(c["seconds"])
                 yield self.pos.epoch
                 self._end_epoch()
         finally:
             self._in_epochs = False
         if not self.trained:  # nothing was left: say where the run stands
-            self.send({"kind": "done", **self._reported}, checkpoint=False)
+            self.send({"kind": "done", **{n: v / w for n, (v, w) in self._reported.items() if w}}, checkpoint=False)
             self.trained = True
 
-    def step(self, **metrics: Any) -> None:
+    def step(self, *, boundary: bool = True, **metrics: Any) -> None:
         """One optimizer step done; ``metrics`` (numbers or 0-d tensors, any names) are
         averaged over the epoch. May checkpoint: every ``--checkpoint-every-steps`` and at
-        once on a preemption notice (all ranks at the same step)."""
+        once on a preemption notice (all ranks at the same step). ``boundary=False``: a step
+        whose gradients still accumulate (no checkpoint can hold them, so none is taken)."""
         if not self._in_epochs:
             raise SessionError(f"session.step() at {user_line()} outside `for epoch in session.epochs():`; "
                                "call it inside that loop, once per optimizer step")
@@ -426,18 +453,20 @@ class TorchSession(Session):
         self.pos.step_in_epoch += 1
         self.pos.global_step += 1
         self.trained = True
+        self._last_step_at = time.perf_counter()
         loader = self._train_loader
         ends = loader is not None and loader.batches >= len(loader)
-        self.after_step(self._step_started, epoch_ends=ends, values=self._step_values)
+        self.after_step(self._step_started, boundary=boundary, epoch_ends=ends, values=self._step_values)
         self._step_started = time.perf_counter()
 
-    def report(self, **named: Any) -> None:
+    def report(self, *, weight: float = 1.0, **named: Any) -> None:
         """``session.report(val_loss=..., perplexity=...)``: metrics of the epoch under way (any
-        names; each rank's value, averaged over the ranks at the epoch's end, where they are
-        reported with the epoch's checkpoint)."""
+        names; numbers or 0-d tensors). Each rank reports its own value; at the epoch's end they
+        are averaged over the ranks, each counting ``weight`` (e.g. the number of samples the
+        rank scored), and reported with the epoch's checkpoint."""
         for name, value in named.items():
             item = getattr(value, "item", None)
-            self._reported[name] = float(item() if callable(item) else value)
+            self._reported[name] = (float(item() if callable(item) else value) * weight, float(weight))
 
     def _step_values(self) -> dict[str, float]:
         out = {name: float(total) / self._counts[name] for name, total in self._sums.items()}
@@ -449,17 +478,20 @@ class TorchSession(Session):
             if "loss" in name and not math.isfinite(value):
                 raise FloatingPointError(
                     f"training diverged: {name} is {value} in epoch {self.pos.epoch + 1} by step "
-                    f"{self.pos.global_step}; no checkpoint was written from it; lower the learning rate")
+                    f"{self.pos.global_step} (no checkpoint was written from it); lower --lr (now "
+                    f"{self.spec.lr:g})")
 
     def _end_epoch(self) -> None:
         """Average the epoch's metrics over the ranks, advance the position, checkpoint."""
-        seconds = time.perf_counter() - self._epoch_started
+        seconds = (self._last_step_at or time.perf_counter()) - self._epoch_started  # training, not evaluating
         steps = self._step_values()
-        names = sorted(steps) + sorted(self._reported)
-        vector = np.array([steps.get(n, self._reported.get(n, 0.0)) for n in names] + [self._samples],
-                          dtype=np.float64)
+        stepped, reported = sorted(steps), sorted(self._reported)
+        vector = np.array([steps[n] for n in stepped] + [self._reported[n][0] for n in reported]
+                          + [self._reported[n][1] for n in reported] + [self._samples], dtype=np.float64)
         total = self.sum_over_ranks(vector)
-        means = {n: float(v) / self.world for n, v in zip(names, total[:-1])}
+        k, r = len(stepped), len(reported)
+        means = {n: float(total[i]) / self.world for i, n in enumerate(stepped)}
+        means.update({n: float(total[k + i]) / max(float(total[k + r + i]), 1e-300) for i, n in enumerate(reported)})
         self._check_finite(means)
         samples = int(total[-1])
         self.pos.epoch, self.pos.step_in_epoch = self.pos.epoch + 1, 0
@@ -524,7 +556,11 @@ class TorchSession(Session):
         import torch
 
         manifest = read_manifest(directory)
-        state = torch.load(os.path.join(directory, STATE_FILE), map_location="cpu", weights_only=False)
+        if os.path.isfile(os.path.join(directory, STATE_FILE)):
+            state = torch.load(os.path.join(directory, STATE_FILE), map_location="cpu", weights_only=False)
+        else:  # written by the managed loop before it ran on the session: the optimizer alone
+            state = {"optimizer": torch.load(os.path.join(directory, TORCH_OPTIMIZER_FILE), map_location="cpu")}
+            state["_launcher"] = {"batches": manifest.step_in_epoch}  # its steps were batches
         info = state.pop("_launcher", {})
         self._saved = state
         self._saved[info.get("model") or "model"] = torch.load(os.path.join(directory, TORCH_MODEL_FILE),
@@ -535,6 +571,8 @@ class TorchSession(Session):
         rng_file = os.path.join(directory, torch_rng_file(self.rank))
         if same_layout and os.path.isfile(rng_file):
             mine = torch.load(rng_file, weights_only=False)
+            if isinstance(mine, torch.Tensor):  # an older managed checkpoint: torch's CPU stream only
+                mine = {"rng": {"torch": mine}, "epoch": None}
             self._rng = mine["rng"]
             if self.pos.step_in_epoch:
                 self._carried = mine["epoch"]
@@ -542,9 +580,10 @@ class TorchSession(Session):
 
     def _epoch_so_far(self) -> dict[str, Any]:
         """The epoch's running metrics as plain numbers (read from the device now: a checkpoint)."""
+        until = self._last_step_at or time.perf_counter()
         return {"sums": {k: float(v) for k, v in self._sums.items()}, "counts": dict(self._counts),
                 "reported": dict(self._reported), "samples": self._samples,
-                "seconds": time.perf_counter() - self._epoch_started if self._epoch_started else 0.0}
+                "seconds": until - self._epoch_started if self._epoch_started else 0.0}
 
     # -- running the user's function ------------------------------------------------------------
     def start(self, config: dict[str, Any], started: float) -> None:
@@ -589,3 +628,27 @@ class _NoOptimizer:
 
     def state_dict(self) -> dict[str, Any]:
         return {"state": {}}
+
+
+class BareSession(TorchSession):
+    """The same session without Ray, for a process that torchrun or horovodrun started: the
+    benchmarks' bare twin of a launcher run, or a quick try of a training function. It trains
+    and keeps its reports in :attr:`reports`; it takes no checkpoint and polls for no notice."""
+
+    def __init__(self, spec: JobSpec, comm, function: Any = None) -> None:
+        super().__init__(spec, comm, function)
+        self.reports: list[dict[str, Any]] = []
+
+    @property
+    def local_rank(self) -> int:
+        return int(os.environ.get("LOCAL_RANK", os.environ.get("HOROVOD_LOCAL_RANK", "0")))
+
+    def send(self, metrics: dict[str, Any], checkpoint: bool = True) -> None:
+        self.reports.append({**metrics, "epoch": self.pos.epoch, "global_step": self.pos.global_step})
+
+    def preemption_action(self) -> str | None:
+        return None
+
+    def start(self, config: dict[str, Any] | None = None, started: float | None = None) -> None:
+        self.marks["worker_ready"] = time.time()
+        self.run_function()

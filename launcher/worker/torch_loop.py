@@ -1,37 +1,33 @@
-"""The per-worker training loop for PyTorch, shared by every torch backend.
+"""The managed PyTorch loop: a Workload trained by the launcher, as one client of the session.
 
-:class:`TorchTraining` is the torch half of :class:`launcher.worker.loop.Training`:
-the workload's ``nn.Module`` and optimizer, wrapped by the backend's
-:class:`~launcher.backends.TorchComm` (DDP or Horovod), one optimizer step per
-batch (or per ``hvd_backward_passes`` batches), and checkpoints holding the
-model, the optimizer and every rank's RNG state.
+:func:`train_workload` is a training function like a user's
+(:mod:`launcher.worker.session`): it builds the workload's model, optimizer and
+LR schedule from the workload's hooks (``torch_model``, ``torch_optimizer``,
+``torch_scheduler``), trains with the workload's ``torch_loss`` under
+``--precision`` (autocast; fp16 with a checkpointed GradScaler), ``--grad-clip``
+and ``--grad-accumulation``, and reports the workload's ``torch_metrics`` after
+each epoch. Resuming, checkpoints, preemption notices and reporting are the
+session's, so the managed loop and a user's loop keep one set of guarantees.
 
-Data order is a pure function of (seed, epoch, rank): a run restored at any
-step replays the same batches it would have seen, so resuming mid-epoch
-skips exactly the batches already trained on. Positions, reports, resume and
-preemption notices are handled by :class:`launcher.worker.loop.Training`.
+Nothing is read back from the device per step: the losses add up on the device
+and are read when a report needs them (a checkpoint, the epoch's end). The
+workload's shard is read a batch per call (``__getitems__``), in the order the
+session's loader gives (a pure function of seed, epoch and rank).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-import math
-import os
-import time
 from typing import Any
 
 import numpy as np
 
-from launcher.backends.base import TorchComm
-from launcher.spec import JobSpec
-from launcher.storage.checkpoint import read_manifest
 from launcher.worker.formats import TORCH_MODEL_FILE as MODEL_FILE
 from launcher.worker.formats import TORCH_OPTIMIZER_FILE as OPTIMIZER_FILE
-from launcher.worker.formats import torch_rng_file
-from launcher.worker.loop import Position, Training, epoch_order
 
 EVAL_BATCH = 512
-__all__ = ["MODEL_FILE", "OPTIMIZER_FILE", "TorchTraining", "epoch_order", "weights_digest"]
+__all__ = ["MODEL_FILE", "OPTIMIZER_FILE", "SplitDataset", "managed", "train_workload", "weights_digest"]
 
 
 def weights_digest(state_dict) -> str:
@@ -46,127 +42,103 @@ def weights_digest(state_dict) -> str:
     return h.hexdigest()
 
 
-def make_optimizer(name: str, params, lr: float):
+class SplitDataset:
+    """A workload's shard (``take(idx) -> (x, y)``) as a map-style dataset whose loader reads a
+    whole batch per call, as the shard's arrays are best read."""
+
+    def __init__(self, split) -> None:
+        self.split = split
+
+    def __len__(self) -> int:
+        return len(self.split)
+
+    def __getitem__(self, i: int):
+        x, y = self.split.take(np.array([i]))
+        return x[0], y[0]
+
+    def __getitems__(self, indices: list[int]):
+        return self.split.take(np.asarray(indices))
+
+
+def as_tensors(batch) -> tuple[Any, Any]:
+    """A batch from :class:`SplitDataset` (numpy inputs and labels) as tensors, sharing memory."""
     import torch
 
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9)
-    return torch.optim.Adam(params, lr=lr)
+    x, y = batch
+    return torch.from_numpy(x), torch.from_numpy(y)
 
 
-class TorchTraining(Training):
-    """One worker's torch training state and the operations on it."""
+def managed(workload):
+    """The training function that trains ``workload`` (what the session runs for a Workload)."""
+    def managed_loop(session) -> None:
+        train_workload(session, workload)
 
-    def __init__(self, spec: JobSpec, comm: TorchComm) -> None:
-        import torch
+    managed_loop.fn, managed_loop.source = managed_loop, f"workload {workload.name} (the launcher's loop)"
+    return managed_loop
 
-        super().__init__(spec, comm)
-        self.device = comm.device()
-        torch.set_num_threads(max(1, int(spec.cpus_per_worker)))
-        torch.manual_seed(spec.seed)  # same initial weights on every rank
-        self.module = self.workload.torch_model(spec.params).to(self.device)
-        self.optimizer = make_optimizer(self.workload.defaults.optimizer, self.module.parameters(), spec.lr)
-        self.model = self.module  # what is trained: the module as the backend wraps it (prepare)
-        torch.manual_seed(spec.seed * 1000 + self.rank + 1)  # per-rank stream (dropout, augmentation)
 
-    # -- checkpoints ------------------------------------------------------------------
-    def restore(self, directory: str) -> None:
-        """Load model, optimizer, RNG state and data position from a checkpoint folder."""
-        import torch
+def train_workload(session, workload) -> None:
+    """Train ``workload`` for the run's epochs with the session (see the module docstring)."""
+    import torch
 
-        manifest = read_manifest(directory)
-        self.module.load_state_dict(torch.load(os.path.join(directory, MODEL_FILE), map_location=self.device))
-        self.optimizer.load_state_dict(torch.load(os.path.join(directory, OPTIMIZER_FILE), map_location=self.device))
-        same_layout = manifest.world_size == self.world and manifest.batch_size == self.spec.batch_size
-        rng_file = os.path.join(directory, torch_rng_file(self.rank))
-        if same_layout and os.path.isfile(rng_file):
-            torch.set_rng_state(torch.load(rng_file))
-        self.restored(Position(manifest.epoch, manifest.step_in_epoch, manifest.global_step), manifest)
+    from launcher.storage.datacache import local_data
 
-    def save(self, directory: str, metrics: dict[str, Any]) -> None:
-        import torch
+    spec, params = session.spec, session.spec.params
+    data = local_data(spec.data)  # gs:// data: this node's verified copy
+    train = workload.load(data, "train", session.rank, session.world, params)
+    test = workload.load(data, "test", session.rank, session.world, params)
+    module = workload.torch_model(params)
+    optimizer = workload.torch_optimizer(module.parameters(), spec.lr, params)
+    model, optimizer = session.prepare(module, optimizer)
+    loader = session.loader(SplitDataset(train), spec.batch_size, shard=False, collate_fn=as_tensors)
+    accumulate = spec.accumulation
+    steps = spec.epochs * -(-len(loader) // accumulate)
+    scheduler = workload.torch_scheduler(optimizer, steps, params)
+    scaler = session.grad_scaler()
+    state = {"model": module, "optimizer": optimizer}
+    if scheduler is not None:
+        state["scheduler"] = scheduler
+    if scaler.is_enabled():
+        state["scaler"] = scaler
+    session.register(**state)
+    evaluation = session.loader(SplitDataset(test), EVAL_BATCH, train=False, shard=False, collate_fn=as_tensors)
 
-        rng = os.path.join(directory, torch_rng_file(self.rank))
-        torch.save(torch.get_rng_state(), rng)
-        # Every rank's RNG file goes into the manifest with its size, so a checkpoint
-        # whose rank-1 file was cut off counts as incomplete (a collective: all ranks).
-        others = self.sizes_over_ranks(torch_rng_file, os.path.getsize(rng))
-        if self.rank != 0:
-            return
-        torch.save(self.module.state_dict(), os.path.join(directory, MODEL_FILE))
-        torch.save(self.optimizer.state_dict(), os.path.join(directory, OPTIMIZER_FILE))
-        self.write_manifest(directory, metrics, others)
-
-    def sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
-        import torch
-
-        return self.comm.allreduce_sum(torch.from_numpy(values.copy())).numpy()
-
-    # -- training -----------------------------------------------------------------------
-    def batch(self, split, idx: np.ndarray):
-        import torch
-
-        x, y = split.take(idx)
-        return torch.from_numpy(x).to(self.device), torch.from_numpy(y).to(self.device)
-
-    def run_epoch(self) -> dict[str, float]:
-        """Train the rest of the current epoch; returns train loss and throughput."""
-        import torch
-        import torch.nn.functional as F
-
-        s, model, optimizer = self.spec, self.model, self.optimizer
-        # accumulate > 1: gradients of that many batches add up locally before one
-        # optimizer step (Horovod's backward_passes_per_step).
-        accumulate = self.comm.accumulation_steps
-        order = epoch_order(s.seed, self.pos.epoch, self.rank, len(self.train))
+    for _ in session.epochs():
         model.train()
-        totals = torch.zeros(2, dtype=torch.float64)  # loss sum, samples
-        start = time.perf_counter()
-        # zero_grad() sets gradients to None (torch >= 2.0); Horovod's optimizer takes no arguments.
-        optimizer.zero_grad()
-        for i in range(self.pos.step_in_epoch, self.steps_per_epoch):
-            step_started = time.perf_counter()
-            x, y = self.batch(self.train, order[i * s.batch_size:(i + 1) * s.batch_size])
-            loss = F.cross_entropy(model(x), y)
-            value = loss.item()  # one device sync per step, reused below
-            if not math.isfinite(value):
-                raise self.diverged(value)
-            loss.backward()
-            boundary = (i + 1) % accumulate == 0 or i + 1 == self.steps_per_epoch
+        optimizer.zero_grad()  # gradients to None (torch >= 2.0); Horovod's takes no arguments
+        for x, y in loader:
+            i = loader.batches  # batches done in this epoch, this one included
+            boundary = i % accumulate == 0 or i == len(loader)
+            sync = contextlib.nullcontext() if boundary or not hasattr(model, "no_sync") else model.no_sync()
+            with sync:
+                with session.autocast():
+                    loss = workload.torch_loss(model(x), y, params)
+                scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
             if boundary:
-                optimizer.step()
+                if spec.grad_clip:
+                    scaler.unscale_(optimizer)
+                    session.clip_gradients(model, optimizer, spec.grad_clip)
+                scaler.step(optimizer)
+                scaler.update()
+                if scheduler is not None:
+                    scheduler.step()
                 optimizer.zero_grad()
-            totals += torch.tensor([value * len(y), len(y)], dtype=torch.float64)
-            self.stepped(i, value, step_started, boundary)
-        seconds = time.perf_counter() - start
-        totals = self.comm.allreduce_sum(totals)
-        samples = int(totals[1].item())
-        return {"train_loss": totals[0].item() / max(1.0, totals[1].item()), "samples": samples,
-                "train_time_s": seconds, "samples_per_s": samples / seconds if seconds > 0 else 0.0}
+            session.step(train_loss=loss.detach(), boundary=boundary)
+        evaluate(session, workload, module, evaluation)
 
-    def evaluate(self) -> dict[str, float]:
-        """Loss and accuracy on the whole test split (each rank scores its shard)."""
-        import torch
-        import torch.nn.functional as F
 
-        self.module.eval()
-        totals = torch.zeros(3, dtype=torch.float64)  # loss sum, correct, count
-        with torch.no_grad():
-            for lo in range(0, len(self.test), EVAL_BATCH):
-                x, y = self.batch(self.test, np.arange(lo, min(lo + EVAL_BATCH, len(self.test))))
-                logits = self.module(x)
-                totals += torch.tensor([F.cross_entropy(logits, y, reduction="sum").item(),
-                                        (logits.argmax(1) == y).sum().item(), len(y)], dtype=torch.float64)
-        totals = self.comm.allreduce_sum(totals)
-        n = max(1.0, totals[2].item())
-        return {"loss": totals[0].item() / n, "accuracy": totals[1].item() / n}
+def evaluate(session, workload, module, loader) -> None:
+    """Report the workload's metrics on this rank's test shard (averaged over the ranks by the
+    session, each rank counting as many as it scored)."""
+    import torch
 
-    def prepare(self) -> None:
-        self.model = self.comm.wrap_model(self.module)
-        # Checkpoints save the optimizer that is stepped: Horovod's wrapper is a new object
-        # with its own state (its state_dict has the plain torch format).
-        self.optimizer = self.comm.wrap_optimizer(self.optimizer, self.model)
-        self.comm.after_restore(self.module, self.optimizer)
-
-    def weights_digest(self) -> str:
-        return weights_digest(self.module.state_dict())
+    module.eval()
+    outputs, labels = [], []
+    with torch.no_grad(), session.autocast():
+        for x, y in loader:
+            outputs.append(module(x).float())
+            labels.append(y)
+    module.train()
+    if outputs:
+        metrics = workload.torch_metrics(torch.cat(outputs), torch.cat(labels), session.spec.params)
+        session.report(weight=sum(len(y) for y in labels), **metrics)

@@ -1,0 +1,50 @@
+"""What every run does before its own kind of training, whatever code it trains.
+
+A workload, a training function and a program (``--script`` / ``--package``) all
+run the same way up to the trainer: the storage is resolved and checked for
+writing, the run's log is checked against this launch's spec, the run's lock is
+taken (one launch of a run at a time) and a damaged Ray Train checkpoint list is
+set aside. :func:`open_run` does the checks and :func:`holding` the rest, so
+launch.py (workloads and training functions) and script.py (programs) differ only
+in what they train.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+from launcher.storage import Storage
+from launcher.storage.checkpoint import set_aside_damaged_snapshot
+from launcher.storage.runlock import RunLock
+from launcher.storage.runlog import RunLog
+
+
+def open_run(spec, progress) -> tuple[Storage, RunLog]:
+    """The run's storage (writable, said when remote) and its log (compatible with ``spec``).
+
+    Raises:
+        UserError: storage that cannot be written, or a run of that name that ``spec`` cannot continue.
+    """
+    storage = Storage.resolve(spec.storage)
+    where = storage.check_writable()
+    if not storage.is_local:
+        progress.note(f"storage: {where}")
+    log = RunLog(storage, spec.name)
+    log.check_compatible(spec)
+    return storage, log
+
+
+@contextlib.contextmanager
+def holding(storage: Storage, name: str, progress) -> Iterator[RunLock]:
+    """The run's lock, held meanwhile (a second launch of the run is refused before anything is
+    written), with Ray Train's checkpoint list set aside if it is damaged."""
+    lock = RunLock(storage, name)
+    lock.acquire()
+    try:
+        damaged = set_aside_damaged_snapshot(storage, name)
+        if damaged:
+            progress.note(damaged)
+        yield lock
+    finally:
+        lock.release()

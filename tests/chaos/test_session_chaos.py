@@ -1,0 +1,47 @@
+"""Chaos for a training function: a preemption notice costs the user's own loop no step.
+
+examples/char_lm.py (a causal transformer language model written as an ordinary
+PyTorch loop on the launcher's session) trains on the preemption lab's two worker
+nodes; one node gets GCE's notice in the middle of an epoch. The session checkpoints
+at a step both ranks agree on, the group restarts on the replacement node from that
+step, and the run ends with the weights of an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from launcher.lab.chaos import run_in_background
+from launcher.spec import JobSpec
+from test_session import CHAR_LM, topics_file
+
+pytestmark = pytest.mark.chaos
+
+EPOCHS, STEPS_PER_EPOCH, EVERY = 6, 18, 4
+TOTAL = EPOCHS * STEPS_PER_EPOCH
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("session-chaos")
+    return topics_file(root / "data"), str(root / "runs")
+
+
+def spec_for(lab, setup, name: str) -> JobSpec:
+    data, storage = setup
+    return JobSpec(workload=CHAR_LM, data=data, epochs=EPOCHS, checkpoint_every_steps=EVERY, seed=5,
+                   storage=storage, name=name, address=lab.address, preemption_check_steps=2).validated()
+
+
+def test_a_notice_costs_a_training_function_no_steps(lab, setup):
+    reference = run_in_background(spec_for(lab, setup, "reference")).wait()
+    assert (reference.status, reference.steps_completed, reference.restarts) == ("succeeded", TOTAL, 0), reference
+
+    run = run_in_background(spec_for(lab, setup, "notice"))
+    run.wait_for_checkpoint(lambda m: m.global_step >= EVERY)
+    lab.preempt(0)
+    s = run.wait()
+    assert s.status == "succeeded" and s.steps_completed == TOTAL, s
+    assert (s.restarts, s.preemptions, s.preemption_notices, s.steps_lost) == (1, 1, 1, 0), s
+    assert s.weights_sha256 == reference.weights_sha256
+    assert set(s.metrics) >= {"train_loss", "val_loss", "perplexity"}

@@ -1,0 +1,100 @@
+"""The managed torch loop opened to any model: a workload's own loss, metrics, optimizer and LR
+schedule; --precision, --grad-clip and --grad-accumulation; exact resume with all of them.
+
+examples/diabetes_regression.py (a regression workload: MSE loss, MAE and R² metrics,
+AdamW, a cosine schedule) and digits-mlp under fp16 autocast with a GradScaler are each
+stopped with Ctrl-C right after a mid-epoch checkpoint and launched again: the resumed
+run ends with the uninterrupted run's weights, so the scheduler's and the scaler's states
+were saved and restored with the model and optimizer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+import workloads
+from launcher.errors import UserError
+from launcher.spec import JobSpec
+from test_session import finish, launch, stop_after_step_checkpoint
+from test_user_workloads import run_cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DIABETES = os.path.join(ROOT, "examples", "diabetes_regression.py") + ":DIABETES"
+
+
+def test_a_workload_with_its_own_loss_is_not_a_classifier():
+    diabetes = workloads.get(DIABETES)
+    assert not diabetes.is_classifier and workloads.get("digits-mlp").is_classifier
+    train = diabetes.load(None, "train", 0, 2, diabetes.resolve_params({}))
+    x, y = train.take([0, 1, 2])
+    assert x.dtype.name == "float32" and y.dtype.name == "float32"  # targets stay real numbers
+
+
+@pytest.mark.parametrize("flags,message", [
+    ({"precision": "fp8"}, "unknown precision 'fp8'; valid: fp32, bf16, fp16"),
+    ({"grad_clip": -1.0}, "grad_clip must be > 0"),
+    ({"grad_accumulation": 0}, "grad_accumulation must be >= 1"),
+    ({"precision": "bf16", "framework": "tensorflow"}, "--precision applies to torch runs"),
+    ({"grad_accumulation": 2, "hvd_backward_passes": 3, "backend": "horovod"}, "disagree"),
+])
+def test_numerics_flags_are_checked(flags, message):
+    with pytest.raises(UserError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        JobSpec(**flags).validated()
+
+
+def test_numerics_flags_parse(capsys):
+    spec = JobSpec(precision="bf16", grad_clip=1.0, grad_accumulation=4).validated()
+    assert (spec.precision, spec.grad_clip, spec.accumulation) == ("bf16", 1.0, 4)
+
+
+@pytest.mark.integration
+def test_a_regression_workload_learns_and_resumes_exactly(tmp_path):
+    storage = str(tmp_path / "runs")
+    args = ["--workload", DIABETES, "--storage", storage, "--epochs", "8", "--checkpoint-every-steps", "4"]
+    whole = finish(launch(args + ["--name", "whole"]))
+    m = whole["metrics"]
+    assert whole["status"] == "succeeded" and whole["steps_completed"] == 8 * 11, whole
+    assert {"loss", "mae", "r2", "train_loss"} <= set(m) and "accuracy" not in m, m
+    assert m["r2"] > 0.3 and m["mae"] < 60, m  # it learned (predicting the mean scores r2 0, mae ~65)
+    model = json.load(open(os.path.join(storage, "whole", "model", "model.json")))
+    assert model["num_classes"] is None and model["input_shape"] == [10]
+
+    stopped = stop_after_step_checkpoint(args + ["--name", "stopped"], tmp_path)
+    assert stopped["status"] == "cancelled"
+    resumed = finish(launch(args + ["--name", "stopped"]))
+    assert resumed["resumed_from"] == {"epoch": 0, "step": 4}, resumed
+    assert resumed["weights_sha256"] == whole["weights_sha256"]  # the cosine schedule resumed too
+
+
+@pytest.mark.integration
+def test_fp16_with_clipping_resumes_with_the_scalers_state(tmp_path):
+    storage = str(tmp_path / "runs")
+    args = ["--storage", storage, "--epochs", "2", "--checkpoint-every-steps", "5", "--precision", "fp16",
+            "--grad-clip", "1.0"]
+    whole = finish(launch(args + ["--name", "whole"]))
+    assert whole["status"] == "succeeded" and whole["metrics"]["accuracy"] > 0.6, whole
+
+    stopped = stop_after_step_checkpoint(args + ["--name", "stopped"], tmp_path)
+    assert stopped["status"] == "cancelled"
+    import torch
+
+    run_dir = os.path.join(storage, "stopped")
+    newest = sorted(d for d in os.listdir(run_dir)
+                    if d.startswith("checkpoint_") and os.path.isdir(os.path.join(run_dir, d)))[-1]
+    state = torch.load(os.path.join(run_dir, newest, "state.pt"), weights_only=False)
+    assert state["scaler"]["scale"] > 0 and "optimizer" in state  # the GradScaler's state is in the checkpoint
+    resumed = finish(launch(args + ["--name", "stopped"]))
+    assert resumed["resumed_from"] == {"epoch": 0, "step": 5}, resumed
+    assert resumed["weights_sha256"] == whole["weights_sha256"]
+
+
+@pytest.mark.integration
+def test_gradient_accumulation_with_ddp_learns(ray_local, capsys, tmp_path):
+    code, out, err = run_cli(capsys, "run", "--storage", str(tmp_path / "runs"), "--epochs", "3",
+                             "--grad-accumulation", "2", "--precision", "bf16", "--json")
+    s = json.loads(out.strip().splitlines()[-1])
+    assert code == 0 and s["status"] == "succeeded", err
+    assert s["metrics"]["accuracy"] > 0.7, s
