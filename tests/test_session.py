@@ -22,7 +22,6 @@ import time
 import pytest
 
 import workloads
-from launcher.cli.main import main
 from launcher.faultpoint import ENV, MARK_ENV
 from test_user_workloads import elsewhere, run_cli, write  # noqa: F401 - elsewhere: a fixture
 

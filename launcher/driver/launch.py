@@ -19,14 +19,14 @@ import workloads
 from launcher import backends
 from launcher.driver import localhead, runpath, session, startup, trainer
 from launcher.driver.progress import Progress
-from launcher.driver.tracker import Tracker, pick_metrics
+from launcher.driver.tracker import Tracker
 from launcher.errors import UserError
 from launcher.spec import JobSpec
 from launcher.storage import Storage, datacache, gcs
 from launcher.storage.checkpoint import Manifest, complete_checkpoints
 from launcher.storage.runlock import RunLock
 from launcher.storage.runlog import RunLog
-from launcher.summary import RunStatus, RunSummary
+from launcher.summary import RunStatus, RunSummary, pick_metrics
 
 RESUME_CANDIDATES = 5  # complete checkpoints offered to the workers, newest first
 

@@ -18,7 +18,7 @@ from launcher.driver.progress import Progress
 from launcher.spec import JobSpec
 from launcher.storage.checkpoint import Manifest
 from launcher.storage.runlog import RunLog
-from launcher.summary import (METRIC_KEYS, Attempt, Event, Failure, Interruption, Preempting, Report, Restart,
+from launcher.summary import (Attempt, Event, Failure, Interruption, Preempting, Report, Restart,
                               RunStatus, RunSummary, pick_metrics)
 
 @dataclass

@@ -79,8 +79,6 @@ def managed(workload):
 
 def train_workload(session, workload) -> None:
     """Train ``workload`` for the run's epochs with the session (see the module docstring)."""
-    import torch
-
     from launcher.storage.datacache import local_data
 
     spec, params = session.spec, session.spec.params

@@ -1,0 +1,154 @@
+"""The training session's data loader: the user's map-style dataset in the launcher's order.
+
+:class:`ResumableLoader` is a plain ``torch.utils.data.DataLoader`` driven by
+:class:`BatchOrder`, a batch sampler whose order is a pure function of seed, epoch and
+rank (the managed loop's order). The training loader counts the batches it hands out:
+that count is the position a checkpoint saves, and a resumed epoch starts the sampler
+there. Errors a user's code causes here say where, in one line (:func:`user_line`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import traceback
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from launcher.worker.loop import epoch_order
+
+_LAUNCHER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_SKIP_DIRS = (_LAUNCHER_DIR, os.path.dirname(os.__file__))
+
+
+class SessionError(RuntimeError):
+    """A training function that uses the session wrongly: what, where in the user's file, how to fix."""
+
+
+class CollateError(RuntimeError):
+    """The loader could not make a batch of the dataset's items."""
+
+
+def user_line(tb=None) -> str:
+    """``file:line`` of the innermost frame in the user's code (outside the launcher, torch and
+    the standard library): of a traceback when given, else of the current call stack."""
+    frames = traceback.extract_tb(tb) if tb is not None else traceback.extract_stack()[:-1]
+    for frame in reversed(frames):
+        path = os.path.abspath(frame.filename)
+        if not path.startswith(_SKIP_DIRS) and "site-packages" not in path and not path.startswith("<"):
+            return f"{frame.filename}:{frame.lineno}"
+    return "?"
+
+
+def _to_device(batch: Any, device) -> Any:
+    """Tensors anywhere in a batch (tuples, lists, dicts) moved to ``device``, asynchronously
+    where the memory is pinned."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, dict):
+        return {k: _to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, (list, tuple)) and not hasattr(batch, "_fields"):
+        return type(batch)(_to_device(v, device) for v in batch)
+    if hasattr(batch, "_fields"):  # a namedtuple
+        return type(batch)(*(_to_device(v, device) for v in batch))
+    return batch
+
+
+class BatchOrder:
+    """A batch sampler: rank's shard of ``n`` items in the launcher's order, batch by batch,
+    starting at the batch the session says (the resumed position). For evaluation
+    (``train`` False) the shards cover every item once, in order."""
+
+    def __init__(self, session: Any, n: int, batch_size: int, train: bool, shuffle: bool,
+                 drop_last: bool, shard: bool = True) -> None:
+        from workloads.base import shard_indices
+
+        self.session, self.batch_size, self.train, self.shuffle = session, batch_size, train, shuffle
+        self.indices = shard_indices(n, session.rank, session.world, equal=train) if shard else np.arange(n)
+        self.drop_last = drop_last
+        self.start = 0
+
+    def __len__(self) -> int:
+        n = len(self.indices)
+        return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        idx = self.indices
+        if self.shuffle:
+            idx = idx[epoch_order(self.session.spec.seed, self.session.pos.epoch, self.session.rank, len(idx))]
+        for b in range(self.start, len(self)):
+            yield idx[b * self.batch_size:(b + 1) * self.batch_size].tolist()
+
+    def size_of(self, b: int) -> int:
+        return min(self.batch_size, len(self.indices) - b * self.batch_size)
+
+
+class _CheckedCollate:
+    """The user's collate function (or torch's default), failing with a CollateError that says
+    which items could not be batched."""
+
+    def __init__(self, collate: Callable | None, dataset: Any) -> None:
+        from torch.utils.data import default_collate
+
+        self.collate, self.custom = collate or default_collate, collate is not None
+        self.what = type(dataset).__name__
+
+    def __call__(self, items: list) -> Any:
+        try:
+            return self.collate(items)
+        except Exception as exc:  # noqa: BLE001 - whatever the collate raises on these items
+            first = items[0] if items else None
+            shape = type(first).__name__
+            raise CollateError(
+                f"{'your collate_fn' if self.custom else 'the default collate'} cannot batch the items of "
+                f"{self.what} (each a {shape}): {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                "; give items of one shape and type (tensors, numbers, or tuples/dicts of them), or pass "
+                "session.loader(..., collate_fn=YOUR_FUNCTION)") from None
+
+
+class ResumableLoader:
+    """A DataLoader over the user's dataset in the launcher's order; the training loader
+    counts the batches it hands out, which is the position a checkpoint saves."""
+
+    def __init__(self, session: Any, dataset: Any, order: BatchOrder, *, collate_fn, num_workers: int,
+                 pin_memory: bool, to_device: bool, **kwargs: Any) -> None:
+        import torch
+
+        self.session, self.order, self.to_device = session, order, to_device
+        self.loader = torch.utils.data.DataLoader(
+            dataset, batch_sampler=order, collate_fn=_CheckedCollate(collate_fn, dataset), num_workers=num_workers,
+            pin_memory=pin_memory, **kwargs)
+        self.batches = 0  # training loader: batches handed out in the epoch under way
+
+    @property
+    def dataset(self) -> Any:
+        return self.loader.dataset
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def __iter__(self) -> Iterator[Any]:
+        import torch
+
+        s = self.session
+        if self.order.train:
+            self.batches = s._loader_start(self)
+        self.order.start = self.batches if self.order.train else 0
+        # Worker processes are seeded from the loader's generator, not the global RNG: drawing
+        # from the global one at each iter() would shift the training RNG stream on a resume.
+        self.loader.generator = torch.Generator().manual_seed(
+            int(np.random.default_rng([s.spec.seed, s.pos.epoch, s.rank, 7]).integers(2**62)))
+        device = s.device if self.to_device and s.device.type != "cpu" else None
+        try:
+            for batch in self.loader:
+                if self.order.train:
+                    s._samples += self.order.size_of(self.batches)
+                    self.batches += 1
+                yield _to_device(batch, device) if device is not None else batch
+        except CollateError as exc:
+            raise SessionError(f"{str(exc).splitlines()[0]} (loader made at {self.made_at})") from None
+
+    made_at = "?"
