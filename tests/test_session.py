@@ -320,3 +320,35 @@ def test_a_ray_train_function_runs_on_the_native_backend_only(capsys, elsewhere,
     code, _, err = run_cli(capsys, "run", "--workload", f"{path}:ray_style", "--backend", "horovod",
                            "--storage", str(tmp_path / "runs"))
     assert code == 2 and "ray_style(config) is a Ray Train function" in err, err
+
+
+@pytest.mark.integration
+def test_a_training_function_is_tuned_on_a_metric_of_its_own(ray_local, capsys, tmp_path):
+    import textwrap
+
+    data = topics_file(tmp_path / "data")
+    config = tmp_path / "tune.yaml"
+    config.write_text(textwrap.dedent(f"""
+        workload: {CHAR_LM}
+        data: {data}
+        epochs: 1
+        workers: 1
+        params: {{max_chars: 12000}}
+        hyperparameters:
+          goal: MINIMIZE
+          hyperparameterMetricTag: val_loss
+          maxTrials: 2
+          maxParallelTrials: 1
+          params:
+            - parameterName: width
+              type: DISCRETE
+              discreteValues: [16, 48]
+    """))
+    code, out, err = run_cli(capsys, "tune", "--config", str(config), "--storage", str(tmp_path / "runs"),
+                             "--name", "lm_search", "--json")
+    assert code == 0, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    rows, best = result["trials"], result["summary"]["best"]
+    assert len(rows) == 2 and all(r["status"] == "succeeded" for r in rows), rows
+    assert sorted(r["width"] for r in rows) == [16, 48]
+    assert best["val_loss"] == min(r["val_loss"] for r in rows)

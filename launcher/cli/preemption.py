@@ -42,8 +42,10 @@ def add_parsers(sub) -> None:
     d.add_argument("--storage", default="./runs", help="where the demo's run goes (default ./runs)")
     d.add_argument("--name", default=None, help="run name (default preemption_demo_<time>)")
     d.add_argument("--workload", default="digits-mlp",
-                   help="what to train: a built-in workload or yours (FILE.py:NAME); default digits-mlp")
+                   help="what to train: a built-in workload or yours (FILE.py:NAME: a workload or a training "
+                   "function); default digits-mlp")
     d.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="workload parameter")
+    d.add_argument("--data", default=None, help="--data for the workload or training function")
     d.add_argument("--epochs", type=int, default=16)
     d.add_argument("--checkpoint-every-steps", type=int, default=10)
     d.add_argument("--without-notice", action="store_true", help="lose the node without a notice instead")
@@ -87,7 +89,7 @@ def _demo(args: argparse.Namespace) -> int:
     params = parse_params(args.param)
     # Checked before the lab starts; the lab's address is filled in once it is up.
     spec = JobSpec(workload=args.workload, epochs=args.epochs, checkpoint_every_steps=args.checkpoint_every_steps,
-                   storage=args.storage, name=name, params=params,
+                   storage=args.storage, name=name, params=params, data=args.data,
                    max_failures=1 if args.without_notice else 0).validated()
     note("starting a local Ray cluster: a head and 2 worker nodes, each with a fake GCE metadata server "
          "and the preemption watcher")

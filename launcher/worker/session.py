@@ -389,7 +389,9 @@ class TorchSession(Session):
             np.random.seed((self.spec.seed * 1000 + self.rank + 1) % 2**32)
             random.seed(self.spec.seed * 1000 + self.rank + 1)
         if self.rank == 0 and "worker_ready" not in self.marks:
-            self.marks["worker_ready"] = time.time()
+            # The checkpoint was found before the training code built its data and model, and
+            # restored as each object was registered: both count as setting up.
+            self.marks["model_ready"] = self.marks["worker_ready"] = time.time()
 
     # -- checkpoints -------------------------------------------------------------------------
     def model(self):
@@ -465,7 +467,7 @@ class TorchSession(Session):
             with ray.train.Checkpoint(chosen[1], filesystem=chosen[0]).as_directory() as d:
                 self.restore(d)
         if self.rank == 0:
-            self.marks.update(worker_start=started, model_ready=time.time())
+            self.marks["worker_start"] = started
         self.run_function()
 
     def run_function(self) -> None:
