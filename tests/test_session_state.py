@@ -134,3 +134,26 @@ def test_the_managed_loop_reads_a_workloads_shard_a_batch_per_call():
     x, y = as_tensors(dataset.__getitems__([3, 1, 2]))
     assert x.shape == (3, 64) and y.dtype == torch.int64
     assert np.array_equal(x.numpy(), split.take(np.array([3, 1, 2]))[0])
+
+
+def test_a_prefetching_loader_gives_the_same_batches_and_position(comm):
+    plain, ahead = session(comm), session(comm)
+    expected = [b.tolist() for b in plain.loader(list(range(30)), batch_size=4)]
+    loader = ahead.loader(list(range(30)), batch_size=4, prefetch=True)
+    got = []
+    for batch in loader:
+        got.append(batch.tolist())
+        assert loader.batches == len(got)  # counted as handed over, not as read ahead
+    assert got == expected and ahead._samples == 30
+    # Leaving the loop early stops the reading thread; the next pass starts afresh.
+    for _ in loader:
+        break
+    assert [b.tolist() for b in loader] == expected
+
+
+def test_a_prefetching_loader_reports_a_collate_error(comm):
+    from launcher.worker.loader import SessionError
+
+    ragged = [torch.zeros(1 + i % 2) for i in range(8)]
+    with pytest.raises(SessionError, match="the default collate cannot batch the items of list"):
+        list(session(comm).loader(ragged, batch_size=4, prefetch=True))

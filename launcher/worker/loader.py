@@ -114,10 +114,10 @@ class ResumableLoader:
     counts the batches it hands out, which is the position a checkpoint saves."""
 
     def __init__(self, session: Any, dataset: Any, order: BatchOrder, *, collate_fn, num_workers: int,
-                 pin_memory: bool, to_device: bool, **kwargs: Any) -> None:
+                 pin_memory: bool, to_device: bool, prefetch: bool = False, **kwargs: Any) -> None:
         import torch
 
-        self.session, self.order, self.to_device = session, order, to_device
+        self.session, self.order, self.to_device, self.prefetch = session, order, to_device, prefetch
         self.loader = torch.utils.data.DataLoader(
             dataset, batch_sampler=order, collate_fn=_CheckedCollate(collate_fn, dataset), num_workers=num_workers,
             pin_memory=pin_memory, **kwargs)
@@ -142,13 +142,103 @@ class ResumableLoader:
         self.loader.generator = torch.Generator().manual_seed(
             int(np.random.default_rng([s.spec.seed, s.pos.epoch, s.rank, 7]).integers(2**62)))
         device = s.device if self.to_device and s.device.type != "cpu" else None
+        batches = _Prefetched(self.loader, device) if self.prefetch else (
+            _to_device(b, device) if device is not None else b for b in self.loader)
         try:
-            for batch in self.loader:
-                if self.order.train:
+            for batch in batches:
+                if self.order.train:  # counted when handed over: what the training code has seen
                     s._samples += self.order.size_of(self.batches)
                     self.batches += 1
-                yield _to_device(batch, device) if device is not None else batch
+                yield batch
         except CollateError as exc:
             raise SessionError(f"{str(exc).splitlines()[0]} (loader made at {self.made_at})") from None
+        finally:
+            if isinstance(batches, _Prefetched):
+                batches.close()
 
     made_at = "?"
+
+
+class _Prefetched:
+    """The loader's batches, read (and on a GPU copied to it, on a stream of their own) by a
+    thread one or two batches ahead, so the next batch is ready while the current one trains."""
+
+    DEPTH = 2
+    _END = object()
+
+    def __init__(self, loader: Any, device: Any) -> None:
+        import queue
+        import threading
+
+        import torch
+
+        self.loader, self.device = loader, device
+        self.stream = torch.cuda.Stream(device) if device is not None and device.type == "cuda" else None
+        self.queue: queue.Queue = queue.Queue(self.DEPTH)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._fill, name="launcher-prefetch", daemon=True)
+        self.thread.start()
+
+    def _put(self, item: Any) -> bool:
+        import queue
+
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _fill(self) -> None:
+        import torch
+
+        try:
+            for batch in self.loader:
+                event = None
+                if self.stream is not None:
+                    with torch.cuda.stream(self.stream):
+                        batch = _to_device(batch, self.device)
+                        event = torch.cuda.Event()
+                        event.record(self.stream)
+                elif self.device is not None:
+                    batch = _to_device(batch, self.device)
+                if not self._put((batch, event)):
+                    return
+        except BaseException as exc:  # noqa: BLE001 - raised again where the batches are taken
+            self._put((exc, "error"))
+            return
+        self._put((self._END, None))
+
+    def __iter__(self) -> Iterator[Any]:
+        import torch
+
+        while True:
+            batch, event = self.queue.get()
+            if batch is self._END:
+                return
+            if event == "error":
+                raise batch
+            if event is not None:  # the copy finished before the batch is used, and its memory is kept
+                event.wait(torch.cuda.current_stream(self.device))
+                _record_stream(batch, torch.cuda.current_stream(self.device))
+            yield batch
+
+    def close(self) -> None:
+        self.stop.set()
+
+
+def _record_stream(batch: Any, stream: Any) -> None:
+    """Tell CUDA's caching allocator that ``stream`` uses the batch's tensors (they were allocated
+    on the copy stream)."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        batch.record_stream(stream)
+    elif isinstance(batch, dict):
+        for value in batch.values():
+            _record_stream(value, stream)
+    elif isinstance(batch, (list, tuple)):
+        for value in batch:
+            _record_stream(value, stream)
+

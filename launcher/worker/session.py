@@ -244,13 +244,15 @@ class TorchSession(Session):
     def loader(self, dataset: Any, batch_size: int | None = None, *, shuffle: bool = True, train: bool = True,
                collate_fn: Callable | None = None, num_workers: int = 0, drop_last: bool = False,
                pin_memory: bool | None = None, to_device: bool = True, shard: bool = True,
-               **kwargs: Any) -> ResumableLoader:
+               prefetch: bool | None = None, **kwargs: Any) -> ResumableLoader:
         """A loader over a map-style ``dataset`` (``len`` and ``dataset[i]``; items of any
         structure): this rank's shard, in the launcher's order (``shuffle``) or in order,
         ``num_workers`` prefetch processes, pinned memory and batches moved to the device on a
         GPU. The training loader (``train``, one per session) resumes at the exact batch;
         an evaluation loader (``train=False``) covers the whole dataset across the ranks.
         ``shard=False``: the dataset is this rank's share already (e.g. a workload's shard).
+        ``prefetch`` (default: on a GPU): a thread reads the next batches and copies them to the
+        device on a stream of their own while the current one trains.
         A dataset with ``__getitems__(indices)`` is read a batch per call (torch's batched fetch)."""
         if not hasattr(dataset, "__len__") or not hasattr(dataset, "__getitem__"):
             raise SessionError(f"session.loader(...) at {user_line()}: a {type(dataset).__name__} is not a map-style "
@@ -266,8 +268,10 @@ class TorchSession(Session):
                             shard)
         if pin_memory is None:
             pin_memory = self.device.type == "cuda"
+        if prefetch is None:
+            prefetch = self.device.type == "cuda"
         made = ResumableLoader(self, dataset, order, collate_fn=collate_fn, num_workers=num_workers,
-                               pin_memory=pin_memory, to_device=to_device, **kwargs)
+                               pin_memory=pin_memory, to_device=to_device, prefetch=prefetch, **kwargs)
         made.made_at = user_line()
         if train:
             self._train_loader = made
