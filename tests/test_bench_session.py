@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from benchmarks import checkpoint_stall, function_scaling
+from benchmarks import function_scaling
 from test_session import CHAR_LM, topics_file
 from test_user_workloads import run_cli
 
