@@ -98,3 +98,27 @@ def test_gradient_accumulation_with_ddp_learns(ray_local, capsys, tmp_path):
     s = json.loads(out.strip().splitlines()[-1])
     assert code == 0 and s["status"] == "succeeded", err
     assert s["metrics"]["accuracy"] > 0.7, s
+
+
+@pytest.mark.integration
+def test_a_loss_hook_that_returns_a_vector_fails_naming_it(ray_local, capsys, tmp_path):
+    from test_user_workloads import GOOD, write
+
+    bad = GOOD.replace("FRAMEWORKS = (\"torch\",)", """FRAMEWORKS = ("torch",)
+
+
+class PerSample(Blobs):
+    def torch_loss(self, outputs, labels, params):
+        import torch.nn.functional as F
+        return F.cross_entropy(outputs, labels, reduction="none")
+
+
+PER_SAMPLE = PerSample()""")
+    path = write(tmp_path / "code", bad)
+    code, out, err = run_cli(capsys, "run", "--workload", f"{path}:PER_SAMPLE", "--storage", str(tmp_path / "runs"),
+                             "--json")
+    s = json.loads(out.strip().splitlines()[-1])
+    assert code == 1 and s["status"] == "failed", err
+    line = 1 + bad.splitlines().index("    def torch_loss(self, outputs, labels, params):")
+    assert f"torch_loss of workload blobs at {path}:{line} returned a tensor of shape (16,)" in s["error"], s["error"]
+    assert "not a scalar tensor" in s["error"]

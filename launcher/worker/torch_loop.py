@@ -111,6 +111,8 @@ def train_workload(session, workload) -> None:
             with sync:
                 with session.autocast():
                     loss = workload.torch_loss(model(x), y, params)
+                if i == 1 or loss.dim():
+                    _check_loss(workload, loss)
                 scaler.scale(loss / accumulate if accumulate > 1 else loss).backward()
             if boundary:
                 if spec.grad_clip:
@@ -123,6 +125,24 @@ def train_workload(session, workload) -> None:
                 optimizer.zero_grad()
             session.step(train_loss=loss.detach(), boundary=boundary)
         evaluate(session, workload, module, evaluation)
+
+
+def _check_loss(workload, loss) -> None:
+    """One line naming the workload's loss hook when it does not return a scalar tensor."""
+    import inspect
+
+    from launcher.worker.loader import SessionError
+
+    if getattr(loss, "dim", None) is not None and loss.dim() == 0 and loss.is_floating_point():
+        return
+    hook = type(workload).torch_loss
+    try:
+        where = f"{inspect.getsourcefile(hook)}:{inspect.getsourcelines(hook)[1]}"
+    except (OSError, TypeError):
+        where = type(workload).__name__
+    what = (f"a tensor of shape {tuple(loss.shape)}" if hasattr(loss, "shape") else f"a {type(loss).__name__}")
+    raise SessionError(f"torch_loss of workload {workload.name} at {where} returned {what}, not a scalar tensor: "
+                       "reduce it over the batch (e.g. F.mse_loss(outputs, labels), or .mean())")
 
 
 def evaluate(session, workload, module, loader) -> None:
