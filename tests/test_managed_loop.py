@@ -51,9 +51,15 @@ def test_numerics_flags_parse(capsys):
 
 
 @pytest.mark.integration
-def test_a_regression_workload_learns_and_resumes_exactly(tmp_path):
+@pytest.mark.parametrize("backend", ["native", "horovod"])
+def test_a_regression_workload_learns_and_resumes_exactly(tmp_path, backend):
+    from launcher.backends import horovod
+
+    if backend == "horovod" and horovod.probe("torch"):
+        pytest.skip(f"Horovod is not built here: {horovod.probe('torch')}")
     storage = str(tmp_path / "runs")
-    args = ["--workload", DIABETES, "--storage", storage, "--epochs", "8", "--checkpoint-every-steps", "4"]
+    args = ["--workload", DIABETES, "--storage", storage, "--epochs", "8", "--checkpoint-every-steps", "4",
+            "--backend", backend]
     whole = finish(launch(args + ["--name", "whole"]))
     m = whole["metrics"]
     assert whole["status"] == "succeeded" and whole["steps_completed"] == 8 * 11, whole
