@@ -53,6 +53,13 @@ def _watcher_on() -> bool:
     return True if value is None else value.strip().lower() in ("1", "true")
 
 
+def notices_possible() -> bool:
+    """Whether a preemption notice can reach this run (after :func:`apply_ray_train_env`): only
+    through Ray Train's preemption watcher. Without it ``get_preemption_info()`` always answers
+    None, and the workers skip asking (a barrier across ranks every few steps)."""
+    return _watcher_on()
+
+
 def restarts_possible(spec) -> bool:
     """Whether Ray Train can restart this run's worker group (after :func:`apply_ray_train_env`):
     a failure budget, preemptions it watches for, or an elastic group on a cluster whose nodes

@@ -95,6 +95,7 @@ class Session(abc.ABC):
         self.board = None  # the driver's ProgressBoard actor (rank 0 writes to it)
         self.start_step = 0
         self.noticed = False
+        self.notices = True  # False where no notice can come (no preemption watcher): nothing to ask
         self.step_s = 0.0        # recent time per step, for the reserve before a drain deadline
         self.checkpoint_s = 0.0  # time the last checkpoint took
 
@@ -222,7 +223,7 @@ class Session(abc.ABC):
         """Every K steps, on every rank alike (Ray's barrier): None (train on), "checkpoint"
         (a notice just came and there is time to train on) or "hold" (checkpoint and stop)."""
         k = self.spec.preemption_check_steps
-        if not k or self.pos.global_step % k:
+        if not k or not self.notices or self.pos.global_step % k:
             return None
         import ray.train
 
@@ -298,6 +299,7 @@ class Training(Session):
         from launcher.storage import Storage
 
         self.board = config.get("board")
+        self.notices = config.get("notices", True)
         model_ready = time.time()
         chosen = checkpoint_to_resume(config, Storage.resolve(self.spec.storage), self.spec.name)
         if chosen is not None:

@@ -466,6 +466,7 @@ class TorchSession(Session):
         from launcher.worker.loop import checkpoint_to_resume
 
         self.board = config.get("board")
+        self.notices = config.get("notices", True)
         chosen = checkpoint_to_resume(config, Storage.resolve(self.spec.storage), self.spec.name)
         if chosen is not None:
             with ray.train.Checkpoint(chosen[1], filesystem=chosen[0]).as_directory() as d:
