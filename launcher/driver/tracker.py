@@ -21,6 +21,7 @@ from launcher.storage.runlog import RunLog
 from launcher.summary import (Attempt, Event, Failure, Interruption, Preempting, Report, Restart,
                               RunStatus, RunSummary, pick_metrics)
 
+
 @dataclass
 class Tracker:
     """What one launch has seen so far."""

@@ -4,8 +4,11 @@
 complete checkpoints the driver found in storage, newest first;
 ``config["board"]`` is the driver's progress board (or None);
 ``config["env"]`` holds variables the worker needs (e.g. the storage
-emulator's address). The framework's loop is imported here, on the worker,
-so the driver never imports torch or TensorFlow.
+emulator's address); ``config["notices"]`` whether a preemption notice can
+come; ``config["user_config"]`` what a Ray Train function gets as its config.
+A torch run is a training function on the session: the user's own, or the
+managed loop for a workload. The framework's loop is imported here, on the
+worker, so the driver never imports torch or TensorFlow.
 """
 
 from __future__ import annotations
@@ -31,13 +34,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         # Written for Ray Train's TorchTrainer: Ray's own API inside, the run's values as config.
         function.fn(dict(config["user_config"]))
         return
-    if function is not None:  # the user's own loop, given a session
-        from launcher.worker.session import TorchSession
-
-        comm = backend.torch_comm(spec)
-        comm.setup()
-        TorchSession(spec, comm, function).start(config, started)
-        return
     if spec.framework == "tensorflow":
         from launcher.worker.tf_loop import TFTraining, configure_tensorflow
 
@@ -46,14 +42,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         comm.setup()
         TFTraining(spec, comm).start(config, started)
         return
-    # A torch workload: the managed loop, a training function of the launcher's own.
+    # torch: the user's own loop, or a workload in the managed loop (a training function of ours)
     from launcher.worker.session import TorchSession
     from launcher.worker.torch_loop import managed
 
     comm = backend.torch_comm(spec)
     comm.setup()
-    TorchSession(spec, comm, managed(workloads.get(spec.workload))).start(config, started)
-
+    TorchSession(spec, comm, function or managed(workloads.get(spec.workload))).start(config, started)
 
 def _training_function(spec: JobSpec):
     """The user's training function the spec names (a session function), or None for a workload."""
