@@ -50,4 +50,5 @@ def names() -> list[str]:
 
 
 __all__ = ["DataError", "DatasetSplit", "Defaults", "Param", "Split", "Workload", "WorkloadError", "UnknownName",
-           "REGISTRY", "DEFAULT", "TrainingFunction", "get", "is_ray_train", "keras", "names", "shard", "training_function"]
+           "REGISTRY", "DEFAULT", "TrainingFunction", "get", "is_ray_train", "keras", "names", "shard",
+           "training_function"]

@@ -42,9 +42,9 @@ class FunctionError(ValueError):
     """A function that cannot be a training function; str() says why and how to fix it."""
 
 
-def training_function(*, epochs: int = FALLBACK.epochs, batch_size: int = FALLBACK.batch_size, lr: float = FALLBACK.lr,
-             params: Iterable[Param] = (), data: str | None = None,
-             description: str | None = None) -> Callable[[Callable], Callable]:
+def training_function(*, epochs: int = FALLBACK.epochs, batch_size: int = FALLBACK.batch_size,
+                      lr: float = FALLBACK.lr, params: Iterable[Param] = (), data: str | None = None,
+                      description: str | None = None) -> Callable[[Callable], Callable]:
     """Decorator: the hyper-parameter defaults, the ``--param``s and what ``--data`` must be.
 
     ``params`` given: only those parameters are accepted (typed, as a Workload's).

@@ -385,7 +385,8 @@ def cmd_bench_preemption(args: argparse.Namespace) -> int:
 
 
 HANDLERS = {"scaling": cmd_scaling, "allreduce": cmd_allreduce, "project": cmd_project,
-            "overhead": cmd_overhead, "checkpoint": cmd_checkpoint, "stall": cmd_stall, "preemption": cmd_bench_preemption}
+            "overhead": cmd_overhead, "checkpoint": cmd_checkpoint, "stall": cmd_stall,
+            "preemption": cmd_bench_preemption}
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
