@@ -1,8 +1,9 @@
 """Each file of a checkpoint cut off or deleted in turn: the checkpoint is never used,
 and the run resumes from the newest complete one with no step lost beyond it.
 
-One real 2-worker run writes checkpoints every 10 steps (rank 0's model and
-optimizer, each rank's RNG state, rank 0's manifest last). Every file of the
+One real 2-worker run writes checkpoints every 10 steps (rank 0's model and its
+other registered state, the optimizer, in state.pt; each rank's RNG state; rank 0's
+manifest last). Every file of the
 newest checkpoint is then truncated, deleted, and for the manifest also garbled,
 one at a time: the storage listing and the driver's pre-flight (what a launch
 resumes from) must both pass over that checkpoint. A relaunch with one of them
@@ -61,7 +62,7 @@ def test_each_damaged_file_of_a_checkpoint_is_passed_over_and_the_run_resumes(ra
     assert [m.global_step for m, _ in kept] == [10, 20, 23]
     manifest, newest = kept[-1]
     names = sorted(manifest.files) + [MANIFEST]
-    assert {"model.pt", "optimizer.pt", "rng_rank0.pt", "rng_rank1.pt"} <= set(names), names  # every rank's
+    assert {"model.pt", "state.pt", "rng_rank0.pt", "rng_rank1.pt"} <= set(names), names  # every rank's
 
     spec = JobSpec(storage=storage, name="cut", epochs=2, checkpoint_every_steps=10, keep_checkpoints=20)
     tried = []
