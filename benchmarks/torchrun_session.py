@@ -77,8 +77,16 @@ def main(argv: list[str] | None = None) -> None:
                           "metrics": {k: v for k, v in epoch.items() if isinstance(v, (int, float))},
                           "samples_per_s": rate, "threads": torch.get_num_threads(),
                           "first_step_s": (first - launched) if first else None,
-                          "omp": os.environ.get("OMP_NUM_THREADS")}))
+                          "omp": os.environ.get("OMP_NUM_THREADS")}), flush=True)
     if args.comm == "ddp":
+        # Both ranks done before either tears down, and DDP's reference to the group dropped
+        # first: a rank that destroyed its group while the other still exited aborted now and
+        # then on a loaded machine ("terminate called without an active exception").
+        dist.barrier()
+        del session, function
+        import gc
+
+        gc.collect()
         dist.destroy_process_group()
 
 
