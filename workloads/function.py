@@ -126,7 +126,7 @@ class TrainingFunction(Workload):
                                                                           f"training function {fn.__name__}"),
             defaults=declared.get("defaults", FALLBACK), frameworks=("torch",),
             data_help=declared.get("data"), params=tuple(declared.get("params", ())))
-        self.fn, self.where, self.kind = fn, where, kind
+        self.fn, self.kind = fn, kind
         self.free_params = "params" not in declared or not declared["params"]
         self.source = _defined_at(fn) or where
 

@@ -214,10 +214,6 @@ class TorchSession(Session):
 
         return self.comm.allreduce_sum(torch.from_numpy(np.array(values, dtype=np.float64))).numpy()
 
-    def mean_over_ranks(self, value: float) -> float:
-        """``value`` averaged over the ranks (a collective: every rank calls it)."""
-        return float(self.sum_over_ranks(np.array([value], dtype=np.float64))[0] / self.world)
-
     # -- state ---------------------------------------------------------------------------
     def register(self, **objects: Any) -> None:
         """Objects whose state the checkpoints hold: the model (the first ``nn.Module``, or the one
