@@ -35,12 +35,10 @@ registers it like any other state: ``session.register(loader=stateful_loader)``.
 
 from __future__ import annotations
 
-import math
 import os
 import random
-import sys
 import time
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
@@ -48,7 +46,8 @@ from launcher.spec import JobSpec
 from launcher.storage.checkpoint import read_manifest
 from launcher.worker.formats import TORCH_MODEL_FILE, TORCH_OPTIMIZER_FILE, torch_rng_file
 from launcher.worker.loader import BatchOrder, ResumableLoader, SessionError, user_line
-from launcher.worker.loop import Position, Session
+from launcher.worker.loop import Position
+from launcher.worker.usersession import UserSession
 
 STATE_FILE = "state.pt"           # every registered object's state_dict but the model's
 
@@ -88,90 +87,30 @@ def _seed_all(seed: int) -> None:
     random.seed(seed)
 
 
-class TorchSession(Session):
+class TorchSession(UserSession):
     """What a training function gets: the run's facts, the backend, a resumable loader, and
     the checkpoints. See the module docstring for the loop it expects."""
 
     def __init__(self, spec: JobSpec, comm, function: Any = None) -> None:
         import torch
 
-        super().__init__(spec, comm)
-        self.function = function
+        super().__init__(spec, comm, function)
         self.device = comm.device()
         torch.set_num_threads(max(1, int(spec.cpus_per_worker)))
         self.objects: dict[str, Any] = {}
         self.model_name: str | None = None
         self._saved: dict[str, Any] = {}       # states read from the checkpoint, until registered
         self._rng: dict[str, Any] | None = None
-        self._carried: dict[str, Any] | None = None  # the interrupted epoch's metrics so far
         self._resume_batches = 0
         self._train_loader: ResumableLoader | None = None
-        self._sums: dict[str, Any] = {}        # step metrics of the epoch under way, summed (on the device)
-        self._counts: dict[str, int] = {}
-        self._reported: dict[str, tuple[float, float]] = {}  # report(): value x weight, weight
-        self._samples = 0
-        self._epoch_started = 0.0
-        self._last_step_at: float | None = None
-        self._step_started = 0.0
-        self._in_epochs = False
-        self.trained = False
         _seed_all(spec.seed)  # the same initial weights on every rank
 
     # -- the run's facts -------------------------------------------------------------------
-    @property
-    def world_size(self) -> int:
-        return self.world
-
     @property
     def local_rank(self) -> int:
         import ray.train
 
         return ray.train.get_context().get_local_rank()
-
-    @property
-    def params(self) -> dict[str, Any]:
-        """The run's ``--param``s (with the function's declared defaults)."""
-        return dict(self.spec.params)
-
-    @property
-    def epochs_total(self) -> int:
-        return int(self.spec.epochs)
-
-    @property
-    def batch_size(self) -> int:
-        return int(self.spec.batch_size)
-
-    @property
-    def lr(self) -> float:
-        return float(self.spec.lr)
-
-    @property
-    def seed(self) -> int:
-        return int(self.spec.seed)
-
-    @property
-    def data(self) -> str | None:
-        """``--data`` as a local path (a gs:// folder is this node's verified copy)."""
-        from launcher.storage.datacache import local_data
-
-        return local_data(self.spec.data)
-
-    @property
-    def epoch(self) -> int:
-        """The epoch under way (0-based), or the number completed between epochs."""
-        return self.pos.epoch
-
-    @property
-    def global_step(self) -> int:
-        return self.pos.global_step
-
-    @property
-    def step_in_epoch(self) -> int:
-        return self.pos.step_in_epoch
-
-    @property
-    def is_chief(self) -> bool:
-        return self.rank == 0
 
     @property
     def precision(self) -> str:
@@ -274,101 +213,24 @@ class TorchSession(Session):
             self.steps_per_epoch = len(order)
         return made
 
+    def _as_metric(self, value: Any) -> Any:
+        detach = getattr(value, "detach", None)
+        return detach().float() if callable(detach) else float(value)
+
+    def _epoch_ends(self) -> bool:
+        loader = self._train_loader
+        return loader is not None and loader.batches >= len(loader)
+
+    def _epoch_done(self) -> None:
+        if self._train_loader is not None:
+            self._train_loader.batches = 0
+
     def _loader_start(self, loader: ResumableLoader) -> int:
         """The batch the training loader starts at: the resumed position once, then 0."""
         start, self._resume_batches = self._resume_batches, 0
         return start
 
     # -- the loop --------------------------------------------------------------------------
-    def epochs(self) -> Iterator[int]:
-        """The epochs left to train (0-based), each ending with a checkpoint; the last one exports
-        the model. On a resumed run the first is the interrupted one, its loader at the next batch."""
-        self._begin()
-        self._in_epochs = True
-        try:
-            while self.pos.epoch < self.spec.epochs:
-                self._epoch_started = self._step_started = time.perf_counter()
-                self._last_step_at = None
-                if self._carried:  # resumed mid-epoch: the epoch's metrics so far, as saved
-                    c, self._carried = self._carried, None
-                    self._sums, self._counts = dict(c["sums"]), dict(c["counts"])
-                    self._reported = {n: tuple(v) for n, v in c["reported"].items()}
-                    self._samples = int(c["samples"])
-                    self._epoch_started -= float(c["seconds"])
-                yield self.pos.epoch
-                self._end_epoch()
-        finally:
-            self._in_epochs = False
-        if not self.trained:  # nothing was left: say where the run stands
-            self.send({"kind": "done", **{n: v / w for n, (v, w) in self._reported.items() if w}}, checkpoint=False)
-            self.trained = True
-
-    def step(self, *, boundary: bool = True, **metrics: Any) -> None:
-        """One optimizer step done; ``metrics`` (numbers or 0-d tensors, any names) are
-        averaged over the epoch. May checkpoint: every ``--checkpoint-every-steps`` and at
-        once on a preemption notice (all ranks at the same step). ``boundary=False``: a step
-        whose gradients still accumulate (no checkpoint can hold them, so none is taken)."""
-        if not self._in_epochs:
-            raise SessionError(f"session.step() at {user_line()} outside `for epoch in session.epochs():`; "
-                               "call it inside that loop, once per optimizer step")
-        for name, value in metrics.items():
-            detach = getattr(value, "detach", None)
-            value = detach().float() if callable(detach) else float(value)
-            self._sums[name] = self._sums[name] + value if name in self._sums else value
-            self._counts[name] = self._counts.get(name, 0) + 1
-        self.pos.step_in_epoch += 1
-        self.pos.global_step += 1
-        self.trained = True
-        self._last_step_at = time.perf_counter()
-        loader = self._train_loader
-        ends = loader is not None and loader.batches >= len(loader)
-        self.after_step(self._step_started, boundary=boundary, epoch_ends=ends, values=self._step_values)
-        self._step_started = time.perf_counter()
-
-    def report(self, *, weight: float = 1.0, **named: Any) -> None:
-        """``session.report(val_loss=..., perplexity=...)``: metrics of the epoch under way (any
-        names; numbers or 0-d tensors). Each rank reports its own value; at the epoch's end they
-        are averaged over the ranks, each counting ``weight`` (e.g. the number of samples the
-        rank scored), and reported with the epoch's checkpoint."""
-        for name, value in named.items():
-            item = getattr(value, "item", None)
-            self._reported[name] = (float(item() if callable(item) else value) * weight, float(weight))
-
-    def _step_values(self) -> dict[str, float]:
-        out = {name: float(total) / self._counts[name] for name, total in self._sums.items()}
-        self._check_finite(out)
-        return out
-
-    def _check_finite(self, values: dict[str, float]) -> None:
-        for name, value in values.items():
-            if "loss" in name and not math.isfinite(value):
-                raise FloatingPointError(
-                    f"training diverged: {name} is {value} in epoch {self.pos.epoch + 1} by step "
-                    f"{self.pos.global_step} (no checkpoint was written from it); lower --lr (now "
-                    f"{self.spec.lr:g})")
-
-    def _end_epoch(self) -> None:
-        """Average the epoch's metrics over the ranks, advance the position, checkpoint."""
-        seconds = (self._last_step_at or time.perf_counter()) - self._epoch_started  # training, not evaluating
-        steps = self._step_values()
-        stepped, reported = sorted(steps), sorted(self._reported)
-        vector = np.array([steps[n] for n in stepped] + [self._reported[n][0] for n in reported]
-                          + [self._reported[n][1] for n in reported] + [self._samples], dtype=np.float64)
-        total = self.sum_over_ranks(vector)
-        k, r = len(stepped), len(reported)
-        means = {n: float(total[i]) / self.world for i, n in enumerate(stepped)}
-        means.update({n: float(total[k + i]) / max(float(total[k + r + i]), 1e-300) for i, n in enumerate(reported)})
-        self._check_finite(means)
-        samples = int(total[-1])
-        self.pos.epoch, self.pos.step_in_epoch = self.pos.epoch + 1, 0
-        if self._train_loader is not None:
-            self._train_loader.batches = 0
-        last = self.pos.epoch == self.spec.epochs
-        extra = {"weights_sha256": self.weights_digest()} if last and self.rank == 0 else {}
-        self.send({"kind": "epoch", **means, "samples": samples, "train_time_s": seconds,
-                     "samples_per_s": samples / seconds if seconds > 0 else 0.0, **extra})
-        self._sums, self._counts, self._reported, self._samples = {}, {}, {}, 0
-
     def _begin(self) -> None:
         """Before the first step: a model registered, the RNG streams set (restored)."""
         import torch
@@ -445,52 +307,6 @@ class TorchSession(Session):
             if self.pos.step_in_epoch:
                 self._carried = mine["epoch"]
         self._resume_batches = int(info.get("batches", 0)) if self.pos.step_in_epoch else 0
-
-    def _epoch_so_far(self) -> dict[str, Any]:
-        """The epoch's running metrics as plain numbers (read from the device now: a checkpoint)."""
-        until = self._last_step_at or time.perf_counter()
-        return {"sums": {k: float(v) for k, v in self._sums.items()}, "counts": dict(self._counts),
-                "reported": dict(self._reported), "samples": self._samples,
-                "seconds": until - self._epoch_started if self._epoch_started else 0.0}
-
-    # -- running the user's function ------------------------------------------------------------
-    def start(self, config: dict[str, Any], started: float) -> None:
-        """Read the newest complete checkpoint, then run the training function."""
-        import ray.train
-
-        from launcher.storage import Storage
-        from launcher.worker.loop import checkpoint_to_resume
-
-        self.board = config.get("board")
-        self.notices = config.get("notices", True)
-        chosen = checkpoint_to_resume(config, Storage.resolve(self.spec.storage), self.spec.name)
-        if chosen is not None:
-            with ray.train.Checkpoint(chosen[1], filesystem=chosen[0]).as_directory() as d:
-                self.restore(d)
-        if self.rank == 0:
-            self.marks["worker_start"] = started
-        self.run_function()
-
-    def run_function(self) -> None:
-        fn = self.function.fn
-        try:
-            fn(self)
-        except (SessionError, FloatingPointError):
-            raise
-        except Exception as exc:
-            where = user_line(sys.exc_info()[2])
-            text = str(exc).strip().splitlines()
-            raise RuntimeError(f"{type(exc).__name__} in {fn.__name__}(session) at {where}: "
-                               f"{text[-1] if text else ''}") from exc
-        if not self.trained:
-            raise SessionError(f"{fn.__name__}(session) at {self.function.source} returned without training: "
-                               "iterate `for epoch in session.epochs():` and call session.step() after each "
-                               "optimizer step, so the launcher can checkpoint and report")
-        if self.pos.epoch < self.spec.epochs:
-            raise SessionError(f"{fn.__name__}(session) at {self.function.source} returned after epoch "
-                               f"{self.pos.epoch} of {self.spec.epochs}: leave the `session.epochs()` loop "
-                               "only when it ends")
-
 
 class _NoOptimizer:
     """An optimizer with no state, for :meth:`TorchSession.prepare` without one."""
