@@ -108,6 +108,11 @@ class JobSpec:
         Raises:
             UserError: naming the field, the bad value and what would be valid.
         """
+        if self.framework == "torch" and workloads.is_reference(self.workload):
+            function = load_workload(self.workload)
+            if isinstance(function, workloads.TrainingFunction) and function.frameworks == ("tensorflow",):
+                # A Keras or TensorFlow function: it needs no --framework.
+                return dataclasses.replace(self, framework="tensorflow").validated(now)
         workload = self._check_choices()
         self._check_numbers()
         self._check_horovod_options()

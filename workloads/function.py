@@ -44,20 +44,37 @@ class FunctionError(ValueError):
 
 def training_function(*, epochs: int = FALLBACK.epochs, batch_size: int = FALLBACK.batch_size,
                       lr: float = FALLBACK.lr, params: Iterable[Param] = (), data: str | None = None,
-                      description: str | None = None) -> Callable[[Callable], Callable]:
+                      description: str | None = None, framework: str | None = None) -> Callable[[Callable], Callable]:
     """Decorator: the hyper-parameter defaults, the ``--param``s and what ``--data`` must be.
 
     ``params`` given: only those parameters are accepted (typed, as a Workload's).
     ``data``: what ``--data`` points at (the run then requires it).
+    ``framework``: "torch" or "tensorflow" (default: the one the function's module imports).
     """
+    if framework not in (None, "torch", "tensorflow"):
+        raise FunctionError(f"training_function(framework={framework!r}): use 'torch' or 'tensorflow'")
     declared = {"defaults": Defaults(epochs=epochs, batch_size=batch_size, lr=lr), "params": tuple(params),
-                "data": data, "description": description}
+                "data": data, "description": description, "framework": framework}
 
     def attach(fn: Callable) -> Callable:
         setattr(fn, _ATTRIBUTE, declared)
         return fn
 
     return attach
+
+
+def framework_of(fn: Callable) -> tuple[str, ...]:
+    """The frameworks a function can train with: the declared one, else the one its module
+    imported (TensorFlow or Keras, torch); both where that says nothing."""
+    declared = (getattr(fn, _ATTRIBUTE, None) or {}).get("framework")
+    if declared:
+        return (declared,)
+    names = {getattr(v, "__name__", "").split(".")[0] for v in getattr(fn, "__globals__", {}).values()
+             if inspect.ismodule(v)}
+    tf, torch = bool(names & {"tensorflow", "tf_keras", "keras"}), "torch" in names
+    if tf != torch:
+        return ("tensorflow",) if tf else ("torch",)
+    return ("torch", "tensorflow")
 
 
 def required_parameters(fn: Callable) -> list[str]:
@@ -124,7 +141,8 @@ class TrainingFunction(Workload):
         super().__init__(
             name=fn.__name__, description=declared.get("description") or (doc[0] if doc else
                                                                           f"training function {fn.__name__}"),
-            defaults=declared.get("defaults", FALLBACK), frameworks=("torch",),
+            defaults=declared.get("defaults", FALLBACK),
+            frameworks=framework_of(fn) if kind == SESSION else ("torch",),
             data_help=declared.get("data"), params=tuple(declared.get("params", ())))
         self.fn, self.kind = fn, kind
         self.free_params = "params" not in declared or not declared["params"]

@@ -14,8 +14,25 @@ imported.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from typing import Iterator
+
+
+@contextlib.contextmanager
+def native_stderr_silenced() -> Iterator[None]:
+    """Send file descriptor 2 to /dev/null meanwhile: C++ libraries log there before any
+    setting can stop them. Python exceptions still propagate (and print afterwards)."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 def keras():

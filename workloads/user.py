@@ -14,6 +14,7 @@ Like the rest of ``workloads``, nothing here imports the launcher or Ray.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import importlib.util
@@ -27,6 +28,7 @@ import numpy as np
 
 from workloads import function
 from workloads.base import Defaults, Workload
+from workloads.tf_models import native_stderr_silenced
 
 FRAMEWORKS = ("torch", "tensorflow")
 # Set to 1 (by the launcher, through Ray's runtime environment) where the workload's folder
@@ -97,7 +99,14 @@ def load_reference(text: str) -> Workload:
 
 
 def _import_object(ref: Reference) -> Any:
-    module = _import_file(ref) if ref.path else _import_module(ref)
+    quiet = contextlib.nullcontext()
+    if "tensorflow" not in sys.modules:
+        # The launcher trains with the legacy tf.keras: a file importing TensorFlow must get it.
+        os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+        if ref.path and _mentions_tensorflow(ref.path):
+            quiet = native_stderr_silenced()  # TensorFlow's C++ start-up notes (no GPU, CPU features)
+    with quiet:
+        module = _import_file(ref) if ref.path else _import_module(ref)
     if not hasattr(module, ref.attribute):
         candidates = sorted(k for k, v in vars(module).items()
                             if isinstance(v, Workload) or (isinstance(v, type) and issubclass(v, Workload)
@@ -107,6 +116,15 @@ def _import_object(ref: Reference) -> Any:
                 else "define a Workload (or a subclass), or a training function def NAME(session), under that name")
         raise WorkloadError(f"--workload {ref.text}: {_where(ref)} has no {ref.attribute!r}; {hint}")
     return getattr(module, ref.attribute)
+
+
+def _mentions_tensorflow(path: str) -> bool:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return False
+    return "tensorflow" in text or "keras" in text
 
 
 def _where(ref: Reference) -> str:

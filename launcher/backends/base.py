@@ -88,6 +88,17 @@ class TFComm(Comm):
         """
         raise NotImplementedError
 
+    wraps_keras_optimizer = False  # whether a Keras optimizer must be wrapped to reduce gradients
+
+    def keras_optimizer(self, optimizer):
+        """A Keras optimizer as this backend steps it (the mirrored strategy reduces gradients
+        itself; Horovod wraps it)."""
+        return optimizer
+
+    def is_wrapped(self, optimizer) -> bool:
+        """Whether ``optimizer`` is :meth:`keras_optimizer`'s already."""
+        return True
+
 
 class Backend:
     """Driver-side description of a backend."""

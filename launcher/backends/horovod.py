@@ -301,10 +301,26 @@ class HorovodTFComm(_HorovodRing, TFComm):
 
         return step
 
+    wraps_keras_optimizer = True
+
+    def keras_optimizer(self, optimizer):
+        """Horovod's Keras DistributedOptimizer: it averages the gradients ``minimize`` computes
+        (what ``model.fit`` calls) over the ring."""
+        import importlib
+
+        hvd_keras = importlib.import_module(self.MODULE + ".keras")
+        compression = self.hvd.Compression.fp16 if self.fp16 else self.hvd.Compression.none
+        return hvd_keras.DistributedOptimizer(optimizer, compression=compression)
+
+    def is_wrapped(self, optimizer) -> bool:
+        return hasattr(optimizer, "_allreduce_grads")
+
     def after_restore(self, model, optimizer) -> None:
         """Every rank starts from rank 0's variables, model and optimizer."""
         self.hvd.broadcast_variables(model.variables, root_rank=0)
-        self.hvd.broadcast_variables(optimizer.variables, root_rank=0)
+        if optimizer is not None:
+            variables = optimizer.variables
+            self.hvd.broadcast_variables(variables() if callable(variables) else variables, root_rank=0)
 
     def allreduce_sum(self, values):
         import tensorflow as tf

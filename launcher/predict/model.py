@@ -136,7 +136,7 @@ class Model:
     def _load_tensorflow(self):
         from workloads.tf_models import keras
 
-        from launcher.worker.export import native_stderr_silenced
+        from workloads.tf_models import native_stderr_silenced
 
         with native_stderr_silenced():
             keras()  # the legacy tf.keras, before TensorFlow loads

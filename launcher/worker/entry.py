@@ -29,18 +29,28 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     faultpoint.pause("workers-start")
     spec = JobSpec(**config["spec"])
     backend = backends.get(spec.backend)
+    if spec.framework == "tensorflow":
+        from launcher.worker.tf_loop import configure_tensorflow
+
+        # Before anything imports TensorFlow (a training function's file does): the legacy
+        # tf.keras, and TensorFlow's thread pools sized to the worker's CPUs.
+        configure_tensorflow(max(1, int(spec.cpus_per_worker)))
     function = _training_function(spec)
     if function is not None and function.kind == workloads.function.RAY_TRAIN:
         # Written for Ray Train's TorchTrainer: Ray's own API inside, the run's values as config.
         function.fn(dict(config["user_config"]))
         return
     if spec.framework == "tensorflow":
-        from launcher.worker.tf_loop import TFTraining, configure_tensorflow
-
-        configure_tensorflow(max(1, int(spec.cpus_per_worker)))  # before TensorFlow starts
         comm = backend.tf_comm(spec)
         comm.setup()
-        TFTraining(spec, comm).start(config, started)
+        if function is not None:  # the user's Keras or GradientTape code
+            from launcher.worker.tf_session import TFSession
+
+            TFSession(spec, comm, function).start(config, started)
+        else:
+            from launcher.worker.tf_loop import TFTraining
+
+            TFTraining(spec, comm).start(config, started)
         return
     # torch: the user's own loop, or a workload in the managed loop (a training function of ours)
     from launcher.worker.session import TorchSession

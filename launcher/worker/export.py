@@ -13,31 +13,13 @@ the workload's channels-first layout.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import sys
 import tempfile
-from typing import Iterator
-
 import workloads
 from launcher.storage import Storage
 from launcher.worker.formats import TF_MODEL_FILE, TORCH_MODEL_FILE, load_arrays
-
-
-@contextlib.contextmanager
-def native_stderr_silenced() -> Iterator[None]:
-    """Send file descriptor 2 to /dev/null meanwhile: C++ libraries log there before any
-    setting can stop them. Python exceptions still propagate (and print afterwards)."""
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
+from workloads.tf_models import native_stderr_silenced
 
 
 def _describe(spec, workload, shape, files: dict[str, str], directory: str) -> None:

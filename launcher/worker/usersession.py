@@ -193,7 +193,8 @@ class UserSession(Session):
         self.pos.epoch, self.pos.step_in_epoch = self.pos.epoch + 1, 0
         self._epoch_done()
         last = self.pos.epoch == self.spec.epochs
-        extra = {"weights_sha256": self.weights_digest()} if last and self.rank == 0 else {}
+        digest = self.weights_digest() if last else None  # on every rank: it may take collectives
+        extra = {"weights_sha256": digest} if last and self.rank == 0 else {}
         self.send({"kind": "epoch", **means, "samples": samples, "train_time_s": seconds,
                      "samples_per_s": samples / seconds if seconds > 0 else 0.0, **extra})
         self._sums, self._counts, self._reported, self._samples = {}, {}, {}, 0

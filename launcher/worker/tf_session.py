@@ -1,0 +1,500 @@
+"""The training session for TensorFlow: a Keras ``model.fit`` or a ``tf.GradientTape`` loop
+with every guarantee of the launcher.
+
+``--workload FILE.py:train --framework tensorflow`` where ``train(session)`` is the user's
+code. For Keras, ``session.fit`` takes the place of ``model.fit``::
+
+    def train(session):
+        with session.scope():                      # MultiWorkerMirroredStrategy's, or none for Horovod
+            model = build_model()
+            model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+        data = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(10_000, seed=1)
+        session.fit(model, data.batch(session.global_batch_size), validation_data=(x_val, y_val))
+
+A custom loop iterates ``session.epochs()`` and ``session.dataset(...)`` and calls
+``session.step(loss=...)`` after each optimizer step, as the torch session does, with the
+model and optimizer registered (``session.register(model=model, optimizer=optimizer)``).
+
+How a resumed run is exact: the training data is one stream, the user's batched dataset
+repeated epoch after epoch (``ds.repeat()``: a deterministic pipeline, e.g. a seeded
+``shuffle``, yields the same batches in every run), so a position is a batch count. A
+resumed run skips that many batches of the stream, and each worker takes its strided share
+of every global batch (``batch[rank::world]``), so the composition of each global batch does
+not depend on the backend. ``model.fit`` is called once for the rest of an interrupted epoch
+and once for the epochs after it. Keras' metrics of an interrupted epoch (their variables)
+are saved with the checkpoint and restored when it resumes, so the epoch's figures cover all
+its steps. A preemption notice is polled between steps (:class:`launcher.worker.loop.Session`):
+all workers save at the same step, which is what TensorFlow's ``PreemptionCheckpointHandler``
+does for MultiWorkerMirroredStrategy, and works for Horovod as well.
+
+Checkpoints hold every registered object's variables as plain arrays (``tf_state.npz``,
+readable without a strategy) and each rank's running metrics; the final one exports the
+model in Keras' format (``model.keras``) with its weights (``model.weights.npz``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Iterator
+
+import numpy as np
+
+from launcher.spec import JobSpec
+from launcher.storage.checkpoint import read_manifest
+from launcher.worker.formats import TF_MODEL_FILE, arrays_digest, load_arrays, save_arrays
+from launcher.worker.loader import SessionError, user_line
+from launcher.worker.loop import Position
+from launcher.worker.usersession import UserSession
+
+STATE_FILE = "tf_state.npz"        # every registered object's variables, rank 0's
+INDEX_FILE = "tf_state.json"       # which arrays belong to which object, and the data position
+KERAS_FILE = "model.keras"
+
+
+def rank_file(rank: int) -> str:
+    """Each rank's running metrics of the epoch under way (Keras' metric variables included)."""
+    return f"tf_rank{rank}.npz"
+
+
+def _variables(obj: Any) -> list:
+    """The variables of a registered object (a Keras model, optimizer or metric, a tf.Module)."""
+    found = getattr(obj, "variables", None)
+    if callable(found):  # legacy optimizers: a method
+        found = found()
+    return list(found or [])
+
+
+class TFSession(UserSession):
+    """What a TensorFlow training function gets (see the module docstring)."""
+
+    def __init__(self, spec: JobSpec, comm, function: Any = None) -> None:
+        from workloads.tf_models import keras
+
+        super().__init__(spec, comm, function)
+        keras().utils.set_random_seed(spec.seed)  # the same initial weights on every rank
+        self.objects: dict[str, Any] = {}
+        self.model_name: str | None = None
+        self._saved: dict[str, list[np.ndarray]] = {}   # arrays read from the checkpoint, until _begin
+        self._metric_arrays: list[np.ndarray] | None = None  # Keras metrics of the interrupted epoch
+        self._data: EpochData | None = None
+        self._keras_model = None     # the model session.fit trains (its metrics are checkpointed)
+        self._began = False
+        self._model_arrays: list[np.ndarray] = []  # the model's variables as the last save read them
+
+    # -- the run's facts -------------------------------------------------------------------
+    @property
+    def global_batch_size(self) -> int:
+        """``--batch-size`` (per worker) times the workers: the batch a dataset given to
+        :meth:`fit` or :meth:`dataset` should yield."""
+        return int(self.spec.batch_size) * self.world
+
+    @property
+    def strategy(self):
+        """The ``tf.distribute`` strategy: MultiWorkerMirroredStrategy on the native backend,
+        TensorFlow's default (no-op) one under Horovod."""
+        import tensorflow as tf
+
+        return getattr(self.comm, "strategy", None) or tf.distribute.get_strategy()
+
+    def scope(self):
+        """Create the model and optimizer inside this (the strategy's variable scope)."""
+        return self.comm.scope()
+
+    def optimizer(self, optimizer):
+        """The optimizer as the backend steps it (Horovod's DistributedOptimizer, which averages
+        the gradients; as it is under MultiWorkerMirroredStrategy). :meth:`fit` applies it."""
+        return self.comm.keras_optimizer(optimizer)
+
+    def sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
+        return np.asarray(self.comm.allreduce_sum(np.array(values, dtype=np.float64)), dtype=np.float64)
+
+    # -- state ---------------------------------------------------------------------------
+    def register(self, **objects: Any) -> None:
+        """Objects whose variables the checkpoints hold: the model (the first Keras model, or the
+        one named ``model``), optimizers, anything with ``variables`` (a ``tf.Module``). On a
+        resumed run each is restored before the first step (an optimizer is built first)."""
+        from workloads.tf_models import keras
+
+        for name, obj in objects.items():
+            if getattr(obj, "variables", None) is None:
+                raise SessionError(f"session.register({name}=...) at {user_line()}: a {type(obj).__name__} has no "
+                                   "variables; register Keras models and optimizers or tf.Module objects")
+            if name in self.objects and self.objects[name] is not obj:
+                raise SessionError(f"session.register({name}=...) at {user_line()}: {name!r} is registered "
+                                   "already; give each object its own name")
+            if self._began:
+                raise SessionError(f"session.register({name}=...) at {user_line()}: training has started; "
+                                   "register everything before session.epochs() or session.fit()")
+            if isinstance(obj, keras().Model) and (self.model_name is None or name == "model"):
+                self.model_name = name
+            self.objects[name] = obj
+
+    def model(self):
+        return self.objects[self.model_name]
+
+    def weights_digest(self) -> str:
+        return arrays_digest([v.numpy() for v in self.model().weights])  # on every rank: see save()
+
+    def _begin(self) -> None:
+        """Before the first step: optimizers built, the checkpoint's arrays assigned, every rank
+        holding rank 0's variables."""
+        from workloads.tf_models import keras
+
+        if self._began:
+            return
+        if self.model_name is None:
+            raise SessionError(f"training started at {user_line()} before any Keras model was registered: call "
+                               "session.register(model=model, optimizer=optimizer) first (session.fit does it)")
+        model = self.model()
+        optimizers = [o for o in self.objects.values() if isinstance(o, keras().optimizers.Optimizer)]
+        with self.scope():
+            for opt in optimizers:
+                if not getattr(opt, "built", True) or not _variables(opt):
+                    opt.build(model.trainable_variables)
+        for name, arrays in self._saved.items():
+            if name not in self.objects:
+                raise SessionError(f"the checkpoint holds {name!r}, which this run did not register; register the "
+                                   "same objects as the run that wrote it")
+            variables = _variables(self.objects[name])
+            if len(variables) != len(arrays):
+                raise SessionError(f"the checkpoint holds {len(arrays)} variables for {name!r}, this run's has "
+                                   f"{len(variables)}: the model or optimizer changed since; start a new run "
+                                   "(--name) or restore the code that wrote it")
+            for var, value in zip(variables, arrays):
+                var.assign(value)
+        self._saved = {}
+        self.comm.after_restore(model, optimizers[0] if optimizers else None)
+        self._began = True
+        if self.rank == 0 and "worker_ready" not in self.marks:
+            self.marks["model_ready"] = self.marks["worker_ready"] = time.time()
+
+    def save(self, directory: str, metrics: dict[str, Any]) -> None:
+        # Every rank reads every variable, in the same order: under a multi-worker strategy a
+        # synchronised-on-read variable (Keras metrics, batch-norm statistics) is read by an
+        # all-reduce, which one rank alone would wait on forever.
+        values = {name: [v.numpy() for v in _variables(obj)] for name, obj in self.objects.items()}
+        self._model_arrays = values[self.model_name]
+        mine = os.path.join(directory, rank_file(self.rank))
+        metric_arrays = [v.numpy() for v in self._keras_metric_variables()]
+        np.savez(mine, epoch=np.array(json.dumps(self._epoch_so_far())),
+                 **{f"m{i:04d}": a for i, a in enumerate(metric_arrays)})
+        others = self.sizes_over_ranks(rank_file, os.path.getsize(mine))
+        if self.rank != 0:
+            return
+        arrays, index = [], {}
+        for name, got in values.items():
+            index[name] = [len(arrays), len(got)]
+            arrays.extend(got)
+        save_arrays(os.path.join(directory, STATE_FILE), arrays)
+        with open(os.path.join(directory, INDEX_FILE), "w", encoding="utf-8") as f:
+            json.dump({"objects": index, "model": self.model_name,
+                       "steps_per_epoch": self.steps_per_epoch}, f)
+        self.write_manifest(directory, metrics, others)
+
+    def restore(self, directory: str) -> None:
+        """Read the checkpoint's arrays; they are assigned when training begins."""
+        manifest = read_manifest(directory)
+        if manifest.framework != "tensorflow":
+            raise SessionError(f"checkpoint {directory} was written by {manifest.framework}, not tensorflow: "
+                               "start a new run (--name)")
+        with open(os.path.join(directory, INDEX_FILE), encoding="utf-8") as f:
+            index = json.load(f)
+        arrays = load_arrays(os.path.join(directory, STATE_FILE))
+        self._saved = {name: arrays[lo:lo + n] for name, (lo, n) in index["objects"].items()}
+        self.restored(Position(manifest.epoch, manifest.step_in_epoch, manifest.global_step), manifest)
+        same_layout = manifest.world_size == self.world and manifest.batch_size == self.spec.batch_size
+        mine = os.path.join(directory, rank_file(self.rank))
+        if same_layout and self.pos.step_in_epoch and os.path.isfile(mine):
+            with np.load(mine) as f:
+                self._carried = json.loads(str(f["epoch"]))
+                self._metric_arrays = [f[k] for k in sorted(k for k in f.files if k.startswith("m"))]
+
+    def _keras_metric_variables(self) -> list:
+        model = self._keras_model
+        return [v for m in model.metrics for v in m.variables] if model is not None else []
+
+    def export_model(self, directory: str) -> str | None:
+        """Rank 0, final checkpoint: the trained model in Keras' format and its weights, under
+        ``<run>/model/`` (a subclassed model without ``get_config`` gets its weights only)."""
+        import concurrent.futures
+
+        # On a thread of its own, outside the strategy's scope (a thread-local): a copy of the
+        # model made there has plain variables, where one made inside model.fit would create
+        # mirrored variables by collectives that only this rank joins.
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="launcher-export") as pool:
+            return pool.submit(self._export).result()
+
+    def _export(self) -> str | None:
+        import shutil
+        import tempfile
+
+        from launcher.storage import Storage
+        from workloads.tf_models import keras
+
+        storage = Storage.resolve(self.spec.storage)
+        files = {TF_MODEL_FILE: "the weights: build the model as your function does, then "
+                                "model.set_weights(list of arrays a0000, a0001, ... in order)"}
+        try:
+            with tempfile.TemporaryDirectory(prefix="launcher-export-") as d:
+                save_arrays(os.path.join(d, TF_MODEL_FILE), self._model_arrays)
+                try:
+                    copy = keras().models.clone_model(self.model())
+                    copy.set_weights(self._model_arrays)
+                    copy.save(os.path.join(d, KERAS_FILE))
+                    files[KERAS_FILE] = "tf_keras.models.load_model(p) (TF_USE_LEGACY_KERAS=1)"
+                except Exception as exc:  # e.g. a subclassed model without get_config
+                    print(f"rank 0: the model cannot be saved in Keras' format ({type(exc).__name__}: {exc}); "
+                          "its weights are exported", flush=True)
+                    shutil.rmtree(os.path.join(d, KERAS_FILE), ignore_errors=True)
+                with open(os.path.join(d, "model.json"), "w", encoding="utf-8") as f:
+                    json.dump({"workload": self.spec.workload, "framework": "tensorflow",
+                               "kind": "training function", "params": self.spec.params, "files": files}, f, indent=1)
+                storage.upload_dir(d, self.spec.name, "model")
+            return storage.uri_of(self.spec.name, "model")
+        except Exception as exc:  # the checkpoint is what matters; say what failed
+            print(f"rank 0: exporting the model failed ({type(exc).__name__}: {exc})", flush=True)
+            return None
+
+    # -- data ------------------------------------------------------------------------------
+    def dataset(self, data: Any, *, steps_per_epoch: int | None = None, batch_size: int | None = None,
+                shuffle: bool = True) -> "EpochData":
+        """The training data, resumable at any step: ``data`` is a batched ``tf.data.Dataset`` of
+        global batches (:attr:`global_batch_size`), or arrays (``(x, y)``, a dict) that the session
+        shuffles (by the run's seed) and batches. Iterating the result inside
+        ``session.epochs()`` yields this worker's share of each global batch left in the epoch."""
+        if self._data is not None:
+            raise SessionError(f"session.dataset(...) at {user_line()}: this session has its training data "
+                               "already; give validation data to Keras or iterate it yourself")
+        self._data = EpochData(self, data, steps_per_epoch, batch_size, shuffle)
+        self.steps_per_epoch = self._data.steps
+        return self._data
+
+    def _epoch_ends(self) -> bool:
+        return bool(self.steps_per_epoch) and self.pos.step_in_epoch >= self.steps_per_epoch
+
+    # -- Keras -----------------------------------------------------------------------------
+    def fit(self, model, x: Any = None, y: Any = None, *, batch_size: int | None = None,
+            steps_per_epoch: int | None = None, callbacks: list | None = None, verbose: Any = None,
+            shuffle: bool = True, **kwargs: Any):
+        """``model.fit`` with the launcher's epochs (``--epochs``), checkpoints, resume and
+        preemption notices. ``x``: a batched ``tf.data.Dataset`` of global batches, or arrays
+        (with ``y``; batched here by ``batch_size``, default :attr:`global_batch_size`). Other
+        keyword arguments (``validation_data``, ``class_weight``, ...) go to ``model.fit``.
+        Returns the History of the last ``model.fit`` call."""
+        where = user_line()
+        self._check_fit(model, kwargs, where)
+        data = x if y is None else (x, y)
+        if self._data is None:
+            self.dataset(data, steps_per_epoch=steps_per_epoch, batch_size=batch_size, shuffle=shuffle)
+        self._check_batched(model, where)
+        if "model" not in self.objects and model not in self.objects.values():
+            self.register(model=model)
+        if self.comm.wraps_keras_optimizer and not self.comm.is_wrapped(model.optimizer):
+            model.optimizer = self.optimizer(model.optimizer)  # Horovod: average the gradients
+        if not any(o is model.optimizer for o in self.objects.values()):
+            self.register(optimizer=model.optimizer)
+        self._keras_model = model
+        self._begin()
+        if verbose is None:
+            verbose = 2 if self.rank == 0 else 0  # one line per epoch in the chief's log
+        hook = _keras_hook(self)
+        history = None
+        if self.pos.epoch >= self.spec.epochs:
+            self._nothing_left()
+            return history
+        n = self.steps_per_epoch
+        while self.pos.epoch < self.spec.epochs:
+            first, skip = self.pos.epoch, self.pos.step_in_epoch
+            last = first + 1 if skip else self.spec.epochs  # the rest of an interrupted epoch alone
+            history = model.fit(self._data.for_keras(first * n + skip), epochs=last, initial_epoch=first,
+                                steps_per_epoch=n - skip, callbacks=[hook, *(callbacks or [])],
+                                verbose=verbose, **kwargs)
+            if self.pos.epoch != last:
+                raise SessionError(f"session.fit at {where}: model.fit stopped at epoch {self.pos.epoch} of "
+                                   f"{last} (a callback set model.stop_training?); the launcher trains --epochs "
+                                   "epochs: lower --epochs instead")
+        return history
+
+    def _check_fit(self, model, kwargs: dict[str, Any], where: str) -> None:
+        from workloads.tf_models import keras
+
+        if not isinstance(model, keras().Model):
+            raise SessionError(f"session.fit at {where}: {type(model).__name__} is not a Keras model (tf_keras, "
+                               "the legacy tf.keras the launcher trains with)")
+        if getattr(model, "optimizer", None) is None or not getattr(model, "compiled_loss", None):
+            raise SessionError(f"session.fit at {where}: the model is not compiled; call model.compile(optimizer=..., "
+                               "loss=..., metrics=...) inside `with session.scope():` first")
+        for name, why in (("epochs", "the run's --epochs (or @training_function(epochs=...)) sets it"),
+                          ("initial_epoch", "the launcher resumes where the run stopped"),
+                          ("validation_split", "split the data yourself and pass validation_data")):
+            if name in kwargs:
+                raise SessionError(f"session.fit(..., {name}=...) at {where}: not taken: {why}")
+
+    def _check_batched(self, model, where: str) -> None:
+        """A dataset of single examples would be taken for batches of rows: say so."""
+        import tensorflow as tf
+
+        inputs = getattr(model, "inputs", None)
+        if not inputs:
+            return
+        spec = self._data.source.element_spec
+        first = spec[0] if isinstance(spec, tuple) else spec
+        first = tf.nest.flatten(first)[0]
+        want = len(inputs[0].shape)
+        if first.shape.rank is not None and first.shape.rank == want - 1:
+            raise SessionError(f"session.fit at {where}: the dataset yields single examples of shape "
+                               f"{tuple(first.shape)} where the model takes batches {tuple(inputs[0].shape)}; "
+                               "add .batch(session.global_batch_size) to it")
+
+    def _nothing_left(self) -> None:
+        self.send({"kind": "done"}, checkpoint=False)
+        self.trained = True
+
+    # -- the Keras hook's calls ---------------------------------------------------------------
+    def _keras_epoch_begin(self) -> None:
+        self._epoch_started = self._step_started = time.perf_counter()
+        self._last_step_at = None
+        if self._carried:
+            c, self._carried = self._carried, None
+            self._samples = int(c["samples"])
+            self._epoch_started -= float(c["seconds"])
+            if self._metric_arrays:
+                for var, value in zip(self._keras_metric_variables(), self._metric_arrays):
+                    var.assign(value)
+            self._metric_arrays = None
+
+    def _keras_step(self) -> None:
+        self.pos.step_in_epoch += 1
+        self.pos.global_step += 1
+        self.trained = True
+        self._samples += self._data.per_worker_batch
+        self._last_step_at = time.perf_counter()
+        self.after_step(self._step_started, epoch_ends=self._epoch_ends(), values=self._keras_results)
+        self._step_started = time.perf_counter()
+
+    def _keras_results(self) -> dict[str, float]:
+        """The model's metrics of the epoch so far, as Keras reports them at an epoch's end (its
+        per-step logs are per-replica values summed under a multi-worker strategy)."""
+        out: dict[str, Any] = {}
+        for metric in self._keras_model.metrics:
+            result = metric.result()
+            out.update(result if isinstance(result, dict) else {metric.name: result})
+        return _numbers(out)
+
+    def _keras_epoch_end(self, logs: dict[str, Any]) -> None:
+        self._reported = {name: (value, 1.0) for name, value in _numbers(logs).items()}
+        self._end_epoch()
+
+
+def _numbers(logs: dict[str, Any] | None) -> dict[str, float]:
+    """Keras' logs (tensors or numbers) as floats, read now."""
+    out = {}
+    for name, value in (logs or {}).items():
+        try:
+            out[name] = float(np.asarray(value))
+        except (TypeError, ValueError):
+            continue
+    return out
+
+
+def _keras_hook(session: TFSession):
+    """The Keras callback through which ``model.fit`` drives the session."""
+    from workloads.tf_models import keras
+
+    class LauncherHook(keras().callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self._supports_tf_logs = True  # logs stay tensors: nothing read per step
+
+        def on_epoch_begin(self, epoch, logs=None):
+            session._keras_epoch_begin()
+
+        def on_train_batch_end(self, batch, logs=None):
+            session._keras_step()
+
+        def on_epoch_end(self, epoch, logs=None):
+            session._keras_epoch_end(logs or {})
+
+    return LauncherHook()
+
+
+class EpochData:
+    """The training data as one resumable stream of global batches (see the module docstring)."""
+
+    def __init__(self, session: TFSession, data: Any, steps_per_epoch: int | None, batch_size: int | None,
+                 shuffle: bool) -> None:
+        import tensorflow as tf
+
+        self.session = session
+        where = user_line()
+        if isinstance(data, tf.data.Dataset):
+            if batch_size is not None:
+                raise SessionError(f"batch_size=... at {where} is for arrays: batch the dataset yourself "
+                                   "(.batch(session.global_batch_size))")
+            source = data
+        elif isinstance(data, (tuple, list, dict, np.ndarray)):
+            n = len(tf.nest.flatten(data)[0])
+            source = tf.data.Dataset.from_tensor_slices(tuple(data) if isinstance(data, list) else data)
+            if shuffle:
+                source = source.shuffle(n, seed=session.seed, reshuffle_each_iteration=True)
+            source = source.batch(int(batch_size or session.global_batch_size))
+        else:
+            raise SessionError(f"training data at {where}: a {type(data).__name__} is neither a tf.data.Dataset nor "
+                               "arrays; give a batched tf.data.Dataset or (x, y) arrays")
+        cardinality = int(source.cardinality())
+        if steps_per_epoch is None:
+            if cardinality < 0:
+                what = "infinite" if cardinality == tf.data.INFINITE_CARDINALITY else "unknown"
+                raise SessionError(f"training data at {where}: its length is {what}, so an epoch has no end; "
+                                   "pass steps_per_epoch=N (global batches per epoch)")
+            steps_per_epoch = cardinality
+        if steps_per_epoch < 1:
+            raise SessionError(f"training data at {where}: an epoch has {steps_per_epoch} batches; give it data")
+        self.source, self.steps = source, int(steps_per_epoch)
+        self.repeats = cardinality != tf.data.INFINITE_CARDINALITY
+        first = tf.nest.flatten(source.element_spec)[0]
+        global_batch = first.shape[0] if first.shape.rank else None
+        self.per_worker_batch = max(1, int(global_batch or session.global_batch_size) // session.world)
+        self._iterator = None
+
+    def stream(self, start: int):
+        """This worker's batches from global batch ``start`` of the repeated source on."""
+        import tensorflow as tf
+
+        world, rank = self.session.world, self.session.rank
+        ds = self.source.repeat() if self.repeats else self.source
+        if start:
+            ds = ds.skip(start)
+        if world > 1:
+            def share(*parts):
+                mine = tf.nest.map_structure(lambda t: t[rank::world], parts)
+                return mine if len(mine) > 1 else mine[0]
+
+            ds = ds.map(share, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        options = tf.data.Options()
+        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+        return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+    def for_keras(self, start: int):
+        """What ``model.fit`` iterates: the stream, distributed as it is (no re-batching) under a
+        multi-worker strategy."""
+        strategy = self.session.strategy
+        if self.session.world > 1 and hasattr(self.session.comm, "strategy"):
+            return strategy.distribute_datasets_from_function(lambda _: self.stream(start))
+        return self.stream(start)
+
+    def __iter__(self) -> Iterator[Any]:
+        """The batches left in the epoch under way (inside ``session.epochs()``)."""
+        s = self.session
+        if not s._in_epochs:
+            raise SessionError(f"iterating the session's dataset at {user_line()} outside "
+                               "`for epoch in session.epochs():`; iterate it inside that loop")
+        if self._iterator is None:
+            self._iterator = iter(self.for_keras(s.pos.epoch * self.steps + s.pos.step_in_epoch))
+        for _ in range(s.pos.step_in_epoch, self.steps):
+            yield next(self._iterator)
+
+    def __len__(self) -> int:
+        return self.steps
