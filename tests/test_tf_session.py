@@ -1,0 +1,219 @@
+"""TensorFlow training functions: a Keras ``model.fit`` or a GradientTape loop on the session.
+
+The fast tests check the data stream a resumed run depends on (each worker's share of every
+global batch; a stream started at batch N is the tail of the whole one) and how a Keras
+function is recognised. The integration tests train examples/keras_cifar.py (the
+MultiWorkerMirroredStrategy tutorial's CNN, compiled as its users write it) with 2 workers,
+stop it with Ctrl-C right after a mid-epoch checkpoint and launch it again: the resumed run
+ends with the uninterrupted run's weights and its epoch metrics, with MultiWorkerMirroredStrategy
+and with Horovod. A regression compiled with a loss and metrics of its own, a GradientTape loop,
+and code that uses the session wrongly (an uncompiled model, a dataset of single examples) run
+as real launches.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+
+import numpy as np
+import pytest
+
+import workloads
+from test_session import finish, launch, stop_after_step_checkpoint
+from test_user_workloads import elsewhere, run_cli, write  # noqa: F401 - elsewhere: a fixture
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KERAS_CIFAR = os.path.join(ROOT, "examples", "keras_cifar.py") + ":train"
+SAMPLES, EPOCHS, EVERY = 512, 2, 3  # 8 global batches of 64 per epoch with 2 workers
+
+
+def _stream_batches(world: int, rank: int, start: int, take: int) -> list[np.ndarray]:
+    import tensorflow as tf
+
+    from launcher.worker.tf_session import EpochData
+
+    session = types.SimpleNamespace(world=world, rank=rank, seed=4, global_batch_size=6)
+    source = tf.data.Dataset.range(30).shuffle(30, seed=4).batch(6)  # 5 global batches per epoch
+    data = EpochData(session, source, None, None, True)
+    assert data.steps == 5
+    return [b.numpy() for b in data.stream(start).take(take)]
+
+
+def test_each_worker_takes_its_share_of_every_global_batch_and_a_resumed_stream_continues_it():
+    whole = [np.concatenate(pair) for pair in zip(_stream_batches(2, 0, 0, 15), _stream_batches(2, 1, 0, 15))]
+    for epoch in range(3):  # each epoch: every sample once, in a new order
+        seen = np.concatenate(whole[epoch * 5:(epoch + 1) * 5])
+        assert sorted(seen.tolist()) == list(range(30))
+    assert not np.array_equal(np.concatenate(whole[:5]), np.concatenate(whole[5:10]))
+    for rank in range(2):
+        full = _stream_batches(2, rank, 0, 15)
+        resumed = _stream_batches(2, rank, 7, 8)  # resumed in the middle of the second epoch
+        assert all(np.array_equal(a, b) for a, b in zip(full[7:], resumed))
+
+
+KERAS_FUNCTIONS = '''
+import tensorflow as tf
+
+def fit(session):
+    pass
+
+@workloads.training_function(framework="torch")
+def declared_torch(session):
+    pass
+'''
+
+
+def test_a_keras_function_trains_with_tensorflow_without_a_flag(elsewhere):
+    path = write(elsewhere, "import workloads\n" + KERAS_FUNCTIONS)
+    assert workloads.get(f"{path}:fit").frameworks == ("tensorflow",)
+    assert workloads.get(f"{path}:declared_torch").frameworks == ("torch",)
+    from launcher.spec import JobSpec
+
+    assert JobSpec(workload=f"{path}:fit").validated().framework == "tensorflow"
+
+
+# -- training (a real local Ray, real TensorFlow, real processes) ---------------------------------
+
+@pytest.mark.integration
+@pytest.mark.parametrize("backend", ["native", "horovod"])
+def test_keras_fit_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path, backend):
+    from launcher.backends import horovod
+
+    if backend == "horovod" and horovod.probe("tensorflow"):
+        pytest.skip(f"Horovod is not built here: {horovod.probe('tensorflow')}")
+    storage = str(tmp_path / "runs")
+    args = ["--workload", KERAS_CIFAR, "--param", f"samples={SAMPLES}", "--storage", storage,
+            "--backend", backend, "--epochs", str(EPOCHS), "--checkpoint-every-steps", str(EVERY), "--seed", "2"]
+    steps = SAMPLES // 64
+
+    whole = finish(launch(args + ["--name", "whole"]))
+    assert whole["status"] == "succeeded" and whole["framework"] == "tensorflow", whole
+    assert whole["steps_completed"] == EPOCHS * steps, whole
+    m = whole["metrics"]
+    assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(m), m
+    assert m["val_accuracy"] > 0.3, m  # it learned: 10 classes, guessing is 0.1
+
+    stopped = stop_after_step_checkpoint(args + ["--name", "stopped"], tmp_path)
+    assert stopped["status"] == "cancelled" and stopped["steps_completed"] < EPOCHS * steps, stopped
+    resumed = finish(launch(args + ["--name", "stopped"]))
+    assert resumed["resumed_from"] == {"epoch": 0, "step": EVERY}, resumed  # in the middle of the first epoch
+    assert resumed["status"] == "succeeded" and resumed["steps_completed"] == EPOCHS * steps
+    assert resumed["weights_sha256"] == whole["weights_sha256"]
+    # Keras' metrics of the interrupted epoch were restored: the epoch's figures cover all its steps.
+    assert resumed["metrics"]["accuracy"] == pytest.approx(m["accuracy"], rel=1e-6)
+
+    # The exported model loads without the launcher and predicts as well as the run reported.
+    from workloads.tf_models import keras
+
+    model = keras().models.load_model(os.path.join(storage, "stopped", "model", "model.keras"))
+    spec = __import__("importlib").util.spec_from_file_location("keras_cifar", KERAS_CIFAR.rsplit(":", 1)[0])
+    module = __import__("importlib").util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    x, y = module.cifar_like(512, 2)
+    accuracy = float(np.mean(model.predict(x, verbose=0).argmax(1) == y))
+    assert accuracy == pytest.approx(resumed["metrics"]["val_accuracy"], abs=0.02)
+
+
+REGRESSION = '''
+import numpy as np
+import tensorflow as tf
+import workloads
+
+
+def data(n, seed):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 4)).astype("float32")
+    y = (x @ np.array([1.5, -2.0, 0.5, 1.0], dtype="float32") + 0.3).reshape(-1, 1)
+    return x, y
+
+
+def half_huber(y_true, y_pred):
+    """A loss of the user's own (not a Keras name)."""
+    err = tf.abs(y_true - y_pred)
+    return tf.reduce_mean(tf.where(err < 1.0, 0.5 * err ** 2, err - 0.5), axis=-1)
+
+
+@workloads.training_function(epochs=4, batch_size=32, lr=0.3)
+def fit(session):
+    x, y = data(1024, 1)
+    with session.scope():
+        model = tf.keras.Sequential([tf.keras.layers.Input((4,)), tf.keras.layers.Dense(1)])
+        model.compile(optimizer=tf.keras.optimizers.SGD(session.lr), loss=half_huber,
+                      metrics=[tf.keras.metrics.MeanAbsoluteError(name="mae")])
+    session.fit(model, x, y, validation_data=data(256, 2))
+
+
+@workloads.training_function(epochs=3, batch_size=32, lr=0.05)
+def tape(session):
+    """A GradientTape loop under the strategy, on the session's epochs, data and steps."""
+    x, y = data(1024, 1)
+    strategy = session.strategy
+    with session.scope():
+        model = tf.keras.Sequential([tf.keras.layers.Input((4,)), tf.keras.layers.Dense(1)])
+        optimizer = tf.keras.optimizers.SGD(session.lr)
+    session.register(model=model, optimizer=optimizer)
+    batches = session.dataset((x, y))
+
+    @tf.function
+    def step(xb, yb):
+        def replica(xb, yb):
+            with tf.GradientTape() as g:
+                per_example = tf.reduce_mean((model(xb, training=True) - yb) ** 2, axis=-1)
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=session.global_batch_size)
+            optimizer.apply_gradients(zip(g.gradient(loss, model.trainable_variables), model.trainable_variables))
+            return loss
+        return strategy.reduce("SUM", strategy.run(replica, args=(xb, yb)), axis=None)
+
+    for epoch in session.epochs():
+        for xb, yb in batches:
+            session.step(train_loss=step(xb, yb))
+        session.report(val_mse=float(np.mean((model(data(256, 2)[0]).numpy() - data(256, 2)[1]) ** 2)))
+
+
+def uncompiled(session):
+    import tensorflow as tf
+    with session.scope():
+        model = tf.keras.Sequential([tf.keras.layers.Input((4,)), tf.keras.layers.Dense(1)])
+    session.fit(model, *data(64, 1))  # uncompiled fails here
+
+
+def unbatched(session):
+    x, y = data(64, 1)
+    with session.scope():
+        model = tf.keras.Sequential([tf.keras.layers.Input((4,)), tf.keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+    session.fit(model, tf.data.Dataset.from_tensor_slices((x, y)))  # unbatched fails here
+'''
+
+
+@pytest.mark.integration
+def test_a_keras_regression_with_its_own_loss_and_a_gradient_tape_loop_train(elsewhere, tmp_path):
+    path = write(elsewhere, REGRESSION)
+    storage = str(tmp_path / "runs")
+    fitted = finish(launch(["--workload", f"{path}:fit", "--workers", "2", "--storage", storage, "--name", "fit"]))
+    assert fitted["status"] == "succeeded" and fitted["steps_completed"] == 4 * 16, fitted
+    m = fitted["metrics"]
+    assert {"loss", "mae", "val_loss", "val_mae"} <= set(m), m
+    assert m["val_mae"] < 0.3, m  # the targets' spread is about 2.7: it fitted the line
+
+    taped = finish(launch(["--workload", f"{path}:tape", "--workers", "2", "--storage", storage, "--name", "tape",
+                           "--checkpoint-every-steps", "5"]))
+    assert taped["status"] == "succeeded" and taped["steps_completed"] == 3 * 16, taped
+    assert taped["metrics"]["val_mse"] < 0.05 and taped["metrics"]["train_loss"] < 0.1, taped["metrics"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name, needles", [
+    ("uncompiled", ["session.fit at", "not compiled", "model.compile("]),
+    ("unbatched", ["session.fit at", "single examples", ".batch(session.global_batch_size)"]),
+])
+def test_a_keras_function_used_wrongly_fails_naming_the_users_line(elsewhere, tmp_path, name, needles):
+    path = write(elsewhere, REGRESSION, "keras_functions.py")
+    lines = REGRESSION.splitlines()
+    needles = needles + [f"{path}:{1 + lines.index(next(t for t in lines if t.endswith(f'# {name} fails here')))}"]
+    summary = finish(launch(["--workload", f"{path}:{name}", "--storage", str(tmp_path / "runs"), "--name", name]),
+                     expect=1)
+    assert summary["status"] == "failed", summary
+    error = summary["error"]
+    assert all(n in error for n in needles) and "Traceback" not in error, error
