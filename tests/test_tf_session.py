@@ -25,7 +25,7 @@ from test_user_workloads import elsewhere, run_cli, write  # noqa: F401 - elsewh
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KERAS_CIFAR = os.path.join(ROOT, "examples", "keras_cifar.py") + ":train"
-SAMPLES, EPOCHS, EVERY = 512, 2, 3  # 8 global batches of 64 per epoch with 2 workers
+SAMPLES, EPOCHS, EVERY = 1024, 2, 3  # 16 global batches of 64 per epoch with 2 workers
 
 
 def _stream_batches(world: int, rank: int, start: int, take: int) -> list[np.ndarray]:
@@ -84,7 +84,7 @@ def test_keras_fit_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path, backe
         pytest.skip(f"Horovod is not built here: {horovod.probe('tensorflow')}")
     storage = str(tmp_path / "runs")
     args = ["--workload", KERAS_CIFAR, "--param", f"samples={SAMPLES}", "--storage", storage,
-            "--backend", backend, "--epochs", str(EPOCHS), "--checkpoint-every-steps", str(EVERY), "--seed", "2"]
+            "--backend", backend, "--epochs", str(EPOCHS), "--checkpoint-every-steps", str(EVERY), "--seed", "2", "--lr", "0.003"]
     steps = SAMPLES // 64
 
     whole = finish(launch(args + ["--name", "whole"]))

@@ -20,8 +20,10 @@ repeated epoch after epoch (``ds.repeat()``: a deterministic pipeline, e.g. a se
 ``shuffle``, yields the same batches in every run), so a position is a batch count. A
 resumed run skips that many batches of the stream, and each worker takes its strided share
 of every global batch (``batch[rank::world]``), so the composition of each global batch does
-not depend on the backend. ``model.fit`` is called once for the rest of an interrupted epoch
-and once for the epochs after it. Keras' metrics of an interrupted epoch (their variables)
+not depend on the backend. One ``model.fit`` call, over one iterator of that stream, trains
+the rest of the run: a seeded shuffle's order depends on how many iterators its dataset has
+made, so a run makes one. Keras is told that the first epoch starts at the resumed step (the
+hook its own ``BackupAndRestore`` uses). Keras' metrics of an interrupted epoch (their variables)
 are saved with the checkpoint and restored when it resumes, so the epoch's figures cover all
 its steps. A preemption notice is polled between steps (:class:`launcher.worker.loop.Session`):
 all workers save at the same step, which is what TensorFlow's ``PreemptionCheckpointHandler``
@@ -151,7 +153,7 @@ class TFSession(UserSession):
         optimizers = [o for o in self.objects.values() if isinstance(o, keras().optimizers.Optimizer)]
         with self.scope():
             for opt in optimizers:
-                if not getattr(opt, "built", True) or not _variables(opt):
+                if not getattr(opt, "_built", False):  # its slots exist once built for the model
                     opt.build(model.trainable_variables)
         for name, arrays in self._saved.items():
             if name not in self.objects:
@@ -284,7 +286,7 @@ class TFSession(UserSession):
         keyword arguments (``validation_data``, ``class_weight``, ...) go to ``model.fit``.
         Returns the History of the last ``model.fit`` call."""
         where = user_line()
-        self._check_fit(model, kwargs, where)
+        self._check_fit(model, {**kwargs, "callbacks": callbacks}, where)
         data = x if y is None else (x, y)
         if self._data is None:
             self.dataset(data, steps_per_epoch=steps_per_epoch, batch_size=batch_size, shuffle=shuffle)
@@ -304,17 +306,16 @@ class TFSession(UserSession):
         if self.pos.epoch >= self.spec.epochs:
             self._nothing_left()
             return history
-        n = self.steps_per_epoch
-        while self.pos.epoch < self.spec.epochs:
-            first, skip = self.pos.epoch, self.pos.step_in_epoch
-            last = first + 1 if skip else self.spec.epochs  # the rest of an interrupted epoch alone
-            history = model.fit(self._data.for_keras(first * n + skip), epochs=last, initial_epoch=first,
-                                steps_per_epoch=n - skip, callbacks=[hook, *(callbacks or [])],
-                                verbose=verbose, **kwargs)
-            if self.pos.epoch != last:
-                raise SessionError(f"session.fit at {where}: model.fit stopped at epoch {self.pos.epoch} of "
-                                   f"{last} (a callback set model.stop_training?); the launcher trains --epochs "
-                                   "epochs: lower --epochs instead")
+        n, first, skip = self.steps_per_epoch, self.pos.epoch, self.pos.step_in_epoch
+        # One model.fit for the rest of the run, over one iterator of the stream from the resumed
+        # batch on; the interrupted epoch runs only its steps left (the hook tells Keras where
+        # it stands, as Keras' own BackupAndRestore does).
+        history = model.fit(self._data.for_keras(first * n + skip), epochs=self.spec.epochs, initial_epoch=first,
+                            steps_per_epoch=n, callbacks=[hook, *(callbacks or [])], verbose=verbose, **kwargs)
+        if self.pos.epoch != self.spec.epochs:
+            raise SessionError(f"session.fit at {where}: model.fit stopped after epoch {self.pos.epoch} of "
+                               f"{self.spec.epochs} (a callback set model.stop_training?); the launcher trains "
+                               "--epochs epochs: lower --epochs instead")
         return history
 
     def _check_fit(self, model, kwargs: dict[str, Any], where: str) -> None:
@@ -326,6 +327,12 @@ class TFSession(UserSession):
         if getattr(model, "optimizer", None) is None or not getattr(model, "compiled_loss", None):
             raise SessionError(f"session.fit at {where}: the model is not compiled; call model.compile(optimizer=..., "
                                "loss=..., metrics=...) inside `with session.scope():` first")
+        from workloads.tf_models import keras
+
+        for callback in kwargs.get("callbacks") or []:
+            if isinstance(callback, keras().callbacks.BackupAndRestore):
+                raise SessionError(f"session.fit at {where}: drop BackupAndRestore: the launcher's checkpoints "
+                                   "resume model.fit at the exact step already (and keep-N, gs:// and notices)")
         for name, why in (("epochs", "the run's --epochs (or @training_function(epochs=...)) sets it"),
                           ("initial_epoch", "the launcher resumes where the run stopped"),
                           ("validation_split", "split the data yourself and pass validation_data")):
@@ -408,6 +415,14 @@ def _keras_hook(session: TFSession):
             super().__init__()
             self._supports_tf_logs = True  # logs stay tensors: nothing read per step
 
+        def on_train_begin(self, logs=None):
+            # Where the resumed run stands; Keras asks after on_train_begin (its hook for
+            # BackupAndRestore, a private attribute of the legacy tf.keras, which is frozen).
+            self.model._training_state = _ResumeAt(session.pos.epoch, session.pos.step_in_epoch)
+
+        def on_train_end(self, logs=None):
+            self.model._training_state = None
+
         def on_epoch_begin(self, epoch, logs=None):
             session._keras_epoch_begin()
 
@@ -418,6 +433,16 @@ def _keras_hook(session: TFSession):
             session._keras_epoch_end(logs or {})
 
     return LauncherHook()
+
+
+class _ResumeAt:
+    """What Keras' fit asks its training state: the epoch and the step to start at."""
+
+    def __init__(self, epoch: int, step: int) -> None:
+        self.epoch, self.step = epoch, step
+
+    def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch, initial_epoch, mode=None):
+        return self.epoch, self.step
 
 
 class EpochData:
