@@ -1,4 +1,4 @@
-"""Chaos for a training function and a regression workload: a preemption notice costs no step.
+"""Chaos for training functions (torch and Keras) and a regression workload: a notice costs no step.
 
 examples/char_lm.py (a causal transformer language model written as an ordinary
 PyTorch loop on the launcher's session) trains on the preemption lab's two worker
@@ -67,3 +67,28 @@ def test_a_notice_costs_a_regression_workload_no_steps(lab, setup):
     assert s.status == "succeeded" and s.steps_completed == epochs * steps, s
     assert (s.restarts, s.preemption_notices, s.steps_lost) == (1, 1, 0), s
     assert s.weights_sha256 == reference.weights_sha256 and s.metrics["r2"] > 0.3
+
+
+def test_a_notice_costs_keras_fit_no_steps(lab, setup):
+    """The MultiWorkerMirroredStrategy tutorial's CNN in session.fit: the notice's checkpoint is
+    taken at a step both workers agree on, inside model.fit, and the run resumes there."""
+    from test_tf_session import KERAS_CIFAR
+
+    _, storage = setup
+    epochs, steps, every = 3, 16, 5
+
+    def spec(name: str) -> JobSpec:
+        return JobSpec(workload=KERAS_CIFAR, params={"samples": 1024}, epochs=epochs, checkpoint_every_steps=every,
+                       seed=3, storage=storage, name=name, address=lab.address, preemption_check_steps=2).validated()
+
+    reference = run_in_background(spec("keras_reference")).wait()
+    assert (reference.status, reference.framework, reference.steps_completed) == \
+        ("succeeded", "tensorflow", epochs * steps), reference
+    run = run_in_background(spec("keras_notice"))
+    run.wait_for_checkpoint(lambda m: m.global_step >= every)
+    lab.preempt(0)
+    s = run.wait()
+    assert s.status == "succeeded" and s.steps_completed == epochs * steps, s
+    assert (s.restarts, s.preemption_notices, s.steps_lost) == (1, 1, 0), s
+    assert s.weights_sha256 == reference.weights_sha256
+    assert {"loss", "accuracy", "val_accuracy"} <= set(s.metrics), s.metrics
