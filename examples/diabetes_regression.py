@@ -5,9 +5,12 @@ the disease progressed a year later. Nothing here is a classifier: the workload
 brings its own loss (mean squared error), its own metrics (MAE in the target's
 units, R²), its own optimizer (AdamW) and a cosine learning-rate schedule; the
 launcher's loop does the rest (resume, checkpoints, the preemption notice,
-``--precision``, ``--grad-clip``, ``--grad-accumulation``)::
+``--precision``, ``--grad-clip``, ``--grad-accumulation``). With ``--framework tensorflow``
+the same workload trains a Keras model compiled with its own loss and metrics
+(``tf_compile``)::
 
     launcher run --workload examples/diabetes_regression.py:DIABETES --workers 2
+    launcher run --workload examples/diabetes_regression.py:DIABETES --workers 2 --framework tensorflow
     launcher tune --workload examples/diabetes_regression.py:DIABETES --config tune.yaml   # rank by r2
 
 The data ships inside scikit-learn's wheel: nothing is downloaded.
@@ -40,7 +43,8 @@ def _data() -> tuple[np.ndarray, np.ndarray, float, float]:
 class DiabetesRegression(Workload):
     def __init__(self) -> None:
         super().__init__(name="diabetes-regression", description="disease progression from 10 measurements "
-                         "(scikit-learn's diabetes data; MSE loss, MAE and R² metrics)", frameworks=("torch",),
+                         "(scikit-learn's diabetes data; MSE loss, MAE and R² metrics)",
+                         frameworks=("torch", "tensorflow"),
                          defaults=Defaults(epochs=40, batch_size=16, lr=0.003),
                          params=(Param("hidden", int, 32, "hidden units"),
                                  Param("weight_decay", float, 0.01, "AdamW's weight decay")))
@@ -85,6 +89,22 @@ class DiabetesRegression(Workload):
         import torch
 
         return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=total_steps)
+
+    # -- the same with TensorFlow (--framework tensorflow): a Keras model and its compile arguments
+    def tf_model(self, params):
+        k = workloads.keras()
+        return k.Sequential([k.layers.Input((10,)), k.layers.Dense(params["hidden"], activation="relu"),
+                             k.layers.Dense(1)])
+
+    def tf_compile(self, params):
+        return {"loss": "mse", "metrics": [mae, workloads.keras().metrics.R2Score(name="r2")]}
+
+
+def mae(y_true, y_pred):
+    """Mean absolute error in the target's own units (the model learns standardised targets)."""
+    import tensorflow as tf
+
+    return tf.reduce_mean(tf.abs(y_true - y_pred), axis=-1) * _data()[3]
 
 
 DIABETES = DiabetesRegression()

@@ -217,3 +217,39 @@ def test_a_keras_function_used_wrongly_fails_naming_the_users_line(elsewhere, tm
     assert summary["status"] == "failed", summary
     error = summary["error"]
     assert all(n in error for n in needles) and "Traceback" not in error, error
+
+
+# -- the managed TensorFlow loop with a workload's own loss and metrics ---------------------------
+
+def test_a_workloads_keras_loss_and_metrics_score_regression_targets():
+    import tensorflow as tf
+
+    from launcher.worker.tf_loop import fresh_metrics, per_example_loss
+    from test_managed_loop import DIABETES
+
+    compiled = workloads.get(DIABETES).tf_compile({})
+    assert not workloads.get(DIABETES).is_classifier
+    y = np.array([1.0, -1.0, 0.5, 2.0], dtype=np.float32)  # (N,) targets for (N, 1) predictions
+    outputs = tf.constant([[1.5], [-1.0], [0.0], [2.0]])
+    per_example = per_example_loss(compiled["loss"])(y, outputs).numpy()
+    assert per_example.shape == (4,) and np.allclose(per_example, [0.25, 0.0, 0.25, 0.0])  # not (4, 4)
+    metrics = fresh_metrics(compiled["metrics"])
+    for m in metrics.values():
+        m.update_state(tf.expand_dims(y, -1), outputs)
+    assert set(metrics) == {"mae", "r2"}
+    assert float(metrics["r2"].result()) == pytest.approx(1 - 0.5 / float(np.sum((y - y.mean()) ** 2)), rel=1e-5)
+    classifier = fresh_metrics(workloads.get("digits-mlp").tf_compile({})["metrics"])["accuracy"]
+    classifier.update_state(np.array([2, 0]), tf.constant([[0.1, 0.2, 3.0], [0.0, 1.0, 0.5]]))
+    assert float(classifier.result()) == 0.5
+
+
+@pytest.mark.integration
+def test_the_managed_tensorflow_loop_trains_a_regression_with_its_own_loss_and_metrics(tmp_path):
+    from test_managed_loop import DIABETES
+
+    summary = finish(launch(["--workload", DIABETES, "--framework", "tensorflow", "--workers", "2", "--epochs", "20",
+                             "--storage", str(tmp_path / "runs"), "--name", "diabetes_tf"]))
+    assert summary["status"] == "succeeded" and summary["steps_completed"] == 20 * 11, summary
+    m = summary["metrics"]
+    assert {"loss", "mae", "r2"} <= set(m) and "accuracy" not in m, m
+    assert m["r2"] > 0.3 and m["mae"] < 55, m  # predicting the mean gives r2 0 and an MAE of about 65

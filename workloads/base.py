@@ -246,7 +246,18 @@ class Workload:
     @property
     def is_classifier(self) -> bool:
         """Whether the labels are classes (the default loss); a workload with its own loss is not."""
-        return type(self).torch_loss is Workload.torch_loss
+        return type(self).torch_loss is Workload.torch_loss and type(self).tf_compile is Workload.tf_compile
+
+    def tf_compile(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """The Keras compile arguments of the TensorFlow model: ``loss`` (a Keras loss: a name, a
+        function ``(y_true, y_pred)`` or a ``Loss``) and ``metrics`` (Keras metrics: names,
+        functions or ``Metric`` objects), reported on the test split after every epoch (each
+        rank scores its shard; averaged over the ranks by shard size) with the loss as ``loss``.
+        Default: cross-entropy of class logits and accuracy. Override it and the workload is no
+        longer a classifier (its labels may be any numbers)."""
+        from workloads.tf_models import keras
+
+        return {"loss": keras().losses.SparseCategoricalCrossentropy(from_logits=True), "metrics": ["accuracy"]}
 
     def tf_model(self, params: Mapping[str, Any]):
         """A fresh tf.keras model (legacy Keras, see workloads.tf_models) producing class logits.

@@ -57,12 +57,57 @@ def make_optimizer(name: str, lr: float):
     return k.optimizers.Adam(learning_rate=lr)
 
 
+def _labels_like(y, outputs):
+    """Labels shaped as the outputs where they lack their last axis of 1 (a regression's (N,)
+    targets for (N, 1) predictions): Keras' losses and metrics would broadcast them to (N, N)."""
+    import tensorflow as tf
+
+    y = tf.convert_to_tensor(y)
+    if y.shape.rank is not None and outputs.shape.rank == y.shape.rank + 1 and outputs.shape[-1] == 1:
+        return tf.expand_dims(y, -1)
+    return y
+
+
+def per_example_loss(loss):
+    """A Keras loss (a name, a function or a Loss object) as ``(y, outputs) -> loss per example``."""
+    from workloads.tf_models import keras
+
+    k = keras()
+    if isinstance(loss, k.losses.Loss):
+        config = {**loss.get_config(), "reduction": k.losses.Reduction.NONE}
+        fn = type(loss).from_config(config)
+    else:
+        fn = k.losses.get(loss)
+
+    def per_example(y, outputs):
+        return fn(_labels_like(y, outputs), outputs)
+
+    return per_example
+
+
+def fresh_metrics(specs: list[Any]) -> dict[str, Any]:
+    """New Keras metric objects (name -> Metric) for compile-style ``specs``; "accuracy" means
+    the share of rows whose largest output is the label (class logits)."""
+    from workloads.tf_models import keras
+
+    k, out = keras(), {}
+    for spec in specs:
+        if spec in ("accuracy", "acc"):
+            metric = k.metrics.SparseCategoricalAccuracy(name="accuracy")
+        elif isinstance(spec, k.metrics.Metric):
+            metric = type(spec).from_config(spec.get_config())
+        else:
+            fn = k.metrics.get(spec)
+            metric = fn if isinstance(fn, k.metrics.Metric) else k.metrics.MeanMetricWrapper(
+                fn, name=spec if isinstance(spec, str) else getattr(fn, "__name__", "metric"))
+        out[metric.name] = metric
+    return out
+
+
 class TFTraining(Training):
     """One worker's TensorFlow training state and the operations on it."""
 
     def __init__(self, spec: JobSpec, comm: TFComm) -> None:
-        import tensorflow as tf
-
         from workloads.tf_models import keras
 
         super().__init__(spec, comm)
@@ -73,8 +118,9 @@ class TFTraining(Training):
             self.model = self.workload.tf_model(spec.params)
             self.optimizer = make_optimizer(self.workload.defaults.optimizer, spec.lr)
             self.optimizer.build(self.model.trainable_variables)
-        self.loss = tf.keras.losses.SparseCategoricalCrossentropy(
-            from_logits=True, reduction=tf.keras.losses.Reduction.NONE)
+        compiled = self.workload.tf_compile(spec.params)
+        self.loss = per_example_loss(compiled["loss"])
+        self.metric_specs = list(compiled.get("metrics") or [])
         self.step = None  # the backend's distributed train step (prepare)
 
     # -- checkpoints ------------------------------------------------------------------
@@ -118,15 +164,22 @@ class TFTraining(Training):
                 "train_time_s": seconds, "samples_per_s": samples / seconds if seconds > 0 else 0.0}
 
     def evaluate(self) -> dict[str, float]:
-        """Loss and accuracy on the whole test split (each rank scores its shard)."""
-        totals = np.zeros(3, dtype=np.float64)  # loss sum, correct, count
+        """The loss and the workload's metrics on the whole test split (each rank scores its
+        shard; each figure is averaged over the ranks, weighted by shard size)."""
+        metrics = fresh_metrics(self.metric_specs)
+        loss_sum, count = 0.0, 0
         for lo in range(0, len(self.test), EVAL_BATCH):
             x, y = self.test.take(np.arange(lo, min(lo + EVAL_BATCH, len(self.test))))
-            logits = self.model(x, training=False).numpy()
-            totals += [float(np.sum(self.loss(y, logits).numpy())), float(np.sum(logits.argmax(1) == y)), len(y)]
-        totals = self.comm.allreduce_sum(totals)
-        n = max(1.0, totals[2])
-        return {"loss": totals[0] / n, "accuracy": totals[1] / n}
+            outputs = self.model(x, training=False)
+            loss_sum += float(np.sum(self.loss(y, outputs).numpy()))
+            count += len(y)
+            for metric in metrics.values():
+                metric.update_state(_labels_like(y, outputs), outputs)
+        names = sorted(metrics)
+        local = [loss_sum, count] + [float(metrics[n].result().numpy()) * count for n in names]
+        totals = self.comm.allreduce_sum(np.array(local, dtype=np.float64))
+        n = max(1.0, totals[1])
+        return {"loss": totals[0] / n, **{name: totals[2 + i] / n for i, name in enumerate(names)}}
 
     def prepare(self) -> None:
         self.comm.after_restore(self.model, self.optimizer)
