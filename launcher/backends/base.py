@@ -133,6 +133,12 @@ class Backend:
         written for this backend's own launcher (horovodrun, torchrun, ...) expects."""
         return {}
 
+    def script_threads(self, framework: str) -> str | None:
+        """``OMP_NUM_THREADS`` as this backend's own launcher gives a script when the user set
+        none: None leaves it unset (horovodrun; a Vertex AI replica), so the math libraries use
+        every core, where Ray would set it to the worker's CPU count."""
+        return None
+
     def torch_comm(self, spec=None) -> TorchComm:
         """The worker-side half, configured from the (validated) spec."""
         raise NotImplementedError

@@ -168,6 +168,9 @@ class NativeBackend(Backend):
         backend = tf_config() if spec.framework == "tensorflow" else None
         return raytrain.trainer(train_fn, config, backend, scaling_config, run_config)
 
+    def script_threads(self, framework: str) -> str | None:
+        return None if framework == "tensorflow" else "1"  # torchrun's default for several processes
+
     def script_env(self, framework: str) -> dict[str, str]:
         if framework == "tensorflow":
             import os

@@ -161,6 +161,13 @@ def script_worker(config: dict[str, Any]) -> None:
     attempt = broadcast_from_rank_zero(uuid.uuid4().hex if rank == 0 else None)
     backend = backends.get(config["backend"])
     env = {**os.environ, **backend.script_env(config["framework"])}
+    # The thread count the script would get from its own launcher, unless the user set one (Ray
+    # sets OMP_NUM_THREADS to the worker's CPUs: 0.9x of horovodrun's speed for TensorFlow here).
+    threads = config.get("omp_threads") or backend.script_threads(config["framework"])
+    if threads:
+        env["OMP_NUM_THREADS"] = threads
+    else:
+        env.pop("OMP_NUM_THREADS", None)
     addresses = roster_addresses(sink, attempt, rank, world, config["framework"], env)
     scratch = tempfile.mkdtemp(prefix=f"launcher-{attempt[:8]}-r{rank}-")
     notice_path = vertex.notice_file(scratch, attempt, rank)
