@@ -253,3 +253,33 @@ def test_the_managed_tensorflow_loop_trains_a_regression_with_its_own_loss_and_m
     m = summary["metrics"]
     assert {"loss", "mae", "r2"} <= set(m) and "accuracy" not in m, m
     assert m["r2"] > 0.3 and m["mae"] < 55, m  # predicting the mean gives r2 0 and an MAE of about 65
+
+
+@pytest.mark.integration
+def test_a_keras_function_is_tuned_on_keras_own_validation_metric(ray_local, capsys, tmp_path):
+    import json
+    import textwrap
+
+    config = tmp_path / "tune.yaml"
+    config.write_text(textwrap.dedent(f"""
+        workload: {KERAS_CIFAR}
+        epochs: 1
+        workers: 1
+        hyperparameters:
+          goal: MAXIMIZE
+          hyperparameterMetricTag: val_accuracy
+          maxTrials: 2
+          maxParallelTrials: 1
+          params:
+            - parameterName: samples
+              type: DISCRETE
+              discreteValues: [256, 512]
+    """))
+    code, out, err = run_cli(capsys, "tune", "--config", str(config), "--storage", str(tmp_path / "runs"),
+                             "--name", "keras_search", "--json")
+    assert code == 0, err[-3000:]
+    result = json.loads(out.strip().splitlines()[-1])
+    rows, best = result["trials"], result["summary"]["best"]
+    assert len(rows) == 2 and all(r["status"] == "succeeded" for r in rows), rows
+    assert sorted(r["samples"] for r in rows) == [256, 512]
+    assert best["val_accuracy"] == max(r["val_accuracy"] for r in rows)
