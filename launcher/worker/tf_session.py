@@ -287,9 +287,11 @@ class TFSession(UserSession):
         Returns the History of the last ``model.fit`` call."""
         where = user_line()
         self._check_fit(model, {**kwargs, "callbacks": callbacks}, where)
-        data = x if y is None else (x, y)
-        if self._data is None:
-            self.dataset(data, steps_per_epoch=steps_per_epoch, batch_size=batch_size, shuffle=shuffle)
+        if self._data is not None:
+            raise SessionError(f"session.fit at {where}: this session has training data from session.dataset() "
+                               "already; give the data to session.fit alone")
+        self.dataset(x if y is None else (x, y), steps_per_epoch=steps_per_epoch, batch_size=batch_size,
+                     shuffle=shuffle)
         self._check_batched(model, where)
         if "model" not in self.objects and model not in self.objects.values():
             self.register(model=model)
@@ -519,7 +521,9 @@ class EpochData:
         if self._iterator is None:
             self._iterator = iter(self.for_keras(s.pos.epoch * self.steps + s.pos.step_in_epoch))
         for _ in range(s.pos.step_in_epoch, self.steps):
-            yield next(self._iterator)
+            batch = next(self._iterator)
+            s._samples += self.per_worker_batch
+            yield batch
 
     def __len__(self) -> int:
         return self.steps
