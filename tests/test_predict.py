@@ -13,6 +13,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
@@ -145,6 +146,14 @@ def post(url: str, body) -> tuple[int, dict]:
         return e.code, json.load(e)
 
 
+def get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=60) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("framework", ["torch", "tensorflow"])
 def test_serve_answers_like_batch_prediction_and_refuses_bad_requests(models, test_split, tmp_path, framework):
@@ -169,9 +178,18 @@ def test_serve_answers_like_batch_prediction_and_refuses_bad_requests(models, te
                              ({"instances": [[1, 2, 3]]}, "each instance must have shape [64]"),
                              ({"instances": [["a"] * 64]}, "must be numbers, got text"),
                              ({"rows": [[0] * 64]}, "instances list"),
-                             ({"instances": [[0] * 64] * 2000}, "at most 1024")]:
+                             ({"instances": [[0] * 64] * 2000}, "at most 1024"),
+                             ({"instances": [None]}, "instances[0] is null, not a number"),
+                             ({"instances": [[0] * 63 + [None]]}, "instances[0][63] is null")]:
             code, answer = post(url + "/predict", bad)
             assert code == 400 and message in answer["error"], (bad if isinstance(bad, bytes) else "", answer)
+        # Vertex AI's path predicts too; other paths and methods are refused as such
+        code, answer = post(url + "/v1/models/digits:predict", {"instances": raw[:3].tolist()})
+        assert code == 200 and len(answer["predictions"]) == 3
+        assert post(url + "/nonexistent", {"instances": raw[:1].tolist()})[0] == 404
+        assert get(url + "/predict")[0] == 405 and get(url + "/nonexistent")[0] == 404
+        code, answer = post(url + "/predict", b"[" + b"0," * 2_000_000 + b"0]")  # refused before it is parsed
+        assert code == 413 and "over" in answer["error"], answer
         # 200 requests from 8 threads, batched by Ray Serve: each answers for its own instance
         with ThreadPoolExecutor(8) as pool:
             answers = list(pool.map(lambda i: post(url, {"instances": raw[i:i + 1].tolist()}), range(200)))
@@ -215,3 +233,118 @@ def test_image_files_are_instances_the_image_workloads_take(tmp_path):
     (tmp_path / "bad.png").write_bytes(b"not a png")
     with pytest.raises(ValueError, match="bad.png is not a readable image"):
         parse("bad.png", (tmp_path / "bad.png").read_bytes())
+
+
+class Server:
+    """A `launcher serve` process; its stderr goes to a file (a pipe nobody reads would block it)."""
+
+    def __init__(self, run_dir: str, port: int, env: dict, log_path, *flags: str) -> None:
+        self.port = port
+        self.log = open(log_path, "a+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "launcher", "serve", "--model", run_dir, "--port",
+                                      str(port), *flags], stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     env=env, cwd=ROOT)
+
+    def ready(self) -> str:
+        line = self.proc.stdout.readline()
+        self.log.seek(0)
+        assert "serving" in line, line + self.log.read()[-3000:]
+        return f"http://127.0.0.1:{self.port}"
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=60)
+        self.log.close()
+
+
+def cli(env: dict, *argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "launcher", "serve", *argv], capture_output=True, text=True,
+                          env=env, cwd=ROOT, timeout=180)
+
+
+def hammer(url: str, instances: list, clients: int, per_client: int) -> list[tuple[int, int]]:
+    """``clients`` threads, each on one keep-alive connection, send ``per_client`` requests;
+    (status, predictions in the answer) for each."""
+    import http.client
+
+    body = json.dumps({"instances": instances}).encode()
+    host, port = url.rsplit("/", 1)[-1].split(":")
+
+    def client(_: int) -> list[tuple[int, int]]:
+        conn, out = http.client.HTTPConnection(host, int(port), timeout=60), []
+        for _ in range(per_client):
+            conn.request("POST", "/predict", body, {"Content-Type": "application/json"})
+            r = conn.getresponse()
+            answer = json.loads(r.read())
+            out.append((r.status, len(answer.get("predictions", []))))
+        conn.close()
+        return out
+
+    with ThreadPoolExecutor(clients) as pool:
+        return [item for chunk in pool.map(client, range(clients)) for item in chunk]
+
+
+@pytest.mark.integration
+def test_servers_batch_under_load_list_stop_one_and_restart_at_once(models, test_split, tmp_path):
+    """32 concurrent keep-alive clients share forward passes (more than Ray Serve's default of 5
+    requests per replica); two servers are listed and stopped one by one; a server stopped
+    under keep-alive load starts again on its port at once."""
+    run_dir, _ = models["torch"]
+    tf_dir, _ = models["tensorflow"]
+    _, raw, _ = test_split
+    env = {**os.environ, "LAUNCHER_STATE_DIR": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
+    env.pop("RAY_ADDRESS", None)
+    first, second = free_port(), free_port()
+    a = Server(run_dir, first, env, tmp_path / "a.err", "--batch-wait-ms", "20")
+    b = Server(tf_dir, second, env, tmp_path / "b.err")
+    servers = [a, b]
+    try:
+        url_a, url_b = a.ready(), b.ready()
+        answers = hammer(url_a, raw[:2].tolist(), clients=32, per_client=10)
+        assert answers == [(200, 2)] * 320
+        _, metrics = get(url_a + "/metrics")
+        largest = next(float(line.split()[-1]) for line in metrics.splitlines()
+                       if line.startswith("launcher_serve_batch_requests_largest"))
+        assert largest > 5, metrics  # Ray Serve's default max_ongoing_requests (5) capped batches at 5
+        assert 'launcher_serve_requests_total{replica=' in metrics and 'code="200"} 320' in metrics
+
+        listed = cli(env, "--list")
+        assert listed.returncode == 0 and f"{first} " in listed.stdout and f"{second} " in listed.stdout, listed
+        assert "digits_torch" in listed.stdout and "digits_tensorflow" in listed.stdout
+        ambiguous = cli(env, "--stop")
+        assert ambiguous.returncode == 2 and "2 model servers are running" in ambiguous.stderr, ambiguous
+        stopped = cli(env, "--stop", "--port", str(first))
+        assert stopped.returncode == 0 and f"127.0.0.1:{first}" in stopped.stdout, stopped
+        assert a.proc.wait(timeout=60) == 0
+        assert get(url_b + "/healthz")[0] == 200  # the other one still serves
+        assert str(first) not in cli(env, "--list").stdout
+
+        # stop b while 16 keep-alive clients keep it busy, then start it again on its port
+        import threading
+
+        load = threading.Thread(target=lambda: _ignore_errors(hammer, url_b, raw[:1].tolist(), 16, 40))
+        load.start()
+        time.sleep(1.0)
+        assert cli(env, "--stop", "--run", "digits_tensorflow").returncode == 0
+        load.join()
+        assert b.proc.wait(timeout=60) == 0
+        again = Server(tf_dir, second, env, tmp_path / "b2.err")
+        servers.append(again)
+        url = again.ready()  # would be "Address already in use" with the old connections in TIME_WAIT
+        assert post(url + "/predict", {"instances": raw[:1].tolist()})[0] == 200
+        assert cli(env, "--stop", "--all").returncode == 0
+        assert again.proc.wait(timeout=60) == 0
+        # one access-log line per request, in the run's folder
+        log = open(os.path.join(run_dir, "serve", f"access-{first}.log")).read().splitlines()
+        assert sum(" POST /predict 200 2 " in line for line in log) == 320
+    finally:
+        for s in servers:
+            s.close()
+
+
+def _ignore_errors(fn, *args):
+    try:
+        fn(*args)
+    except Exception:  # noqa: BLE001 - the server goes away under this load on purpose
+        pass

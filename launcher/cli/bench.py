@@ -22,7 +22,7 @@ from launcher.errors import UserError
 def add_parsers(sub) -> None:
     """Add ``bench`` and its benchmarks."""
     bench = sub.add_parser("bench", help="benchmarks (scaling, allreduce, overhead, checkpoint, project, "
-                           "preemption)")
+                           "preemption, serve)")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", parser_class=Parser,
                                      required=True)
     out_help = "folder for JSON, CSV and PNG results"
@@ -102,6 +102,19 @@ def add_parsers(sub) -> None:
     ov.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
     ov.add_argument("--out", default="./bench-results", help=out_help)
     _add_preemption_parser(bench_sub)
+
+    sv = bench_sub.add_parser("serve", help="`launcher serve` under concurrent keep-alive clients: requests/s, "
+                              "latency percentiles, against the model's own forward pass; restart on the same port")
+    sv.add_argument("--run", metavar="NAME", help="the run whose model to serve, under --storage")
+    sv.add_argument("--model", help="a run's folder or its model folder (instead of --run)")
+    sv.add_argument("--storage", default=None, help="where --run is")
+    sv.add_argument("--concurrency", default="1,8,32,128", help="concurrent clients per level (default 1,8,32,128)")
+    sv.add_argument("--instances", default="1,64", help="instances per request (default 1,64)")
+    sv.add_argument("--seconds", type=float, default=5.0, help="measured seconds per level, after 1 s of warm-up")
+    sv.add_argument("--restarts", type=int, default=3, help="stop-under-load and restart cycles (default 3)")
+    sv.add_argument("--max-batch", type=int, default=64, help="the server's --max-batch (default 64)")
+    sv.add_argument("--batch-wait-ms", type=float, default=5.0, help="the server's --batch-wait-ms (default 5)")
+    sv.add_argument("--out", default="./bench-results", help=out_help)
 
 
 def _add_preemption_parser(bench_sub) -> None:
@@ -278,6 +291,31 @@ def cmd_overhead(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from benchmarks import machine, serve_load
+    from launcher.predict.model import locate
+
+    levels = _ints("--concurrency", args.concurrency)
+    sizes = _ints("--instances", args.instances)
+    _positive("--max-batch", args.max_batch)
+    if args.restarts < 0 or args.seconds <= 0:
+        raise UserError("--restarts must be >= 0 and --seconds > 0")
+    ref = locate(args.model, args.run, args.storage)  # one line and exit 2 if there is no model
+    model_dir = ref.uri
+    flags = ["--max-batch", str(args.max_batch), "--batch-wait-ms", f"{args.batch_wait_ms:g}"]
+    info = machine.describe()
+    print(machine.header(info, f"serve: {ref.info.get('workload')} ({ref.framework}), max batch {args.max_batch}, "
+                               f"{args.batch_wait_ms:g} ms wait, {args.seconds:g}s per level"), flush=True)
+    with tempfile.TemporaryDirectory(prefix="bench-serve-") as state:
+        rows, restarts = serve_load.run(model_dir, levels, sizes, args.seconds, args.restarts, flags, args.max_batch,
+                                        note, state)
+    print(serve_load.format_rows(rows, restarts))
+    settings = {"model": model_dir, "max_batch": args.max_batch, "batch_wait_ms": args.batch_wait_ms,
+                "seconds": args.seconds}
+    _wrote(serve_load.write_results(rows, restarts, info, settings, args.out))
+    return EXIT_OK if all(r["errors"] == 0 for r in rows) else EXIT_FAILED
+
+
 def _function_scaling(args: argparse.Namespace) -> int:
     """bench scaling of a training function: whole runs, each launcher run then its bare twin."""
     from benchmarks import function_scaling, machine, overhead
@@ -386,7 +424,7 @@ def cmd_bench_preemption(args: argparse.Namespace) -> int:
 
 HANDLERS = {"scaling": cmd_scaling, "allreduce": cmd_allreduce, "project": cmd_project,
             "overhead": cmd_overhead, "checkpoint": cmd_checkpoint, "stall": cmd_stall,
-            "preemption": cmd_bench_preemption}
+            "preemption": cmd_bench_preemption, "serve": cmd_serve}
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

@@ -30,12 +30,21 @@ def add_parsers(sub) -> None:
     s = sub.add_parser("serve", help="serve a run's model over HTTP (Ray Serve), AI Platform's "
                        "{\"instances\": [...]} format; Ctrl-C or --stop ends it")
     _model_flags(s)
-    s.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    s.add_argument("--port", type=int, default=None, help="HTTP port (default 8000); with --stop, the server "
+                   "to stop")
     s.add_argument("--replicas", type=int, default=1, help="model replicas (default 1)")
+    s.add_argument("--max-batch", type=int, default=64, help="requests merged into one forward pass, at most; "
+                   "each replica holds twice as many at once (default 64)")
+    s.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long a forward pass waits for more "
+                   "requests to join it (default 5)")
+    s.add_argument("--max-queued", type=int, default=1000, help="requests waiting for a replica, at most; past "
+                   "it a request gets 503 with Retry-After at once (default 1000)")
     s.add_argument("--public", action="store_true", help="listen on every interface, not only 127.0.0.1: "
                    "anyone who can reach the port can use the model (no authentication)")
-    s.add_argument("--stop", action="store_true", help="stop the model server (this machine's, or with "
-                   "--address the cluster's)")
+    s.add_argument("--stop", action="store_true", help="stop this machine's model server (the only one, or the "
+                   "one --port or --run names, or --all), or with --address the cluster's")
+    s.add_argument("--all", action="store_true", help="with --stop: every model server on this machine")
+    s.add_argument("--list", action="store_true", help="list the model servers running on this machine")
     add_verbose(s)
 
 
@@ -69,24 +78,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from launcher.cli.run import sigterm_as_ctrl_c
     from launcher.predict import serve
 
-    if args.stop:
-        print(serve.stop(args.address))
+    if args.list:
+        print(serve.listing())
         return EXIT_OK
+    if args.stop:
+        print(serve.stop(args.address, port=args.port, run=args.run, every=args.all))
+        return EXIT_OK
+    if args.all:
+        from launcher.errors import UserError
+
+        raise UserError("--all goes with --stop", "launcher serve --stop --all")
     from launcher.predict.model import locate
 
-    _positive("--replicas", args.replicas)
+    options = serve.ServeOptions(port=8000 if args.port is None else args.port, public=args.public,
+                                 replicas=args.replicas, max_batch=args.max_batch, batch_wait_ms=args.batch_wait_ms,
+                                 max_queued=args.max_queued)
+    options.check()
     ref = locate(args.model, args.run, args.storage)
 
-    def ready(url: str) -> None:
+    def ready(url: str, access_log: str | None) -> None:
+        where = ("it stays deployed on the cluster (launcher serve --stop --address ...)" if args.address else
+                 f"access log {access_log}; Ctrl-C or `launcher serve --stop --port {options.port}` stops it")
         print(f"serving {ref.uri} ({ref.info.get('workload')}, {ref.framework}) at {url}: POST "
-              "{\"instances\": [...]} to /, GET /healthz; " + ("it stays deployed on the cluster (launcher serve "
-                                                              "--stop --address ...)" if args.address else
-                                                              "Ctrl-C or `launcher serve --stop` stops it"),
-              flush=True)
+              "{\"instances\": [...]} to /predict, GET /healthz, /metrics; " + where, flush=True)
 
     with sigterm_as_ctrl_c():
-        return serve.serve(ref, port=args.port, public=args.public, replicas=args.replicas, address=args.address,
-                           verbose=args.verbose, ready=ready)
+        return serve.serve(ref, options, address=args.address, verbose=args.verbose, ready=ready)
 
 
 COMMANDS = {"predict": cmd_predict, "serve": cmd_serve}

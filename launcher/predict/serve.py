@@ -1,26 +1,44 @@
 """``launcher serve``: a run's model behind HTTP, on Ray Serve, in AI Platform's format.
 
-``POST /`` (or ``/predict``, or ``/v1/models/NAME:predict``) with
-``{"instances": [...]}`` answers ``{"predictions": [{"prediction": class,
-"scores": [...]}, ...]}``; ``GET /healthz`` answers ``{"status": "ok", ...}``.
-Bad input is a 400 whose ``error`` says what was expected: a body that is not
-JSON, no ``instances`` list, an empty one, more than ``max_instances``, an
-instance of the wrong shape or type. Requests are batched (Ray Serve's
-``@serve.batch``) so concurrent clients share forward passes.
+Endpoints:
 
-On this machine ``launcher serve`` starts a local Ray, serves on 127.0.0.1
-until Ctrl-C, SIGTERM or ``launcher serve --stop``; ``--public`` listens on
-every interface (no authentication: anyone who reaches the port can use it).
-With ``--address`` the application is deployed on that cluster, stays there
-after the command returns, and ``--stop --address ...`` deletes it.
+- ``POST /predict`` (also ``POST /`` and Vertex AI's ``/v1/models/NAME:predict``)
+  with ``{"instances": [...]}`` answers ``{"predictions": [{"prediction": class,
+  "scores": [...]}, ...]}``;
+- ``GET /healthz`` answers ``{"status": "ok", ...}`` with the model and the limits;
+- ``GET /metrics`` answers Prometheus text: requests by status code, latency and
+  batch-size histograms (of the replica that answers the scrape);
+- any other path is a 404, a known path with the wrong method a 405, a body over
+  the limit a 413 (read no further than the limit), bad input a 400 whose ``error``
+  says what was expected, never a 500.
+
+Concurrent requests share forward passes (Ray Serve's ``@serve.batch``, up to
+``max_batch`` requests per pass). A replica takes ``2 * max_batch`` requests at a
+time (one batch running, the next filling), so batches can fill; requests beyond
+that wait at Ray Serve's proxy, up to ``max_queued``; past it a request is
+answered 503 with ``Retry-After`` at once instead of being retried for seconds.
+Each answered request is one line of the access log.
+
+On this machine ``launcher serve`` starts a local Ray, serves on 127.0.0.1 until
+Ctrl-C, SIGTERM or ``launcher serve --stop``; ``--public`` listens on every
+interface (no authentication: anyone who reaches the port can use it). Every server
+has its own entry (port, run, PID) under the state folder, so several can run at
+once (``--list``, ``--stop --port/--run/--all``). With ``--address`` the application
+is deployed on that cluster, stays there after the command returns, and ``--stop
+--address ...`` deletes it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 import os
+import re
 import signal
+import socket
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -30,37 +48,139 @@ from launcher.predict.model import Model, ModelRef, predictions
 
 APP = "launcher-model"
 MAX_INSTANCES = 1024
-MAX_BATCH = 64      # instances' requests merged into one forward pass, at most
-BATCH_WAIT_S = 0.005
+BYTES_PER_NUMBER = 24  # the longest a JSON number usually is, with its comma ("-0.12345678901234567e-05, ")
+MIN_BODY_BYTES = 1 << 20
+VERTEX_PATH = re.compile(r"^/v1/models/[^/]+:predict$")
+PREDICT_PATHS = ("/", "/predict")
+GET_PATHS = ("/healthz", "/metrics")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """How a server takes its load (``launcher serve`` flags)."""
+
+    port: int = 8000
+    public: bool = False
+    replicas: int = 1
+    max_batch: int = 64          # requests merged into one forward pass, at most
+    batch_wait_ms: float = 5.0   # how long a batch waits to fill
+    max_queued: int = 1000       # requests waiting at the proxy; past it, 503 + Retry-After
+    max_instances: int = MAX_INSTANCES
+
+    @property
+    def max_ongoing(self) -> int:
+        """Requests a replica holds at once: a batch in the forward pass and the next filling up."""
+        return 2 * self.max_batch
+
+    def check(self) -> None:
+        for flag, value in (("--replicas", self.replicas), ("--max-batch", self.max_batch),
+                            ("--max-queued", self.max_queued)):
+            if value < 1:
+                raise UserError(f"{flag} {value}: must be 1 or more")
+        if not 0 <= self.batch_wait_ms <= 10_000:
+            raise UserError(f"--batch-wait-ms {self.batch_wait_ms:g}: must be 0..10000",
+                            "a few milliseconds lets concurrent requests share a forward pass")
+        if not 1 <= self.port <= 65535:
+            raise UserError(f"--port {self.port} is not a port number", "use 1..65535, e.g. 8000")
+
+
+class Histogram:
+    """A Prometheus histogram: cumulative bucket counts, the sum and the count."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+        self.max = 0.0
+
+    def observe(self, value: float) -> None:
+        i = 0
+        while i < len(self.bounds) and value > self.bounds[i]:
+            i += 1
+        self.counts[i] += 1
+        self.total += value
+        self.max = max(self.max, value)
+
+    def lines(self, name: str, labels: str) -> list[str]:
+        out, running = [], 0
+        for bound, count in zip((*self.bounds, math.inf), self.counts):
+            running += count
+            le = "+Inf" if bound == math.inf else f"{bound:g}"
+            out.append(f'{name}_bucket{{{labels},le="{le}"}} {running}')
+        return out + [f"{name}_sum{{{labels}}} {self.total:.6g}", f"{name}_count{{{labels}}} {running}"]
 
 
 class Endpoint:
     """The deployment's class (made a Ray Serve deployment by :func:`deployment`)."""
 
-    def __init__(self, ref: ModelRef, max_instances: int = MAX_INSTANCES) -> None:
+    def __init__(self, ref: ModelRef, max_instances: int = MAX_INSTANCES, access_log: str | None = None) -> None:
         self.model = Model(ref)
         self.max_instances = max_instances
+        self.max_body = max(MIN_BODY_BYTES, max_instances * math.prod(ref.input_shape) * BYTES_PER_NUMBER)
         self.about = {"workload": ref.info.get("workload"), "framework": ref.framework,
-                      "input_shape": list(ref.input_shape), "classes": ref.num_classes, "model": ref.uri}
+                      "input_shape": list(ref.input_shape), "classes": ref.num_classes, "model": ref.uri,
+                      "max_instances": max_instances, "max_body_bytes": self.max_body}
+        self.replica = _replica_id()
+        self.codes: dict[int, int] = {}
+        self.latency = Histogram((0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+        self.batch_requests = Histogram((1, 2, 4, 8, 16, 32, 64, 128, 256))
+        self.batch_instances = Histogram((1, 8, 64, 256, 1024, 4096, 16384))
+        self._log = open(access_log, "a", encoding="utf-8", buffering=1) if access_log else None  # noqa: SIM115
 
     async def __call__(self, request) -> Any:
-        from starlette.responses import JSONResponse
+        started = time.perf_counter()
+        response, instances = await self.answer(request)
+        seconds = time.perf_counter() - started
+        self.codes[response.status_code] = self.codes.get(response.status_code, 0) + 1
+        self.latency.observe(seconds)
+        if self._log is not None:
+            client = request.client.host if request.client else "-"
+            self._log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {client} {request.method} {request.url.path} "
+                            f"{response.status_code} {instances} {1000 * seconds:.1f}ms\n")
+        return response
 
-        path = request.url.path.rstrip("/")
-        if request.method == "GET" and path.endswith("/healthz"):
-            return JSONResponse({"status": "ok", **self.about})
-        if request.method != "POST":
-            return JSONResponse({"error": "POST {\"instances\": [...]} to predict; GET /healthz to check"},
-                                status_code=405)
+    async def answer(self, request) -> tuple[Any, int]:
+        """(the response, how many instances it predicted)."""
+        from starlette.responses import JSONResponse, PlainTextResponse
+
+        path = request.url.path.rstrip("/") or "/"
+        predicts = path in PREDICT_PATHS or bool(VERTEX_PATH.match(path))
+        if not predicts and path not in GET_PATHS:
+            return _error(f"no such path: {path} (POST {{\"instances\": [...]}} to /predict; GET /healthz, "
+                          "/metrics)", 404), 0
+        if request.method != ("POST" if predicts else "GET"):
+            allowed = "POST" if predicts else "GET"
+            return _error(f"{request.method} {path}: use {allowed}", 405, {"Allow": allowed}), 0
+        if path == "/healthz":
+            return JSONResponse({"status": "ok", **self.about}), 0
+        if path == "/metrics":
+            return PlainTextResponse(self.metrics(), media_type="text/plain; version=0.0.4"), 0
+        body = await self._body(request)
+        if body is None:
+            return _error(f"the request body is over {self.max_body} bytes; send at most {self.max_instances} "
+                          "instances per request", 413), 0
         try:
-            body = json.loads(await request.body())
+            payload = json.loads(body)
         except (ValueError, UnicodeDecodeError):
-            return _bad("the request body is not JSON: send {\"instances\": [...]}")
-        problem, x = self.check(body)
+            return _error("the request body is not JSON: send {\"instances\": [...]}"), 0
+        problem, x = self.check(payload)
         if problem:
-            return _bad(problem)
+            return _error(problem), 0
         scores = await self.batched(x)
-        return JSONResponse({"predictions": predictions(scores)})
+        return JSONResponse({"predictions": predictions(scores)}), len(x)
+
+    async def _body(self, request) -> bytes | None:
+        """The body, or None when it is longer than the limit (not read past the limit)."""
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > self.max_body:
+            return None
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body:
+                return None
+            chunks.append(chunk)
+        return b"".join(chunks)
 
     def check(self, body: Any) -> tuple[str | None, np.ndarray | None]:
         """(what is wrong, None) or (None, the model's input batch)."""
@@ -74,6 +194,9 @@ class Endpoint:
             return "instances is empty: send at least one instance", None
         if len(instances) > self.max_instances:
             return f"{len(instances)} instances in one request; at most {self.max_instances}", None
+        odd = _not_a_number(instances)
+        if odd:
+            return f"{odd} (this model takes {shape} numbers per instance)", None
         try:
             x = self.model.inputs(_array(instances))
         except (ValueError, TypeError) as exc:
@@ -87,8 +210,51 @@ class Endpoint:
 
     async def _batch_impl(self, batches: list[np.ndarray]) -> list[np.ndarray]:
         sizes = [len(b) for b in batches]
-        scores = self.model.run(np.concatenate(batches))
+        self.batch_requests.observe(len(batches))
+        self.batch_instances.observe(sum(sizes))
+        # In a thread: the replica goes on reading and checking the next requests meanwhile.
+        scores = await asyncio.to_thread(self.model.run, np.concatenate(batches))
         return list(np.split(scores, np.cumsum(sizes)[:-1]))
+
+    def metrics(self) -> str:
+        """Prometheus text exposition of this replica's counters."""
+        labels = f'replica="{self.replica}"'
+        lines = ["# HELP launcher_serve_requests_total Requests answered by this replica, by HTTP status.",
+                 "# TYPE launcher_serve_requests_total counter"]
+        lines += [f'launcher_serve_requests_total{{{labels},code="{code}"}} {n}' for code, n in
+                  sorted(self.codes.items())]
+        for name, hist, what in (("launcher_serve_request_seconds", self.latency, "Time to answer a request"),
+                                 ("launcher_serve_batch_requests", self.batch_requests,
+                                  "Requests merged into one forward pass"),
+                                 ("launcher_serve_batch_instances", self.batch_instances,
+                                  "Instances in one forward pass")):
+            lines += [f"# HELP {name} {what}.", f"# TYPE {name} histogram", *hist.lines(name, labels),
+                      f"# HELP {name}_largest The largest observed.", f"# TYPE {name}_largest gauge",
+                      f"{name}_largest{{{labels}}} {hist.max:.6g}"]
+        return "\n".join(lines) + "\n"
+
+
+def _replica_id() -> str:
+    try:
+        from ray import serve
+
+        return str(serve.get_replica_context().replica_id.unique_id)
+    except Exception:  # noqa: BLE001 - outside a replica (a unit test)
+        return "local"
+
+
+def _not_a_number(instances: list) -> str | None:
+    """Which element of ``instances`` is neither a number nor a list, said in one line (None
+    when all are). Strings are left to the workload's own check, which names the type."""
+    stack: list[tuple[str, Any]] = [(f"instances[{i}]", v) for i, v in reversed(list(enumerate(instances)))]
+    while stack:
+        where, value = stack.pop()
+        if value is None or isinstance(value, (dict, bool)):
+            kind = "null" if value is None else ("an object" if isinstance(value, dict) else "true/false")
+            return f"{where} is {kind}, not a number"
+        if isinstance(value, list):
+            stack.extend((f"{where}[{i}]", v) for i, v in reversed(list(enumerate(value))))
+    return None
 
 
 def _array(instances: list) -> np.ndarray:
@@ -99,71 +265,168 @@ def _array(instances: list) -> np.ndarray:
         return np.asarray(instances, dtype=object)
 
 
-def _bad(message: str):
+def _error(message: str, status: int = 400, headers: dict[str, str] | None = None):
     from starlette.responses import JSONResponse
 
-    return JSONResponse({"error": message}, status_code=400)
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
 
 
-def deployment(replicas: int):
-    """The Ray Serve deployment of :class:`Endpoint`, its requests batched."""
+def deployment(options: ServeOptions):
+    """The Ray Serve deployment of :class:`Endpoint`, sized for its batching."""
     from ray import serve
 
     class ModelEndpoint(Endpoint):
-        @serve.batch(max_batch_size=MAX_BATCH, batch_wait_timeout_s=BATCH_WAIT_S)
+        @serve.batch(max_batch_size=options.max_batch, batch_wait_timeout_s=options.batch_wait_ms / 1000)
         async def _batch(self, batches: list[np.ndarray]) -> list[np.ndarray]:
             return await self._batch_impl(batches)
 
-    return serve.deployment(ModelEndpoint, name="model", num_replicas=replicas,
+    return serve.deployment(ModelEndpoint, name="model", num_replicas=options.replicas,
+                            max_ongoing_requests=options.max_ongoing, max_queued_requests=options.max_queued,
+                            backpressure_config={"status_code": 503, "retry_after_s": 1},
                             ray_actor_options={"num_cpus": 0.5}, graceful_shutdown_timeout_s=2)
 
 
-def state_file() -> str:
+# -- the servers this machine runs ----------------------------------------------------------
+
+
+def servers_dir() -> str:
     from launcher.driver.localhead import STATE_ENV
 
     root = os.environ.get(STATE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "launcher")
-    return os.path.join(root, "serve.json")
+    return os.path.join(root, "servers")
 
 
-def serve(ref: ModelRef, *, port: int = 8000, public: bool = False, replicas: int = 1,
-          address: str | None = None, verbose: bool = False, ready=None) -> int:
-    """Serve ``ref``: on this machine until interrupted (then returns 0), or deployed on the
-    cluster at ``address`` (returns 0 at once). ``ready(url)`` is called once it answers."""
+def _entry_path(port: int) -> str:
+    return os.path.join(servers_dir(), f"{port}.json")
+
+
+def servers() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(the servers running on this machine, the entries of those that are gone, now removed),
+    each sorted by port."""
+    live, dead = [], []
+    try:
+        names = sorted(os.listdir(servers_dir()))
+    except OSError:
+        names = []
+    for name in names:
+        if not name.endswith(".json"):
+            continue
+        path = os.path.join(servers_dir(), name)
+        try:
+            with open(path, encoding="utf-8") as f:
+                entry = json.load(f)
+            pid = int(entry["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            _remove(path)
+            continue
+        if _running(pid):
+            live.append(entry)
+        else:
+            _remove(path)
+            dead.append(entry)
+    return sorted(live, key=lambda e: e["port"]), sorted(dead, key=lambda e: e["port"])
+
+
+def listing() -> str:
+    """``launcher serve --list``: one line per running server."""
+    live, dead = servers()
+    lines = [f"removed the entry of the server at {e['url']} (pid {e['pid']}): it had stopped" for e in dead]
+    if not live:
+        return "\n".join(lines + ["no model server is running on this machine"])
+    lines.append(f"{'PORT':>5}  {'PID':>7}  {'UP':>8}  {'RUN':<20} MODEL")
+    for e in live:
+        up = time.time() - float(e.get("since", time.time()))
+        lines.append(f"{e['port']:>5}  {e['pid']:>7}  {_duration(up):>8}  {e.get('run') or '-':<20} {e['model']}")
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def serve(ref: ModelRef, options: ServeOptions = ServeOptions(), *, address: str | None = None,
+          verbose: bool = False, ready=None) -> int:
+    """Serve ``ref``: on this machine until stopped (then returns 0), or deployed on the
+    cluster at ``address`` (returns 0 at once). ``ready(url, access_log)`` is called once it
+    answers. Exit-code rule: a stop (Ctrl-C, SIGTERM, ``--stop``) once the server has
+    answered is how a server ends, 0; a stop before that raises KeyboardInterrupt (130)."""
     from launcher.driver import session
 
-    host = "0.0.0.0" if public else "127.0.0.1"
-    _check_port(host, port, address)
-    with session.connect(address, workers=replicas, cpus_per_worker=0.5, verbose=verbose):
-        from ray import serve as ray_serve
+    options.check()
+    host = "0.0.0.0" if options.public else "127.0.0.1"
+    joined = bool(address or os.environ.get("RAY_ADDRESS"))
+    if not joined:
+        _check_port(host, options.port)
+    access_log = None if joined else _access_log(ref, options.port)
+    serving = False
+    try:
+        with session.connect(address, workers=options.replicas, cpus_per_worker=0.5, verbose=verbose):
+            from ray import serve as ray_serve
 
-        if not verbose:
-            import logging
+            if not verbose:
+                import logging
 
-            logging.getLogger("ray.serve").setLevel(logging.WARNING)
-        ray_serve.start(http_options={"host": host, "port": port})
-        ray_serve.run(deployment(replicas).bind(ref), name=APP, route_prefix="/")
-        url = f"http://{'127.0.0.1' if not public else host}:{port}"
-        joined = bool(address or os.environ.get("RAY_ADDRESS"))
-        try:
-            if not joined:
-                _write_state({"pid": os.getpid(), "url": url, "model": ref.uri, "since": time.time()})
-            if ready is not None:
-                ready(url)
-            if joined:  # the application stays on the cluster
-                return 0
-            signal.pause()  # Ctrl-C (and SIGTERM, turned into it) ends it
-        except KeyboardInterrupt:
+                logging.getLogger("ray.serve").setLevel(logging.WARNING)
+            ray_serve.start(http_options={"host": host, "port": options.port})
+            app = deployment(options).bind(ref, options.max_instances, access_log)
+            ray_serve.run(app, name=APP, route_prefix="/")
+            serving = True
+            url = f"http://{'127.0.0.1' if not options.public else host}:{options.port}"
+            try:
+                if not joined:
+                    _write_entry({"pid": os.getpid(), "port": options.port, "url": url, "model": ref.uri,
+                                  "run": _run_name(ref), "access_log": access_log, "since": time.time()})
+                if ready is not None:
+                    ready(url, access_log)
+                if joined:  # the application stays on the cluster
+                    return 0
+                while True:
+                    signal.pause()  # Ctrl-C (and SIGTERM, turned into it) ends it
+            finally:
+                if not joined:
+                    _remove(_entry_path(options.port))
+            # The local Ray goes down as the session closes, and the server with it: no need to
+            # wait for Serve's graceful shutdown, which takes tens of seconds on a busy machine.
+    except KeyboardInterrupt:
+        if not serving:
+            raise
+    return 0
+
+
+def _run_name(ref: ModelRef) -> str | None:
+    parts = [p for p in ref.parts if p]
+    if parts and parts[-1] == "model":
+        parts = parts[:-1]
+    return parts[-1] if parts else None
+
+
+def _access_log(ref: ModelRef, port: int) -> str:
+    """``<run>/serve/access-PORT.log`` for a run on this machine's disk, else the state folder's."""
+    from launcher.storage import Storage
+
+    store = Storage.resolve(ref.storage_uri)
+    parts = list(ref.parts)
+    if store.is_local and parts and parts[-1] == "model":
+        folder = os.path.join(store.path(*parts[:-1]), "serve")
+    else:
+        folder = os.path.join(servers_dir(), "logs")
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, f"access-{port}.log"), "a", encoding="utf-8"):
             pass
-        finally:
-            if not joined:
-                _remove_state()
-        # The local Ray goes down as the session closes, and the server with it: no need to
-        # wait for Serve's graceful shutdown, which takes tens of seconds on a busy machine.
-    return 0  # stopping a server is how it ends
+    except OSError:  # a run folder we cannot write to
+        folder = os.path.join(servers_dir(), "logs")
+        os.makedirs(folder, exist_ok=True)
+    return os.path.join(folder, f"access-{port}.log")
 
 
-def stop(address: str | None = None, timeout_s: float = 60.0) -> str:
-    """Stop the model server: the one this machine runs, or the application on ``address``."""
+def stop(address: str | None = None, *, port: int | None = None, run: str | None = None, every: bool = False,
+         timeout_s: float = 60.0) -> str:
+    """Stop model servers: this machine's (the only one, or those ``port``/``run`` name, or
+    ``every`` one), or the application on ``address``."""
     if address:
         from launcher.driver import session
 
@@ -172,24 +435,38 @@ def stop(address: str | None = None, timeout_s: float = 60.0) -> str:
 
             ray_serve.delete(APP)
         return f"deleted the {APP} application on {address}"
-    try:
-        with open(state_file(), encoding="utf-8") as f:
-            state = json.load(f)
-        pid = int(state["pid"])
-    except (OSError, ValueError, KeyError):
-        raise UserError("no model server is running on this machine (`launcher serve` writes "
-                        f"{state_file()})", "on a cluster, add --address") from None
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        _remove_state()
-        return f"the model server (pid {pid}) had already stopped"
+    live, dead = servers()
+    lines = [f"removed the entry of the server at {e['url']} (pid {e['pid']}): it had already stopped"
+             for e in dead if (port is None or e["port"] == port) and (run is None or e.get("run") == run)]
+    chosen = [e for e in live if (port is None or e["port"] == port) and (run is None or e.get("run") == run)]
+    if not chosen:
+        if lines:
+            return "\n".join(lines)
+        what = " ".join(filter(None, (f"on port {port}" if port else "", f"for run {run}" if run else "")))
+        running = ", ".join(str(e["port"]) for e in live)
+        raise UserError(f"no model server {what + ' ' if what else ''}is running on this machine"
+                        + (f" (running: port {running})" if running else ""),
+                        "`launcher serve --list` shows them; on a cluster, add --address")
+    if len(chosen) > 1 and not every and port is None:
+        ports = ", ".join(str(e["port"]) for e in chosen)
+        raise UserError(f"{len(chosen)} model servers are running (ports {ports})",
+                        "say which with --port or --run, or stop them all with --all")
+    for e in chosen:
+        try:
+            os.kill(int(e["pid"]), signal.SIGTERM)
+        except ProcessLookupError:
+            pass
     deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if not _running(pid):
-            return f"stopped the model server at {state.get('url')} (pid {pid})"
-        time.sleep(0.2)
-    raise UserError(f"the model server (pid {pid}) did not stop within {timeout_s:.0f}s", f"kill {pid}")
+    for e in chosen:
+        pid = int(e["pid"])
+        while _running(pid) and time.time() < deadline:
+            time.sleep(0.1)
+        if _running(pid):
+            raise UserError(f"the model server at {e['url']} (pid {pid}) did not stop within {timeout_s:.0f}s",
+                            f"kill {pid}")
+        _remove(_entry_path(e["port"]))
+        lines.append(f"stopped the model server at {e['url']} (pid {pid})")
+    return "\n".join(lines)
 
 
 def _running(pid: int) -> bool:
@@ -206,30 +483,31 @@ def _running(pid: int) -> bool:
         return True
 
 
-def _check_port(host: str, port: int, address: str | None) -> None:
-    import socket
-
-    if address or os.environ.get("RAY_ADDRESS"):
-        return
-    if not 1 <= port <= 65535:
-        raise UserError(f"--port {port} is not a port number", "use 1..65535, e.g. 8000")
+def _check_port(host: str, port: int) -> None:
+    """Refuse a port another process listens on, before Ray starts. The test socket sets
+    SO_REUSEADDR as the server itself (uvicorn) does, so connections of a server that just
+    stopped, still in TIME_WAIT, do not keep a new one off its port."""
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError as exc:
             raise UserError(f"--port {port}: cannot listen on {host}:{port} ({exc.strerror})",
-                            "another server has it: pick another --port, or `launcher serve --stop`") from None
+                            "another server has it: pick another --port, or `launcher serve --list` and "
+                            "`launcher serve --stop --port PORT`") from None
 
 
-def _write_state(state: dict[str, Any]) -> None:
-    path = state_file()
+def _write_entry(entry: dict[str, Any]) -> None:
+    path = _entry_path(entry["port"])
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        json.dump(state, f)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(entry, f)
+    os.replace(tmp, path)
 
 
-def _remove_state() -> None:
+def _remove(path: str) -> None:
     try:
-        os.remove(state_file())
+        os.remove(path)
     except OSError:
         pass

@@ -1,0 +1,304 @@
+"""Model-server load: ``launcher serve`` under concurrent keep-alive clients.
+
+``launcher bench serve --run NAME`` starts ``launcher serve`` on a free loopback
+port (a separate process, as a user runs it), then, for each number of instances
+per request (1 and 64) and each concurrency level (1, 8, 32, 128), keeps that
+many HTTP/1.1 keep-alive connections busy for a few seconds, each sending its
+next request as soon as the last is answered. Per level: requests/s,
+instances/s, latency p50/p95/p99 and the errors (any answer but a 200 holding
+one prediction per instance).
+
+The limit it is compared with: the same model's forward pass called directly in
+this process on the batches the server can form at that level (instances per
+request times ``min(concurrency, max_batch)`` rows), with no HTTP, JSON or Ray
+in between. ``of_limit`` is the server's instances/s over that.
+
+Then the restart check: stop the server with ``launcher serve --stop`` while
+clients are connected, start it again on the same port, and time how long the
+port stays refused (0 when the new server binds at once) and how long until the
+new server answers.
+
+The clients are one asyncio loop in this process on the same machine as the
+server: on 2 cores they take part of the CPU the server would have.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Any, Callable
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LEVELS = (1, 8, 32, 128)
+SIZES = (1, 64)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def request_bytes(instances: list[list[float]], path: str = "/predict") -> bytes:
+    body = json.dumps({"instances": instances}).encode()
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    return head + body
+
+
+async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    status_line = await reader.readline()
+    if not status_line:
+        raise ConnectionError("the server closed the connection")
+    status = int(status_line.split()[1])
+    length, chunked = None, False
+    while True:
+        line = await reader.readline()
+        if line in (b"\r\n", b"\n", b""):
+            break
+        name, _, value = line.decode("latin-1").partition(":")
+        name = name.strip().lower()
+        if name == "content-length":
+            length = int(value.strip())
+        elif name == "transfer-encoding" and "chunked" in value.lower():
+            chunked = True
+    if chunked:
+        parts = []
+        while True:
+            size = int((await reader.readline()).strip().split(b";")[0], 16)
+            if size == 0:
+                await reader.readline()
+                break
+            parts.append(await reader.readexactly(size))
+            await reader.readline()
+        return status, b"".join(parts)
+    return status, await reader.readexactly(length or 0)
+
+
+async def _client(port: int, request: bytes, expected: int, until: float, warm_until: float,
+                  latencies: list[float], errors: dict[str, int]) -> None:
+    reader = writer = None
+    while time.perf_counter() < until:
+        try:
+            if writer is None:
+                reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            started = time.perf_counter()
+            writer.write(request)
+            status, body = await _read_response(reader)
+        except (OSError, ConnectionError, asyncio.IncompleteReadError, ValueError, IndexError) as exc:
+            errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+            if writer is not None:
+                writer.close()
+            reader = writer = None
+            await asyncio.sleep(0.05)
+            continue
+        done = time.perf_counter()
+        if started < warm_until:
+            continue
+        if status != 200:
+            errors[str(status)] = errors.get(str(status), 0) + 1
+        elif body.count(b'"prediction"') != expected:
+            errors["wrong count"] = errors.get("wrong count", 0) + 1
+        else:
+            latencies.append(done - started)
+    if writer is not None:
+        writer.close()
+
+
+def drive(port: int, request: bytes, expected: int, concurrency: int, seconds: float,
+          warmup_s: float = 1.0) -> dict[str, Any]:
+    """Keep ``concurrency`` keep-alive connections busy for ``warmup_s + seconds``; the
+    figures count the requests sent after the warm-up."""
+    latencies: list[float] = []
+    errors: dict[str, int] = {}
+
+    async def main() -> None:
+        now = time.perf_counter()
+        await asyncio.gather(*(_client(port, request, expected, now + warmup_s + seconds, now + warmup_s,
+                                       latencies, errors) for _ in range(concurrency)))
+
+    asyncio.run(main())
+    ordered = sorted(latencies)
+
+    def pct(p: float) -> float | None:
+        return round(1000 * ordered[min(len(ordered) - 1, int(p * len(ordered)))], 2) if ordered else None
+
+    return {"requests": len(ordered), "requests_per_s": round(len(ordered) / seconds, 1),
+            "instances_per_s": round(len(ordered) * expected / seconds, 1),
+            "p50_ms": pct(0.50), "p95_ms": pct(0.95), "p99_ms": pct(0.99),
+            "errors": sum(errors.values()), "error_kinds": errors}
+
+
+def forward_limit(model_dir: str, rows: int, instance, seconds: float = 1.0) -> float:
+    """Instances/s of the model's forward pass called directly on batches of ``rows``."""
+    import numpy as np
+
+    from launcher.predict.model import Model, locate
+
+    model = _MODELS.get(model_dir)
+    if model is None:
+        model = _MODELS[model_dir] = Model(locate(model_dir))
+    x = model.inputs(np.asarray([instance] * rows))
+    model.run(x)
+    done, started = 0, time.perf_counter()
+    while time.perf_counter() - started < seconds:
+        model.run(x)
+        done += rows
+    return done / (time.perf_counter() - started)
+
+
+_MODELS: dict[str, Any] = {}
+
+
+class Server:
+    """A ``launcher serve`` process on ``port``."""
+
+    def __init__(self, model_dir: str, port: int, flags: list[str], env: dict[str, str]) -> None:
+        self.port, self.env = port, env
+        self.log = open(os.path.join(env["LAUNCHER_STATE_DIR"], f"serve-{port}.log"), "a")  # noqa: SIM115
+        self.proc = subprocess.Popen([sys.executable, "-m", "launcher", "serve", "--model", model_dir, "--port",
+                                      str(port), *flags], stdout=subprocess.PIPE, stderr=self.log, text=True,
+                                     env=env, cwd=ROOT)
+
+    def wait_ready(self, timeout_s: float = 300) -> None:
+        import select
+
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], 1.0)
+            if ready:
+                line = self.proc.stdout.readline()
+                if "serving" in line:
+                    return
+                if not line and self.proc.poll() is not None:
+                    break
+        raise RuntimeError(f"launcher serve did not start (exit {self.proc.poll()}); see {self.log.name}")
+
+    def stop(self) -> float:
+        """``launcher serve --stop --port``; returns how long it took."""
+        started = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "launcher", "serve", "--stop", "--port", str(self.port)], env=self.env,
+                       cwd=ROOT, capture_output=True, text=True, timeout=180, check=True)
+        self.proc.wait(timeout=60)
+        self.log.close()
+        return time.perf_counter() - started
+
+
+def port_refused_s(port: int, timeout_s: float = 120) -> float:
+    """How long binding ``port`` fails (as `launcher serve`'s own check binds it)."""
+    started = time.perf_counter()
+    while True:
+        with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind(("127.0.0.1", port))
+                return time.perf_counter() - started
+            except OSError:
+                if time.perf_counter() - started > timeout_s:
+                    return float("inf")
+        time.sleep(0.05)
+
+
+def run(model_dir: str, levels: list[int], sizes: list[int], seconds: float, restarts: int, flags: list[str],
+        max_batch: int, note: Callable[[str], None], state_dir: str) -> tuple[list[dict], list[dict]]:
+    """(one row per size and level, one row per restart)."""
+    import threading
+
+    import numpy as np
+
+    from launcher.predict.model import locate
+
+    ref = locate(model_dir)
+    instance = np.random.default_rng(0).uniform(0, 1, ref.input_shape).round(4).tolist()
+    env = {**os.environ, "LAUNCHER_STATE_DIR": state_dir, "PYTHONUNBUFFERED": "1"}
+    env.pop("RAY_ADDRESS", None)
+    port = free_port()
+    note(f"starting launcher serve on 127.0.0.1:{port} ...")
+    server = Server(model_dir, port, flags, env)
+    rows, restart_rows = [], []
+    try:
+        server.wait_ready()
+        for size in sizes:
+            request = request_bytes([instance] * size)
+            for level in levels:
+                note(f"{size} instance(s)/request, {level} concurrent client(s), {seconds:g}s ...")
+                out = drive(port, request, size, level, seconds)
+                limit = forward_limit(model_dir, size * min(level, max_batch), instance)
+                rows.append({"instances_per_request": size, "concurrency": level, **out,
+                             "limit_instances_per_s": round(limit, 1),
+                             "of_limit": round(out["instances_per_s"] / limit, 3) if limit else None})
+        for i in range(restarts):
+            note(f"restart {i + 1}/{restarts}: stopping under load (32 keep-alive clients), starting again ...")
+            load = threading.Thread(target=drive, args=(port, request_bytes([instance]), 1, 32, 6.0, 0.0),
+                                    daemon=True)
+            load.start()
+            time.sleep(3.0)
+            stop_s = server.stop()
+            refused = port_refused_s(port)
+            started = time.perf_counter()
+            server = Server(model_dir, port, flags, env)
+            server.wait_ready()
+            restart_rows.append({"restart": i + 1, "stop_s": round(stop_s, 2), "port_refused_s": round(refused, 3),
+                                 "new_server_ready_s": round(time.perf_counter() - started, 2)})
+            load.join()
+    finally:
+        if server.proc.poll() is None:
+            try:
+                server.stop()
+            except Exception:  # noqa: BLE001 - the figures are kept; kill what is left
+                server.proc.kill()
+    return rows, restart_rows
+
+
+def format_rows(rows: list[dict], restarts: list[dict]) -> str:
+    lines = [f"{'inst/req':>8} {'clients':>7} {'req/s':>8} {'inst/s':>9} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} "
+             f"{'errors':>6} {'limit inst/s':>12} {'of limit':>8}"]
+    for r in rows:
+        lines.append(f"{r['instances_per_request']:>8} {r['concurrency']:>7} {r['requests_per_s']:>8.1f} "
+                     f"{r['instances_per_s']:>9.1f} {_ms(r['p50_ms'])} {_ms(r['p95_ms'])} {_ms(r['p99_ms'])} "
+                     f"{r['errors']:>6} {r['limit_instances_per_s']:>12.1f} {r['of_limit'] or 0:>8.2f}")
+    for size in dict.fromkeys(r["instances_per_request"] for r in rows):
+        level = [r for r in rows if r["instances_per_request"] == size]
+        best = max(r["requests_per_s"] for r in level)
+        worst_high = min((r["requests_per_s"] for r in level if r["concurrency"] >= 32), default=None)
+        if best and worst_high is not None:
+            lines.append(f"{size} instance(s)/request: requests/s at 32+ clients >= {worst_high / best:.2f} of "
+                         f"the best level's ({best:.1f})")
+    for r in restarts:
+        lines.append(f"restart {r['restart']}: stop took {r['stop_s']:.2f}s, port refused for "
+                     f"{r['port_refused_s']:.3f}s, new server answering after {r['new_server_ready_s']:.1f}s")
+    return "\n".join(lines)
+
+
+def _ms(value: float | None) -> str:
+    return f"{value:>7.1f}" if value is not None else f"{'-':>7}"
+
+
+def write_results(rows: list[dict], restarts: list[dict], info: dict, settings: dict, out_dir: str) -> list[str]:
+    """serve.json, serve.csv and serve.png (requests/s and p99 latency against concurrency)."""
+    from benchmarks import results
+
+    fig, (left, right) = results.new_figure(ncols=2, figsize=(11, 4))
+    for size in dict.fromkeys(r["instances_per_request"] for r in rows):
+        level = [r for r in rows if r["instances_per_request"] == size]
+        xs = [r["concurrency"] for r in level]
+        left.plot(xs, [r["instances_per_s"] for r in level], marker="o", label=f"{size} inst/request")
+        left.plot(xs, [r["limit_instances_per_s"] for r in level], linestyle="--", color="grey",
+                  label=f"forward-pass limit ({size})")
+        right.plot(xs, [r["p99_ms"] or 0 for r in level], marker="o", label=f"{size} inst/request")
+    for ax in (left, right):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrent keep-alive clients")
+        ax.legend(fontsize=8)
+    left.set_yscale("log")
+    left.set_ylabel("instances/s")
+    left.set_title("launcher serve throughput")
+    right.set_ylabel("p99 latency (ms)")
+    right.set_title("tail latency")
+    return results.write(out_dir, "serve", rows, {"restarts": restarts, "machine": info, "settings": settings},
+                         fig)

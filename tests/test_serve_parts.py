@@ -1,0 +1,81 @@
+"""The model server's parts that need no Ray: input checks, metrics text, options, the
+per-server state entries (the server itself is tested in test_predict.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from launcher.errors import UserError
+from launcher.predict import serve
+
+
+def test_the_element_that_is_not_a_number_is_named():
+    assert serve._not_a_number([[1, 2.5], [3, -4]]) is None
+    assert serve._not_a_number([None]) == "instances[0] is null, not a number"
+    assert serve._not_a_number([[1, 2], [3, {"a": 1}]]) == "instances[1][1] is an object, not a number"
+    assert serve._not_a_number([[[0, True]]]) == "instances[0][0][1] is true/false, not a number"
+    assert serve._not_a_number([["text"]]) is None  # left to the workload's check, which says "text"
+
+
+def test_histogram_text_is_cumulative_prometheus():
+    h = serve.Histogram((1, 4, 16))
+    for v in (1, 2, 3, 20, 5):
+        h.observe(v)
+    lines = h.lines("x", 'replica="r"')
+    assert lines[:4] == ['x_bucket{replica="r",le="1"} 1', 'x_bucket{replica="r",le="4"} 3',
+                         'x_bucket{replica="r",le="16"} 4', 'x_bucket{replica="r",le="+Inf"} 5']
+    assert lines[4:] == ['x_sum{replica="r"} 31', 'x_count{replica="r"} 5'] and h.max == 20
+
+
+def test_options_are_checked_and_size_the_replica_for_its_batches():
+    assert serve.ServeOptions(max_batch=64).max_ongoing == 128
+    for bad, message in ((dict(max_batch=0), "--max-batch 0"), (dict(replicas=0), "--replicas 0"),
+                         (dict(max_queued=0), "--max-queued 0"), (dict(batch_wait_ms=-1), "--batch-wait-ms -1"),
+                         (dict(port=70000), "--port 70000")):
+        with pytest.raises(UserError, match=message.replace("-", r"\-")):
+            serve.ServeOptions(**bad).check()
+
+
+def test_entries_of_stopped_servers_are_cleaned_up_and_the_live_ones_listed(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAUNCHER_STATE_DIR", str(tmp_path))
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    try:
+        for port, pid, run in ((18001, sleeper.pid, "alive"), (18002, gone.pid, "dead")):
+            serve._write_entry({"pid": pid, "port": port, "url": f"http://127.0.0.1:{port}", "model": f"/r/{run}/model",
+                                "run": run, "since": 0})
+        live, dead = serve.servers()
+        assert [e["run"] for e in live] == ["alive"] and [e["run"] for e in dead] == ["dead"]
+        assert sorted(os.listdir(serve.servers_dir())) == ["18001.json"]
+        with pytest.raises(UserError, match="no model server on port 18003 is running on this machine "
+                                            r"\(running: port 18001\)"):
+            serve.stop(port=18003)
+        assert "stopped the model server at http://127.0.0.1:18001" in serve.stop(run="alive")
+        assert sleeper.wait(timeout=10) == -15 and serve.listing() == "no model server is running on this machine"
+    finally:
+        sleeper.kill()
+
+
+def test_a_port_held_by_a_listener_is_refused_in_one_line():
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(UserError, match=f"cannot listen on 127.0.0.1:{port}"):
+            serve._check_port("127.0.0.1", port)
+    serve._check_port("127.0.0.1", port)  # free again at once
+
+
+def test_state_entries_are_json_written_whole(tmp_path, monkeypatch):
+    monkeypatch.setenv("LAUNCHER_STATE_DIR", str(tmp_path))
+    serve._write_entry({"pid": 1, "port": 9, "url": "u", "model": "m"})
+    assert json.load(open(os.path.join(serve.servers_dir(), "9.json")))["model"] == "m"
+    assert not [n for n in os.listdir(serve.servers_dir()) if n.endswith(".tmp")]
