@@ -11,7 +11,10 @@ then rather than guess from timing. The points:
   to be handed to Ray Train for upload;
 - ``export``: rank 0, the final checkpoint written, before exporting the model;
 - ``step-checkpoint``: rank 0, its first step checkpoint (``--checkpoint-every-steps``)
-  of the launch reported to Ray Train: a stop now resumes from that mid-epoch step.
+  of the launch reported to Ray Train: a stop now resumes from that mid-epoch step;
+- ``tune-trials``: a ``launcher tune`` driver, at the end of Ray Tune's first step
+  that leaves a trial made but not started: a signal now ends the search (once
+  the pause is over) before that trial starts.
 
 Workers inherit the variable from a local Ray the launch starts itself.
 """

@@ -8,6 +8,7 @@ stopped with SIGINT and launched again.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -91,6 +92,83 @@ def test_a_missing_hyperparameters_block_and_a_search_that_does_not_fit(tmp_path
     assert main(["tune", "--config", path, "--workers", "2", "--storage", str(tmp_path / "runs")]) == 2
     err = capsys.readouterr().err
     assert "100 workers x 1 CPUs" in err or "maxParallelTrials 50 x 2" in err, err
+
+
+def study_of(tmp_path, storage: str, yaml_text: str, name: str):
+    """The checked Study a YAML describes, as `launcher tune --name NAME --storage STORAGE` builds it."""
+    from launcher.spec import JobSpec
+    from launcher.tune.study import Study, load
+
+    path = write_yaml(tmp_path, yaml_text, f"{name}.yaml")
+    hp, raw = load(path)
+    spec = JobSpec.from_mapping(raw, source=path).merged({"name": name, "storage": storage}).validated()
+    return Study(hp=hp, spec=spec, source=path)
+
+
+def test_a_trials_status_is_what_it_did_across_launches(tmp_path, capsys, storage):
+    """No Ray: Tune's trials as Tune leaves them after an interrupt, the trials' own runs as
+    they left them, and the table an earlier launch wrote (one that labelled two trials that
+    had not started yet as stopped early)."""
+    from types import SimpleNamespace
+
+    from launcher.storage import Storage
+    from launcher.tune import results, watch
+
+    store = Storage.resolve(storage)
+
+    def trial(trial_id, status, summary=None, ran=False):
+        if summary or ran:
+            store.write_text("{}", "st", f"trial_{trial_id}", "run.json")
+        if summary:
+            store.write_text(json.dumps({"status": summary, "model": "m"}), "st", f"trial_{trial_id}", "summary.json")
+        return SimpleNamespace(trial_id=trial_id, status=status, config={"lr": 0.01}, last_result={})
+
+    earlier = [{"number": 1, "trial": "trial_a", "status": "stopped early", "accuracy": None, "epochs": 0},
+               {"number": 2, "trial": "trial_b", "status": "stopped early", "accuracy": None, "epochs": 0},
+               {"number": 3, "trial": "trial_c", "status": "succeeded", "accuracy": 0.9666, "epochs": 1},
+               {"number": 4, "trial": "trial_d", "status": "stopped early", "accuracy": 0.2, "epochs": 1}]
+    trials = [trial("a", "TERMINATED"),                    # asked an actor for, interrupted before it started
+              trial("b", "TERMINATED", "succeeded"),       # the earlier "stopped early" was wrong: it ran since
+              trial("c", "TERMINATED", "succeeded"),
+              trial("d", "TERMINATED", "cancelled"),       # with ASHA off, no stop is ASHA's
+              trial("e", "TERMINATED"),                    # started in this launch, interrupted
+              trial("f", "PENDING", "cancelled"),          # started in an earlier launch, waiting again
+              trial("g", "PENDING"),
+              trial("h", "ERROR", "failed")]
+    study = study_of(tmp_path, storage, LR_LOG, "st")
+    tally = watch.Tally(study, io.StringIO(), None, store)
+    tally.recall(earlier)
+    tally.started |= {"e"}
+    tally.interrupted = True
+    statuses = [results.trial_status(study, store, t, tally) for t in trials]
+    assert statuses == ["pending", "succeeded", "succeeded", "not finished", "not finished", "not finished",
+                        "pending", "failed"]
+    # the best so far counts the earlier launch's trials: a worse trial ending now does not replace it
+    tally.ended_with("e", 0.117)
+    assert tally.counts([]).endswith("best accuracy 0.9666 (trial_c)"), tally.counts([])
+    tally.ended_with("g", 0.97)
+    assert tally.best == (0.97, "trial_g")
+
+    # with ASHA on, a trial it stopped (it had reported) stays stopped early; one that never started does not
+    asha_yaml = LR_LOG.replace("maxTrials: 4", "maxTrials: 4\n      enableTrialEarlyStopping: true")
+    asha = study_of(tmp_path, storage, asha_yaml, "st")
+    asha_tally = watch.Tally(asha, io.StringIO(), None, store)
+    asha_tally.recall(earlier)
+    assert asha_tally.stopped == {"d"}
+    assert [results.trial_status(asha, store, t, asha_tally) for t in trials[:4]] == \
+        ["pending", "succeeded", "succeeded", "stopped early"]
+
+    # the summary, its table, its plot and `launcher runs` take pending trials in
+    table = results.rows(study, trials, store, tally)
+    assert [r["status"] for r in table].count("pending") == 2
+    summary = results.write(study, store, table, started=time.time(), interrupted=True, stopped=None)
+    assert summary["trials"]["pending"] == 2 and summary["status"] == "cancelled"
+    text = results.format_summary(study, summary, table)
+    assert "2 pending" in text and "trial_a  pending" in text, text
+    store.write_text(json.dumps(study.to_record()), "st", "tuning.json")
+    assert main(["runs", "--storage", storage]) == 0
+    listed = capsys.readouterr().out
+    assert any(line.split()[:2] == ["st", "cancelled"] for line in listed.splitlines()), listed
 
 
 def read_summary(storage: str, name: str) -> dict:
@@ -227,6 +305,10 @@ def test_a_package_is_tuned_on_its_hypertune_metric_and_a_missing_tag_is_one_lin
 
 @pytest.mark.integration
 def test_an_interrupted_search_continues_and_keeps_its_finished_trials(tmp_path, capsys):
+    """Ctrl-C before the first trial starts, then after it finished; the third launch ends the
+    search. Every trial's status is then its own run's, and the best so far counts them all."""
+    from launcher.faultpoint import ENV
+
     storage = str(tmp_path / "runs")
     path = write_yaml(tmp_path, """
         workload: digits-mlp
@@ -245,34 +327,56 @@ def test_an_interrupted_search_continues_and_keeps_its_finished_trials(tmp_path,
     """)
     argv = [sys.executable, "-m", "launcher", "tune", "--config", path, "--storage", storage, "--name", "again"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-    seen = []
-    for line in proc.stderr:
-        seen.append(line)
-        if "finished" in line:  # the first trial is done: interrupt the search
-            proc.send_signal(signal.SIGINT)
-            break
-    out, err = proc.communicate(timeout=120)
-    assert proc.returncode == 130, "".join(seen) + err
-    assert "cancelled" in out
+    # Ray Tune has made the first trial and asked for its actor: Tune then ends it like a
+    # finished one, yet it is only pending (it was once listed as stopped early for good)
+    out = interrupt_at(argv, {**env, ENV: "tune-trials:2"}, "fault point tune-trials reached")
+    with open(os.path.join(storage, "again", "trials.json")) as f:
+        table = json.load(f)
+    assert [r["status"] for r in table["trials"]] == ["pending"], table
+    assert table["summary"]["trials"]["pending"] == 1 and "1 pending" in out, out
+    assert not [d for d in os.listdir(os.path.join(storage, "again")) if d.startswith("trial_")]
+    interrupt_at(argv, env, " finished: ")  # the first trial is done: interrupt the search
     first = [d for d in os.listdir(os.path.join(storage, "again")) if d.startswith("trial_")]
     done_before = [d for d in first if read_status(storage, d) == "succeeded"]
     assert done_before, first
     again = subprocess.run(argv + ["--json"], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     result = json.loads(again.stdout)
-    assert len(result["trials"]) == 2 and all(r["status"] == "succeeded" for r in result["trials"])
+    rows = result["trials"]
+    assert len(rows) == 2 and all(r["status"] == "succeeded" for r in rows), rows
+    for r in rows:  # each row says what the trial's own run says
+        assert r["status"] == read_status(storage, r["trial"]), r
     assert "continuing: finished trials are kept" in again.stderr
     for d in done_before:  # a trial finished before the interrupt was not run again
         with open(os.path.join(storage, "again", d, "launches.jsonl")) as f:
             assert sum(json.loads(line)["event"] == "start" for line in f if line.strip()) == 1
         assert f"{d} started" not in again.stderr
+    # the last trial's line names the best of all trials, the one finished before this launch too
+    best = result["summary"]["best"]
+    ended = [line for line in again.stderr.splitlines() if " finished: " in line]
+    assert ended and ended[-1].endswith(f"best accuracy {best['accuracy']:.4g} ({best['trial']})"), ended
     # a search defined differently is refused under the same name
     changed = path.replace("tune.yaml", "changed.yaml")
     with open(path) as f, open(changed, "w") as g:
         g.write(f.read().replace("maxTrials: 2", "maxTrials: 5"))
     assert main(["tune", "--config", changed, "--storage", storage, "--name", "again"]) == 2
     assert "tuning run again was started with a different hyperparameters" in capsys.readouterr().err
+
+
+def interrupt_at(argv: list[str], env: dict[str, str], text: str) -> str:
+    """Launch ``argv`` and send it SIGINT at the first stderr line holding ``text``; its stdout
+    once it exited 130 with a cancelled summary."""
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if text in line:
+            proc.send_signal(signal.SIGINT)
+            break
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(seen) + err
+    assert "cancelled" in out, out
+    return out
 
 
 def read_status(storage: str, trial: str) -> str | None:

@@ -17,6 +17,8 @@ from launcher.storage.runs import TUNING_SUMMARY
 from launcher.tune.trial import trial_name
 
 SUCCEEDED, STOPPED, FAILED, UNFINISHED = "succeeded", "stopped early", "failed", "not finished"
+PENDING = "pending"  # never started: Ray Tune runs it on the next launch
+STATUSES = (SUCCEEDED, STOPPED, FAILED, UNFINISHED, PENDING)
 
 
 def error_line(trial) -> str:
@@ -34,39 +36,74 @@ def error_line(trial) -> str:
 
 
 def trial_status(study, storage, trial, tally=None) -> str:
-    """succeeded, stopped early, failed or not finished. Tune marks a trial its scheduler
-    stopped as terminated, like one that ended; the trial's own run says which: only a run
-    that trained to its end wrote a succeeded summary (a stopped trial's run is cut off).
-    After an interrupt, a terminated trial that had not ended (``tally``) is not finished:
-    Tune saved it as running, and resumes it next time."""
+    """What the trial did, across launches: succeeded, stopped early, failed, not finished or pending.
+
+    Ray Tune's status says little: it marks a trial its scheduler stopped as terminated, like
+    one that ended, and after an interrupt every trial it had asked an actor for, started or
+    not, as terminated too (its saved state has them running or pending: the next launch runs
+    them). So, in this order:
+
+    - failed: Tune saw the trial fail;
+    - succeeded: the trial's own run says so in its summary (only a run that trained to its
+      end does), whatever an earlier launch's table said;
+    - stopped early: ASHA stopped it (``tally.stopped``: this launch's decisions, and those
+      an earlier launch's table recorded);
+    - pending: it never started: not in this launch (``tally.started``), and it has no run
+      of its own from an earlier one;
+    - not finished: it started and did not end (interrupted: it resumes next time), or the
+      whole search was stopped while it ran.
+    """
     if trial.status == "ERROR":
         return FAILED
-    if trial.status != "TERMINATED":
-        return UNFINISHED
+    name = trial_name(trial.trial_id)
+    if run_status(storage, study.name, name) == SUCCEEDED:
+        return SUCCEEDED
     if tally is not None and trial.trial_id in tally.stopped:
         return STOPPED
-    if tally is not None and tally.interrupted and trial.trial_id in tally.started \
-            and trial.trial_id not in tally.ended:
-        return UNFINISHED
-    text = storage.read_text(study.name, trial_name(trial.trial_id), "summary.json")
+    started = tally is not None and trial.trial_id in tally.started
+    if not started and storage.read_text(study.name, name, "run.json") is None:
+        return PENDING
+    return UNFINISHED
+
+
+def run_status(storage, name: str, trial: str) -> str | None:
+    """The status in a trial run's summary.json; None without a readable one."""
+    return _run_summary(storage, name, trial).get("status")
+
+
+def _run_summary(storage, name: str, trial: str) -> dict[str, Any]:
+    text = storage.read_text(name, trial, "summary.json")
     try:
         summary = json.loads(text) if text else {}
     except ValueError:
-        summary = {}
-    if summary.get("status") != SUCCEEDED:
-        return STOPPED  # its run was cut off when Tune stopped the trial
-    return SUCCEEDED
+        return {}
+    return summary if isinstance(summary, dict) else {}
 
 
-def earlier_stops(storage, name: str) -> set[str]:
-    """The trials an earlier launch of this tuning run listed as stopped early (ASHA's
-    decisions are not in Ray Tune's saved state)."""
+def earlier_rows(storage, name: str) -> list[dict[str, Any]]:
+    """The rows the last launch of this tuning run wrote to trials.json (none: no launch
+    wrote one, or it is damaged)."""
     text = storage.read_text(name, "trials.json")
     try:
-        table = (json.loads(text) or {}).get("trials", []) if text else []
+        content = json.loads(text) if text else {}
     except ValueError:
+        return []
+    table = content.get("trials") if isinstance(content, dict) else None
+    if not isinstance(table, list):
+        return []
+    return [r for r in table if isinstance(r, dict) and isinstance(r.get("trial"), str)]
+
+
+def earlier_stops(study, table: list[dict[str, Any]]) -> set[str]:
+    """The trials an earlier launch's rows list as stopped early by ASHA (Ray Tune's saved
+    state does not keep the scheduler's decisions). None without ASHA, and only trials that
+    reported: ASHA stops a trial on one of its results (launches before "pending" existed
+    labelled trials that never started as stopped early)."""
+    if not study.hp.enableTrialEarlyStopping:
         return set()
-    return {r["trial"] for r in table if isinstance(r, dict) and r.get("status") == STOPPED}
+    count = "epochs" if study.program is None else "reports"
+    return {r["trial"] for r in table
+            if r.get("status") == STOPPED and isinstance(r.get(count), int) and r[count] > 0}
 
 
 def rows(study, trials: list, storage, tally=None) -> list[dict[str, Any]]:
@@ -104,7 +141,7 @@ def write(study, storage, table: list[dict[str, Any]], *, started: float, interr
     """Write the result files; returns the summary (also in summary.json)."""
     metric = study.metric()
     top = best(study, table)
-    counts = {s: sum(1 for r in table if r["status"] == s) for s in (SUCCEEDED, STOPPED, FAILED, UNFINISHED)}
+    counts = {s: sum(1 for r in table if r["status"] == s) for s in STATUSES}
     if interrupted:
         status, note = "cancelled", "interrupted; launch again with the same --name to go on"
     elif stopped:
@@ -115,7 +152,7 @@ def write(study, storage, table: list[dict[str, Any]], *, started: float, interr
         status, note = "succeeded", None
     best_out = None
     if top is not None:
-        model = _model_of(storage, study.name, top["trial"])
+        model = _run_summary(storage, study.name, top["trial"]).get("model")
         best_out = {"trial": top["trial"], metric: top[metric],
                     "params": {p.parameterName: top[p.parameterName] for p in study.hp.params},
                     "run_dir": top["run_dir"], "model": model}
@@ -134,14 +171,6 @@ def write(study, storage, table: list[dict[str, Any]], *, started: float, interr
     storage.write_bytes(plot(study, table, top), study.name, "tuning.png")
     storage.write_text(json.dumps(summary, indent=1, default=str), study.name, TUNING_SUMMARY)
     return summary
-
-
-def _model_of(storage, name: str, trial: str) -> str | None:
-    text = storage.read_text(name, trial, "summary.json")
-    try:
-        return (json.loads(text) or {}).get("model") if text else None
-    except ValueError:
-        return None
 
 
 def to_csv(table: list[dict[str, Any]]) -> str:
@@ -171,6 +200,7 @@ def format_summary(study, summary: dict[str, Any], table: list[dict[str, Any]]) 
     parts = [f"tuning run {summary['name']}: {summary['status']}" + (f" ({summary['note']})" if summary["note"] else ""),
              f"  {t['total']} trial(s): {t['succeeded']} succeeded, {t['stopped_early']} stopped early, "
              f"{t['failed']} failed" + (f", {t['not_finished']} not finished" if t["not_finished"] else "")
+             + (f", {t['pending']} pending" if t.get("pending") else "")
              + f"; {summary['wall_s']:.0f}s", "", format_table(study, table), ""]
     b = summary["best"]
     if b:
@@ -200,7 +230,7 @@ def plot(study, table: list[dict[str, Any]], top: dict[str, Any] | None) -> byte
     fig, axes = plt.subplots(ncols=1 + len(params), figsize=(4.2 * (1 + len(params)), 3.8), squeeze=False)
     axes = axes[0]
     marks = {SUCCEEDED: ("o", "tab:blue"), STOPPED: ("v", "tab:orange"), FAILED: ("x", "tab:red"),
-             UNFINISHED: ("s", "tab:gray")}
+             UNFINISHED: ("s", "tab:gray"), PENDING: ("D", "silver")}
     scored = [r for r in table if r[metric] is not None]
     ax = axes[0]
     for status, (marker, color) in marks.items():

@@ -186,11 +186,10 @@ def _fit(study: Study, storage, verbose: bool, out: TextIO, lock) -> tuple[list,
         logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
     from launcher.tune import watch as watching
 
-    tally = watching.start(study, out, lock, storage)
-    from launcher.tune.results import earlier_stops
-    from launcher.tune.trial import PREFIX
+    from launcher.tune.results import earlier_rows
 
-    tally.stopped |= {name.removeprefix(PREFIX) for name in earlier_stops(storage, study.name)}
+    tally = watching.start(study, out, lock, storage)
+    tally.recall(earlier_rows(storage, study.name))
     watch = watching.Watch()
     trainable = tune.with_resources(trial_trainable(study), TRIAL_DRIVER)
     path = storage.path(study.name, STATE_DIR)

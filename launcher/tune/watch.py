@@ -4,21 +4,23 @@
 the experiment's state and brings it back when a tuning run is restored, so
 it holds nothing itself: it reports to this launch's :class:`Tally` (set by
 :func:`start`), which prints a line as each trial starts and ends, tracks the
-best value so far, and asks Ray Tune to stop the whole search when a trial
-reports without the metric (bad input, said in one line) or once
-``maxFailedTrials`` trials have failed.
+best value so far (earlier launches' trials included), and asks Ray Tune to
+stop the whole search when a trial reports without the metric (bad input, said
+in one line) or once ``maxFailedTrials`` trials have failed.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, TextIO
 
 from ray.tune import Callback
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 from ray.tune.stopper import Stopper
 
-from launcher.tune.results import error_line
-from launcher.tune.trial import trial_name
+from launcher import faultpoint
+from launcher.tune.results import best, earlier_stops, error_line
+from launcher.tune.trial import PREFIX, trial_name
 
 # What Ray Tune adds to every result: not the trials' metrics.
 TUNE_KEYS = ("time_this_iter_s", "time_total_s", "timestamp", "training_iteration", "iterations_since_restore",
@@ -41,6 +43,21 @@ class Tally:
         self.ended: set[str] = set()
         self.interrupted = False  # Ctrl-C or SIGTERM ended the search (set by launcher.tune.search)
         self.stopped: set[str] = set()  # trials ASHA stopped (this launch, and earlier ones from trials.json)
+
+    def recall(self, table: list[dict[str, Any]]) -> None:
+        """Take in what the last launch's rows (trials.json) recorded: the trials ASHA stopped
+        (Ray Tune's saved state does not keep them), and the best value so far."""
+        self.stopped |= {name.removeprefix(PREFIX) for name in earlier_stops(self.study, table)}
+        top = best(self.study, table)
+        if top is not None:
+            self.best = (float(top[self.metric]), top["trial"])
+
+    def ended_with(self, trial_id: str, value: Any) -> None:
+        """A trial's final value: the best so far when it beats every earlier one (ties: the earlier)."""
+        if not isinstance(value, (int, float)):
+            return
+        if self.best is None or (value > self.best[0] if self.mode == "max" else value < self.best[0]):
+            self.best = (float(value), trial_name(trial_id))
 
     def note(self, text: str) -> None:
         print(f"[tune] {text}", file=self.out, flush=True)
@@ -99,6 +116,10 @@ class Watch(Callback, Stopper):
         return t.bad_metric is not None or t.why_stopped is not None
 
     # -- Callback -----------------------------------------------------------------------
+    def on_step_end(self, iteration, trials, **info) -> None:
+        if os.environ.get(faultpoint.ENV) and any(trial.status == "PENDING" for trial in trials):
+            faultpoint.pause("tune-trials")
+
     def on_trial_start(self, iteration, trials, trial, **info) -> None:
         t = _TALLY
         t.started.add(trial.trial_id)
@@ -123,9 +144,7 @@ class Watch(Callback, Stopper):
         last = trial.last_result or {}
         how = "stopped early (ASHA)" if trial.trial_id in t.stopped else "finished"
         value = last.get(t.metric)
-        if isinstance(value, (int, float)) and (t.best is None or (
-                value > t.best[0] if t.mode == "max" else value < t.best[0])):
-            t.best = (float(value), trial_name(trial.trial_id))  # a trial's final value counts, as on AI Platform
+        t.ended_with(trial.trial_id, value)  # a trial's final value counts, as on AI Platform
         shown = f"{t.metric} {value:.4g}" if isinstance(value, (int, float)) else "no metric"
         t.note(f"{trial_name(trial.trial_id)} {how}: {shown}; {t.counts(trials)}")
 
