@@ -5,6 +5,8 @@ controller callbacks, its torch process-group routine without torch in the
 driver, a node drain with a deadline). Each such name is listed in
 :data:`PRIVATE` with why it is used; modules get them from here
 (``from launcher._ray import ControllerCallback``), never from Ray directly.
+What the launcher reads in Ray's private files is here too: Ray Train's list of
+a run's checkpoints (:func:`snapshot_names`).
 
 Nothing is imported until a name is first asked for: some of these modules
 import torch at the top, and the driver must not. ``tests/test_ray_private.py``
@@ -15,7 +17,8 @@ rather than in the middle of a run.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+import json
+from typing import Any, Iterable
 
 # name -> ("module:attribute", why the launcher needs it)
 PRIVATE: dict[str, tuple[str, str]] = {
@@ -81,6 +84,53 @@ JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"   # set by Ray's job supervisor f
 # Loggers of Ray's job client that log every package upload at INFO.
 JOB_CLIENT_LOGGERS = ("ray.dashboard.modules.dashboard_sdk", "ray.dashboard.modules.job.sdk",
                       "ray._private.runtime_env.packaging")
+
+# Ray Train V2's list of a run's checkpoints, in the run's folder: a literal, as the constant's module
+# (ray.train.v2._internal.constants) imports Ray Train; tests/test_layout.py checks it is Ray's.
+CHECKPOINT_SNAPSHOT = "checkpoint_manager_snapshot.json"
+
+
+def snapshot_names(text: str, folders: Iterable[str]) -> list[str]:
+    """Which of the run's checkpoint ``folders`` (names in the run's folder) Ray Train's list of
+    the run's checkpoints names; ``text`` is that list (:data:`CHECKPOINT_SNAPSHOT`).
+
+    Ray Train V2 restores the list when a run of the same name is launched again, and fails
+    the launch (CheckpointManagerInitializationError) when a folder it names is gone. The
+    launcher deletes checkpoints Ray did not register (see
+    launcher.storage.checkpoint.prune), and some it did: when the list names one of those,
+    the list is removed before they are deleted and Ray Train starts a fresh one. Removing it,
+    rather than rewriting it without them, is the simplest robust way: it needs nothing of the
+    list's format but what is read here, and the launcher resumes from the checkpoints their
+    manifests vouch for, not from Ray's list. Ray then no longer deletes the checkpoints it
+    registered before; the launcher's own pruning does, at the end of the launch. Until a
+    launch has Ray write a new list the run's folder has none (``ray.train.Result.from_path``
+    needs one; the launcher does not).
+
+    Relies on: the file is JSON in which a checkpoint is named by a string that is its
+    folder's name or a path ending with it (``checkpoint_dir_name`` in Ray 2.60's
+    ``_CheckpointManagerState``: ``checkpoint_results``, ``latest_checkpoint_result``,
+    ``pending_training_results``; the ``*_checkpoint_dir_names`` lists). Every string in the
+    document is looked at, whatever key holds it, so a field a later Ray adds is seen too.
+    Text that is not JSON names every folder.
+    """
+    folders = list(folders)
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return folders
+    strings: set[str] = set()
+    pending = [document]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict):
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+        elif isinstance(item, str):
+            strings.add(item.rstrip("/"))
+    return [f for f in folders if any(s == f or s.endswith("/" + f) for s in strings)]
+
 
 _resolved: dict[str, Any] = {}
 

@@ -189,6 +189,26 @@ def test_runs_in_a_folder_that_does_not_exist_says_so(capsys, tmp_path):
     assert_one_line_error(code, err, "no such folder", "typo")
 
 
+def test_runs_name_shows_the_checkpoints_kept(capsys, tmp_path):
+    from test_checkpoint import make_checkpoint
+
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "run.json").write_text(json.dumps({"name": "kept", "workload": "digits-mlp",
+                                                            "framework": "torch"}))
+    make_checkpoint(str(tmp_path / "kept" / "checkpoint_b"), 23)
+    make_checkpoint(str(tmp_path / "kept" / "checkpoint_a"), 15)
+    (tmp_path / "kept" / "checkpoint_c").mkdir()  # incomplete: not listed
+    code, out, _ = run_cli(capsys, "runs", "kept", "--storage", str(tmp_path))
+    lines = out.splitlines()
+    assert code == 0 and lines[1].startswith("kept ") and lines[2] == "checkpoints kept: 2", out
+    assert lines[3:] == [f"  epoch 1, step 15: {tmp_path / 'kept' / 'checkpoint_a'}",
+                         f"  epoch 2, step 23: {tmp_path / 'kept' / 'checkpoint_b'}"]
+    code, out, _ = run_cli(capsys, "runs", "kept", "--storage", str(tmp_path), "--json")
+    assert code == 0 and [c["step"] for c in json.loads(out)["checkpoints"]] == [15, 23]
+    code, _, err = run_cli(capsys, "runs", "kpet", "--storage", str(tmp_path))
+    assert_one_line_error(code, err, f"no run kpet under {tmp_path}")
+
+
 @pytest.mark.parametrize("text,needles", [
     ("workers: 2\nepochs: 1\nworkers: 4\n", ["key 'workers' is given twice at line 3"]),
     (b"\x89PNG\r\n\x1a\n\x00\xff\xfe", ["is not a text file"]),

@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRODUCT = ("launcher", "workloads", "cluster", "benchmarks")
 # What benchmarks/ may import from: the packages' public exports (their __all__).
 PUBLIC = ("launcher", "launcher.backends", "launcher.driver", "launcher.worker", "launcher.storage",
-          "launcher.lab", "launcher.preemption")
+          "launcher.lab", "launcher.preemption", "launcher.predict")
 
 
 def product_modules() -> dict[str, str]:
@@ -200,3 +200,18 @@ def test_the_job_config_variable_is_rays():
 
     constants = importlib.import_module("ray._private.runtime_env.constants")
     assert constants.RAY_JOB_CONFIG_JSON_ENV_VAR == _ray.JOB_CONFIG_ENV
+
+
+def test_rays_checkpoint_list_is_where_and_as_the_launcher_reads_it():
+    from launcher import _ray
+
+    constants = importlib.import_module("ray.train.v2._internal.constants")
+    assert constants.CHECKPOINT_MANAGER_SNAPSHOT_FILENAME == _ray.CHECKPOINT_SNAPSHOT
+    manager = importlib.import_module("ray.train.v2._internal.execution.checkpoint.checkpoint_manager")
+    named = manager._TrainingResultState(checkpoint_dir_name="checkpoint_b", metrics={"loss": 1.0})
+    state = manager._CheckpointManagerState(
+        checkpoint_results=[named], checkpoint_report_indices=[0], latest_checkpoint_result=named,
+        pending_training_results=[], pending_validation_specs=[], current_report_index=1,
+        validated_checkpoint_dir_names=[], timed_out_validation_checkpoint_dir_names=[],
+        failed_validation_checkpoint_dir_names=[])
+    assert _ray.snapshot_names(state.json(), ["checkpoint_a", "checkpoint_b"]) == ["checkpoint_b"]

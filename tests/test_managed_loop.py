@@ -5,19 +5,24 @@ examples/diabetes_regression.py (a regression workload: MSE loss, MAE and R² me
 AdamW, a cosine schedule) and digits-mlp under fp16 autocast with a GradScaler are each
 stopped with Ctrl-C right after a mid-epoch checkpoint and launched again: the resumed
 run ends with the uninterrupted run's weights, so the scheduler's and the scaler's states
-were saved and restored with the model and optimizer.
+were saved and restored with the model and optimizer. The fp16 run also keeps 2 checkpoints
+(--keep-checkpoints 2) across its launches, those Ray Train never registered included.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import pytest
 
 import workloads
+from launcher import _ray
 from launcher.errors import UserError
 from launcher.spec import JobSpec
+from launcher.storage import Storage
+from launcher.storage.checkpoint import RAY_SNAPSHOT, complete_checkpoints, read_manifest, write_manifest
 from test_session import finish, launch, stop_after_step_checkpoint
 from test_user_workloads import run_cli
 
@@ -77,24 +82,50 @@ def test_a_regression_workload_learns_and_resumes_exactly(tmp_path, backend):
 
 @pytest.mark.integration
 def test_fp16_with_clipping_resumes_with_the_scalers_state(tmp_path):
+    # Also: interrupted relaunches with --keep-checkpoints 2 keep at most 2 complete checkpoints,
+    # and the run still resumes exactly.
     storage = str(tmp_path / "runs")
     args = ["--storage", storage, "--epochs", "2", "--checkpoint-every-steps", "5", "--precision", "fp16",
-            "--grad-clip", "1.0"]
+            "--grad-clip", "1.0", "--keep-checkpoints", "2"]
     whole = finish(launch(args + ["--name", "whole"]))
     assert whole["status"] == "succeeded" and whole["metrics"]["accuracy"] > 0.6, whole
+    store = Storage.resolve(storage)
+    assert [m.global_step for m, _ in complete_checkpoints(store, "whole")] == [45, 46]
 
-    stopped = stop_after_step_checkpoint(args + ["--name", "stopped"], tmp_path)
+    run_dir = os.path.join(storage, "stopped")
+    # Stopped once Ray Train registered the checkpoint (its list of the run's checkpoints is written then).
+    stopped = stop_after_step_checkpoint(args + ["--name", "stopped"], tmp_path,
+                                         until=lambda: os.path.exists(os.path.join(run_dir, RAY_SNAPSHOT)))
     assert stopped["status"] == "cancelled"
     import torch
 
-    run_dir = os.path.join(storage, "stopped")
-    newest = sorted(d for d in os.listdir(run_dir)
-                    if d.startswith("checkpoint_") and os.path.isdir(os.path.join(run_dir, d)))[-1]
-    state = torch.load(os.path.join(run_dir, newest, "state.pt"), weights_only=False)
+    (_, newest), = complete_checkpoints(store, "stopped")
+    state = torch.load(os.path.join(newest, "state.pt"), weights_only=False)
     assert state["scaler"]["scale"] > 0 and "optimizer" in state  # the GradScaler's state is in the checkpoint
-    resumed = finish(launch(args + ["--name", "stopped"]))
+    # Two checkpoints that finished being written after Ray Train stopped listening (as during a
+    # Ctrl-C): Ray never registered them, and they are newer than the one it did, which its list names.
+    for n in (1, 2):
+        late = shutil.copytree(newest, os.path.join(run_dir, f"checkpoint_late_{n}"))
+        manifest = read_manifest(late)
+        manifest.created += n
+        write_manifest(late, manifest)
+    assert _ray.snapshot_names(open(os.path.join(run_dir, RAY_SNAPSHOT)).read(), [os.path.basename(newest)])
+    proc = launch(args + ["--name", "stopped"])
+    out, err = proc.communicate(timeout=420)
+    assert proc.returncode == 0, err[-3000:]
+    resumed = json.loads(out.strip().splitlines()[-1])
+    # The launch deleted the one Ray registered (and Ray's list, which named it) before training ...
+    assert "--keep-checkpoints 2: deleted 1 older checkpoint(s) of run stopped (step 5); kept steps 5, 5" in err
     assert resumed["resumed_from"] == {"epoch": 0, "step": 5}, resumed
     assert resumed["weights_sha256"] == whole["weights_sha256"]
+    # ... and the unregistered ones after it: 2 remain, as after the uninterrupted run, and Ray's
+    # new list names only folders that exist.
+    kept = complete_checkpoints(store, "stopped")
+    assert [m.global_step for m, _ in kept] == [45, 46], err[-3000:]
+    assert "deleted 2 older checkpoint(s) of run stopped (steps 5, 5); kept steps 45, 46" in err
+    snapshot = open(os.path.join(run_dir, RAY_SNAPSHOT)).read()
+    assert _ray.snapshot_names(snapshot, [os.path.basename(p) for _, p in kept]) and \
+        not _ray.snapshot_names(snapshot, [os.path.basename(newest), "checkpoint_late_1", "checkpoint_late_2"])
 
 
 @pytest.mark.integration

@@ -123,12 +123,13 @@ def finish(proc: subprocess.Popen, expect: int = 0) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
-def stop_after_step_checkpoint(args: list[str], marks) -> dict:
-    """Launch, hold rank 0 right after its first step checkpoint, Ctrl-C, return the summary."""
+def stop_after_step_checkpoint(args: list[str], marks, until=None) -> dict:
+    """Launch, hold rank 0 right after its first step checkpoint (and then until ``until()``
+    is true, if given), Ctrl-C, return the summary."""
     mark = os.path.join(str(marks), "step-checkpoint")
     proc = launch(args, env={ENV: "step-checkpoint:120", MARK_ENV: mark})
     deadline = time.time() + 300
-    while not os.path.exists(mark):
+    while not os.path.exists(mark) or (until is not None and not until()):
         assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
         time.sleep(0.2)
     proc.send_signal(signal.SIGINT)

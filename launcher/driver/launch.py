@@ -23,7 +23,7 @@ from launcher.driver.tracker import Tracker
 from launcher.errors import UserError
 from launcher.spec import JobSpec
 from launcher.storage import Storage, datacache, gcs
-from launcher.storage.checkpoint import Manifest, complete_checkpoints
+from launcher.storage.checkpoint import Manifest, complete_checkpoints, prune
 from launcher.storage.runlock import RunLock
 from launcher.storage.runlog import RunLog
 from launcher.summary import RunStatus, RunSummary, pick_metrics
@@ -121,6 +121,7 @@ def _train(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tuple
            progress: Progress, launched: float, verbose: bool, lock: RunLock, on_epoch=None) -> RunSummary:
     """Holding the run's lock: train, export, and write the run log's start and end."""
     log.begin(spec.to_dict())
+    checkpoints = _prune(spec, storage, progress, checkpoints)  # what a launch killed hard left too
     tracker = Tracker(spec, log, progress, started=launched, on_epoch=on_epoch)
     if checkpoints:
         m = checkpoints[-1][0]
@@ -131,7 +132,7 @@ def _train(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tuple
     outcome = _fit(spec, storage, tracker, resume, verbose, lock)
     startup.mark("fit_returned")
     progress.close()
-    latest = complete_checkpoints(storage, spec.name)
+    latest = _prune(spec, storage, progress)
     if latest:
         tracker.reconcile(*latest[-1])
     if tracker.resumed_from is None and checkpoints:  # stopped before rank 0 reported where it resumed
@@ -154,6 +155,22 @@ def _train(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tuple
         if summary.status == RunStatus.SUCCEEDED:
             summary.status = RunStatus.FAILED
     return summary
+
+
+def _prune(spec: JobSpec, storage: Storage, progress: Progress,
+           found: list[tuple[Manifest, str]] | None = None) -> list[tuple[Manifest, str]]:
+    """The run's complete checkpoints (``found``: as listed already), oldest first, once those
+    beyond --keep-checkpoints are deleted; called holding the run's lock with no worker running.
+
+    Ray Train deletes only the checkpoints its controller registered, so it cannot keep N
+    across launches; the launcher does. A Ray Train function's checkpoints have no manifest:
+    Ray Train alone keeps N of them."""
+    if workloads.is_ray_train(spec.workload):
+        return complete_checkpoints(storage, spec.name) if found is None else found
+    left, note = prune(storage, spec.name, spec.keep_checkpoints, found)
+    if note:
+        progress.note(note)
+    return left
 
 
 def _oserror(exc: OSError) -> str:

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from launcher import _ray
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -141,7 +144,57 @@ def newest_complete(options: list[tuple[object, str]]) -> tuple[object, str, Man
     return best
 
 
-RAY_SNAPSHOT = "checkpoint_manager_snapshot.json"  # Ray Train's own list of a run's checkpoints
+RAY_SNAPSHOT = _ray.CHECKPOINT_SNAPSHOT  # Ray Train's own list of a run's checkpoints
+
+
+def prune(storage, run: str, keep: int,
+          found: list[tuple[Manifest, str]] | None = None) -> tuple[list[tuple[Manifest, str]], str | None]:
+    """Keep the ``keep`` newest complete checkpoints of ``run`` and delete the older complete ones.
+
+    ``found``: the run's complete checkpoints as :func:`complete_checkpoints` listed them (listed
+    now when None). Returns the complete checkpoints left, oldest first, and a line saying what
+    was deleted (None when nothing was).
+
+    Every launch's checkpoints count, not only those Ray Train registered in this one: a
+    checkpoint that finished being written after Ray stopped listening (during Ctrl-C, say) is
+    never registered, and Ray never deletes it. Newest means the most steps, then the latest
+    manifest; the newest is always kept. A folder without a manifest that matches its files is
+    never touched: it may be being written, or be a damaged one kept for inspection. Call it
+    holding the run's lock with no worker running, so nothing else writes to the run meanwhile.
+
+    When Ray Train's list of the run's checkpoints (:data:`RAY_SNAPSHOT`) names a folder to be
+    deleted, the list is removed first (see :func:`launcher._ray.snapshot_names`). Storage that
+    refuses a deletion stops the pruning, said in the line; it never fails the launch.
+    """
+    if found is None:
+        found = complete_checkpoints(storage, run)
+    old = found[:-max(1, keep)]
+    if not old:
+        return found, None
+    deleted: list[tuple[Manifest, str]] = []
+    failure = None
+    try:
+        snapshot = storage.read_text(run, RAY_SNAPSHOT)
+        if snapshot is not None and _ray.snapshot_names(snapshot, [posixpath.basename(p) for _, p in old]):
+            storage.remove_file(run, RAY_SNAPSHOT)
+        for manifest, path in old:
+            storage.remove_dir(run, posixpath.basename(path))
+            deleted.append((manifest, path))
+    except OSError as exc:
+        failure = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    said = []
+    if deleted:
+        said.append(f"deleted {len(deleted)} older checkpoint(s) of run {run} ({_steps(deleted)})")
+    if failure:
+        stay = old[len(deleted):]
+        said.append(f"could not delete {len(stay)} older checkpoint(s) of run {run} ({_steps(stay)}): {failure}")
+    said.append(f"kept {_steps(found[len(old):])}")
+    return found[len(deleted):], f"--keep-checkpoints {keep}: " + "; ".join(said)
+
+
+def _steps(checkpoints: list[tuple[Manifest, str]]) -> str:
+    steps = [str(m.global_step) for m, _ in checkpoints]
+    return ("step " if len(steps) == 1 else "steps ") + ", ".join(steps)
 
 
 def set_aside_damaged_snapshot(storage, run: str) -> str | None:

@@ -73,6 +73,8 @@ def describe_run(storage: Storage, name: str) -> dict[str, Any] | None:
         "epochs": checkpoints[-1][0].epoch if checkpoints else last_metrics.get("epoch", 0),
         "metrics": shown,
         "checkpoint": storage.to_uri(checkpoints[-1][1]) if checkpoints else None,
+        "checkpoints": [{"epoch": m.epoch, "step": m.global_step, "uri": storage.to_uri(path)}
+                        for m, path in checkpoints],
         "launches": sum(1 for e in launches if e.get("event") == "start"),
         "restarts": sum(int(e.get("restarts", 0)) for e in ends),
         "preemptions": sum(int(e.get("preemptions", 0)) for e in ends),
@@ -116,8 +118,8 @@ def describe_tuning(storage: Storage, name: str) -> dict[str, Any] | None:
 def damaged(name: str, why: str) -> dict[str, Any]:
     """The row of a run whose log cannot be read: listed, marked, never a reason to fail the list."""
     return {"name": name, "status": "unreadable", "note": why, "workload": "?", "framework": "?", "epochs": 0,
-            "metrics": {}, "checkpoint": None, "launches": 0, "restarts": 0, "preemptions": 0, "steps_lost": 0,
-            "time_lost_s": 0.0, "interruptions": [], "wall_s": 0.0}
+            "metrics": {}, "checkpoint": None, "checkpoints": [], "launches": 0, "restarts": 0, "preemptions": 0,
+            "steps_lost": 0, "time_lost_s": 0.0, "interruptions": [], "wall_s": 0.0}
 
 
 def list_runs(storage: Storage) -> list[dict[str, Any]]:
@@ -138,6 +140,17 @@ def format_table(runs: list[dict[str, Any]]) -> str:
                      r.get("note") or "-" if r.get("kind") == "tuning" else os.path.basename(r["checkpoint"] or "-")))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def format_run(run: dict[str, Any]) -> str:
+    """One run (``launcher runs NAME``): its row of the table, then the complete checkpoints
+    its folder keeps, oldest first (what --keep-checkpoints left)."""
+    kept = run.get("checkpoints") or []
+    lines = [format_table([run])]
+    if run.get("kind") != "tuning":
+        lines.append(f"checkpoints kept: {len(kept)}" + ("" if kept else " (none complete)"))
+        lines.extend(f"  epoch {c['epoch']}, step {c['step']}: {c['uri']}" for c in kept)
+    return "\n".join(lines)
 
 
 def format_restarts(r: dict[str, Any]) -> str:
