@@ -138,7 +138,7 @@ def forward_limit(model_dir: str, rows: int, instance, seconds: float = 1.0) -> 
     """Instances/s of the model's forward pass called directly on batches of ``rows``."""
     import numpy as np
 
-    from launcher.predict.model import Model, locate
+    from launcher.predict import Model, locate
 
     model = _MODELS.get(model_dir)
     if model is None:
@@ -211,7 +211,7 @@ def run(model_dir: str, levels: list[int], sizes: list[int], seconds: float, res
 
     import numpy as np
 
-    from launcher.predict.model import locate
+    from launcher.predict import locate
 
     ref = locate(model_dir)
     instance = np.random.default_rng(0).uniform(0, 1, ref.input_shape).round(4).tolist()

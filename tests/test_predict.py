@@ -64,7 +64,8 @@ def last_line(out: str) -> str:
 
 def read_predictions(folder: str) -> dict[str, list[int]]:
     """file -> predictions in row order, from the JSON-lines output."""
-    rows = [json.loads(line) for name in sorted(os.listdir(folder)) for line in open(os.path.join(folder, name))]
+    rows = [json.loads(line) for name in sorted(os.listdir(folder)) if not name.startswith("_")
+            for line in open(os.path.join(folder, name))]
     out: dict[str, list] = {}
     for r in sorted(rows, key=lambda r: (r["file"], r["row"])):
         out.setdefault(r["file"], []).append(r["prediction"])
@@ -86,9 +87,11 @@ def test_batch_predictions_reproduce_the_runs_accuracy(models, test_split, tmp_p
     predicted = read_predictions(out)
     for name in ("test.npy", "test.jsonl"):
         assert np.mean(np.asarray(predicted[name]) == labels) == pytest.approx(accuracy, abs=1e-6)
-    # the output is never overwritten
+    # complete (its _SUCCESS holds the summary), and never overwritten
+    assert json.load(open(os.path.join(out, "_SUCCESS")))["rows"] == summary["rows"]
+    assert sorted(n for n in os.listdir(out) if n.startswith("_")) == ["_SUCCESS"]
     assert main(["predict", "--model", run_dir, "--input", str(folder), "--output", out]) == 2
-    assert "already holds files" in capsys.readouterr().err
+    assert "already holds a complete prediction (_SUCCESS)" in capsys.readouterr().err
 
 
 def test_bad_prediction_input_is_one_line_before_any_worker(models, test_split, tmp_path, capsys):
@@ -125,7 +128,9 @@ def test_predict_reads_and_writes_cloud_storage(models, test_split, bucket, caps
     assert code == 0, capsys.readouterr().err[-3000:]
     assert "predicted 359 rows from 1 file(s)" in capsys.readouterr().out
     out = Storage.resolve(f"gs://{bucket}/out")
-    rows = sorted((json.loads(line) for name in out.list_files() for line in out.read_text(name).splitlines()),
+    assert json.loads(out.read_text("_SUCCESS"))["rows"] == 359 and "_PARTIAL" not in out.list_files()
+    rows = sorted((json.loads(line) for name in out.list_files() if not name.startswith("_")
+                   for line in out.read_text(name).splitlines()),
                   key=lambda r: r["row"])
     assert np.mean(np.asarray([r["prediction"] for r in rows]) == labels) == pytest.approx(accuracy, abs=1e-6)
 
@@ -348,3 +353,40 @@ def _ignore_errors(fn, *args):
         fn(*args)
     except Exception:  # noqa: BLE001 - the server goes away under this load on purpose
         pass
+
+
+@pytest.mark.integration
+def test_an_interrupted_predict_leaves_no_output_that_looks_complete(models, tmp_path):
+    """Ctrl-C at several moments: the folder then holds a complete prediction (_SUCCESS, every
+    row, exit 0) or an unfinished one (no _SUCCESS, exit 130), which the same command replaces."""
+    import signal
+
+    run_dir, _ = models["torch"]
+    rows = 60_000
+    np.save(tmp_path / "many.npy", np.random.default_rng(0).uniform(0, 16, (rows, 64)))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("RAY_ADDRESS", None)
+    outcomes = []
+    for moment, delay in enumerate((0.0, 2.5, 5.0)):
+        out = tmp_path / f"out{moment}"
+        argv = [sys.executable, "-m", "launcher", "predict", "--model", run_dir, "--input", str(tmp_path / "many.npy"),
+                "--output", str(out)]
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        assert "predicting 1 file(s)" in proc.stderr.readline()
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=180)
+        complete = (out / "_SUCCESS").exists()
+        outcomes.append(complete)
+        if complete:
+            assert proc.returncode == 0, stderr
+            assert json.load(open(out / "_SUCCESS"))["rows"] == rows and "predicted 60000 rows" in stdout
+            assert sum(len(v) for v in read_predictions(str(out)).values()) == rows
+            continue
+        assert proc.returncode == 130, stderr
+        assert "is unfinished (_PARTIAL, no _SUCCESS): the same command replaces it" in stderr, stderr
+        again = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+        assert again.returncode == 0 and "held the partial output of an interrupted predict" in again.stderr, again
+        assert json.load(open(out / "_SUCCESS"))["rows"] == rows
+        assert sum(len(v) for v in read_predictions(str(out)).values()) == rows  # nothing twice
+    assert not all(outcomes), "every interrupt came too late to test an unfinished output"

@@ -18,8 +18,10 @@ from __future__ import annotations
 import fnmatch
 import io
 import json
+import os
 import posixpath
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Iterator
 
@@ -150,6 +152,18 @@ class Predictor:
                 "scores": np.round(scores.astype(np.float64), 7)}
 
 
+def _bound(ref: ModelRef) -> type:
+    """A :class:`Predictor` for ``ref`` that takes no constructor arguments: Ray Data puts
+    arguments in the object store, and Ray's core worker then warns that a restarted actor
+    could lose them."""
+
+    class BoundPredictor(Predictor):
+        def __init__(self) -> None:
+            super().__init__(ref)
+
+    return BoundPredictor
+
+
 def check_first(ref: ModelRef, fs, path: str) -> None:
     """Try the first file's first instance on the driver: a wrong shape or type is one line now."""
     import workloads
@@ -170,10 +184,42 @@ def check_first(ref: ModelRef, fs, path: str) -> None:
                         f"the model ({ref.info['workload']}) takes instances of shape {shape}") from None
 
 
+STAGING = "_temporary"   # where Ray Data writes; the files move up when all are written
+PARTIAL = "_PARTIAL"     # written first: the folder holds an unfinished prediction
+SUCCESS = "_SUCCESS"     # written last, with the summary: the folder holds a complete one
+
+
+def prepare_output(out, output: str) -> str | None:
+    """Check ``--output`` before anything runs. A complete prediction (``_SUCCESS``) or
+    files of unknown origin are never overwritten; an interrupted predict's output (its
+    ``_PARTIAL`` marker or staging folder, no ``_SUCCESS``) is replaced, and a line says so."""
+    files = out.list_files()
+    if SUCCESS in files:
+        raise UserError(f"--output {output} already holds a complete prediction ({SUCCESS})",
+                        "give a new folder: predictions never overwrite earlier ones")
+    if PARTIAL in files or STAGING in out.list_dirs():
+        for name in files:
+            out.remove_file(name)
+        out.remove_dir(STAGING)
+        return (f"--output {output} held the partial output of an interrupted predict (no {SUCCESS}): "
+                "replacing it")
+    if files:
+        raise UserError(f"--output {output} already holds files", "give a new folder: predictions never "
+                        "overwrite earlier ones")
+    return None
+
+
 def predict(ref: ModelRef, pattern: str, output: str, *, workers: int = 1, address: str | None = None,
             verbose: bool = False, progress: bool = True, note=None) -> PredictSummary:
     """Predict every instance in ``pattern``'s files into JSON lines under ``output``;
-    ``note(text)`` is told what starts once the checks pass."""
+    ``note(text)`` is told what starts once the checks pass.
+
+    The output is written whole or marked unfinished: Ray Data writes into
+    ``output/_temporary/``, the files then move up, and ``_SUCCESS`` (the summary as
+    JSON) is written last. A predict interrupted before that leaves ``_PARTIAL`` and
+    no ``_SUCCESS``, and raises KeyboardInterrupt; once ``_SUCCESS`` is written an
+    interrupt changes nothing and the summary is returned.
+    """
     from launcher.driver import session
     from launcher.storage import Storage
     from launcher.storage.uri import normalize_storage
@@ -181,40 +227,80 @@ def predict(ref: ModelRef, pattern: str, output: str, *, workers: int = 1, addre
     fs, paths = input_files(pattern)
     check_first(ref, fs, paths[0])
     out = Storage.resolve(normalize_storage(output))
-    if out.list_files():
-        raise UserError(f"--output {output} already holds files", "give a new folder: predictions never "
-                        "overwrite earlier ones")
+    replacing = prepare_output(out, output)
     out.check_writable()
-    if note is not None:
-        note(f"predicting {len(paths)} file(s) with {ref.uri} ({ref.info.get('workload')}, {ref.framework}) on "
-             f"{workers} worker(s)")
-    # One CPU per model replica, and one more for the read tasks (else they wait forever).
-    with session.connect(address, workers=workers + 1, cpus_per_worker=1, verbose=verbose):
-        import logging
-        import sys
+    say = note or (lambda text: None)
+    if replacing:
+        say(replacing)
+    say(f"predicting {len(paths)} file(s) with {ref.uri} ({ref.info.get('workload')}, {ref.framework}) on "
+        f"{workers} worker(s)")
+    summary = None
+    try:
+        out.write_text(json.dumps({"started": time.time(), "model": ref.uri, "inputs": len(paths)}), PARTIAL)
+        # One CPU per model replica, and one more for the read tasks (else they wait forever).
+        with session.connect(address, workers=workers + 1, cpus_per_worker=1, verbose=verbose):
+            seconds = _write_predictions(ref, fs, paths, out, workers, address, verbose, progress)
+            summary = _finish(out, len(paths), ref, seconds)
+    except KeyboardInterrupt:
+        if summary is None and not out.exists(SUCCESS):
+            say(f"the output {out.uri_of()} is unfinished ({PARTIAL}, no {SUCCESS}): the same command replaces it")
+            raise
+        summary = summary or _read_summary(out)
+    return summary
 
-        import ray
 
-        ctx = ray.data.DataContext.get_current()
-        ctx.execution_options.preserve_order = True
-        # Ray Data's bars on a terminal; elsewhere its progress would be INFO log lines.
-        ctx.enable_progress_bars = progress and sys.stderr.isatty()
-        if not verbose:
-            logging.getLogger("ray.data").setLevel(logging.WARNING)
-        started = time.time()
-        ds = ray.data.read_binary_files(paths, filesystem=fs, include_paths=True)
-        ds = ds.flat_map(_instances)
-        ds = ds.map_batches(Predictor, fn_constructor_kwargs={"ref": ref}, batch_size=BATCH, concurrency=workers,
-                            num_cpus=1, batch_format="numpy")
-        ds.write_json(out.path(), filesystem=out.fs)
-        seconds = time.time() - started
+def _write_predictions(ref: ModelRef, fs, paths: list[str], out, workers: int, address: str | None,
+                       verbose: bool, progress: bool) -> float:
+    """Run the pipeline into the staging folder; returns how long it took."""
+    import logging
+    import sys
+
+    import ray
+
+    ctx = ray.data.DataContext.get_current()
+    ctx.execution_options.preserve_order = True
+    # Ray Data's bars on a terminal; elsewhere its progress would be INFO log lines.
+    ctx.enable_progress_bars = progress and sys.stderr.isatty()
+    if not verbose:  # Ray Data's own warnings (progress bars off, ...) only with -v
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
+    started = time.time()
+    ds = ray.data.read_binary_files(paths, filesystem=fs, include_paths=True)
+    ds = ds.flat_map(_instances)
+    # On this machine no node goes away, so a replica is not restarted: Ray's core worker
+    # warns about restarting actors whose arguments sit in the object store otherwise.
+    # Ray Data takes max_restarts only among its deprecated extra arguments (Ray 2.60).
+    joined = bool(address or os.environ.get("RAY_ADDRESS"))
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*ray_remote_args.*deprecated")
+        ds = ds.map_batches(_bound(ref), batch_size=BATCH, compute=ray.data.ActorPoolStrategy(size=workers),
+                            num_cpus=1, batch_format="numpy", **({} if joined else {"max_restarts": 0}))
+    ds.write_json(out.path(STAGING), filesystem=out.fs)
+    return time.time() - started
+
+
+def _finish(out, files: int, ref: ModelRef, seconds: float) -> PredictSummary:
+    """Move the staged files up, then write ``_SUCCESS`` (the summary), then tidy up."""
+    staged = out.list_files(STAGING)
+    for name in staged:
+        out.fs.move(out.path(STAGING, name), out.path(name))
     rows = sum(1 for _ in read_predictions(out))
-    return PredictSummary(rows=rows, files=len(paths), seconds=seconds, output=out.uri_of())
+    summary = PredictSummary(rows=rows, files=files, seconds=seconds, output=out.uri_of())
+    out.write_text(json.dumps({**summary.to_json(), "model": ref.uri, "output_files": len(staged),
+                               "finished": time.time()}), SUCCESS)
+    out.remove_file(PARTIAL)
+    out.remove_dir(STAGING)
+    return summary
+
+
+def _read_summary(out) -> PredictSummary:
+    done = json.loads(out.read_text(SUCCESS) or "{}")
+    return PredictSummary(rows=int(done.get("rows", 0)), files=int(done.get("files", 0)),
+                          seconds=float(done.get("seconds", 0.0)), output=out.uri_of())
 
 
 def read_predictions(out) -> Iterator[dict[str, Any]]:
-    """Every prediction written under a storage folder, in file order."""
-    for name in sorted(out.list_files()):
+    """Every prediction written under a storage folder, in file order (markers left out)."""
+    for name in sorted(n for n in out.list_files() if not n.startswith("_")):
         for line in (out.read_text(name) or "").splitlines():
             if line.strip():
                 yield json.loads(line)
