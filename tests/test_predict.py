@@ -270,7 +270,7 @@ def cli(env: dict, *argv: str) -> subprocess.CompletedProcess:
 
 def hammer(url: str, instances: list, clients: int, per_client: int) -> list[tuple[int, int]]:
     """``clients`` threads, each on one keep-alive connection, send ``per_client`` requests;
-    (status, predictions in the answer) for each."""
+    (status, predictions in the answer) for each, or (503, Retry-After seconds) for a 503."""
     import http.client
 
     body = json.dumps({"instances": instances}).encode()
@@ -281,8 +281,11 @@ def hammer(url: str, instances: list, clients: int, per_client: int) -> list[tup
         for _ in range(per_client):
             conn.request("POST", "/predict", body, {"Content-Type": "application/json"})
             r = conn.getresponse()
-            answer = json.loads(r.read())
-            out.append((r.status, len(answer.get("predictions", []))))
+            answer = r.read()
+            if r.status == 503:
+                out.append((503, int(r.headers.get("Retry-After", -1))))
+                continue
+            out.append((r.status, len(json.loads(answer).get("predictions", []))))
         conn.close()
         return out
 
@@ -334,10 +337,12 @@ def test_servers_batch_under_load_list_stop_one_and_restart_at_once(models, test
         assert cli(env, "--stop", "--run", "digits_tensorflow").returncode == 0
         load.join()
         assert b.proc.wait(timeout=60) == 0
-        again = Server(tf_dir, second, env, tmp_path / "b2.err")
+        again = Server(tf_dir, second, env, tmp_path / "b2.err", "--max-batch", "1", "--max-queued", "2")
         servers.append(again)
         url = again.ready()  # would be "Address already in use" with the old connections in TIME_WAIT
-        assert post(url + "/predict", {"instances": raw[:1].tolist()})[0] == 200
+        # sized for 2 requests and 2 more at the proxy: past that a 503 with Retry-After, at once
+        answers = hammer(url, raw[:1].tolist(), clients=32, per_client=5)
+        assert set(answers) <= {(200, 1), (503, 1)} and (503, 1) in answers and (200, 1) in answers, answers
         assert cli(env, "--stop", "--all").returncode == 0
         assert again.proc.wait(timeout=60) == 0
         # one access-log line per request, in the run's folder

@@ -33,7 +33,8 @@ def test_histogram_text_is_cumulative_prometheus():
 
 
 def test_options_are_checked_and_size_the_replica_for_its_batches():
-    assert serve.ServeOptions(max_batch=64).max_ongoing == 128
+    assert serve.ServeOptions(max_batch=64).max_ongoing == 1000
+    assert serve.ServeOptions(max_batch=64, max_queued=16).max_ongoing == 128
     for bad, message in ((dict(max_batch=0), "--max-batch 0"), (dict(replicas=0), "--replicas 0"),
                          (dict(max_queued=0), "--max-queued 0"), (dict(batch_wait_ms=-1), "--batch-wait-ms -1"),
                          (dict(port=70000), "--port 70000")):

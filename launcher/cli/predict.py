@@ -33,12 +33,12 @@ def add_parsers(sub) -> None:
     s.add_argument("--port", type=int, default=None, help="HTTP port (default 8000); with --stop, the server "
                    "to stop")
     s.add_argument("--replicas", type=int, default=1, help="model replicas (default 1)")
-    s.add_argument("--max-batch", type=int, default=64, help="requests merged into one forward pass, at most; "
-                   "each replica holds twice as many at once (default 64)")
+    s.add_argument("--max-batch", type=int, default=64, help="requests merged into one forward pass, at most "
+                   "(default 64)")
     s.add_argument("--batch-wait-ms", type=float, default=5.0, help="how long a forward pass waits for more "
                    "requests to join it (default 5)")
-    s.add_argument("--max-queued", type=int, default=1000, help="requests waiting for a replica, at most; past "
-                   "it a request gets 503 with Retry-After at once (default 1000)")
+    s.add_argument("--max-queued", type=int, default=1000, help="requests a replica holds waiting for a forward "
+                   "pass, at most; past them a request gets 503 with Retry-After at once (default 1000)")
     s.add_argument("--public", action="store_true", help="listen on every interface, not only 127.0.0.1: "
                    "anyone who can reach the port can use the model (no authentication)")
     s.add_argument("--stop", action="store_true", help="stop this machine's model server (the only one, or the "

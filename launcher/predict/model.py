@@ -171,4 +171,6 @@ class Model:
 
 def predictions(scores: np.ndarray) -> list[dict[str, Any]]:
     """AI Platform-style predictions: the class and every class's score."""
-    return [{"prediction": int(row.argmax()), "scores": [round(float(v), 7) for v in row]} for row in scores]
+    classes = scores.argmax(axis=1).tolist()
+    rounded = np.round(scores.astype(np.float64), 7).tolist()
+    return [{"prediction": c, "scores": row} for c, row in zip(classes, rounded)]
