@@ -287,9 +287,9 @@ def write_results(rows: list[dict], restarts: list[dict], info: dict, settings: 
     for size in dict.fromkeys(r["instances_per_request"] for r in rows):
         level = [r for r in rows if r["instances_per_request"] == size]
         xs = [r["concurrency"] for r in level]
-        left.plot(xs, [r["instances_per_s"] for r in level], marker="o", label=f"{size} inst/request")
-        left.plot(xs, [r["limit_instances_per_s"] for r in level], linestyle="--", color="grey",
-                  label=f"forward-pass limit ({size})")
+        line, = left.plot(xs, [r["instances_per_s"] for r in level], marker="o", label=f"{size} inst/request")
+        left.plot(xs, [r["limit_instances_per_s"] for r in level], linestyle="--", color=line.get_color(),
+                  label=f"its forward pass alone ({size})")
         right.plot(xs, [r["p99_ms"] or 0 for r in level], marker="o", label=f"{size} inst/request")
     for ax in (left, right):
         ax.set_xscale("log", base=2)
