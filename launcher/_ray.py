@@ -9,7 +9,7 @@ What the launcher reads in Ray's private files is here too: Ray Train's list of
 a run's checkpoints (:func:`snapshot_names`).
 
 Nothing is imported until a name is first asked for: some of these modules
-import torch at the top, and the driver must not. ``tests/test_ray_private.py``
+import torch at the top, and the driver must not. ``tests/test_layout.py``
 resolves every name, so a Ray upgrade that moves one fails there, in one place,
 rather than in the middle of a run.
 """
@@ -79,6 +79,10 @@ OVERRIDDEN: dict[str, str] = {
         "the job client's requests get a timeout (Ray sets none)",
 }
 
+# Ray's marker resource of the head node (1.0 there): a tuning trial's own driver asks for a
+# sliver of it, so it stays on the head, which is never preempted. Not public; tests check it.
+HEAD_RESOURCE = "node:__internal_head__"
+
 # Not imported: a constant whose module is heavy (ray._private.runtime_env.constants).
 JOB_CONFIG_ENV = "RAY_JOB_CONFIG_JSON_ENV_VAR"   # set by Ray's job supervisor for a job's entrypoint
 # Loggers of Ray's job client that log every package upload at INFO.
@@ -130,6 +134,25 @@ def snapshot_names(text: str, folders: Iterable[str]) -> list[str]:
         elif isinstance(item, str):
             strings.add(item.rstrip("/"))
     return [f for f in folders if any(s == f or s.endswith("/" + f) for s in strings)]
+
+
+def client_connected() -> bool:
+    """Whether this process talks to Ray through Ray Client (``ray://``), where actors
+    cannot be pinned to the driver's node and files on the driver's disk are not shared."""
+    from ray.util.client import ray as client_ray
+
+    return bool(client_ray.is_connected())
+
+
+def quiet_job_client() -> None:
+    """Ray's job client logs every package upload and socket close at INFO; its modules set
+    that level when they are imported, so they are imported first, then turned down."""
+    import logging
+
+    importlib.import_module("ray.dashboard.modules.dashboard_sdk")
+    importlib.import_module("ray.dashboard.modules.job.sdk")
+    for name in JOB_CLIENT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 _resolved: dict[str, Any] = {}

@@ -215,3 +215,60 @@ def test_rays_checkpoint_list_is_where_and_as_the_launcher_reads_it():
         validated_checkpoint_dir_names=[], timed_out_validation_checkpoint_dir_names=[],
         failed_validation_checkpoint_dir_names=[])
     assert _ray.snapshot_names(state.json(), ["checkpoint_a", "checkpoint_b"]) == ["checkpoint_b"]
+
+
+def ray_internals_used(path: str) -> list[str]:
+    """What a file uses of Ray that is not public API: imports of private modules (a name part
+    starting with ``_``), Ray's dashboard modules, Ray Client's module, generated protobufs;
+    attributes starting with ``_`` of ``ray...``; internal resource names; such module names
+    handed to importlib as strings."""
+    found = []
+
+    def private(module: str) -> bool:
+        parts = module.split(".")
+        return parts[0] == "ray" and (any(p.startswith("_") for p in parts)
+                                      or module.startswith(("ray.dashboard", "ray.util.client", "ray.core.generated")))
+
+    def rooted_at_ray(node) -> bool:
+        while isinstance(node, ast.Attribute):
+            node = node.value
+        return isinstance(node, ast.Name) and node.id == "ray"
+
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if isinstance(node, ast.Import):
+            found += [f"import {a.name}" for a in node.names if private(a.name)]
+        elif isinstance(node, ast.ImportFrom) and not node.level and private(node.module or ""):
+            found.append(f"from {node.module} import ...")
+        elif isinstance(node, ast.Attribute) and node.attr.startswith("_") and rooted_at_ray(node.value):
+            found.append(f"ray...{node.attr}")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+                "__internal_head__" in node.value or private(node.value.split(":")[0].strip())):
+            found.append(repr(node.value))
+    return found
+
+
+def test_ray_internals_are_used_only_through_launcher_ray():
+    """Everything of Ray's that is not public API goes through launcher/_ray.py, where each
+    name is listed with why it is used and checked against the installed Ray below."""
+    used = {m: ray_internals_used(p) for m, p in MODULES.items() if m != "launcher._ray"}
+    assert {m: u for m, u in used.items() if u} == {}
+
+
+def test_the_scan_for_ray_internals_can_fail(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("import ray._private.services\nfrom ray.dashboard.modules import job\nimport ray\n"
+                      "x = ray._private.worker\nr = {'node:__internal_head__': 1}\n"
+                      "import importlib\nimportlib.import_module('ray.train.v2._internal.constants')\n"
+                      "from ray.train import report\n")
+    assert ray_internals_used(str(sample)) == [
+        "import ray._private.services", "from ray.dashboard.modules import ...", "ray..._private",
+        "'node:__internal_head__'", "'ray.train.v2._internal.constants'"]
+
+
+def test_rays_head_resource_and_job_client_modules_still_exist():
+    from launcher import _ray
+
+    constants = importlib.import_module("ray._common.constants")
+    assert constants.HEAD_NODE_RESOURCE_NAME == _ray.HEAD_RESOURCE
+    _ray.quiet_job_client()  # imports Ray's job client modules: fails here if they moved
+    assert _ray.client_connected() is False

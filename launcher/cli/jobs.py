@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from typing import Any
 
-from launcher._ray import JOB_CLIENT_LOGGERS
+from launcher import _ray
 from launcher.cli.options import (EXIT_CANCELLED, EXIT_OK, add_program_flags, add_run_flags, add_verbose,
                                   program_from_args, program_spec, spec_from_args, wants_job_dir)
 
@@ -62,15 +61,9 @@ def _address(parser: argparse.ArgumentParser) -> None:
 
 
 def _quiet_ray(verbose: bool) -> None:
-    """Ray's job client logs every package upload and socket close at INFO; its modules
-    set that level when imported, so import them first."""
-    if verbose:
-        return
-    import ray.dashboard.modules.dashboard_sdk
-    import ray.dashboard.modules.job.sdk  # noqa: F401
-
-    for name in JOB_CLIENT_LOGGERS:
-        logging.getLogger(name).setLevel(logging.WARNING)
+    """Ray's job client quiet unless -v (see :func:`launcher._ray.quiet_job_client`)."""
+    if not verbose:
+        _ray.quiet_job_client()
 
 
 def _note(text: str) -> None:

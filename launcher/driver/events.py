@@ -153,10 +153,9 @@ class ProgressBoard:
 
 def _on_this_node() -> dict[str, Any]:
     """Keep small bookkeeping actors on the driver's node, which outlives preempted workers."""
-    from ray.util.client import ray as client_ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    if client_ray.is_connected():
+    if _ray.client_connected():
         return {}
     node = ray.get_runtime_context().get_node_id()
     # Hard affinity: a soft one was seen landing on a worker node that was then preempted.
@@ -167,9 +166,7 @@ class EventChannel:
     """The driver's end: ``forwarder`` goes into RunConfig, ``take`` returns new events."""
 
     def __init__(self, board: bool = True) -> None:
-        from ray.util.client import ray as client_ray
-
-        self._mailbox = Mailbox.remote() if client_ray.is_connected() else None
+        self._mailbox = Mailbox.remote() if _ray.client_connected() else None
         self._path: str | None = None
         self._offset = 0
         if self._mailbox is None:

@@ -28,12 +28,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, TextIO
 
+from launcher import _ray
 from launcher.errors import UserError
 from launcher.storage.runs import TUNING_FILE
 from launcher.tune.study import STATE_DIR, Study, same_definition
 
-HEAD_RESOURCE = "node:__internal_head__"  # Ray's marker resource of the head node (1.0 there)
-TRIAL_DRIVER = {"CPU": 0, HEAD_RESOURCE: 0.001}  # a trial's own driver: no CPU, on the head (never preempted)
+TRIAL_DRIVER = {"CPU": 0, _ray.HEAD_RESOURCE: 0.001}  # a trial's own driver: no CPU, on the head (never preempted)
 ASHA_REDUCTION = 2      # ASHA keeps the best 1/2 of the trials at each rung (few epochs: gentle)
 
 
