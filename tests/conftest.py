@@ -57,3 +57,18 @@ def bucket(gcs, request):
     _, client = gcs
     name = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:50] + "-b"
     return client.create_bucket(name).name
+
+
+# Fixtures that start a Ray instance, a Ray head process or a multi-node cluster: a test that
+# uses one (directly or through another fixture) must say so with a marker, so that the fast
+# tier (-m "not integration and not chaos") never starts Ray.
+RAY_FIXTURES = {"ray_local", "head", "lab"}
+
+
+def pytest_collection_modifyitems(config, items):
+    unmarked = [item.nodeid for item in items
+                if RAY_FIXTURES & set(getattr(item, "fixturenames", ()))
+                and not any(item.get_closest_marker(m) for m in ("integration", "chaos"))]
+    if unmarked:
+        raise pytest.UsageError("these tests start Ray but are not marked integration or chaos: "
+                                + ", ".join(unmarked))

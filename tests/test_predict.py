@@ -94,6 +94,7 @@ def test_batch_predictions_reproduce_the_runs_accuracy(models, test_split, tmp_p
     assert "already holds a complete prediction (_SUCCESS)" in capsys.readouterr().err
 
 
+@pytest.mark.integration
 def test_bad_prediction_input_is_one_line_before_any_worker(models, test_split, tmp_path, capsys):
     run_dir, _ = models["torch"]
     np.save(tmp_path / "wrong.npy", np.zeros((4, 10)))

@@ -241,7 +241,6 @@ def wait_for(predicate, timeout_s: float, what: str, poll_s: float = 1.0):
 
 
 @pytest.mark.integration
-@pytest.mark.integration
 def test_submit_a_trainer_package(head, capsys, tmp_path):
     example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples",
                            "trainer_package")
@@ -260,6 +259,7 @@ def test_submit_a_trainer_package(head, capsys, tmp_path):
     assert shipped["working_dir"].startswith("gcs://") and len(shipped["py_modules"]) == 2  # the package, our code
 
 
+@pytest.mark.integration
 def test_submit_follow_to_succeeded(head, capsys, tmp_path):
     storage = str(tmp_path / "runs")
     code, out, err = run_cli(capsys, "submit", "--address", head, "--workers", "2", "--epochs", "1",
@@ -324,6 +324,7 @@ def follow_a_job_server_that_stops_answering(head: str, job: str, capsys, monkey
     assert took < 20, took  # a check every 1 s, each answer awaited 3 s (and the request's own 3 s)
 
 
+@pytest.mark.integration
 def test_stop_a_long_run(head, capsys, bucket, monkeypatch):
     # Storage on the Cloud Storage emulator: the job reaches it only through the
     # STORAGE_EMULATOR_HOST that submit passes on (the head was started without it).
