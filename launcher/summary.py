@@ -26,6 +26,16 @@ class RunStatus(str, enum.Enum):
     FAILED = "failed"
     CANCELLED = "cancelled"
     INTERRUPTED = "interrupted"  # the launching process went away without a final word
+    UNREADABLE = "unreadable"    # its run log cannot be read (listed, marked, never a reason to fail a list)
+    UNKNOWN = "unknown"          # a record that names no status, or one this version does not know
+
+    @classmethod
+    def parse(cls, text: Any) -> "RunStatus":
+        """The member a recorded status names; UNKNOWN for anything else."""
+        try:
+            return cls(text)
+        except ValueError:
+            return cls.UNKNOWN
 
     @property
     def is_terminal(self) -> bool:
@@ -104,6 +114,41 @@ class RunSummary:
         out = dataclasses.asdict(self)
         out["status"] = str(self.status)
         return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "RunSummary":
+        """The summary :meth:`to_json` wrote (``summary.json``, a line of ``launches.jsonl``).
+
+        Keys this version does not know are left out and missing ones take their defaults,
+        so a summary written by an older or newer launcher still reads.
+
+        Raises:
+            ValueError: ``data`` is not a JSON object.
+        """
+        if not isinstance(data, dict):
+            raise ValueError("not a run summary: a JSON object is expected")
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["status"] = RunStatus.parse(data.get("status"))
+        for key, default in (("name", "?"), ("workload", "?"), ("framework", "?"), ("backend", "?"),
+                             ("workers", 0), ("epochs", 0)):
+            values.setdefault(key, default)
+        values["interruptions"] = _records(Interruption, data.get("interruptions"))
+        values["attempts"] = _records(Attempt, data.get("attempts"))
+        return cls(**values)
+
+
+def _records(cls, items: Any) -> list:
+    """Record dataclasses from their JSON: unknown keys left out, incomplete records skipped."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    out = []
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, dict):
+            try:
+                out.append(cls(**{k: v for k, v in item.items() if k in known}))
+            except TypeError:
+                continue
+    return out
 
 
 # -- events from Ray Train's controller ---------------------------------------------------

@@ -3,6 +3,7 @@ accounting of lost work."""
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -136,11 +137,15 @@ def test_lost_work_per_restart():
 
 
 def test_runs_columns():
-    r = {"restarts": 2, "preemptions": 1, "steps_lost": 7, "time_lost_s": 27.5,
-         "interruptions": [{"time_lost_s": 10.5}, {"time_lost_s": 17.0}]}
+    from launcher.storage.runs import RunRow
+    from launcher.summary import RunStatus
+
+    r = RunRow(name="r", status=RunStatus.SUCCEEDED, restarts=2, preemptions=1, steps_lost=7, time_lost_s=27.5,
+               interruptions=[{"time_lost_s": 10.5}, {"time_lost_s": 17.0}])
     assert format_restarts(r) == "2 (1 preempted)"
     assert format_lost(r) == "7 steps, 28s [10s/17s]"  # round half to even: 27.5 -> 28, 10.5 -> 10
-    assert (format_restarts({"restarts": 0}), format_lost({"restarts": 0})) == ("0", "-")
+    quiet = RunRow(name="q", status=RunStatus.SUCCEEDED)
+    assert (format_restarts(quiet), format_lost(quiet)) == ("0", "-")
 
 
 def test_bench_goodput_and_recovery():
@@ -209,3 +214,18 @@ def test_controller_states_become_restart_events_with_their_cause():
     assert [e.cause for e in events] == ["resize", "failure"]
     assert events[0].what() == "a resize (the cluster's free resources changed: 2 -> 1 workers)"
     assert events[1].what() == "a failure" and "gone" in events[1].error
+
+
+def test_a_summary_reads_back_as_it_was_written_and_statuses_are_members():
+    from launcher.summary import Attempt, Interruption, RunStatus, RunSummary
+
+    summary = RunSummary(name="r", status=RunStatus.SUCCEEDED, workload="digits-mlp", framework="torch",
+                         backend="native", workers=2, epochs=3, restarts=1,
+                         interruptions=[Interruption(cause="preemption", steps_lost=0, time_lost_s=1.5)],
+                         attempts=[Attempt(start_step=0, first_time=1.0, last_step=9, last_time=2.0)])
+    assert RunSummary.from_json(json.loads(json.dumps(summary.to_json()))) == summary
+    newer = {**summary.to_json(), "status": "some-future-state", "a_key_from_a_newer_launcher": 1}
+    assert RunSummary.from_json(newer).status == RunStatus.UNKNOWN
+    assert RunStatus.parse("unreadable") is RunStatus.UNREADABLE and RunStatus.parse(None) is RunStatus.UNKNOWN
+    with pytest.raises(ValueError):
+        RunSummary.from_json(["not", "a", "summary"])

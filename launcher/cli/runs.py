@@ -34,10 +34,10 @@ def cmd_runs(args: argparse.Namespace) -> int:
         if run is None:
             raise UserError(f"no run {args.name} under {storage.uri}",
                             "`launcher runs` lists the runs there; --storage names another root")
-        print(json.dumps(run, indent=1) if args.json else format_run(run))
+        print(json.dumps(run.to_json(), indent=1) if args.json else format_run(run))
         return EXIT_OK
     runs = list_runs(storage)
-    print(json.dumps(runs, indent=1) if args.json else format_table(runs))
+    print(json.dumps([r.to_json() for r in runs], indent=1) if args.json else format_table(runs))
     return EXIT_OK
 
 

@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 from launcher.storage.runs import TUNING_SUMMARY
+from launcher.summary import RunStatus, RunSummary
 from launcher.tune.trial import trial_name
 
 SUCCEEDED, STOPPED, FAILED, UNFINISHED = "succeeded", "stopped early", "failed", "not finished"
@@ -66,18 +67,18 @@ def trial_status(study, storage, trial, tally=None) -> str:
     return UNFINISHED
 
 
-def run_status(storage, name: str, trial: str) -> str | None:
+def run_status(storage, name: str, trial: str) -> RunStatus | None:
     """The status in a trial run's summary.json; None without a readable one."""
-    return _run_summary(storage, name, trial).get("status")
+    summary = _run_summary(storage, name, trial)
+    return summary.status if summary is not None else None
 
 
-def _run_summary(storage, name: str, trial: str) -> dict[str, Any]:
+def _run_summary(storage, name: str, trial: str) -> RunSummary | None:
     text = storage.read_text(name, trial, "summary.json")
     try:
-        summary = json.loads(text) if text else {}
+        return RunSummary.from_json(json.loads(text)) if text else None
     except ValueError:
-        return {}
-    return summary if isinstance(summary, dict) else {}
+        return None
 
 
 def earlier_rows(storage, name: str) -> list[dict[str, Any]]:
@@ -152,7 +153,8 @@ def write(study, storage, table: list[dict[str, Any]], *, started: float, interr
         status, note = "succeeded", None
     best_out = None
     if top is not None:
-        model = _run_summary(storage, study.name, top["trial"]).get("model")
+        run = _run_summary(storage, study.name, top["trial"])
+        model = run.model if run is not None else None
         best_out = {"trial": top["trial"], metric: top[metric],
                     "params": {p.parameterName: top[p.parameterName] for p in study.hp.params},
                     "run_dir": top["run_dir"], "model": model}
