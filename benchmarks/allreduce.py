@@ -22,12 +22,14 @@ machine every rank's traffic goes through memory, so busbw cannot beat it.
 
 from __future__ import annotations
 
+import os
 import re
 import statistics
 import time
 from typing import Any, Callable
 
-from benchmarks import raywork
+from benchmarks import raywork, results
+from launcher.driver import connect
 
 UNITS = {"": 1, "B": 1, "KB": 1024, "K": 1024, "MB": 1024 ** 2, "M": 1024 ** 2, "GB": 1024 ** 3, "G": 1024 ** 3}
 LATENCY_MAX_BYTES = 64 * 1024  # sizes reported as latency
@@ -114,8 +116,6 @@ def time_sizes(reduce: Callable, sizes: list[int], target_bytes: int, device, wo
 
 
 def worker(config: dict[str, Any]) -> None:
-    import os
-
     os.environ.update(config.get("env", {}))
     import torch
 
@@ -150,7 +150,6 @@ def run(names: list[str], sizes: list[int], workers: int, threads: int, note: Ca
     """(measurements, skipped, copy bandwidth in bytes/s). Each round measures every backend
     through the launcher (one local Ray for the round), then bare, with Ray shut down."""
     from benchmarks import machine
-    from launcher.driver import connect
 
     note(f"memory-copy reference: numpy copy of {human(COPY_BYTES)} ...")
     copy_bw = copy_bandwidth()
@@ -257,8 +256,6 @@ def format_rows(rows: list[dict], skipped: list[dict], copy_bw: float) -> str:
 
 def write_results(rows: list[dict], skipped: list[dict], copy_bw: float, info: dict, out_dir: str) -> list[str]:
     """allreduce.json, allreduce.csv and allreduce.png (busbw and time against size)."""
-    from benchmarks import results
-
     fig, (ax_bw, ax_t) = results.new_figure(ncols=2, figsize=(11, 4))
     for name, variant in dict.fromkeys((r["backend"], r["variant"]) for r in rows):
         mine = [r for r in rows if (r["backend"], r["variant"]) == (name, variant)]

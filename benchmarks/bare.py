@@ -21,6 +21,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run as a file
 
+from benchmarks import raywork  # noqa: E402 - importable once the path above is set
+
 
 def main() -> None:
     p = argparse.ArgumentParser()
@@ -28,8 +30,6 @@ def main() -> None:
     p.add_argument("function", help="MODULE:FUNCTION, e.g. benchmarks.allreduce:worker")
     p.add_argument("config", help="the worker's config, as JSON")
     args = p.parse_args()
-
-    from benchmarks import raywork
 
     os.environ[raywork.BARE_ENV] = args.comm
     module, _, name = args.function.partition(":")

@@ -17,6 +17,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
+from benchmarks import results
+from launcher.storage import Manifest, emulator_host, read_manifest, write_manifest
+
 SAVE_TARGET_S = 10.0  # a third of GCE's 30 s preemption notice
 
 
@@ -47,8 +50,6 @@ def training_state(model_name: str = "resnet50"):
 def _save(model, optimizer, folder: str) -> None:
     import torch
 
-    from launcher.storage import Manifest, write_manifest
-
     torch.save(model.state_dict(), os.path.join(folder, "model.pt"))
     torch.save(optimizer.state_dict(), os.path.join(folder, "optimizer.pt"))
     write_manifest(folder, Manifest(epoch=0, step_in_epoch=1, global_step=1, world_size=1, framework="torch",
@@ -58,8 +59,6 @@ def _save(model, optimizer, folder: str) -> None:
 def measure_once(storage, model, optimizer, index: int) -> Sample:
     """Save to and restore from ``storage`` once; timings include serialisation."""
     import torch
-
-    from launcher.storage import read_manifest
 
     name = f"checkpoint_bench_{os.getpid()}_{index}"
     with tempfile.TemporaryDirectory(prefix="bench-save-") as d:
@@ -76,7 +75,6 @@ def measure_once(storage, model, optimizer, index: int) -> Sample:
         optimizer.load_state_dict(torch.load(os.path.join(d, "optimizer.pt")))
         restore_s = time.perf_counter() - start
     storage.remove_dir(".bench", name)
-    from launcher.storage import emulator_host
 
     return Sample(storage.uri, not storage.is_local and emulator_host() is not None, size, save_s, restore_s)
 
@@ -128,8 +126,6 @@ def _label(row: dict) -> str:
 
 def write_results(rows: list[dict], samples: list[Sample], out_dir: str) -> list[str]:
     """checkpoint.json, checkpoint.csv and a bar chart (PNG) of save and restore MB/s."""
-    from benchmarks import results
-
     fig, ax = results.new_figure()
     xs = range(len(rows))
     ax.bar([x - 0.2 for x in xs], [r["save_mb_s"] for r in rows], 0.4, label="save")

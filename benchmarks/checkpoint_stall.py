@@ -15,6 +15,7 @@ import subprocess
 import sys
 from typing import Callable
 
+from benchmarks import results
 from benchmarks.raywork import failure_reason, last_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -64,8 +65,6 @@ def format_rows(rows: list[dict]) -> str:
 
 def write_results(rows: list[dict], info: dict, out_dir: str) -> list[str]:
     """checkpoint-stall.json, .csv and .png (stall per storage and mode, against torch.save)."""
-    from benchmarks import results
-
     fig, ax = results.new_figure(ncols=1, figsize=(7, 4))
     ok = [r for r in rows if "failed" not in r]
     labels = [f"{r['storage']}\n{r['upload']}" for r in ok]

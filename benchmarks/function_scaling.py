@@ -16,8 +16,10 @@ import statistics
 import subprocess
 import tempfile
 import time
+from dataclasses import asdict
 from typing import Callable
 
+from benchmarks import results
 from benchmarks.overhead import Job, _command
 from benchmarks.raywork import failure_reason, last_json
 
@@ -92,10 +94,6 @@ def format_rows(rows: list[dict]) -> str:
 
 def write_results(rows: list[dict], measured: list[dict], info: dict, job: Job, out_dir: str) -> list[str]:
     """function-scaling.json, .csv and .png (samples/s against workers, launcher and bare)."""
-    from dataclasses import asdict
-
-    from benchmarks import results
-
     fig, (ax_t, ax_r) = results.new_figure(ncols=2, figsize=(11, 4))
     for key in dict.fromkeys((r["backend"], r["variant"]) for r in rows):
         mine = sorted((r for r in rows if (r["backend"], r["variant"]) == key), key=lambda r: r["workers"])

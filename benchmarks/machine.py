@@ -10,6 +10,8 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import shutil
+import subprocess
 from importlib import metadata
 from typing import Any
 
@@ -39,9 +41,6 @@ def versions() -> dict[str, str | None]:
 
 def gpus() -> list[str]:
     """GPU names from nvidia-smi; empty without one (never imports a framework)."""
-    import shutil
-    import subprocess
-
     if not shutil.which("nvidia-smi"):
         return []
     try:

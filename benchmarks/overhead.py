@@ -23,6 +23,7 @@ epoch, from the training loop itself) and, for the launcher, time to first step.
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -31,7 +32,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from benchmarks import raywork, results
 from benchmarks.raywork import failure_reason, last_json, torchrun_port
+from launcher import driver
+from launcher.driver import PHASES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VARIANTS = ("launcher-cold", "launcher-warm", "torchrun", "horovodrun")
@@ -40,10 +44,6 @@ THREADS = 1  # OMP_NUM_THREADS and torch threads per worker, equal for every lau
 
 def horovodrun_reason() -> str | None:
     """None when horovodrun can run the torch loop here, else why not."""
-    import shutil
-
-    from benchmarks import raywork
-
     if not shutil.which("horovodrun") and not os.path.exists(_horovodrun()):
         return "horovodrun is not installed"
     return raywork.backend_or_reason("horovod", "torch")[1]
@@ -92,8 +92,6 @@ def _command(variant: str, workers: int, storage: str, index: int, job: Job = Jo
 
 
 def run(repeats: int, workers: int, note: Callable[[str], None], job: Job = Job()) -> list[dict]:
-    from launcher import driver
-
     samples = []
     chosen = variants(note)
     note(f"every worker: OMP_NUM_THREADS={THREADS}, torch threads {THREADS}")
@@ -191,8 +189,6 @@ def format_rows(rows: list[dict]) -> str:
 def phase_medians(samples: list[dict]) -> dict[str, dict[str, float]]:
     """Per launcher variant, the median seconds of each start-up phase the runs reported
     (:mod:`launcher.driver.startup`), in the order the phases happen."""
-    from launcher.driver import PHASES
-
     order = {name: i for i, (name, _, _) in enumerate(PHASES)}  # the summary's JSON sorts its keys
     out: dict[str, dict[str, float]] = {}
     for variant in VARIANTS:
@@ -218,8 +214,6 @@ def format_phases(medians: dict[str, dict[str, float]]) -> str:
 
 def write_results(rows: list[dict], samples: list[dict], out_dir: str, info: dict | None = None) -> list[str]:
     """overhead.json, overhead.csv and a bar chart (PNG) of wall times against 2x and 3x torchrun."""
-    from benchmarks import results
-
     fig, ax = results.new_figure()
     xs = range(len(rows))
     med = [r["wall_s_median"] for r in rows]

@@ -36,6 +36,8 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from benchmarks import results
+
 GBIT = 1e9 / 8  # bytes per second in one Gbit/s
 
 
@@ -147,8 +149,6 @@ def format_rows(rows: list[dict], gpus: list[int]) -> str:
 
 
 def write_results(rows: list[dict], workloads: list[Workload], model: Model, info: dict, out_dir: str) -> list[str]:
-    from benchmarks import results
-
     fig, ax = results.new_figure(figsize=(8, 4.5))
     for key in dict.fromkeys((r["model"], r["network_gbps"]) for r in rows):
         mine = [r for r in rows if (r["model"], r["network_gbps"]) == key]

@@ -13,11 +13,14 @@ from __future__ import annotations
 import glob
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
 import uuid
 from typing import Any, Callable
+
+from launcher.driver import apply_ray_train_env, describe_failure, prepare_trainer
 
 RESULT_FILE = "result.json"
 
@@ -84,8 +87,6 @@ def bare_command(launcher: str, comm: str, workers: int, function: str, config: 
 def torchrun_port() -> list[str]:
     """torchrun's rendezvous on a free port: its fixed default (29500) can still be held by the
     previous run, which fails the next one at start."""
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return ["--master-addr=127.0.0.1", f"--master-port={s.getsockname()[1]}"]
@@ -147,7 +148,6 @@ def run(backend, framework: str, workload: str, workers: int, threads: int, fn: 
     from ray.train import RunConfig, ScalingConfig
 
     from launcher import JobSpec
-    from launcher.driver import apply_ray_train_env, prepare_trainer
 
     apply_ray_train_env()  # the Ray Train settings `launcher run` uses (its health-check period, ...)
 
@@ -179,6 +179,4 @@ def run(backend, framework: str, workload: str, workers: int, threads: int, fn: 
 
 
 def one_line(exc: BaseException) -> str:
-    from launcher.driver import describe_failure
-
     return describe_failure(exc)

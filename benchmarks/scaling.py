@@ -21,12 +21,14 @@ Definitions (also in benchmarks/README.md):
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable
 
-from benchmarks import raywork
+from benchmarks import raywork, results
+from launcher.driver import connect
 
 LOCAL_ITERS_MAX = 5  # the reference (unsynchronised) step needs fewer iterations for a stable mean
 
@@ -82,8 +84,6 @@ def _result(config: dict, sync_times: list[float], local_times: list[float], sum
 
 
 def torch_worker(config: dict[str, Any]) -> None:
-    import os
-
     os.environ.update(config.get("env", {}))
     import torch
     import torch.nn.functional as F
@@ -134,8 +134,6 @@ def torch_worker(config: dict[str, Any]) -> None:
 
 
 def tf_worker(config: dict[str, Any]) -> None:
-    import os
-
     os.environ.update(config.get("env", {}))
     from launcher.worker import configure_tensorflow
 
@@ -227,8 +225,6 @@ def run(settings: Settings, frameworks: list[str], backend_names: list[str], wor
 
 def _run_launcher(settings: Settings, combo: tuple, tag: str, skipped: list[dict],
                   note: Callable[[str], None]) -> dict | None:
-    from launcher.driver import connect
-
     fw, backend, n = combo
     note(f"{tag} {fw}/{backend.name}, {n} worker(s): {settings.workload}, batch {settings.batch_size}, "
          f"{settings.warmup} warm-up + {settings.iters}x{settings.batches_per_iter} steps ...")
@@ -328,10 +324,6 @@ def format_rows(rows: list[dict], skipped: list[dict]) -> str:
 def write_results(rows: list[dict], measured: list[dict], skipped: list[dict], info: dict, settings: Settings,
                   out_dir: str) -> list[str]:
     """scaling.json, scaling.csv and scaling.png (images/s and efficiency against workers)."""
-    from dataclasses import asdict
-
-    from benchmarks import results
-
     fig, (ax_t, ax_e) = results.new_figure(ncols=2, figsize=(11, 4))
     for key in dict.fromkeys((r["framework"], r["backend"], r["variant"]) for r in rows):
         mine = sorted((r for r in rows if (r["framework"], r["backend"], r["variant"]) == key),

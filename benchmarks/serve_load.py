@@ -27,11 +27,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
+import threading
 import time
 from typing import Any, Callable
+
+from benchmarks import results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LEVELS = (1, 8, 32, 128)
@@ -166,8 +170,6 @@ class Server:
                                      env=env, cwd=ROOT)
 
     def wait_ready(self, timeout_s: float = 300) -> None:
-        import select
-
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             ready, _, _ = select.select([self.proc.stdout], [], [], 1.0)
@@ -207,8 +209,6 @@ def port_refused_s(port: int, timeout_s: float = 120) -> float:
 def run(model_dir: str, levels: list[int], sizes: list[int], seconds: float, restarts: int, flags: list[str],
         max_batch: int, note: Callable[[str], None], state_dir: str) -> tuple[list[dict], list[dict]]:
     """(one row per size and level, one row per restart)."""
-    import threading
-
     import numpy as np
 
     from launcher.predict import locate
@@ -281,8 +281,6 @@ def _ms(value: float | None) -> str:
 
 def write_results(rows: list[dict], restarts: list[dict], info: dict, settings: dict, out_dir: str) -> list[str]:
     """serve.json, serve.csv and serve.png (requests/s and p99 latency against concurrency)."""
-    from benchmarks import results
-
     fig, (left, right) = results.new_figure(ncols=2, figsize=(11, 4))
     for size in dict.fromkeys(r["instances_per_request"] for r in rows):
         level = [r for r in rows if r["instances_per_request"] == size]

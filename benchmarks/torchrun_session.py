@@ -11,6 +11,7 @@ one JSON line with its timings and the last epoch's metrics.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import time
@@ -84,7 +85,6 @@ def main(argv: list[str] | None = None) -> None:
         # then on a loaded machine ("terminate called without an active exception").
         dist.barrier()
         del session, function
-        import gc
 
         gc.collect()
         dist.destroy_process_group()

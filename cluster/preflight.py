@@ -18,6 +18,7 @@ from typing import Any, Callable
 from cluster.compute import Compute, Quota
 from cluster.spec import ACCELERATORS, bundled_gpus, machine_series
 from launcher.errors import UserError
+from launcher.storage import gcs
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 # GPU model that each bundled-GPU machine family brings.
@@ -200,8 +201,6 @@ def _image_checks(plans: list[NodePlan], compute: Compute, checks: list[Check]) 
 
 def bucket_check(bucket_uri: str, region: str, storage_client: Callable[[], Any] | None = None) -> Check:
     """The bucket exists (fail otherwise) and is in the cluster's region (warn otherwise)."""
-    from launcher.storage import gcs
-
     path = gcs.parse_gs_uri(bucket_uri, "--bucket")
     client = (storage_client or gcs.client)()
     try:

@@ -1,15 +1,19 @@
-"""The layout holds: no import cycles, imports point one way, every private Ray name still exists.
+"""The layout holds: no import cycles, imports point one way, headers list what modules import,
+every private Ray name still exists.
 
 The cycle check reads every ``import`` of the product, module level and
 inside functions alike (an import inside a function hides a cycle from the
 interpreter, not from a reader), and fails on any cycle between modules or
 between packages. Then each module is imported alone in a fresh
-interpreter, as a user or a Ray worker would first import it.
+interpreter, as a user or a Ray worker would first import it. An import
+inside a function must defer something heavy (the rule and its exceptions are
+in ``launcher/_deferred.py``); every other import belongs in the module's header.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import importlib
 import os
 import subprocess
@@ -17,6 +21,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
+from launcher._deferred import EXCEPTIONS, STARTUP, is_heavy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRODUCT = ("launcher", "workloads", "cluster", "benchmarks")
@@ -60,6 +66,121 @@ def imports_of(module: str) -> set[str]:
 
 
 GRAPH = {m: imports_of(m) for m in MODULES}
+
+
+@functools.lru_cache(maxsize=None)
+def lazy_table(package: str) -> dict[str, str]:
+    """name -> module for a package's lazy exports (``lazy_exports(__name__, {...})`` in its ``__init__``)."""
+    path = MODULES.get(package, "")
+    if not path.endswith("__init__.py"):
+        return {}
+    for node in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "lazy_exports"
+                and len(node.args) == 2 and isinstance(node.args[1], ast.Dict)):
+            return {k.value: v.value for k, v in zip(node.args[1].keys, node.args[1].values)}
+    return {}
+
+
+def imported_by(node: ast.Import | ast.ImportFrom, package: str) -> list[str]:
+    """The modules an import statement imports (a lazy export counts as the module it names)."""
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    base = node.module or ""
+    if node.level:  # relative import
+        parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+        base = ".".join(parts + ([base] if base else []))
+    out = []
+    for alias in node.names:
+        if f"{base}.{alias.name}" in MODULES:
+            out.append(f"{base}.{alias.name}")
+        elif base.split(".")[0] in PRODUCT:
+            out.append(lazy_table(base).get(alias.name, base))
+        else:  # a library's name or submodule: `from importlib import metadata` imports importlib.metadata
+            out.append(f"{base}.{alias.name}")
+    return out
+
+
+def module_imports(module: str, path: str) -> tuple[set[str], list[tuple[int, str, list[str]]]]:
+    """(the modules ``module`` imports at module level, with the packages above them;
+    ``(line, function, modules)`` for each import inside a function)."""
+    package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    top: set[str] = set()
+    inside: list[tuple[int, str, list[str]]] = []
+
+    def visit(node: ast.AST, scope: list[str], in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(child, scope + [child.name], in_function or not isinstance(child, ast.ClassDef))
+            elif isinstance(child, ast.Lambda):
+                visit(child, scope + ["<lambda>"], True)
+            elif isinstance(child, (ast.Import, ast.ImportFrom)):
+                names = imported_by(child, package)
+                if in_function:
+                    inside.append((child.lineno, ".".join(scope), names))
+                else:
+                    for name in names:  # importing a.b.c imports a and a.b first
+                        parts = name.split(".")
+                        top.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))
+            else:
+                visit(child, scope, in_function)
+
+    visit(ast.parse(open(path, encoding="utf-8").read()), [], False)
+    return top, inside
+
+
+def heavy_modules(top: dict[str, set[str]]) -> set[str]:
+    """The project modules whose import imports a heavy library: at their own module level,
+    through other project modules' module-level imports, or through the packages above them
+    (importing workloads.registry runs workloads/__init__.py first)."""
+    heavy: set[str] = set()
+    grew = True
+    while grew:
+        grew = False
+        for module, names in top.items():
+            above = {module.rsplit(".", i)[0] for i in range(1, module.count(".") + 1)}
+            if module not in heavy and any(is_heavy(n) or n in heavy for n in names | above):
+                heavy.add(module)
+                grew = True
+    return heavy
+
+
+def loaded_by(entry: str, top: dict[str, set[str]]) -> set[str]:
+    """The project modules importing ``entry`` imports: its module-level imports, followed."""
+    seen: set[str] = set()
+    todo = [entry]
+    while todo:
+        module = todo.pop()
+        if module in seen or module not in top:
+            continue
+        seen.add(module)
+        todo.extend(top[module] | {module.rsplit(".", i)[0] for i in range(1, module.count(".") + 1)})
+    return seen
+
+
+TOP = {m: module_imports(m, path)[0] for m, path in MODULES.items()}
+HEAVY_MODULES = heavy_modules(TOP)
+LOADED_AT_START = {package: loaded_by(entry, TOP) for package, entry in STARTUP.items()}
+
+
+def may_wait(module: str, function: str, name: str) -> bool:
+    """Whether ``module``'s ``function`` may import ``name`` inside itself (the rule in launcher/_deferred.py)."""
+    if is_heavy(name) or name in HEAVY_MODULES:  # (a), (b)
+        return True
+    if f"{module}:{function}" in EXCEPTIONS:  # (c)
+        return True
+    return name in MODULES and any(module.startswith(package + ".") and name not in LOADED_AT_START[package]
+                                   for package in STARTUP)  # (d)
+
+
+def misplaced_imports(module: str, path: str) -> list[str]:
+    """``file:line function: modules`` for each import inside a function that the rule does not allow
+    (every module a statement imports must be allowed)."""
+    found = []
+    for line, function, names in module_imports(module, path)[1]:
+        wrong = [n for n in names if not may_wait(module, function, n)]
+        if wrong:
+            found.append(f"{os.path.relpath(path, ROOT)}:{line} {function}: {', '.join(wrong)}")
+    return found
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -120,6 +241,49 @@ def test_no_import_cycle_between_packages():
         here = package_of(module)
         packages.setdefault(here, set()).update(package_of(t) for t in targets if package_of(t) != here)
     assert cycles(packages) == []
+
+
+def test_imports_inside_functions_defer_something_heavy():
+    # The rule and its exceptions: launcher/_deferred.py. Anything else goes in the module's header.
+    found = [line for module, path in sorted(MODULES.items()) for line in misplaced_imports(module, path)]
+    assert found == [], "imports inside functions that defer nothing heavy (move them to the top, or see " \
+                        "launcher/_deferred.py):\n" + "\n".join(found)
+
+
+def test_the_deferred_import_check_reports_what_it_should(tmp_path):
+    path = tmp_path / "sample.py"
+    path.write_text("\n".join([
+        "import os",                                    # 1: module level
+        "def cheap():",
+        "    import json",                              # 3: stdlib: reported
+        "def heavy():",
+        "    import torch",                             # 5: a heavy library
+        "    from ray import train",                    # 6: all of ray.*
+        "    from launcher.driver import launch",       # 7: a project module that imports Ray at its top
+        "class Mixed:",
+        "    def method(self):",
+        "        from launcher.driver import launch, startup",  # 10: startup is cheap: reported
+        "",
+    ]))
+    assert "launcher.driver.launch" in HEAVY_MODULES and "launcher.driver.startup" not in HEAVY_MODULES
+    where = os.path.relpath(path, ROOT)
+    assert misplaced_imports("sample", str(path)) == [f"{where}:3 cheap: json",
+                                                      f"{where}:10 Mixed.method: launcher.driver.startup"]
+    # (d): a command module may defer a project module the CLI's start-up does not load, not one it does.
+    assert "launcher.driver.jobs" not in LOADED_AT_START["launcher.cli"]
+    assert may_wait("launcher.cli.jobs", "cmd_submit", "launcher.driver.jobs")
+    assert not may_wait("launcher.cli.jobs", "cmd_submit", "launcher.errors")
+    assert not may_wait("launcher.driver.script", "run_script", "launcher.driver.jobs")
+
+
+def test_every_exception_to_the_rule_is_still_needed():
+    inside = {f"{m}:{function}": names for m, path in MODULES.items()
+              for _, function, names in module_imports(m, path)[1]}
+    for key in EXCEPTIONS:
+        module, _, function = key.partition(":")
+        assert key in inside, f"{key}: no import inside that function any more; drop it from EXCEPTIONS"
+        heavy_anyway = [n for n in inside[key] if is_heavy(n) or n in HEAVY_MODULES]
+        assert heavy_anyway != inside[key], f"{key}: imports only heavy modules; drop it from EXCEPTIONS"
 
 
 def test_imports_point_one_way():

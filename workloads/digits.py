@@ -6,6 +6,8 @@ workload needs no download and no files: it is the launcher's embedded default.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from functools import lru_cache
 from typing import Any, Mapping
 
@@ -19,9 +21,6 @@ SPLIT_SEED = 0  # fixed: the train/test split never depends on the run's seed
 
 def _shipped_csv() -> str | None:
     """Path of the digits file inside the installed scikit-learn, found without importing it."""
-    import importlib.util
-    import os
-
     found = importlib.util.find_spec("sklearn")
     for folder in (found.submodule_search_locations or []) if found else []:
         path = os.path.join(folder, "datasets", "data", "digits.csv.gz")

@@ -10,6 +10,7 @@ scope and the synchronous train step). The training loops in
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 
@@ -76,8 +77,6 @@ class TFComm(Comm):
 
     def scope(self):
         """Context in which the model and optimizer variables are created."""
-        import contextlib
-
         return contextlib.nullcontext()
 
     def train_step(self, model, optimizer, loss):

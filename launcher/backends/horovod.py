@@ -17,9 +17,14 @@ workers); the driver only probes for it, in a subprocess.
 from __future__ import annotations
 
 import functools
+import importlib
+import importlib.util
 import os
 import subprocess
 import sys
+import threading
+import time
+import warnings
 
 from launcher.backends.base import Backend, TFComm, TorchComm
 
@@ -36,8 +41,6 @@ PROBE_ENV = {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}
 @functools.lru_cache(maxsize=None)
 def probe(framework: str) -> str | None:
     """None when Horovod with ``framework`` and Gloo imports here; otherwise why not."""
-    import importlib.util
-
     if importlib.util.find_spec("horovod") is None:
         return "Horovod is not installed"
     module = EXTENSIONS[framework]
@@ -76,8 +79,6 @@ def build_on_first_use(framework: str, note) -> None:
     Does nothing when Horovod is installed (usable or not: then the run is refused
     with the reason) or when the install script is not at hand (an installed copy).
     """
-    import time
-
     if framework not in EXTENSIONS or probe(framework) != "Horovod is not installed" \
             or not os.access(INSTALL_SCRIPT, os.X_OK):
         return
@@ -87,7 +88,6 @@ def build_on_first_use(framework: str, note) -> None:
     proc = subprocess.Popen([INSTALL_SCRIPT, sys.executable], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
-    import threading
 
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
     reader.start()
@@ -168,8 +168,6 @@ class _HorovodRing:
     @property
     def hvd(self):
         if self._hvd is None:
-            import importlib
-
             self._hvd = importlib.import_module(self.MODULE)
         return self._hvd
 
@@ -223,8 +221,6 @@ class HorovodComm(_HorovodRing, TorchComm):
         clip the averaged gradients. ``optimizer.step()`` then reduces them once more: the average
         of equal values is the same values, at the cost of one allreduce more per step (Horovod's
         skip_synchronize would avoid it, but it must wrap the user's own ``step()`` call)."""
-        import warnings
-
         import torch
 
         optimizer.synchronize()
@@ -306,8 +302,6 @@ class HorovodTFComm(_HorovodRing, TFComm):
     def keras_optimizer(self, optimizer):
         """Horovod's Keras DistributedOptimizer: it averages the gradients ``minimize`` computes
         (what ``model.fit`` calls) over the ring."""
-        import importlib
-
         hvd_keras = importlib.import_module(self.MODULE + ".keras")
         compression = self.hvd.Compression.fp16 if self.fp16 else self.hvd.Compression.none
         return hvd_keras.DistributedOptimizer(optimizer, compression=compression)

@@ -3,6 +3,10 @@ and TensorFlow's MultiWorkerMirroredStrategy."""
 
 from __future__ import annotations
 
+import json
+import os
+import socket
+
 from launcher.backends.base import Backend, TFComm, TorchComm
 
 
@@ -48,9 +52,6 @@ class MirroredComm(TFComm):
     """TensorFlow's MultiWorkerMirroredStrategy, on the TF_CONFIG Ray's TensorflowTrainer sets."""
 
     def setup(self) -> None:
-        import json
-        import os
-
         import tensorflow as tf
 
         task = json.loads(os.environ["TF_CONFIG"])
@@ -100,8 +101,6 @@ class MirroredComm(TFComm):
 
 
 def _worker_address() -> str:
-    import socket
-
     import ray.util
 
     with socket.socket() as sock:  # a port free now; TensorFlow binds it moments later
@@ -111,9 +110,6 @@ def _worker_address() -> str:
 
 
 def _set_tf_config(addresses: list[str], index: int) -> None:
-    import json
-    import os
-
     os.environ["TF_CONFIG"] = json.dumps({"cluster": {"worker": addresses},
                                           "task": {"type": "worker", "index": index}})
     os.environ["TF_USE_LEGACY_KERAS"] = "1"
@@ -173,11 +169,8 @@ class NativeBackend(Backend):
 
     def script_env(self, framework: str) -> dict[str, str]:
         if framework == "tensorflow":
-            import os
-
             # tf-keras is installed: Keras 3's model.fit fails under MultiWorkerMirroredStrategy.
             return {"TF_CONFIG": os.environ["TF_CONFIG"], "TF_USE_LEGACY_KERAS": "1"}
-        import socket
 
         import ray
         import ray.train

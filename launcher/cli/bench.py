@@ -17,6 +17,8 @@ from typing import Iterator
 
 from launcher.cli.options import EXIT_FAILED, EXIT_OK, Parser
 from launcher.errors import UserError
+from launcher.storage import Storage, gcs
+from launcher.storage.uri import normalize_storage
 
 
 def add_parsers(sub) -> None:
@@ -349,8 +351,6 @@ def _checked_workload(name: str) -> str:
 
 def cmd_checkpoint(args: argparse.Namespace) -> int:
     from benchmarks import checkpoint_io
-    from launcher.storage.uri import normalize_storage
-    from launcher.storage import Storage
 
     _positive("--repeats", args.repeats)
     with contextlib.ExitStack() as stack:
@@ -372,7 +372,6 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def _bench_emulator() -> Iterator[str]:
     """A fake-gcs-server on loopback with a bucket; yields the gs:// URI to use."""
-    from launcher.storage import gcs
     from launcher.lab.gcs_emulator import Emulator
 
     with tempfile.TemporaryDirectory(prefix="launcher-gcs-") as root:

@@ -14,8 +14,9 @@ import shlex
 import subprocess
 import sys
 
+import launcher
 from cluster.spec import ClusterSpec
-from launcher import schema
+from launcher import __version__, schema
 from launcher.cli.options import EXIT_FAILED, EXIT_OK, Parser
 from launcher.errors import UserError
 
@@ -76,8 +77,6 @@ def spec_from_args(args: argparse.Namespace):
 
 def project_source_dir() -> str | None:
     """This project's checkout (the folder with pyproject.toml above launcher/), or None if installed."""
-    import launcher
-
     root = os.path.dirname(os.path.dirname(os.path.abspath(launcher.__file__)))
     path = os.path.join(root, "pyproject.toml")
     try:
@@ -89,7 +88,6 @@ def project_source_dir() -> str | None:
 
 def _config(args: argparse.Namespace) -> int:
     from cluster.config import ray_cluster_config, to_yaml
-    from launcher import __version__
 
     spec = spec_from_args(args)
     text = to_yaml(ray_cluster_config(spec, __version__), spec, __version__)

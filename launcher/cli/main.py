@@ -8,8 +8,10 @@ run exits 130. --verbose adds tracebacks.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import traceback
 from typing import Sequence
 
 from launcher import __version__
@@ -42,8 +44,6 @@ def _exit_now(code: int) -> None:
     Everything is written and Ray is shut down by now; tearing down the modules
     Ray, pyarrow and friends loaded takes another ~0.6 s on a 2-core machine.
     """
-    import logging
-
     sys.stdout.flush()
     sys.stderr.flush()
     logging.shutdown()
@@ -72,8 +72,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except LauncherError as exc:  # UserError: exit 2; Unreachable: exit 1
         if verbose:
-            import traceback
-
             traceback.print_exc()
         # One line, whatever a library put into the message.
         print("error: " + " ".join(line.strip() for line in str(exc).splitlines() if line.strip()), file=sys.stderr)

@@ -9,6 +9,9 @@ parsed flags (over an optional ``--config`` YAML) into a validated spec.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime as _dt
+import re
 
 from launcher import schema
 from launcher.errors import UserError
@@ -84,10 +87,6 @@ def wants_job_dir(args: argparse.Namespace, program) -> bool:
 
 def program_spec(args: argparse.Namespace, program):
     """The validated spec of a program run; its default name says what runs and when."""
-    import dataclasses
-    import datetime as _dt
-    import re
-
     spec = spec_from_args(args)
     if args.name:
         return spec

@@ -7,6 +7,8 @@ import json
 import sys
 
 from launcher.cli.options import EXIT_OK, add_verbose
+from launcher.cli.run import sigterm_as_ctrl_c, summary_stream
+from launcher.errors import UserError
 from launcher.storage.uri import DEFAULT_STORAGE
 
 
@@ -49,14 +51,11 @@ def add_parsers(sub) -> None:
 
 
 def _positive(flag: str, value: int) -> None:
-    from launcher.errors import UserError
-
     if value < 1:
         raise UserError(f"{flag} {value}: must be 1 or more")
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from launcher.cli.run import sigterm_as_ctrl_c, summary_stream
     from launcher.predict.batch import predict
     from launcher.predict.model import locate
 
@@ -75,7 +74,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from launcher.cli.run import sigterm_as_ctrl_c
     from launcher.predict import serve
 
     if args.list:
@@ -85,8 +83,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(serve.stop(args.address, port=args.port, run=args.run, every=args.all))
         return EXIT_OK
     if args.all:
-        from launcher.errors import UserError
-
         raise UserError("--all goes with --stop", "launcher serve --stop --all")
     from launcher.predict.model import locate
 

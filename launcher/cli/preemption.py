@@ -20,6 +20,7 @@ import threading
 import time
 
 from launcher.cli.options import EXIT_FAILED, EXIT_OK, Parser, parse_params
+from launcher.cli.run import format_summary
 from launcher.errors import UserError
 
 
@@ -77,7 +78,6 @@ def cmd_preemption(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from launcher.cli.run import format_summary
     from launcher.lab.chaos import PreemptionLab, run_in_background
     from launcher.spec import JobSpec
 

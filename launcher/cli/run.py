@@ -13,6 +13,7 @@ from typing import Iterator, TextIO
 
 from launcher.cli.options import (EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, add_program_flags, add_run_flags, add_verbose,
                                   program_from_args, program_spec, spec_from_args, wants_job_dir)
+from launcher.driver import startup
 from launcher.summary import RunStatus, RunSummary
 
 
@@ -36,7 +37,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     program = program_from_args(args)
     if program is not None:
         return cmd_program(args, program)
-    from launcher.driver import launch, startup
+    from launcher.driver import launch
 
     spec = spec_from_args(args)
     with sigterm_as_ctrl_c():

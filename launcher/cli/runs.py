@@ -8,7 +8,8 @@ import os
 
 from launcher.cli.options import EXIT_OK
 from launcher.errors import UserError
-from launcher.storage.uri import DEFAULT_STORAGE
+from launcher.storage import Storage
+from launcher.storage.uri import DEFAULT_STORAGE, normalize_storage
 
 
 def add_parsers(sub) -> None:
@@ -21,9 +22,7 @@ def add_parsers(sub) -> None:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    from launcher.storage import Storage
     from launcher.storage.runs import describe_run, format_run, format_table, list_runs
-    from launcher.storage.uri import normalize_storage
 
     storage = Storage.resolve(normalize_storage(args.storage))
     if storage.is_local and not os.path.isdir(storage.root):

@@ -8,8 +8,10 @@ import json
 import re
 import sys
 
+from launcher import schema
 from launcher.cli.options import (EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, add_program_flags, add_run_flags, add_verbose,
                                   parse_params, program_from_args, wants_job_dir)
+from launcher.cli.run import sigterm_as_ctrl_c, summary_stream
 from launcher.errors import UserError
 
 EXAMPLE = """example tune.yaml (AI Platform's hyperparameters block; other top-level keys are job keys):
@@ -47,7 +49,6 @@ def add_parsers(sub) -> None:
 
 def study_from_args(args: argparse.Namespace):
     """The checked Study the flags and the YAML describe."""
-    from launcher import schema
     from launcher.spec import JobSpec
     from launcher.tune.study import Study, load
 
@@ -72,7 +73,6 @@ def study_from_args(args: argparse.Namespace):
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from launcher.cli.run import sigterm_as_ctrl_c, summary_stream
     from launcher.tune import results, search
 
     study = study_from_args(args)

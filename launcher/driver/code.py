@@ -14,10 +14,14 @@ that fails.
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import os
 import sysconfig
+from pathlib import Path
 from typing import Any
 
+import launcher
 import workloads
 from launcher import _ray
 from launcher.errors import UserError
@@ -31,8 +35,6 @@ DEFAULT_LIMIT_MB = 100
 
 def launcher_modules() -> list[str]:
     """The folders of the launcher's own packages."""
-    import launcher
-
     return [os.path.dirname(os.path.abspath(m.__file__)) for m in (launcher, workloads)]
 
 
@@ -43,7 +45,6 @@ def workload_folder(workload: str) -> str | None:
     ref = parse_reference(workload)
     if ref.path:
         return os.path.dirname(ref.path)
-    import importlib.util
 
     top = ref.module.split(".")[0]
     found = importlib.util.find_spec(top)
@@ -96,7 +97,6 @@ def check_size(folder: str, limit_mb: float | None = None, what: str = "the work
     """Bytes Ray would ship from ``folder`` (walked as Ray walks it); UserError above the limit."""
     limit_mb = limit_mb if limit_mb is not None else float(os.environ.get(LIMIT_ENV, DEFAULT_LIMIT_MB))
     limit = int(limit_mb * 1024 * 1024)
-    from pathlib import Path
 
     total = 0
     biggest: list[tuple[int, str]] = []
@@ -112,8 +112,6 @@ def check_size(folder: str, limit_mb: float | None = None, what: str = "the work
             biggest.append((size, str(path.relative_to(folder))))
             if total > limit:
                 raise TooBig
-
-    import logging
 
     quiet = logging.getLogger("launcher.code-walk")  # Ray's walk logs an ERROR when we stop it early
     quiet.addHandler(logging.NullHandler())

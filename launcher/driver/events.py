@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 import tempfile
 import time
 from typing import Any
@@ -197,7 +198,6 @@ class EventChannel:
                 return ray.get(self.board.attempts.remote(), timeout=30)
             except Exception as exc:  # noqa: BLE001 - accounting only; never fail a finished run over it
                 error = exc
-        import sys
 
         print(f"launcher: steps lost are unknown ({type(error).__name__}: {error})", file=sys.stderr)
         return []

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
-from launcher import schema
+from launcher import __version__, schema
 from launcher.errors import Unreachable, UserError
 
 ADDRESS_ENVS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")  # Ray's own order of precedence
@@ -240,7 +240,6 @@ class Submitted:
 def submit(spec, address: str | None, program=None, program_args: list[str] | tuple[str, ...] = (),
            job_dir: bool = True) -> Submitted:
     """Submit a validated spec (and the user's program, if any) as a Ray job; returns its id."""
-    from launcher import __version__
     from launcher.driver import code
 
     if program is not None:

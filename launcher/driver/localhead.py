@@ -20,6 +20,7 @@ import tempfile
 import time
 from typing import Callable
 
+from launcher.driver.trainer import PREEMPTION_WATCHER_ENV, ray_train_env
 from launcher.errors import UserError
 
 STATE_ENV = "LAUNCHER_STATE_DIR"
@@ -132,8 +133,6 @@ with tempfile.TemporaryDirectory(prefix="launcher-warm-up-") as d:
 
 def _warm_up(address: str, env: dict, timeout_s: float) -> None:
     """Run the warm-up job; a failure is not fatal (the head works, only slower at first)."""
-    from launcher.driver.trainer import PREEMPTION_WATCHER_ENV, ray_train_env
-
     # The settings of `launcher run` on this head (the controller's runtime environment is then
     # the one later runs use), and like them no preemption watcher unless the user asked for one.
     env = {**env, **ray_train_env(), PREEMPTION_WATCHER_ENV: env.get(PREEMPTION_WATCHER_ENV, "0")}

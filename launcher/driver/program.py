@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.errors import UserError
+from launcher.worker.deps import WORKING_DIR_VAR, env_key  # WORKING_DIR_VAR: the node's copy of the folder
 
-from launcher.worker.deps import WORKING_DIR_VAR  # the node's copy of the folder, in requirements
 SHEBANG = re.compile(rb"^#!.*\bpython[0-9.]*\b")
 MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _LOCAL_SUFFIXES = (".whl", ".tar.gz", ".zip", ".tar.bz2")
@@ -61,8 +61,6 @@ class Program:
 
     def to_config(self, shipped: bool) -> dict[str, Any]:
         """What a worker needs to find and start the program (see launcher.worker.script)."""
-        from launcher.worker.deps import env_key
-
         return {"kind": self.kind, "target": self.target, "folder": self.folder, "shipped": shipped,
                 "requirements": list(self.requirements),
                 "env_key": env_key(list(self.requirements), self.folder) if self.requirements else None}

@@ -24,9 +24,14 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
+from launcher.driver import runpath, session, trainer
 from launcher.driver.program import Program
+from launcher.driver.progress import Progress
 from launcher.errors import UserError
+from launcher.storage import gcs
 from launcher.summary import Interruption, Preempting, Restart, RunStatus, RunSummary
+from launcher.worker import deps, vertex
+from launcher.worker.script import program_folder, script_worker
 
 POLL_S = 0.2            # how often the driver fetches lines
 EXIT_INTERRUPTED = 130  # as a shell reports a command stopped by SIGINT
@@ -87,8 +92,6 @@ def is_shipped(program: Program, address: str | None) -> bool:
     """Whether the program's folder goes with Ray's runtime environment: always for a
     package or a folder with dependencies, and for a script when joining a cluster (on
     this machine a script runs where it is)."""
-    from launcher.driver import session
-
     joining = bool(address or os.environ.get("RAY_ADDRESS")) or session.in_ray_job()
     return program.kind == "module" or bool(program.requirements) or joining
 
@@ -109,8 +112,7 @@ def run_script(spec, program: Program, args: list[str], *, job_dir: bool = True,
             installed (before it starts).
         Unreachable: the Ray cluster named by --address does not answer.
     """
-    from launcher.driver import code, runpath, session
-    from launcher.driver.progress import Progress
+    from launcher.driver import code
 
     started = time.time()
     out = out or sys.stdout
@@ -159,9 +161,6 @@ def install_everywhere(program: Program, config: dict[str, Any], nodes, progress
 
     @ray.remote(num_cpus=0)
     def install(program_config: dict[str, Any]) -> bool:
-        from launcher.worker import deps
-        from launcher.worker.script import program_folder
-
         try:
             return deps.ensure(program_config["requirements"], program_config["env_key"],
                                program_folder(program_config))[1]
@@ -190,10 +189,7 @@ def _run(spec, program: Program, program_config: dict[str, Any], args: list[str]
     import ray
 
     from launcher import backends
-    from launcher.driver import trainer
     from launcher.driver.events import EventChannel, Mailbox, _on_this_node
-    from launcher.storage import gcs
-    from launcher.worker.script import script_worker
 
     log.begin({**spec.to_dict(), "program": {"kind": program.kind, "target": program.target,
                                              "folder": program.folder, "args": list(args)}})
@@ -247,8 +243,6 @@ def _run(spec, program: Program, program_config: dict[str, Any], args: list[str]
 
 def _finish(spec, program: Program, fitted, outcome: Outcome, restarts: list[Restart], log, progress,
             started: float) -> tuple[int, RunSummary]:
-    from launcher.worker import vertex
-
     if fitted.status == RunStatus.CANCELLED:
         code, message = EXIT_INTERRUPTED, "interrupted; the program was stopped on every worker (the same --name " \
                                           "continues the run)"

@@ -14,12 +14,15 @@ import logging
 import math
 import os
 import signal
+import socket
 import threading
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from launcher import _ray
 from launcher._ray import JOB_CONFIG_ENV
-from launcher.driver import localhead
+from launcher.driver import localhead, trainer
+from launcher.driver.reaper import Reaper
 from launcher.errors import Unreachable, UserError
 
 LOCAL_OVERSUBSCRIPTION = 4  # a local Ray runs up to this many worker CPUs per core
@@ -62,8 +65,6 @@ def connect(address: str | None, *, workers: int, cpus_per_worker: float, verbos
     _quiet_ray_loggers(verbose)
     reaper = None
     if not ray.is_initialized() and not address and not head:
-        from launcher.driver.reaper import Reaper
-
         reaper = Reaper().start()  # a SIGKILLed driver leaves no Ray process of its own behind
     try:
         with _ray_started(address, head, workers, cpus_per_worker, workload, verbose, program):
@@ -94,7 +95,6 @@ def _ray_started(address, head, workers, cpus_per_worker, workload, verbose, pro
         if interrupted():  # Ray's start-up swallowed a Ctrl-C: honour it now
             ray.shutdown()
             raise KeyboardInterrupt
-    from launcher.driver import trainer
 
     # A local Ray this launch started, or the warm head: nothing preempts this machine's node.
     trainer.set_local_ray(started and (bool(head) or not address))
@@ -115,8 +115,6 @@ def _stop_autoscaler_monitor() -> None:
     then spends Ray's whole 1 s grace trying to tell the stopped GCS that it was terminated, and
     is killed after it (measured: 1.0 s of a 1.36 s shutdown). A local Ray has nothing to
     autoscale, so the monitor goes first, at once."""
-    from launcher import _ray
-
     try:
         node = _ray.resolve("global_worker").node
         for info in node.all_processes.get(_ray.resolve("PROCESS_TYPE_MONITOR"), []):
@@ -229,8 +227,6 @@ def check_local_fit(workers: int, cpus_per_worker: float, cores: int | None = No
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:
     """Unreachable unless something accepts a connection at a ``host:port`` or ``ray://host:port``
     address ("auto" and other forms are left to Ray)."""
-    import socket
-
     host, sep, port = address.removeprefix("ray://").rpartition(":")
     if not sep or not port.isdigit() or not host:
         return

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -199,8 +200,6 @@ def fit(trainer, drain: Callable[[], None], *, verbose: bool = False, poll_s: fl
             outcome.status, outcome.error = RunStatus.CANCELLED, me.reason
         else:
             if verbose:
-                import traceback
-
                 traceback.print_exc()
             outcome.error = describe_failure(exc)
     finally:

@@ -20,9 +20,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from launcher import _ray
 from launcher.lab.metadata import FakeMetadataServer
 from launcher.preemption.drain import node_drainer
 from launcher.preemption.watcher import Watcher
+from launcher.storage import Storage
+from launcher.storage.checkpoint import complete_checkpoints
 
 
 @dataclass
@@ -105,8 +108,6 @@ class PreemptionLab:
     # -- chaos ------------------------------------------------------------------------------
     def notice(self, index: int = 0, timeout_s: float = 30.0) -> float:
         """GCE's notice for worker node ``index``; returns the drain deadline the watcher set (UNIX s)."""
-        from launcher import _ray
-
         n = self.nodes[index]
         n.metadata.preempt()
         self._event("preemption notice", n)
@@ -177,9 +178,6 @@ class BackgroundRun:
 
     def wait_for_checkpoint(self, predicate: Callable[[Any], bool], timeout_s: float = 180) -> Any:
         """The newest complete checkpoint's manifest once one satisfies ``predicate``."""
-        from launcher.storage import Storage
-        from launcher.storage.checkpoint import complete_checkpoints
-
         storage = Storage.resolve(self.spec.storage)
         end = time.time() + timeout_s
         while time.time() < end:

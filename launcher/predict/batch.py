@@ -18,8 +18,10 @@ from __future__ import annotations
 import fnmatch
 import io
 import json
+import logging
 import os
 import posixpath
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -27,8 +29,11 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from launcher.driver import session
 from launcher.errors import UserError
 from launcher.predict.model import Model, ModelRef
+from launcher.storage import Storage
+from launcher.storage.uri import normalize_storage
 
 IMAGES = (".png", ".jpg", ".jpeg", ".bmp")
 EXTENSIONS = (".npy", ".npz", ".csv", ".jsonl", ".json") + IMAGES
@@ -54,9 +59,6 @@ class PredictSummary:
 
 def input_files(pattern: str) -> tuple[Any, list[str]]:
     """(filesystem, paths) for a file, a folder (its files with a known extension) or a glob."""
-    from launcher.storage import Storage
-    from launcher.storage.uri import normalize_storage
-
     import pyarrow.fs as pafs
 
     glob = any(c in pattern for c in "*?[")
@@ -220,10 +222,6 @@ def predict(ref: ModelRef, pattern: str, output: str, *, workers: int = 1, addre
     no ``_SUCCESS``, and raises KeyboardInterrupt; once ``_SUCCESS`` is written an
     interrupt changes nothing and the summary is returned.
     """
-    from launcher.driver import session
-    from launcher.storage import Storage
-    from launcher.storage.uri import normalize_storage
-
     fs, paths = input_files(pattern)
     check_first(ref, fs, paths[0])
     out = Storage.resolve(normalize_storage(output))
@@ -252,9 +250,6 @@ def predict(ref: ModelRef, pattern: str, output: str, *, workers: int = 1, addre
 def _write_predictions(ref: ModelRef, fs, paths: list[str], out, workers: int, address: str | None,
                        verbose: bool, progress: bool) -> float:
     """Run the pipeline into the staging folder; returns how long it took."""
-    import logging
-    import sys
-
     import ray
 
     ctx = ray.data.DataContext.get_current()

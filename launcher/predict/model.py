@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 
 from launcher.errors import UserError
+from launcher.storage import Storage
+from launcher.storage.uri import DEFAULT_STORAGE, normalize_storage
 
 MODEL_DIR = "model"
 DESCRIPTION = "model.json"
@@ -37,8 +39,6 @@ class ModelRef:
 
     @property
     def uri(self) -> str:
-        from launcher.storage import Storage
-
         return Storage.resolve(self.storage_uri).uri_of(*self.parts)
 
     @property
@@ -60,9 +60,6 @@ def locate(model: str | None = None, run: str | None = None, storage: str | None
     Raises:
         UserError: nothing there, or no exported model in it (the run did not finish).
     """
-    from launcher.storage import Storage
-    from launcher.storage.uri import DEFAULT_STORAGE, normalize_storage
-
     if bool(model) == bool(run):
         raise UserError("give the model with --model RUN_OR_MODEL_DIR or --run NAME (one of them)",
                         "for example --run digits_1, or --model runs/digits_1")
@@ -112,8 +109,6 @@ class Model:
             self._fn = self._load_torch()
 
     def _local_copy(self) -> str:
-        from launcher.storage import Storage
-
         store = Storage.resolve(self.ref.storage_uri)
         if store.is_local:
             return store.path(*self.ref.parts)

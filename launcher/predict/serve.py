@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import os
 import re
@@ -46,8 +47,12 @@ from typing import Any
 
 import numpy as np
 
+from launcher.driver import session
+from launcher.driver.localhead import STATE_ENV
 from launcher.errors import UserError
 from launcher.predict.model import Model, ModelRef, predictions
+from launcher.storage import Storage
+from launcher.storage.runs import pid_alive
 
 APP = "launcher-model"
 MAX_INSTANCES = 1024
@@ -295,8 +300,6 @@ def deployment(options: ServeOptions):
 
 
 def servers_dir() -> str:
-    from launcher.driver.localhead import STATE_ENV
-
     root = os.environ.get(STATE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "launcher")
     return os.path.join(root, "servers")
 
@@ -358,8 +361,6 @@ def serve(ref: ModelRef, options: ServeOptions = ServeOptions(), *, address: str
     cluster at ``address`` (returns 0 at once). ``ready(url, access_log)`` is called once it
     answers. Exit-code rule: a stop (Ctrl-C, SIGTERM, ``--stop``) once the server has
     answered is how a server ends, 0; a stop before that raises KeyboardInterrupt (130)."""
-    from launcher.driver import session
-
     options.check()
     host = "0.0.0.0" if options.public else "127.0.0.1"
     joined = bool(address or os.environ.get("RAY_ADDRESS"))
@@ -372,8 +373,6 @@ def serve(ref: ModelRef, options: ServeOptions = ServeOptions(), *, address: str
             from ray import serve as ray_serve
 
             if not verbose:
-                import logging
-
                 logging.getLogger("ray.serve").setLevel(logging.WARNING)
             ray_serve.start(http_options={"host": host, "port": options.port})
             app = deployment(options).bind(ref, options.max_instances, access_log)
@@ -410,8 +409,6 @@ def _run_name(ref: ModelRef) -> str | None:
 
 def _access_log(ref: ModelRef, port: int) -> str:
     """``<run>/serve/access-PORT.log`` for a run on this machine's disk, else the state folder's."""
-    from launcher.storage import Storage
-
     store = Storage.resolve(ref.storage_uri)
     parts = list(ref.parts)
     if store.is_local and parts and parts[-1] == "model":
@@ -433,8 +430,6 @@ def stop(address: str | None = None, *, port: int | None = None, run: str | None
     """Stop model servers: this machine's (the only one, or those ``port``/``run`` name, or
     ``every`` one), or the application on ``address``."""
     if address:
-        from launcher.driver import session
-
         with session.connect(address, workers=0, cpus_per_worker=1):
             from ray import serve as ray_serve
 
@@ -477,8 +472,6 @@ def stop(address: str | None = None, *, port: int | None = None, run: str | None
 def _running(pid: int) -> bool:
     """Whether ``pid`` is alive; a process that has exited but whose parent has not reaped it
     yet (a zombie) is not."""
-    from launcher.storage.runs import pid_alive
-
     if not pid_alive(pid):
         return False
     try:

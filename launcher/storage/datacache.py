@@ -18,6 +18,8 @@ import hashlib
 import os
 from typing import Callable, Iterator
 
+import google_crc32c
+
 from launcher.storage import gcs
 from launcher.errors import UserError
 
@@ -38,8 +40,6 @@ def local_data(data: str | None, note: Callable[[str], None] | None = None) -> s
 
 def _digests(path: str) -> tuple[str, str]:
     """Base64 MD5 and CRC32C of a file, as Cloud Storage reports them."""
-    import google_crc32c
-
     md5, crc = hashlib.md5(), google_crc32c.Checksum()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(CHUNK), b""):

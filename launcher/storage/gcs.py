@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
+import sys
 
 from launcher.errors import LauncherError, Unreachable, UserError
 from launcher.storage.uri import GcsPath, parse_gs_uri
@@ -70,7 +71,6 @@ def _retry_notice():
         if said:
             return
         said.append(exc)
-        import sys
 
         where = (f"the Cloud Storage emulator at {emulator_host()} ({EMULATOR_ENV})" if emulator_host()
                  else "Cloud Storage")

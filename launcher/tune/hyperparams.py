@@ -12,6 +12,7 @@ with (JobSpec fields, workload params, or ``--name value`` arguments).
 from __future__ import annotations
 
 import difflib
+import itertools
 import math
 from typing import Any, Literal
 
@@ -159,8 +160,6 @@ class Hyperparameters(_Strict):
 
     def grid_points(self) -> list[dict[str, Any]]:
         """GRID_SEARCH's trials, in order, at most maxTrials of them."""
-        import itertools
-
         grids = [p.grid() for p in self.params]
         points = []
         for combo in itertools.product(*grids):

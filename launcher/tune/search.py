@@ -29,9 +29,17 @@ from dataclasses import dataclass
 from typing import Any, Iterator, TextIO
 
 from launcher import _ray
+from launcher.driver import session, trainer
+from launcher.driver.progress import Progress
+from launcher.driver.script import check_backend, install_everywhere, is_shipped
 from launcher.errors import UserError
+from launcher.storage import Storage
+from launcher.storage.runlock import RunLock
 from launcher.storage.runs import TUNING_FILE
+from launcher.tune import results
+from launcher.tune.results import earlier_rows
 from launcher.tune.study import STATE_DIR, Study, same_definition
+from launcher.tune.trial import trainable as trial_trainable
 
 TRIAL_DRIVER = {"CPU": 0, _ray.HEAD_RESOURCE: 0.001}  # a trial's own driver: no CPU, on the head (never preempted)
 ASHA_REDUCTION = 2      # ASHA keeps the best 1/2 of the trials at each rung (few epochs: gentle)
@@ -53,10 +61,6 @@ def run(study: Study, *, verbose: bool = False, out: TextIO | None = None) -> Ou
         UserError: bad input, found before any trial starts, or a metric tag the trials never report.
         Unreachable: the Ray cluster named by --address does not answer.
     """
-    from launcher.driver import session
-    from launcher.storage import Storage
-    from launcher.storage.runlock import RunLock
-
     out = out or sys.stderr
     started = time.time()
     study.check()
@@ -79,15 +83,12 @@ def run(study: Study, *, verbose: bool = False, out: TextIO | None = None) -> Ou
                              program=study.program.runtime_env() if shipped else None) as nodes:
             _check_fits(study, nodes)
             if study.program is not None and study.program.requirements:
-                from launcher.driver.script import install_everywhere
-
                 install_everywhere(study.program, study.program.to_config(shipped), nodes, _Notes(out))
             trials, tally = _fit(study, storage, verbose, out, lock)
     finally:
         lock.release()
     if tally.bad_metric:
         raise UserError(tally.bad_metric, "set hyperparameterMetricTag to a metric the job reports")
-    from launcher.tune import results
 
     rows = results.rows(study, trials, storage, tally)
     interrupted = tally.interrupted
@@ -113,7 +114,6 @@ class _Notes:
 def _shipped(study: Study) -> bool:
     if study.program is None:
         return False
-    from launcher.driver.script import is_shipped
 
     return is_shipped(study.program, study.spec.address)
 
@@ -123,8 +123,6 @@ def _check_job(study: Study, out: TextIO) -> None:
     first = {p.parameterName: p.extremes()[0] for p in study.hp.params}
     spec = study.trial_spec(first, "trial_check")
     if study.program is not None:
-        from launcher.driver.script import check_backend
-
         check_backend(spec)
         if _shipped(study):
             from launcher.driver import code
@@ -132,7 +130,6 @@ def _check_job(study: Study, out: TextIO) -> None:
             code.check_size(study.program.folder, what="the program's folder")
         return
     from launcher.driver import launch
-    from launcher.driver.progress import Progress
 
     launch.preflight(spec, Progress(0, enabled=False))
 
@@ -158,8 +155,6 @@ def _keep_definition(storage, study: Study, record: dict[str, Any]) -> None:
 
 
 def _check_fits(study: Study, nodes) -> None:
-    from launcher.driver import session
-
     spec, hp = study.spec, study.hp
     can = session.placeable_workers(nodes, spec.cpus_per_worker, spec.gpus_per_worker)
     if can < spec.workers:
@@ -176,17 +171,12 @@ def _fit(study: Study, storage, verbose: bool, out: TextIO, lock) -> tuple[list,
     """Build (or restore) the Tuner, run it, and return its trials and the tally of what happened."""
     from ray import tune
 
-    from launcher.driver import trainer
-    from launcher.tune.trial import trainable as trial_trainable
-
     trainer.apply_ray_train_env()
     os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # the Watch names a missing metric in one line
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # verbose=0 then prints nothing: the Watch says it all
     if not verbose:
         logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
     from launcher.tune import watch as watching
-
-    from launcher.tune.results import earlier_rows
 
     tally = watching.start(study, out, lock, storage)
     tally.recall(earlier_rows(storage, study.name))

@@ -27,6 +27,11 @@ import sys
 import threading
 from typing import Any
 
+from launcher.driver.script import run_script
+from launcher.driver.trainer import stop_running
+from launcher.summary import RunStatus
+from launcher.worker.vertex import metric_values
+
 PREFIX = "trial_"
 # Bookkeeping in a built-in run's epoch report that is not a metric.
 NOT_METRICS = ("samples", "train_time_s", "global_step", "world_size", "time", "step_in_epoch", "notice", "held")
@@ -76,8 +81,6 @@ class Reporter:
 
     def __call__(self, metrics: dict[str, Any]) -> None:
         if self.program:
-            from launcher.worker.vertex import metric_values
-
             values = dict(metric_values(metrics))
             if metrics.get("global_step") is not None:
                 values["global_step"] = int(metrics["global_step"])
@@ -113,8 +116,6 @@ def run_trial(config: dict[str, Any], study) -> None:
     """Ray Tune's trainable: run one trial to its end; raise TrialFailed unless it succeeded."""
     from ray import tune
 
-    from launcher.summary import RunStatus
-
     global _PROGRESS
     _PROGRESS = progress = _Progress()
     trial_id = tune.get_context().get_trial_id()
@@ -125,8 +126,6 @@ def run_trial(config: dict[str, Any], study) -> None:
     print(f"trial {trial_id}: {values}", flush=True)
     try:
         if study.program is not None:
-            from launcher.driver.script import run_script
-
             code, summary = run_script(spec, study.program, study.trial_args(values), job_dir=study.job_dir,
                                        out=sys.stdout, progress_out=sys.stderr, trial_id=trial_id,
                                        on_metrics=reporter)
@@ -167,7 +166,6 @@ def on_stop() -> None:
     progress = _PROGRESS
     if progress.final.is_set() and progress.ran.wait(FINISH_S):
         return
-    from launcher.driver.trainer import stop_running
 
     if stop_running("stopped by Ray Tune (early stopping, or the search was interrupted)"):
         progress.ran.wait(FINISH_S)  # its summary says so (cancelled) before the process ends

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import workloads
 from launcher.storage import Storage
@@ -61,8 +62,6 @@ def export_torch(spec, checkpoint_dir: str, storage: Storage) -> str:
 def export_weights(spec, checkpoint_dir: str, storage: Storage) -> str:
     """A training function's model: its weights (the model class is the user's, so no program
     is exported) and a model.json saying where the code is."""
-    import shutil
-
     with tempfile.TemporaryDirectory(prefix="launcher-export-") as d:
         shutil.copy(os.path.join(checkpoint_dir, TORCH_MODEL_FILE), os.path.join(d, "state_dict.pt"))
         with open(os.path.join(d, "model.json"), "w", encoding="utf-8") as f:
@@ -77,8 +76,6 @@ def export_weights(spec, checkpoint_dir: str, storage: Storage) -> str:
 
 def export_tensorflow(spec, checkpoint_dir: str, storage: Storage) -> str:
     """Write the TensorFlow model in ``checkpoint_dir`` as a SavedModel under ``<storage>/<name>/model/``."""
-    import shutil
-
     from workloads.tf_models import keras
 
     workload = workloads.get(spec.workload)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 import os
+import queue
+import threading
 import traceback
 from typing import Any, Callable, Iterator
 
@@ -167,9 +169,6 @@ class _Prefetched:
     _END = object()
 
     def __init__(self, loader: Any, device: Any) -> None:
-        import queue
-        import threading
-
         import torch
 
         self.loader, self.device = loader, device
@@ -180,8 +179,6 @@ class _Prefetched:
         self.thread.start()
 
     def _put(self, item: Any) -> bool:
-        import queue
-
         while not self.stop.is_set():
             try:
                 self.queue.put(item, timeout=0.1)

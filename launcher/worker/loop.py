@@ -33,7 +33,9 @@ import numpy as np
 import workloads
 from launcher import faultpoint
 from launcher.spec import JobSpec
+from launcher.storage import Storage
 from launcher.storage.checkpoint import Manifest, complete_checkpoints, newest_complete, write_manifest
+from launcher.storage.datacache import local_data
 
 RESERVE_MIN_S = 1.5  # stop training at least this long before the drain deadline
 
@@ -180,7 +182,6 @@ class Session(abc.ABC):
         its files) to ``<run>/model/``, here where the framework is loaded, so the driver
         never imports it. None on failure: the driver then exports from the checkpoint."""
         from launcher.worker.export import export
-        from launcher.storage import Storage
 
         try:
             return export(self.spec, directory, Storage.resolve(self.spec.storage))
@@ -263,8 +264,6 @@ class Training(Session):
     """
 
     def __init__(self, spec: JobSpec, comm) -> None:
-        from launcher.storage.datacache import local_data
-
         super().__init__(spec, comm)
         self.workload = workloads.get(spec.workload)
         data = local_data(spec.data)  # gs:// data: this node's verified copy
@@ -295,8 +294,6 @@ class Training(Session):
     def start(self, config: dict[str, Any], started: float) -> None:
         """Restore the newest complete checkpoint, mark start-up, train."""
         import ray.train
-
-        from launcher.storage import Storage
 
         self.board = config.get("board")
         self.notices = config.get("notices", True)

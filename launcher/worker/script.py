@@ -22,11 +22,13 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -34,7 +36,8 @@ import time
 import uuid
 from typing import Any
 
-from launcher.worker import vertex
+from launcher import _ray
+from launcher.worker import deps, vertex
 
 FLUSH_S = 0.1           # how often a worker ships buffered output lines and checks for a notice
 MAX_BATCH = 500         # and at most this many lines per message
@@ -46,8 +49,6 @@ def _die_with_parent() -> None:
     """In the child, before exec: get SIGTERM when the worker thread that started it ends
     (Ray killing a worker must not leave an orphaned training program holding the ring)."""
     try:
-        import ctypes
-
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
@@ -139,15 +140,11 @@ def program_env(config: dict[str, Any], rank: int, world: int, attempt: str, add
 
 def _preemption_info():
     """This worker's own view of a notice (no barrier: the program does not call Ray)."""
-    from launcher import _ray
-
     return _ray.train_context().preemption_context.preemption_info
 
 
 def script_worker(config: dict[str, Any]) -> None:
     """Ray Train's training function for a program: run it, stream its output, pass on a notice."""
-    import subprocess
-
     import ray
     import ray.train
     from ray.train.collective import broadcast_from_rank_zero
@@ -177,8 +174,6 @@ def script_worker(config: dict[str, Any]) -> None:
     folder = program_folder(program)
     python = None
     if program.get("requirements"):  # installed by the driver already, unless this node is new
-        from launcher.worker import deps
-
         python, _ = deps.ensure(program["requirements"], program["env_key"], folder)
     args = list(config["args"]) + (["--job-dir", config["job_dir"]] if config.get("job_dir") else [])
     proc = subprocess.Popen(command(program, folder, args, python), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

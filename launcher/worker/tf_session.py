@@ -36,14 +36,18 @@ model in Keras' format (``model.keras``) with its weights (``model.weights.npz``
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
+import shutil
+import tempfile
 import time
 from typing import Any, Iterator
 
 import numpy as np
 
 from launcher.spec import JobSpec
+from launcher.storage import Storage
 from launcher.storage.checkpoint import read_manifest
 from launcher.worker.formats import TF_MODEL_FILE, arrays_digest, load_arrays, save_arrays
 from launcher.worker.loader import SessionError, user_line
@@ -220,8 +224,6 @@ class TFSession(UserSession):
     def export_model(self, directory: str) -> str | None:
         """Rank 0, final checkpoint: the trained model in Keras' format and its weights, under
         ``<run>/model/`` (a subclassed model without ``get_config`` gets its weights only)."""
-        import concurrent.futures
-
         # On a thread of its own, outside the strategy's scope (a thread-local): a copy of the
         # model made there has plain variables, where one made inside model.fit would create
         # mirrored variables by collectives that only this rank joins.
@@ -229,10 +231,6 @@ class TFSession(UserSession):
             return pool.submit(self._export).result()
 
     def _export(self) -> str | None:
-        import shutil
-        import tempfile
-
-        from launcher.storage import Storage
         from workloads.tf_models import keras
 
         storage = Storage.resolve(self.spec.storage)

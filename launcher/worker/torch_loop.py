@@ -19,10 +19,12 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 from typing import Any
 
 import numpy as np
 
+from launcher.storage.datacache import local_data
 from launcher.worker.formats import TORCH_MODEL_FILE as MODEL_FILE
 from launcher.worker.formats import TORCH_OPTIMIZER_FILE as OPTIMIZER_FILE
 
@@ -79,8 +81,6 @@ def managed(workload):
 
 def train_workload(session, workload) -> None:
     """Train ``workload`` for the run's epochs with the session (see the module docstring)."""
-    from launcher.storage.datacache import local_data
-
     spec, params = session.spec, session.spec.params
     data = local_data(spec.data)  # gs:// data: this node's verified copy
     train = workload.load(data, "train", session.rank, session.world, params)
@@ -129,8 +129,6 @@ def train_workload(session, workload) -> None:
 
 def _check_loss(workload, loss) -> None:
     """One line naming the workload's loss hook when it does not return a scalar tensor."""
-    import inspect
-
     from launcher.worker.loader import SessionError
 
     if getattr(loss, "dim", None) is not None and loss.dim() == 0 and loss.is_floating_point():

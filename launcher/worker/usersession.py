@@ -19,6 +19,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from launcher.storage import Storage
+from launcher.storage.datacache import local_data
 from launcher.worker.loader import SessionError, user_line
 from launcher.worker.loop import Session
 
@@ -89,8 +91,6 @@ class UserSession(Session):
     @property
     def data(self) -> str | None:
         """``--data`` as a local path (a gs:// folder is this node's verified copy)."""
-        from launcher.storage.datacache import local_data
-
         return local_data(self.spec.data)
 
     @property
@@ -210,7 +210,6 @@ class UserSession(Session):
         """Read the newest complete checkpoint, then run the training function."""
         import ray.train
 
-        from launcher.storage import Storage
         from launcher.worker.loop import checkpoint_to_resume
 
         self.board = config.get("board")
