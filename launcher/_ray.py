@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 from typing import Any, Iterable
 
 # name -> ("module:attribute", why the launcher needs it)
@@ -147,8 +148,6 @@ def client_connected() -> bool:
 def quiet_job_client() -> None:
     """Ray's job client logs every package upload and socket close at INFO; its modules set
     that level when they are imported, so they are imported first, then turned down."""
-    import logging
-
     importlib.import_module("ray.dashboard.modules.dashboard_sdk")
     importlib.import_module("ray.dashboard.modules.job.sdk")
     for name in JOB_CLIENT_LOGGERS:
