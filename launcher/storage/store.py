@@ -189,6 +189,11 @@ class Storage:
             # gone, and the folder-marker object pyarrow also deletes never existed.
             if self.exists(*parts) and self.is_local:
                 raise
+        except OSError:
+            # pyarrow's GCS filesystem says "No such directory" (a plain OSError) for a
+            # prefix whose objects have all gone: nothing is left to delete.
+            if self.is_local or self.exists(*parts):
+                raise
 
     def check_writable(self) -> str:
         """Create the root and write then delete a marker; returns where the storage is.
