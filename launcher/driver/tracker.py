@@ -77,6 +77,10 @@ class Tracker:
             # failure seen -> first step of the restarted worker group
             self.recoveries.append(round(marks["first_step"] - self.failed_at, 2))
             self.failed_at = None
+        if self.last and m.get("global_step") is not None and m.get("global_step") == self.last.get("global_step"):
+            # Two reports of one step (an epoch's end and a step checkpoint at the same step can
+            # arrive in either order): the later one keeps what only the other said (the digest).
+            m = {**self.last, **m}
         self.last = m
         if event.checkpoint:
             self.checkpoint = self.log.storage.to_uri(event.checkpoint)
