@@ -5,14 +5,19 @@ a frozen dataclass whose fields are declared with :func:`option`. From that
 one declaration come:
 
 * the YAML keys a spec file may hold, each checked against the field's real
-  type (``int``, ``float | None``, ``tuple[str, ...]``...), an unknown key
-  answered with the closest valid one (:func:`from_mapping`);
+  type (``int``, ``float | None``, ``tuple[str, ...]``, a ``Literal`` of
+  choices, another spec or a tuple of them...), an unknown key answered with
+  the closest valid one (:func:`from_mapping`, :func:`build` for nested
+  specs such as a tuning file's ``hyperparameters`` block);
 * the command-line flags (:func:`add_flags`, :func:`given_flags`), with the
   field's help, and :func:`to_argv`, the flags that rebuild a spec elsewhere
   (``launcher submit`` runs ``launcher run`` with them on the cluster).
 
-Every problem is a :class:`~launcher.errors.UserError` naming the key, the
-bad value and an example of a good one.
+Every problem is a :class:`~launcher.errors.UserError` naming the key (with
+its place in a nested spec, e.g. ``params[0] (lr).minValue``), the bad value
+and an example of a good one. A spec class may define ``check(self)``, raising
+``ValueError(message)`` for a rule across fields; :func:`build` reports it
+as one line too. This is the project's one mechanism for checking specs.
 """
 
 from __future__ import annotations
@@ -36,14 +41,17 @@ _WANT = {"int": "an integer", "float": "a number", "str": "a non-empty string", 
 
 
 def option(default: Any = dataclasses.MISSING, *, help: str, flag: str | None = None, cli: bool = True,
-           default_factory: Callable[[], Any] | Any = dataclasses.MISSING, metavar: str | None = None) -> Any:
+           default_factory: Callable[[], Any] | Any = dataclasses.MISSING, metavar: str | None = None,
+           ge: float | None = None, min_items: int | None = None) -> Any:
     """A spec field: its default, its help, and whether (and as what) it is a command-line flag.
 
     Args:
         flag: the flag's name when it is not ``--`` + the field name with dashes.
         cli: False for fields set only by YAML or by the program (no flag).
+        ge: the smallest valid value of a number.
+        min_items: the fewest items a list may hold.
     """
-    metadata = {"help": help, "flag": flag, "cli": cli, "metavar": metavar}
+    metadata = {"help": help, "flag": flag, "cli": cli, "metavar": metavar, "ge": ge, "min_items": min_items}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -54,11 +62,16 @@ class Field:
     """One declared field, its annotation resolved to a kind."""
 
     name: str
-    kind: str          # int | float | str | bool | dict | tuple
+    kind: str          # int | float | str | bool | dict | tuple | choice | spec | list
     optional: bool     # None is a valid value
     help: str
     flag: str | None   # None: not on the command line
     metavar: str | None
+    choices: tuple[Any, ...] = ()   # a choice's valid values
+    item: Any = None                # a list's item: a kind ("float", "str") or a spec class; a spec's class
+    ge: float | None = None
+    min_items: int | None = None
+    required: bool = False          # no default: a mapping must give it
 
     @property
     def dest(self) -> str:
@@ -71,17 +84,23 @@ def fields(cls: type) -> tuple[Field, ...]:
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
-        kind, optional = _kind(hints[f.name])
+        kind, optional, extra = _kind(hints[f.name])
         meta = f.metadata or {}
         flag = None
-        if meta.get("cli", True):
+        if meta.get("cli", True) and kind not in ("choice", "spec", "list"):
             flag = meta.get("flag") or "--" + f.name.replace("_", "-")
-        out.append(Field(f.name, kind, optional, meta.get("help", ""), flag, meta.get("metavar")))
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        out.append(Field(f.name, kind, optional, meta.get("help", ""), flag, meta.get("metavar"),
+                         choices=extra if kind == "choice" else (), item=None if kind == "choice" else extra,
+                         ge=meta.get("ge"), min_items=meta.get("min_items"), required=required))
     return tuple(out)
 
 
-def _kind(annotation: Any) -> tuple[str, bool]:
-    """('int', True) for ``int | None``; ('tuple', False) for ``tuple[str, ...]``..."""
+def _kind(annotation: Any) -> tuple[str, bool, Any]:
+    """(kind, optional, extra): ('int', True, None) for ``int | None``; ('tuple', False, None)
+    for ``tuple[str, ...]``; ('list', False, 'float') for ``tuple[float, ...]``; ('list', False,
+    Param) for ``tuple[Param, ...]``; ('choice', False, ('A', 'B')) for ``Literal['A', 'B']``;
+    ('spec', False, Hyper) for a nested spec class."""
     optional = False
     if isinstance(annotation, types.UnionType) or typing.get_origin(annotation) is typing.Union:
         args = [a for a in typing.get_args(annotation) if a is not type(None)]
@@ -90,10 +109,23 @@ def _kind(annotation: Any) -> tuple[str, bool]:
             raise TypeError(f"unsupported annotation {annotation!r}")
         annotation = args[0]
     origin = typing.get_origin(annotation) or annotation
-    if origin in (dict, tuple):
-        return origin.__name__, optional
+    if origin is typing.Literal:
+        return "choice", optional, typing.get_args(annotation)
+    if origin is tuple:
+        item = (typing.get_args(annotation) or (str,))[0]
+        if item is str:
+            return "tuple", optional, None
+        if item in (int, float):
+            return "list", optional, _KINDS[item]
+        if dataclasses.is_dataclass(item):
+            return "list", optional, item
+        raise TypeError(f"unsupported annotation {annotation!r}")
+    if origin is dict:
+        return "dict", optional, None
     if origin in _KINDS:
-        return _KINDS[origin], optional
+        return _KINDS[origin], optional, None
+    if dataclasses.is_dataclass(origin):
+        return "spec", optional, origin
     raise TypeError(f"unsupported annotation {annotation!r}")
 
 
@@ -134,18 +166,92 @@ def _closest(key: str, known: list[str]) -> str:
     return f"did you mean {close[0]}?" if close else f"valid keys: {', '.join(known)}"
 
 
-def coerce(field: Field, value: Any, source: str) -> Any:
-    """``value`` checked against the field's type (an int is a valid float; strings are stripped)."""
-    key = field.name
+def coerce(field: Field, value: Any, source: str, where: str = "") -> Any:
+    """``value`` checked against the field's type (an int is a valid float; strings are stripped).
+
+    ``where`` is the field's place in a nested spec (``params[0] (lr)``), for messages.
+    """
+    key = f"{where}.{field.name}" if where else field.name
     if value is None:
         if field.optional:
             return None
-        raise UserError(f"{source}: {key} may not be empty", f"give {key} a value or leave the key out")
+        raise UserError(f"{source}: {key} may not be empty", f"give {field.name} a value or leave the key out")
+    if field.kind == "choice":
+        if value not in field.choices:
+            close = difflib.get_close_matches(str(value), [str(c) for c in field.choices], n=1)
+            raise UserError(f"{source}: {key} = {value!r}: must be one of {', '.join(map(str, field.choices))}",
+                            f"did you mean {close[0]}?" if close else f"for example {field.name}: "
+                            f"{field.choices[0]}")
+        return value
+    if field.kind == "spec":
+        return build(field.item, value, source, key)
+    if field.kind == "list":
+        return _list(field, value, source, key)
     ok, result = _convert(field.kind, value)
     if not ok:
         raise UserError(f"{source}: {key} must be {_WANT[field.kind]}, got {value!r}",
-                        f"for example {key}: {_EXAMPLES[field.kind]}")
+                        f"for example {field.name}: {_EXAMPLES[field.kind]}")
+    if field.ge is not None and result < field.ge:
+        raise UserError(f"{source}: {key} = {value!r}: must be at least {field.ge:g}",
+                        f"for example {field.name}: {field.ge:g}")
     return result
+
+
+def _list(field: Field, value: Any, source: str, key: str) -> tuple[Any, ...]:
+    """A list of numbers or of nested specs, each item checked; an item of specs is named by its
+    class's ``LABEL`` key where it has one (``params[1] (lr)``)."""
+    if not isinstance(value, (list, tuple)):
+        raise UserError(f"{source}: {key} must be a list, got {value!r}", f"write {field.name}: [...]")
+    if field.min_items and len(value) < field.min_items:
+        raise UserError(f"{source}: {key} must list at least {field.min_items} item"
+                        f"{'s' if field.min_items > 1 else ''}", f"add an item to {field.name}")
+    out = []
+    for i, item in enumerate(value):
+        where = f"{key}[{i}]"
+        if isinstance(field.item, str):
+            ok, result = _convert(field.item, item)
+            if not ok:
+                raise UserError(f"{source}: {where} must be {_WANT[field.item]}, got {item!r}",
+                                f"for example {field.name}: [{_EXAMPLES[field.item]}]")
+            out.append(result)
+            continue
+        label = getattr(field.item, "LABEL", None)
+        if label and isinstance(item, dict) and isinstance(item.get(label), str):
+            where += f" ({item[label]})"
+        out.append(build(field.item, item, source, where))
+    return tuple(out)
+
+
+def build(cls: type, raw: Any, source: str, where: str = "") -> Any:
+    """An instance of the spec class ``cls`` from a YAML mapping, nested specs included.
+
+    Every key is checked (unknown: the closest known one; missing; wrong type or choice),
+    then the instance's own ``check()``, whose ``ValueError`` becomes one line.
+
+    Raises:
+        UserError: the first problem, naming its place (``where``) in the file ``source``.
+    """
+    if not isinstance(raw, dict):
+        raise UserError(f"{source}: {where or 'the file'} must be a mapping of keys, got {raw!r}",
+                        f"valid keys: {', '.join(f.name for f in fields(cls))}")
+    known = {f.name: f for f in fields(cls)}
+    for key in raw:
+        if key not in known:
+            raise UserError(f"{source}: unknown key {key!r}" + (f" in {where}" if where else ""),
+                            _closest(str(key), list(known)))
+    for f in known.values():
+        if f.required and f.name not in raw:
+            raise UserError(f"{source}: {where + '.' if where else ''}{f.name} is missing",
+                            getattr(cls, "HINT", f"add {f.name}: ..."))
+    values = {key: coerce(known[key], value, source, where) for key, value in raw.items()}
+    instance = cls(**values)
+    check = getattr(instance, "check", None)
+    if callable(check):
+        try:
+            check()
+        except ValueError as exc:
+            raise UserError(f"{source}: {exc}", getattr(cls, "HINT", "fix the value")) from None
+    return instance
 
 
 def _convert(kind: str, value: Any) -> tuple[bool, Any]:
@@ -165,6 +271,22 @@ def _convert(kind: str, value: Any) -> tuple[bool, Any]:
     if not isinstance(items, (list, tuple)) or not all(isinstance(i, str) for i in items):
         return False, value
     return True, tuple(i.strip() for i in items if i.strip())
+
+
+def to_mapping(spec: Any) -> dict[str, Any]:
+    """A spec built by :func:`build` as plain YAML/JSON values (lists, nested mappings), keys
+    whose value is None left out: what :func:`build` reads back into an equal spec."""
+    out: dict[str, Any] = {}
+    for f in fields(type(spec)):
+        value = getattr(spec, f.name)
+        if value is None:
+            continue
+        if f.kind == "spec":
+            value = to_mapping(value)
+        elif f.kind in ("list", "tuple"):
+            value = [to_mapping(v) if dataclasses.is_dataclass(v) else v for v in value]
+        out[f.name] = value
+    return out
 
 
 # -- the command line -------------------------------------------------------------------

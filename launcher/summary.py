@@ -138,6 +138,94 @@ class RunSummary:
         return cls(**values)
 
 
+@dataclass
+class TrialCounts:
+    """How many trials of a tuning run ended each way."""
+
+    total: int = 0
+    succeeded: int = 0
+    stopped_early: int = 0
+    failed: int = 0
+    not_finished: int = 0
+    pending: int = 0
+
+
+@dataclass
+class BestTrial:
+    """The tuning run's best trial. In JSON the metric's value is keyed by the metric's name
+    (``{"trial": ..., "accuracy": 0.97, ...}``), as ``launcher runs`` and scripts read it."""
+
+    trial: str
+    metric: str
+    value: float
+    params: dict[str, Any] = field(default_factory=dict)
+    run_dir: str = ""
+    model: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"trial": self.trial, self.metric: self.value, "params": dict(self.params),
+                "run_dir": self.run_dir, "model": self.model}
+
+    @classmethod
+    def from_json(cls, data: Any, metric: str) -> "BestTrial | None":
+        if not isinstance(data, dict) or metric not in data:
+            return None
+        return cls(trial=str(data.get("trial", "?")), metric=metric, value=data[metric],
+                   params=dict(data.get("params") or {}), run_dir=data.get("run_dir") or "",
+                   model=data.get("model"))
+
+
+@dataclass
+class TuningSummary:
+    """The outcome of one launch of a tuning run (its ``summary.json``)."""
+
+    name: str
+    status: RunStatus
+    goal: str
+    metric: str
+    note: str | None = None
+    algorithm: str = "ALGORITHM_UNSPECIFIED"
+    early_stopping: bool = False
+    max_trials: int = 0
+    trials: TrialCounts = field(default_factory=TrialCounts)
+    best: BestTrial | None = None
+    wall_s: float = 0.0
+    workload: str = "?"
+    run_dir: str = ""
+    files: dict[str, str] = field(default_factory=dict)  # json, csv, plot -> URI
+    kind: str = "tuning"
+
+    @property
+    def succeeded(self) -> bool:
+        return self.status == RunStatus.SUCCEEDED
+
+    def to_json(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["status"] = str(self.status)
+        out["best"] = self.best.to_json() if self.best else None
+        return out
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "TuningSummary":
+        """The summary :meth:`to_json` wrote; unknown keys left out, missing ones defaulted.
+
+        Raises:
+            ValueError: ``data`` is not a JSON object.
+        """
+        if not isinstance(data, dict):
+            raise ValueError("not a tuning summary: a JSON object is expected")
+        known = {f.name for f in dataclasses.fields(cls)}
+        values = {k: v for k, v in data.items() if k in known}
+        values["status"] = RunStatus.parse(data.get("status"))
+        values.setdefault("name", "?")
+        values.setdefault("goal", "?")
+        metric = values.setdefault("metric", "?")
+        counts = _records(TrialCounts, [data.get("trials")])
+        values["trials"] = counts[0] if counts else TrialCounts()
+        values["best"] = BestTrial.from_json(data.get("best"), metric)
+        return cls(**values)
+
+
 def _records(cls, items: Any) -> list:
     """Record dataclasses from their JSON: unknown keys left out, incomplete records skipped."""
     known = {f.name for f in dataclasses.fields(cls)}

@@ -20,6 +20,7 @@ import time
 import pytest
 
 from launcher.cli.main import main
+from launcher.summary import RunStatus, TuningSummary
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "examples", "trainer_package")
@@ -65,8 +66,8 @@ LR_LOG = """
     (("parameterName: lr", "parameterName: workers"), "parameter workers is a JobSpec field a trial cannot vary"),
     (("hyperparameterMetricTag: accuracy", "hyperparameterMetricTag: auc"),
      "hyperparameterMetricTag 'auc' is not reported by digits-mlp; it reports accuracy, loss, train_loss"),
-    (("type: DOUBLE", "type: FLOAT"), "params[0] (lr).type = 'FLOAT': input should be 'DOUBLE', 'INTEGER'"),
-    (("maxTrials: 4", "maxTrials: 0"), "maxTrials = 0: input should be greater than or equal to 1"),
+    (("type: DOUBLE", "type: FLOAT"), "params[0] (lr).type = 'FLOAT': must be one of DOUBLE, INTEGER"),
+    (("maxTrials: 4", "maxTrials: 0"), "maxTrials = 0: must be at least 1"),
     (("parameterName: lr", "parameterName: epochs"), "parameter epochs = 5e-05 is refused by the job"),
     (("maxParallelTrials: 2", "maxParallelTrials: 2\n  algorithm: GRID_SEARCH"),
      "GRID_SEARCH cannot search DOUBLE parameter lr"),
@@ -162,7 +163,9 @@ def test_a_trials_status_is_what_it_did_across_launches(tmp_path, capsys, storag
     table = results.rows(study, trials, store, tally)
     assert [r["status"] for r in table].count("pending") == 2
     summary = results.write(study, store, table, started=time.time(), interrupted=True, stopped=None)
-    assert summary["trials"]["pending"] == 2 and summary["status"] == "cancelled"
+    assert summary.trials.pending == 2 and summary.status == RunStatus.CANCELLED
+    # summary.json reads back as the same record
+    assert TuningSummary.from_json(json.loads(store.read_text("st", "summary.json"))) == summary
     text = results.format_summary(study, summary, table)
     assert "2 pending" in text and "trial_a  pending" in text, text
     store.write_text(json.dumps(study.to_record()), "st", "tuning.json")

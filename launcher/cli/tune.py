@@ -80,13 +80,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
         with summary_stream() as out:
             outcome = search.run(study, verbose=args.verbose, out=sys.stderr)
             if args.json:
-                text = json.dumps({"summary": outcome.summary, "trials": outcome.rows}, default=str)
+                text = json.dumps({"summary": outcome.summary.to_json(), "trials": outcome.rows}, default=str)
             else:
                 text = results.format_summary(study, outcome.summary, outcome.rows)
             print(text, file=out, flush=True)
     if outcome.interrupted:
         return EXIT_CANCELLED
-    return EXIT_OK if outcome.summary["status"] == "succeeded" else EXIT_FAILED
+    return EXIT_OK if outcome.summary.succeeded else EXIT_FAILED
 
 
 COMMANDS = {"tune": cmd_tune}

@@ -12,7 +12,7 @@ from typing import Any
 from launcher.storage.checkpoint import complete_checkpoints
 from launcher.storage.runlog import read_jsonl
 from launcher.storage.store import Storage
-from launcher.summary import RunStatus, RunSummary
+from launcher.summary import RunStatus, RunSummary, TuningSummary
 
 TUNING_FILE = "tuning.json"      # a tuning run's folder holds this (its definition) instead of run.json
 TUNING_SUMMARY = "summary.json"  # and, once a launch ends, its summary
@@ -141,7 +141,7 @@ def describe_tuning(storage: Storage, name: str) -> RunRow | None:
     try:
         info = json.loads(definition)
         text = storage.read_text(name, TUNING_SUMMARY)
-        summary = json.loads(text) if text else None
+        summary = TuningSummary.from_json(json.loads(text)) if text else None
     except ValueError:
         return damaged(name, f"{TUNING_FILE} or {TUNING_SUMMARY} is damaged")
     spec = info.get("spec") or {}
@@ -152,15 +152,14 @@ def describe_tuning(storage: Storage, name: str) -> RunRow | None:
     if summary is None:  # no launch has ended: one runs now, or the last was cut off
         row.status = RunStatus.RUNNING if storage.read_text(name, "launch.lock") else RunStatus.INTERRUPTED
         return row
-    best = summary.get("best") or {}
-    metric = summary.get("metric")
-    row.status = RunStatus.parse(summary.get("status"))
-    row.wall_s = float(summary.get("wall_s") or 0.0)
-    row.trials = (summary.get("trials") or {}).get("total", 0)
-    row.best, row.metric = best, metric
-    if metric in best:
-        row.metrics = {metric: best[metric]}
-        row.note = f"best {metric} {best[metric]:.4f} ({best.get('trial')}), {row.trials} trial(s)"
+    best = summary.best
+    row.status = summary.status
+    row.wall_s = float(summary.wall_s or 0.0)
+    row.trials = summary.trials.total
+    row.best, row.metric = (best.to_json() if best else {}), summary.metric
+    if best is not None:
+        row.metrics = {best.metric: best.value}
+        row.note = f"best {best.metric} {best.value:.4f} ({best.trial}), {row.trials} trial(s)"
     return row
 
 

@@ -11,34 +11,45 @@ with (JobSpec fields, workload params, or ``--name value`` arguments).
 
 from __future__ import annotations
 
-import difflib
 import itertools
 import math
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
+from launcher import schema
 from launcher.errors import UserError
+from launcher.schema import option
 
 DEFAULT_METRIC_TAG = "training/hptuning/metric"  # cloudml-hypertune's default tag
 REVERSE = "~"  # prefix of a reverse-log parameter's key in the search space (it searches a mirror)
+HINT = "see the hyperparameters example in the tuning guide"
+ParamType = Literal["DOUBLE", "INTEGER", "DISCRETE", "CATEGORICAL"]
+ScaleType = Literal["UNIT_LINEAR_SCALE", "UNIT_LOG_SCALE", "UNIT_REVERSE_LOG_SCALE"]
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=False, frozen=True)
+def _key(default: Any = None, **kw: Any) -> Any:
+    """A YAML-only key (no command-line flag)."""
+    return option(default, cli=False, **kw)
 
 
-class Param(_Strict):
-    parameterName: str = Field(min_length=1)
-    type: Literal["DOUBLE", "INTEGER", "DISCRETE", "CATEGORICAL"]
-    minValue: float | None = None
-    maxValue: float | None = None
-    discreteValues: list[float] | None = None
-    categoricalValues: list[str] | None = None
-    scaleType: Literal["UNIT_LINEAR_SCALE", "UNIT_LOG_SCALE", "UNIT_REVERSE_LOG_SCALE"] | None = None
+@dataclass(frozen=True)
+class Param:
+    """One entry of ``params``: what AI Platform calls a ParameterSpec."""
 
-    @model_validator(mode="after")
-    def _consistent(self) -> "Param":
+    LABEL = "parameterName"
+    HINT = HINT
+
+    parameterName: str = option(
+        help="the parameter's name: a tunable field, a workload param or a program's --NAME", cli=False)
+    type: ParamType = option(help="DOUBLE, INTEGER, DISCRETE or CATEGORICAL", cli=False)
+    minValue: float | None = _key(help="the range's lower end (DOUBLE, INTEGER)")
+    maxValue: float | None = _key(help="the range's upper end (DOUBLE, INTEGER)")
+    discreteValues: tuple[float, ...] | None = _key(help="the values a DISCRETE parameter takes")
+    categoricalValues: tuple[str, ...] | None = _key(help="the values a CATEGORICAL parameter takes")
+    scaleType: ScaleType | None = _key(help="how a range is searched (linear, log, reverse log)")
+
+    def check(self) -> None:
+        """ValueError for values that contradict each other (a rule pydantic-style types cannot say)."""
         name, kind = self.parameterName, self.type
         if kind in ("DOUBLE", "INTEGER"):
             if self.minValue is None or self.maxValue is None:
@@ -74,7 +85,6 @@ class Param(_Strict):
                 raise ValueError(f"parameter {name}: {key} lists a value twice")
         if self.discreteValues and not all(math.isfinite(v) for v in self.discreteValues):
             raise ValueError(f"parameter {name}: discreteValues must be finite numbers")
-        return self
 
     # -- the search space ---------------------------------------------------------------
     @property
@@ -121,18 +131,23 @@ class Param(_Strict):
         return self.grid()
 
 
-class Hyperparameters(_Strict):
-    goal: Literal["MAXIMIZE", "MINIMIZE"]
-    hyperparameterMetricTag: str | None = None
-    maxTrials: int = Field(1, ge=1)
-    maxParallelTrials: int = Field(1, ge=1)
-    maxFailedTrials: int = Field(0, ge=0)
-    enableTrialEarlyStopping: bool = False
-    algorithm: Literal["ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH"] = "ALGORITHM_UNSPECIFIED"
-    params: list[Param] = Field(min_length=1)
+@dataclass(frozen=True)
+class Hyperparameters:
+    """The ``hyperparameters`` block: AI Platform's HyperparameterSpec."""
 
-    @model_validator(mode="after")
-    def _consistent(self) -> "Hyperparameters":
+    HINT = HINT
+
+    goal: Literal["MAXIMIZE", "MINIMIZE"] = option(help="whether the metric is maximised or minimised", cli=False)
+    params: tuple[Param, ...] = option(help="the parameters searched", cli=False, min_items=1)
+    hyperparameterMetricTag: str | None = _key(help="the metric the trials are ranked by")
+    maxTrials: int = _key(1, help="how many trials run in all", ge=1)
+    maxParallelTrials: int = _key(1, help="how many trials run at once", ge=1)
+    maxFailedTrials: int = _key(0, help="how many trials may fail before the study stops", ge=0)
+    enableTrialEarlyStopping: bool = _key(False, help="stop trials that trail the others (ASHA)")
+    algorithm: Literal["ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH"] = _key(
+        "ALGORITHM_UNSPECIFIED", help="how the values are chosen")
+
+    def check(self) -> None:
         names = [p.parameterName for p in self.params]
         twice = sorted({n for n in names if names.count(n) > 1})
         if twice:
@@ -142,7 +157,6 @@ class Hyperparameters(_Strict):
             if doubles:
                 raise ValueError(f"GRID_SEARCH cannot search DOUBLE parameter {doubles[0]} (a range has no grid); "
                                  "make it DISCRETE with discreteValues, or use RANDOM_SEARCH")
-        return self
 
     @property
     def mode(self) -> str:
@@ -178,54 +192,4 @@ def parse(raw: Any, source: str) -> Hyperparameters:
     if not isinstance(raw, dict):
         raise UserError(f"{source}: hyperparameters must be a mapping (goal: ..., params: [...]), "
                         f"got a {type(raw).__name__}")
-    try:
-        return Hyperparameters.model_validate(raw)
-    except ValidationError as exc:
-        raise UserError(*_one_line(exc, raw, source)) from None
-
-
-def _one_line(exc: ValidationError, raw: dict, source: str) -> tuple[str, str]:
-    """pydantic's first error as (what is wrong, how to fix it)."""
-    errors = exc.errors()
-    # An unknown key first: a misspelt key also shows up as the right one "missing".
-    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
-    loc = [str(p) for p in err["loc"]]
-    where = _where(loc, raw)
-    kind = err["type"]
-    if kind == "extra_forbidden":
-        model = Param if "params" in loc[:1] else Hyperparameters
-        known = list(model.model_fields)
-        close = difflib.get_close_matches(loc[-1], known, n=1)
-        inside = _where(loc[:-1], raw)
-        return (f"{source}: unknown key {loc[-1]!r}" + (f" in {inside}" if inside else ""),
-                f"did you mean {close[0]}?" if close else f"valid keys: {', '.join(known)}")
-    if kind == "missing":
-        return f"{source}: {where} is missing", "see the hyperparameters example in the README"
-    if kind == "value_error":
-        message = str(err.get("ctx", {}).get("error", err["msg"]))
-        return f"{source}: {message}", "see the hyperparameters example in the README"
-    got = err.get("input")
-    expected = err["msg"][0].lower() + err["msg"][1:]
-    return f"{source}: {where} = {got!r}: {expected}", "see the hyperparameters example in the README"
-
-
-def _where(loc: list[str], raw: dict) -> str:
-    """'params[1] (lr).minValue' style: the parameter's name helps more than its index."""
-    out = []
-    i = 0
-    while i < len(loc):
-        part = loc[i]
-        if part == "params" and i + 1 < len(loc) and loc[i + 1].isdigit():
-            index = int(loc[i + 1])
-            params = raw.get("params") or []
-            name = params[index].get("parameterName") if index < len(params) and isinstance(params[index],
-                                                                                             dict) else None
-            out.append(f"params[{index}]" + (f" ({name})" if name else ""))
-            i += 2
-            continue
-        if part in ("function-after", "literal_error") or part.startswith("function-"):
-            i += 1
-            continue
-        out.append(part)
-        i += 1
-    return ".".join(out)
+    return schema.build(Hyperparameters, raw, source)

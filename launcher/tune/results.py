@@ -14,7 +14,7 @@ import time
 from typing import Any
 
 from launcher.storage.runs import TUNING_SUMMARY
-from launcher.summary import RunStatus, RunSummary
+from launcher.summary import BestTrial, RunStatus, RunSummary, TrialCounts, TuningSummary
 from launcher.tune.trial import trial_name
 
 SUCCEEDED, STOPPED, FAILED, UNFINISHED = "succeeded", "stopped early", "failed", "not finished"
@@ -138,40 +138,39 @@ def best(study, table: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 
 def write(study, storage, table: list[dict[str, Any]], *, started: float, interrupted: bool,
-          stopped: str | None) -> dict[str, Any]:
+          stopped: str | None) -> TuningSummary:
     """Write the result files; returns the summary (also in summary.json)."""
     metric = study.metric()
     top = best(study, table)
-    counts = {s: sum(1 for r in table if r["status"] == s) for s in STATUSES}
+    counts = {s.replace(" ", "_"): sum(1 for r in table if r["status"] == s) for s in STATUSES}
     if interrupted:
-        status, note = "cancelled", "interrupted; launch again with the same --name to go on"
+        status, note = RunStatus.CANCELLED, "interrupted; launch again with the same --name to go on"
     elif stopped:
-        status, note = "failed", stopped
+        status, note = RunStatus.FAILED, stopped
     elif top is None:
-        status, note = "failed", "no trial reported the metric"
+        status, note = RunStatus.FAILED, "no trial reported the metric"
     else:
-        status, note = "succeeded", None
+        status, note = RunStatus.SUCCEEDED, None
     best_out = None
     if top is not None:
         run = _run_summary(storage, study.name, top["trial"])
-        model = run.model if run is not None else None
-        best_out = {"trial": top["trial"], metric: top[metric],
-                    "params": {p.parameterName: top[p.parameterName] for p in study.hp.params},
-                    "run_dir": top["run_dir"], "model": model}
+        best_out = BestTrial(trial=top["trial"], metric=metric, value=top[metric],
+                             params={p.parameterName: top[p.parameterName] for p in study.hp.params},
+                             run_dir=top["run_dir"], model=run.model if run is not None else None)
     files = {kind: storage.uri_of(study.name, f) for kind, f in
              (("json", "trials.json"), ("csv", "trials.csv"), ("plot", "tuning.png"))}
-    summary = {"name": study.name, "kind": "tuning", "status": status, "note": note, "goal": study.hp.goal,
-               "metric": metric, "algorithm": study.hp.algorithm,
-               "early_stopping": study.hp.enableTrialEarlyStopping, "max_trials": study.hp.maxTrials,
-               "trials": {"total": len(table), **{k.replace(" ", "_"): v for k, v in counts.items()}},
-               "best": best_out, "wall_s": round(time.time() - started, 1),
-               "workload": study.program.label if study.program is not None else study.spec.workload,
-               "run_dir": storage.uri_of(study.name), "files": files}
-    storage.write_text(json.dumps({"summary": summary, "trials": table}, indent=1, default=str),
+    summary = TuningSummary(
+        name=study.name, status=status, note=note, goal=study.hp.goal, metric=metric,
+        algorithm=study.hp.algorithm, early_stopping=study.hp.enableTrialEarlyStopping,
+        max_trials=study.hp.maxTrials, trials=TrialCounts(total=len(table), **counts), best=best_out,
+        wall_s=round(time.time() - started, 1),
+        workload=study.program.label if study.program is not None else study.spec.workload,
+        run_dir=storage.uri_of(study.name), files=files)
+    storage.write_text(json.dumps({"summary": summary.to_json(), "trials": table}, indent=1, default=str),
                        study.name, "trials.json")
     storage.write_text(to_csv(table), study.name, "trials.csv")
     storage.write_bytes(plot(study, table, top), study.name, "tuning.png")
-    storage.write_text(json.dumps(summary, indent=1, default=str), study.name, TUNING_SUMMARY)
+    storage.write_text(json.dumps(summary.to_json(), indent=1, default=str), study.name, TUNING_SUMMARY)
     return summary
 
 
@@ -197,21 +196,21 @@ def format_table(study, table: list[dict[str, Any]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines)
 
 
-def format_summary(study, summary: dict[str, Any], table: list[dict[str, Any]]) -> str:
-    t = summary["trials"]
-    parts = [f"tuning run {summary['name']}: {summary['status']}" + (f" ({summary['note']})" if summary["note"] else ""),
-             f"  {t['total']} trial(s): {t['succeeded']} succeeded, {t['stopped_early']} stopped early, "
-             f"{t['failed']} failed" + (f", {t['not_finished']} not finished" if t["not_finished"] else "")
-             + (f", {t['pending']} pending" if t.get("pending") else "")
-             + f"; {summary['wall_s']:.0f}s", "", format_table(study, table), ""]
-    b = summary["best"]
+def format_summary(study, summary: TuningSummary, table: list[dict[str, Any]]) -> str:
+    t = summary.trials
+    parts = [f"tuning run {summary.name}: {summary.status}" + (f" ({summary.note})" if summary.note else ""),
+             f"  {t.total} trial(s): {t.succeeded} succeeded, {t.stopped_early} stopped early, "
+             f"{t.failed} failed" + (f", {t.not_finished} not finished" if t.not_finished else "")
+             + (f", {t.pending} pending" if t.pending else "")
+             + f"; {summary.wall_s:.0f}s", "", format_table(study, table), ""]
+    b = summary.best
     if b:
-        params = ", ".join(f"{k}={_cell(v)}" for k, v in b["params"].items())
-        parts.append(f"best: {b['trial']} {summary['metric']} {b[summary['metric']]:.4f} with {params}")
-        parts.append(f"  run {b['run_dir']}")
-        if b["model"]:
-            parts.append(f"  model {b['model']}")
-    files = summary["files"]
+        params = ", ".join(f"{k}={_cell(v)}" for k, v in b.params.items())
+        parts.append(f"best: {b.trial} {b.metric} {b.value:.4f} with {params}")
+        parts.append(f"  run {b.run_dir}")
+        if b.model:
+            parts.append(f"  model {b.model}")
+    files = summary.files
     parts.append(f"results: {files['csv']}, {files['json']}; plot: {files['plot']}")
     return "\n".join(parts)
 

@@ -36,6 +36,7 @@ from launcher.errors import UserError
 from launcher.storage import Storage
 from launcher.storage.runlock import RunLock
 from launcher.storage.runs import TUNING_FILE
+from launcher.summary import TuningSummary
 from launcher.tune import results
 from launcher.tune.results import earlier_rows
 from launcher.tune.study import STATE_DIR, Study, same_definition
@@ -49,7 +50,7 @@ ASHA_REDUCTION = 2      # ASHA keeps the best 1/2 of the trials at each rung (fe
 class Outcome:
     """What :func:`run` returns: the summary (also summary.json) and the trials' rows."""
 
-    summary: dict[str, Any]
+    summary: TuningSummary
     rows: list[dict[str, Any]]
     interrupted: bool = False
 

@@ -157,7 +157,7 @@ class Study:
         program = None
         if self.program is not None:
             program = {"kind": self.program.kind, "target": self.program.target, "folder": self.program.folder}
-        return {"hyperparameters": self.hp.model_dump(exclude_none=True), "spec": self.spec.to_dict(),
+        return {"hyperparameters": schema.to_mapping(self.hp), "spec": self.spec.to_dict(),
                 "program": program, "args": list(self.args), "metric": self.metric()}
 
 
