@@ -11,6 +11,10 @@ launcher adds over a hand-written file:
   driver, and the resources Ray schedules on;
 - Spot/preemptible workers with the scheduling fields Compute Engine needs and
   the launcher's preemption watcher started next to Ray on each of them;
+- machine types that mean something: the worker node type is named after
+  its machine type and GPUs (``n1-standard-8-t4x1``) and every node type
+  carries Ray node labels saying which it is (:mod:`cluster.machines`), so a
+  run's ``--machine-type`` places its ranks on those nodes;
 - the same launcher on every node: the project source is copied to
   ``~/launcher`` and pip-installed (pinned dependencies included), or a
   command of your own (``install``) runs instead.
@@ -20,10 +24,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from cluster import machines
 from cluster.spec import ACCELERATORS, HEAD_EXTRA_SCOPES, SCOPE_PREFIX, WORKER_SCOPES, ClusterSpec, machine_vcpus
 from launcher.errors import UserError
 
-HEAD_TYPE, WORKER_TYPE = "ray_head", "ray_worker"
+# The head keeps one name whatever it runs on (it may share its machine type with the workers);
+# a worker type is named after its machine type (machines.MachineType.node_type).
+HEAD_TYPE = "ray_head"
 REMOTE_SOURCE = "~/launcher"
 # The service account `ray up` creates and grants roles to (ray/autoscaler/_private/gcp/config.py).
 RAY_SERVICE_ACCOUNT = "ray-autoscaler-sa-v1@{project}.iam.gserviceaccount.com"
@@ -44,7 +51,7 @@ def ray_cluster_config(spec: ClusterSpec, version: str) -> dict[str, Any]:
                         "run `launcher cluster config` from a checkout of the project")
     node_types = {HEAD_TYPE: _node_type(spec, head=True)}
     if spec.max_workers > 0:
-        node_types[WORKER_TYPE] = _node_type(spec, head=False)
+        node_types[machine_type(spec, head=False).node_type] = _node_type(spec, head=False)
     config: dict[str, Any] = {
         "cluster_name": spec.cluster_name,
         "max_workers": spec.max_workers,
@@ -80,13 +87,22 @@ def to_yaml(config: dict[str, Any], spec: ClusterSpec, version: str) -> str:
     return header + yaml.safe_dump(config, sort_keys=False, default_flow_style=False, width=1000)
 
 
+def machine_type(spec: ClusterSpec, head: bool) -> machines.MachineType:
+    """The machine type (and GPUs) of the head (head=True) or worker VMs."""
+    gpus = spec.node_gpus(head)
+    return machines.of_node(spec.head_machine_type if head else spec.worker_machine_type,
+                            spec.accelerator_type, gpus)
+
+
 def _node_type(spec: ClusterSpec, head: bool) -> dict[str, Any]:
     machine = spec.head_machine_type if head else spec.worker_machine_type
     gpus = spec.node_gpus(head)
     resources = {"CPU": machine_vcpus(machine)}
     if gpus:
         resources["GPU"] = gpus
-    node: dict[str, Any] = {"resources": resources, "node_config": _node_config(spec, head, machine, gpus)}
+    # Ray starts the node with these labels (RAY_OVERRIDE_LABELS): a run's label selector finds it.
+    node: dict[str, Any] = {"resources": resources, "labels": machine_type(spec, head).labels,
+                            "node_config": _node_config(spec, head, machine, gpus)}
     if not head:
         node["min_workers"] = spec.min_workers
         node["max_workers"] = spec.max_workers

@@ -16,14 +16,12 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from cluster.compute import Compute, Quota
+from cluster.machines import BUNDLED_ACCELERATOR
 from cluster.spec import ACCELERATORS, bundled_gpus, machine_series
 from launcher.errors import UserError
 from launcher.storage import gcs
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
-# GPU model that each bundled-GPU machine family brings.
-BUNDLED_ACCELERATOR = {"a2-highgpu": "nvidia-tesla-a100", "a2-megagpu": "nvidia-tesla-a100",
-                       "a2-ultragpu": "nvidia-a100-80gb", "a3-highgpu": "nvidia-h100-80gb", "g2-standard": "nvidia-l4"}
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import workloads
+from cluster import machines
 from launcher import schema
 from launcher.errors import UserError
 from launcher.schema import option
@@ -71,6 +72,14 @@ class JobSpec:
     min_workers: int | None = option(None, help="elastic: when nodes are lost and not replaced, go on with as few "
                                      "as this many workers (default: always --workers)")
     address: str | None = option(None, help="Ray cluster address (default: RAY_ADDRESS or a new local Ray)")
+    # Compute Engine machine types, as AI Platform's workerType / masterType (+ acceleratorConfig) or
+    # Vertex's worker pools 1 and 0 name them (cluster.machines); on a cluster only (a local run notes them).
+    machine_type: str | None = option(None, help="on a cluster, run the workers on nodes of this Compute Engine "
+                                      "machine type: MACHINE[+ACCELERATOR[xCOUNT]], e.g. n1-standard-8 or "
+                                      "n1-standard-8+nvidia-tesla-t4x1 (default: any node)")
+    primary_machine_type: str | None = option(None, help="on a cluster, run rank 0 on a node of this machine type "
+                                              "(AI Platform's masterType, Vertex's pool 0; default: "
+                                              "--machine-type)")
     # The managed torch loop's numerics (a training function reads them from its session).
     precision: str = option("fp32", help="fp32 (default), bf16 or fp16: mixed precision by autocast in the managed "
                             "torch loop (fp16 with a checkpointed GradScaler); your own loop: session.autocast()")
@@ -118,6 +127,7 @@ class JobSpec:
         self._check_horovod_options()
         self._check_numerics()
         self._check_upload()
+        machine_type, primary = self._machine_types()
         try:
             params = workload.resolve_params(self.params)
         except (KeyError, ValueError) as exc:
@@ -135,6 +145,8 @@ class JobSpec:
             storage=normalize_storage(self.storage),
             data=normalize_data(self.data),
             params=params,
+            machine_type=machine_type,
+            primary_machine_type=primary,
         )
 
     def _check_choices(self) -> workloads.Workload:
@@ -195,6 +207,12 @@ class JobSpec:
                             f"implemented for torch runs only, not {self.framework}",
                             "drop the option, or raise --batch-size instead")
 
+
+    def _machine_types(self) -> tuple[str | None, str | None]:
+        """--machine-type and --primary-machine-type checked and spelled one way (cluster.machines)."""
+        return tuple(str(machines.parse(value, _flag(name))) if value else None
+                     for name, value in (("machine_type", self.machine_type),
+                                         ("primary_machine_type", self.primary_machine_type)))
 
     def _check_upload(self) -> None:
         if self.checkpoint_upload not in ("sync", "async"):

@@ -65,7 +65,7 @@ def test_secure_by_default():
     assert "0.0.0.0" not in text
     assert any("--dashboard-host=127.0.0.1" in c for c in config["head_start_ray_commands"])
     head = config["available_node_types"]["ray_head"]["node_config"]["serviceAccounts"][0]
-    worker = config["available_node_types"]["ray_worker"]["node_config"]["serviceAccounts"][0]
+    worker = config["available_node_types"]["n1-standard-8"]["node_config"]["serviceAccounts"][0]
     assert head["email"] == "ray-autoscaler-sa-v1@my-project.iam.gserviceaccount.com"
     assert not any(s.endswith("cloud-platform") for s in head["scopes"] + worker["scopes"])
     assert "https://www.googleapis.com/auth/devstorage.read_write" in worker["scopes"]
@@ -77,7 +77,7 @@ def test_presets_match_the_scale_tiers():
     basic = build(preset="basic")
     assert list(basic["available_node_types"]) == ["ray_head"] and basic["max_workers"] == 0
     standard = build(preset="standard-1")
-    workers = standard["available_node_types"]["ray_worker"]
+    workers = standard["available_node_types"]["n1-standard-8"]
     assert workers["min_workers"] == workers["max_workers"] == 4 and "GPU" not in workers["resources"]
     gpu = build(preset="basic-gpu")
     head = gpu["available_node_types"]["ray_head"]
@@ -89,7 +89,7 @@ def test_presets_match_the_scale_tiers():
 
 def test_spot_gpu_workers():
     config = build(preset="standard-1", accelerator_type="nvidia-tesla-t4", accelerator_count=2, provisioning="spot")
-    worker = config["available_node_types"]["ray_worker"]["node_config"]
+    worker = config["available_node_types"]["n1-standard-8-t4x2"]["node_config"]
     assert worker["scheduling"] == {"onHostMaintenance": "TERMINATE", "automaticRestart": False,
                                     "provisioningModel": "SPOT", "instanceTerminationAction": "DELETE"}
     assert worker["disks"][0]["initializeParams"]["sourceImage"] == GPU_IMAGE
@@ -106,17 +106,17 @@ def test_spot_gpu_workers():
 
 def test_preemptible_and_standard_workers():
     pre = build(preset="standard-1", provisioning="preemptible")
-    sched = pre["available_node_types"]["ray_worker"]["node_config"]["scheduling"]
+    sched = pre["available_node_types"]["n1-standard-8"]["node_config"]["scheduling"]
     assert sched == {"onHostMaintenance": "TERMINATE", "automaticRestart": False, "preemptible": True}
     assert any("preemption watch" in c for c in pre["worker_start_ray_commands"])
     std = build(preset="standard-1")
-    assert "scheduling" not in std["available_node_types"]["ray_worker"]["node_config"]
+    assert "scheduling" not in std["available_node_types"]["n1-standard-8"]["node_config"]
     assert not any("preemption watch" in c for c in std["worker_start_ray_commands"])
 
 
 def test_bundled_gpu_machine_types_take_no_guest_accelerators():
     config = build(worker_machine_type="g2-standard-8", accelerator_type="nvidia-l4")
-    worker = config["available_node_types"]["ray_worker"]
+    worker = config["available_node_types"]["g2-standard-8-l4x1"]
     assert worker["resources"] == {"CPU": 8, "GPU": 1} and "guestAccelerators" not in worker["node_config"]
 
 
@@ -137,7 +137,7 @@ def test_install_source_and_horovod():
 def test_network_and_service_account():
     config = build(network="my-vpc", subnetwork="my-subnet", service_account="trainer@my-project.iam.gserviceaccount.com",
                    zone="europe-west4-a")
-    nc = config["available_node_types"]["ray_worker"]["node_config"]
+    nc = config["available_node_types"]["n1-standard-8"]["node_config"]
     assert nc["networkInterfaces"][0]["network"] == "projects/my-project/global/networks/my-vpc"
     assert nc["networkInterfaces"][0]["subnetwork"] == "projects/my-project/regions/europe-west4/subnetworks/my-subnet"
     assert nc["serviceAccounts"][0]["email"] == "trainer@my-project.iam.gserviceaccount.com"
@@ -185,7 +185,7 @@ def test_cli_config_from_flags_and_spec_file(tmp_path, capsys, monkeypatch):
     assert main(["cluster", "config", "--spec", str(spec_file), "--project", "p1", "--min-workers", "2",
                  "--provisioning", "spot"]) == 0
     config = yaml.safe_load(capsys.readouterr().out)
-    worker = config["available_node_types"]["ray_worker"]
+    worker = config["available_node_types"]["n1-standard-8-t4x1"]
     assert (worker["min_workers"], worker["max_workers"]) == (2, 6)
     assert config["provider"]["availability_zone"] == "europe-west4-a"
     assert worker["node_config"]["scheduling"]["provisioningModel"] == "SPOT"
@@ -207,3 +207,60 @@ def test_cluster_package_never_imports_workloads():
     code = ("import sys, cluster.config, cluster.preflight, cluster.compute, launcher.cli.cluster; "
             "sys.exit('workloads' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], env={**os.environ}).returncode == 0
+
+
+def test_node_types_are_named_and_labelled_after_their_machine_type():
+    gpu = build(preset="standard-1", accelerator_type="nvidia-tesla-t4", accelerator_count=2)
+    assert list(gpu["available_node_types"]) == ["ray_head", "n1-standard-8-t4x2"]
+    assert gpu["available_node_types"]["n1-standard-8-t4x2"]["labels"] == {
+        "launcher/machine-type": "n1-standard-8", "launcher/accelerator": "nvidia-tesla-t4x2"}
+    assert gpu["available_node_types"]["ray_head"]["labels"] == {
+        "launcher/machine-type": "n1-standard-4", "launcher/accelerator": "none"}
+    cpu = build(preset="standard-1")
+    assert list(cpu["available_node_types"]) == ["ray_head", "n1-standard-8"]
+    assert cpu["available_node_types"]["n1-standard-8"]["labels"] == {
+        "launcher/machine-type": "n1-standard-8", "launcher/accelerator": "none"}
+    # A GPU head (no workers) says it has its GPU; an A2 type its own A100s.
+    assert build(preset="basic-gpu")["available_node_types"]["ray_head"]["labels"]["launcher/accelerator"] == \
+        "nvidia-tesla-t4x1"
+    a2 = build(worker_machine_type="a2-highgpu-2g", accelerator_type="nvidia-tesla-a100")
+    assert a2["available_node_types"]["a2-highgpu-2g-a100x2"]["labels"]["launcher/accelerator"] == \
+        "nvidia-tesla-a100x2"
+    # Every label is one Ray accepts at `ray start` (RAY_OVERRIDE_LABELS).
+    from ray._private.label_utils import validate_node_label_syntax, validate_node_labels
+
+    for config in (gpu, cpu, a2):
+        for node in config["available_node_types"].values():
+            validate_node_labels(node["labels"])
+            validate_node_label_syntax(node["labels"])
+
+
+@pytest.mark.parametrize("text, canonical, node_type", [
+    ("n1-standard-8", "n1-standard-8", "n1-standard-8"),
+    ("n1-standard-8+nvidia-tesla-t4", "n1-standard-8+nvidia-tesla-t4x1", "n1-standard-8-t4x1"),
+    ("N1-STANDARD-16+NVIDIA_TESLA_V100x4", "n1-standard-16+nvidia-tesla-v100x4", "n1-standard-16-v100x4"),
+    ("g2-standard-8", "g2-standard-8+nvidia-l4x1", "g2-standard-8-l4x1"),
+    ("a2-highgpu-2g+nvidia-tesla-a100", "a2-highgpu-2g+nvidia-tesla-a100x2", "a2-highgpu-2g-a100x2"),
+])
+def test_machine_types_are_spelled_one_way(text, canonical, node_type):
+    from cluster import machines
+
+    parsed = machines.parse(text)
+    assert (str(parsed), parsed.node_type) == (canonical, node_type)
+    assert machines.from_labels(parsed.labels) == parsed  # what a labelled node says it is
+
+
+@pytest.mark.parametrize("text, message", [
+    ("n1 standard", "'n1 standard' is not a Compute Engine machine type"),
+    ("n1-standard-8+nvidia-tesla-t5", "unknown accelerator 'nvidia-tesla-t5'; did you mean nvidia-tesla-t4?"),
+    ("n1-standard-8+nvidia-l4", "nvidia-l4 attaches to G2 machine types, not n1-standard-8"),
+    ("n1-standard-8+nvidia-tesla-t4x3", "3 x nvidia-tesla-t4 per VM"),
+    ("a2-highgpu-2g+nvidia-tesla-a100x1", "a2-highgpu-2g comes with 2 x nvidia-tesla-a100; write "
+                                          "a2-highgpu-2g+nvidia-tesla-a100x2, or just a2-highgpu-2g"),
+])
+def test_bad_machine_types_are_one_clear_error(text, message):
+    from cluster import machines
+
+    with pytest.raises(UserError) as err:
+        machines.parse(text, "--machine-type")
+    assert message in str(err.value) and str(err.value).startswith(f"--machine-type {text}: ")

@@ -73,14 +73,14 @@ def test_missing_preemptible_gpu_quota_for_spot(tmp_path, fake, capsys):
 def test_accelerator_not_in_zone(tmp_path, fake):
     checks = checks_for(tmp_path, zone="us-central1-f", accelerator_type="nvidia-tesla-v100")
     failed = by_status(checks, FAIL)
-    assert [c.what for c in failed] == ["accelerator nvidia-tesla-v100 (ray_worker) is not offered in us-central1-f"]
+    assert [c.what for c in failed] == ["accelerator nvidia-tesla-v100 (n1-standard-8-v100x1) is not offered in us-central1-f"]
     assert "pick a zone that has it" in failed[0].fix
 
 
 def test_too_many_gpus_per_vm(tmp_path, fake):
     checks = checks_for(tmp_path, accelerator_type="nvidia-tesla-t4", accelerator_count=8)
     assert [c.what for c in by_status(checks, FAIL)] == [
-        "8 x nvidia-tesla-t4 per VM (ray_worker): us-central1-a allows at most 4"]
+        "8 x nvidia-tesla-t4 per VM (n1-standard-8-t4x8): us-central1-a allows at most 4"]
 
 
 def test_zone_down(tmp_path, fake):

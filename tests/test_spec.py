@@ -115,3 +115,25 @@ def test_min_workers_must_be_between_one_and_workers(min_workers):
     with pytest.raises(UserError, match=r"--min-workers .* is outside 1\.\.4"):
         JobSpec(workers=4, min_workers=min_workers).validated()
     assert JobSpec(workers=4, min_workers=2).validated().min_workers == 2
+
+
+def test_machine_types_from_flags_and_yaml(tmp_path):
+    from launcher import schema
+    from launcher.cli.main import build_parser
+    from launcher.cli.options import spec_from_args
+
+    path = tmp_path / "job.yaml"
+    path.write_text("machine_type: n1-standard-8+NVIDIA_TESLA_T4\nprimary_machine_type: n1-standard-4\n")
+    spec = load_spec_file(str(path)).validated()
+    # Spelled one way once validated: the GPU count and the lower-case accelerator name filled in.
+    assert (spec.machine_type, spec.primary_machine_type) == ("n1-standard-8+nvidia-tesla-t4x1", "n1-standard-4")
+    args = build_parser().parse_args(["run", "--config", str(path), "--machine-type", "g2-standard-8"])
+    flagged = spec_from_args(args)
+    assert (flagged.machine_type, flagged.primary_machine_type) == ("g2-standard-8+nvidia-l4x1", "n1-standard-4")
+    # `launcher submit` rebuilds them on the cluster as flags.
+    argv = schema.to_argv(flagged)
+    assert argv[argv.index("--machine-type") + 1] == "g2-standard-8+nvidia-l4x1"
+    assert argv[argv.index("--primary-machine-type") + 1] == "n1-standard-4"
+    assert JobSpec().validated().machine_type is None  # default: any node
+    with pytest.raises(UserError, match=r"^--primary-machine-type n1-standard-4\+nvidia-l4: nvidia-l4 attaches to "):
+        JobSpec(primary_machine_type="n1-standard-4+nvidia-l4").validated()

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import workloads
 from launcher import backends
-from launcher.driver import localhead, runpath, session, startup, trainer
+from launcher.driver import localhead, placement, runpath, session, startup, trainer
 from launcher.driver.progress import Progress
 from launcher.driver.tracker import Tracker
 from launcher.errors import UserError
@@ -113,6 +113,7 @@ def _launch(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tupl
         with session.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
                              verbose=verbose, workload=spec.workload) as nodes:
             startup.mark("ray_ready")
+            placement.check(spec, [n.labels for n in nodes], progress.note)
             session.check_fits(nodes, spec.min_workers or spec.workers, spec.cpus_per_worker, spec.gpus_per_worker)
             return _train(spec, storage, log, checkpoints, progress, launched, verbose, lock, on_epoch)
 

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
-from launcher.driver import runpath, session, trainer
+from launcher.driver import placement, runpath, session, trainer
 from launcher.driver.program import Program
 from launcher.driver.progress import Progress
 from launcher.errors import UserError
@@ -127,6 +127,7 @@ def run_script(spec, program: Program, args: list[str], *, job_dir: bool = True,
         runtime_env = program.runtime_env() if shipped and not session.in_ray_job() else None
         with session.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
                              verbose=verbose, program=runtime_env) as nodes:
+            placement.check(spec, [n.labels for n in nodes], progress.note)
             session.check_fits(nodes, spec.workers, spec.cpus_per_worker, spec.gpus_per_worker)
             program_config = program.to_config(shipped)
             if program.requirements:

@@ -16,8 +16,8 @@ import os
 import signal
 import socket
 import threading
-from dataclasses import dataclass
-from typing import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Mapping
 
 from launcher import _ray
 from launcher._ray import JOB_CONFIG_ENV
@@ -41,6 +41,7 @@ class NodeResources:
     node_id: str
     cpus: float
     gpus: float
+    labels: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False)  # Ray's node labels
 
 
 def _quiet_ray_loggers(verbose: bool) -> None:
@@ -260,7 +261,8 @@ def in_ray_job() -> bool:
 def alive_nodes() -> list[NodeResources]:
     import ray
 
-    return [NodeResources(n["NodeID"], n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0))
+    return [NodeResources(n["NodeID"], n["Resources"].get("CPU", 0.0), n["Resources"].get("GPU", 0.0),
+                          dict(n.get("Labels") or {}))
             for n in ray.nodes() if n.get("Alive")]
 
 

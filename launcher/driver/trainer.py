@@ -15,6 +15,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from launcher.driver import placement
 from launcher.summary import RunStatus
 
 POLL_S = 0.5
@@ -93,7 +94,8 @@ def apply_ray_train_env() -> None:
 
 
 def scaling_config(spec, elastic: bool = True):
-    """Workers, their resources and, when ``elastic`` and --min-workers is set, the range."""
+    """Workers, their resources, the nodes they must run on (--machine-type and
+    --primary-machine-type, on a cluster) and, when ``elastic`` and --min-workers is set, the range."""
     from ray.train import ScalingConfig
 
     resources = {"CPU": spec.cpus_per_worker}
@@ -101,7 +103,8 @@ def scaling_config(spec, elastic: bool = True):
         resources["GPU"] = spec.gpus_per_worker
     shrinks = elastic and spec.min_workers is not None and spec.min_workers < spec.workers
     return ScalingConfig(num_workers=(spec.min_workers, spec.workers) if shrinks else spec.workers,
-                         use_gpu=spec.gpus_per_worker > 0, resources_per_worker=resources)
+                         use_gpu=spec.gpus_per_worker > 0, resources_per_worker=resources,
+                         label_selector=placement.label_selector(spec))
 
 
 def run_config(spec, storage, *, max_failures: int, keep_checkpoints: int | None = None,

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator, TextIO
 
 from launcher import _ray
-from launcher.driver import session, trainer
+from launcher.driver import placement, session, trainer
 from launcher.driver.progress import Progress
 from launcher.driver.script import check_backend, install_everywhere, is_shipped
 from launcher.errors import UserError
@@ -82,6 +82,7 @@ def run(study: Study, *, verbose: bool = False, out: TextIO | None = None) -> Ou
         with session.connect(study.spec.address, workers=workers, cpus_per_worker=study.spec.cpus_per_worker,
                              verbose=verbose, workload=study.spec.workload if study.program is None else None,
                              program=study.program.runtime_env() if shipped else None) as nodes:
+            placement.check(study.spec, [n.labels for n in nodes], lambda text: note(out, text))
             _check_fits(study, nodes)
             if study.program is not None and study.program.requirements:
                 install_everywhere(study.program, study.program.to_config(shipped), nodes, _Notes(out))

@@ -1,0 +1,166 @@
+"""launcher.driver.placement: machine types as Ray Train label selectors, and the check before any worker starts.
+
+The fast tests build the selectors and run the check against node labels and
+a cluster file written here. The integration tests start a 2-node
+``ray.cluster_utils.Cluster`` whose nodes carry the labels of an n1-standard-4
+head and an n1-standard-8 worker: a 2-worker run with ``--machine-type
+n1-standard-8`` puts both ranks on the worker node, one with
+``--primary-machine-type n1-standard-4`` puts rank 0 on the head, and a
+machine type neither node has exits 2 with one line before any worker starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from cluster import machines
+from launcher.driver import placement
+from launcher.errors import UserError
+from launcher.spec import JobSpec
+
+CPU8 = {"launcher/machine-type": "n1-standard-8", "launcher/accelerator": "none"}
+CPU4 = {"launcher/machine-type": "n1-standard-4", "launcher/accelerator": "none"}
+T4 = {"launcher/machine-type": "n1-standard-8", "launcher/accelerator": "nvidia-tesla-t4x1"}
+
+
+@pytest.fixture()
+def cluster_address(monkeypatch):
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.2:6379")
+
+
+def spec(**values) -> JobSpec:
+    return JobSpec(**values).validated()
+
+
+def test_selectors_put_rank_0_first(cluster_address):
+    assert placement.label_selector(spec()) is None
+    assert placement.label_selector(spec(machine_type="n1-standard-8")) == CPU8
+    same = spec(machine_type="n1-standard-8", primary_machine_type="n1-standard-8")
+    assert placement.label_selector(same) == CPU8
+    # Ray Train gives bundle i the i-th selector, and world ranks start at bundle 0's node.
+    mixed = spec(workers=3, machine_type="n1-standard-8+nvidia-tesla-t4", primary_machine_type="n1-standard-4")
+    assert placement.label_selector(mixed) == [CPU4, T4, T4]
+    assert placement.label_selector(spec(workers=2, primary_machine_type="n1-standard-4")) == [CPU4, {}]
+    # As long as the most workers an elastic run may have, which Ray checks.
+    from launcher.driver import trainer
+
+    elastic = spec(workers=3, min_workers=2, machine_type="n1-standard-8", primary_machine_type="n1-standard-4")
+    assert trainer.scaling_config(elastic).label_selector == [CPU4, CPU8, CPU8]
+
+
+def test_a_local_run_notes_the_machine_types_and_places_nothing(monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    run = spec(machine_type="n1-standard-8", primary_machine_type="n1-standard-4")
+    assert placement.label_selector(run) is None
+    notes = []
+    placement.check(run, [], notes.append)
+    assert notes == ["machine types n1-standard-4 (primary) / n1-standard-8 noted: a local run places all ranks "
+                     "on this machine"]
+
+
+def test_a_machine_type_the_cluster_lacks_is_one_line(cluster_address, tmp_path):
+    nowhere = str(tmp_path / "no-cluster-file.yaml")
+    placement.check(spec(machine_type="n1-standard-8"), [CPU4, CPU8], print, nowhere)  # it has one
+    with pytest.raises(UserError) as err:
+        placement.check(spec(machine_type="n1-standard-8+nvidia-tesla-t4"), [CPU4, CPU8], print, nowhere)
+    assert str(err.value) == ("--machine-type n1-standard-8+nvidia-tesla-t4x1: the Ray cluster has no node of that "
+                              "machine type; it has: n1-standard-4, n1-standard-8")
+    with pytest.raises(UserError, match=r"^--primary-machine-type n1-standard-16: .*it has: n1-standard-8$"):
+        placement.check(spec(machine_type="n1-standard-8", primary_machine_type="n1-standard-16"), [CPU8], print,
+                        nowhere)
+    with pytest.raises(UserError, match="none of its nodes has a launcher/machine-type label"):
+        placement.check(spec(machine_type="n1-standard-8"), [{}], print, nowhere)
+
+
+def test_the_cluster_files_node_types_count_before_their_nodes_are_up(cluster_address, tmp_path):
+    from cluster.config import ray_cluster_config
+    from cluster.spec import ClusterSpec
+
+    cluster_spec = ClusterSpec.from_mapping({"project": "p", "source_dir": "/src", "min_workers": 0,
+                                             "accelerator_type": "nvidia-tesla-t4"}).validated()
+    path = tmp_path / "ray_bootstrap_config.yaml"
+    path.write_text(yaml.safe_dump(ray_cluster_config(cluster_spec, "0.1.0")))
+    # Only the head is up; the autoscaler starts T4 workers on demand.
+    have = placement.cluster_machine_types([CPU4], str(path))
+    assert have == {machines.parse("n1-standard-4"), machines.parse("n1-standard-8+nvidia-tesla-t4x1")}
+    placement.check(spec(machine_type="n1-standard-8+nvidia-tesla-t4x1"), [CPU4], print, str(path))
+
+
+# -- on a 2-node Ray cluster ------------------------------------------------------------------------
+
+WHERE = '''
+import json
+import os
+
+import ray
+import ray.train
+
+
+def where(config):
+    """Each rank writes down which node it runs on."""
+    rank = ray.train.get_context().get_world_rank()
+    with open(os.path.join(config["out"], f"rank{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "node": ray.get_runtime_context().get_node_id()}, f)
+    ray.train.report({"loss": 0.0})
+'''
+
+
+@pytest.fixture(scope="module")
+def labelled_cluster():
+    """An n1-standard-4 head and an n1-standard-8 worker node, 2 CPUs each: {machine type: node id}."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "labels": CPU4})
+    try:
+        worker = cluster.add_node(num_cpus=2, labels=CPU8)
+        cluster.wait_for_nodes()
+        yield cluster.address, {"n1-standard-4": cluster.head_node.node_id, "n1-standard-8": worker.node_id}
+    finally:
+        cluster.shutdown()
+
+
+def launch(tmp_path, address: str, name: str, *flags: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """`launcher run` of WHERE on the cluster; returns the process and {rank: node id}."""
+    code, out = tmp_path / "code", tmp_path / name
+    code.mkdir(exist_ok=True)
+    out.mkdir()
+    (code / "where.py").write_text(WHERE)
+    done = subprocess.run([sys.executable, "-m", "launcher", "run", "--workload", f"{code / 'where.py'}:where",
+                           "--address", address, "--workers", "2", "--storage", str(tmp_path / "runs"),
+                           "--name", name, "--param", f"out={out}", "--json", *flags],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"})
+    ranks = {}
+    for entry in out.iterdir():
+        record = json.loads(entry.read_text())
+        ranks[record["rank"]] = record["node"]
+    return done, ranks
+
+
+@pytest.mark.integration
+def test_ranks_run_on_nodes_of_their_machine_type(labelled_cluster, tmp_path):
+    address, nodes = labelled_cluster
+    done, ranks = launch(tmp_path, address, "workers", "--machine-type", "n1-standard-8")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ranks == {0: nodes["n1-standard-8"], 1: nodes["n1-standard-8"]}  # the head had room too
+    done, ranks = launch(tmp_path, address, "primary", "--machine-type", "n1-standard-8",
+                         "--primary-machine-type", "n1-standard-4")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ranks == {0: nodes["n1-standard-4"], 1: nodes["n1-standard-8"]}
+
+
+@pytest.mark.integration
+def test_a_machine_type_no_node_has_is_refused_before_any_worker_starts(labelled_cluster, tmp_path):
+    address, _ = labelled_cluster
+    done, ranks = launch(tmp_path, address, "nowhere", "--machine-type", "n1-standard-8+nvidia-tesla-t4")
+    assert done.returncode == 2 and ranks == {}
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert errors == ["error: --machine-type n1-standard-8+nvidia-tesla-t4x1: the Ray cluster has no node of that "
+                      "machine type; it has: n1-standard-4, n1-standard-8"], done.stderr
+    assert "starting 2" not in done.stderr
