@@ -117,6 +117,8 @@ def _kind(annotation: Any) -> tuple[str, bool, Any]:
             return "tuple", optional, None
         if item in (int, float):
             return "list", optional, _KINDS[item]
+        if item is dict:
+            return "list", optional, "dict"
         if dataclasses.is_dataclass(item):
             return "list", optional, item
         raise TypeError(f"unsupported annotation {annotation!r}")
@@ -156,10 +158,11 @@ def check_keys(cls: type, values: Mapping[str, Any], source: str) -> None:
     known = [f.name for f in fields(cls)]
     for key in values:
         if key not in known:
-            raise UserError(f"{source}: unknown key {key!r}", _closest(str(key), known))
+            raise UserError(f"{source}: unknown key {key!r}", closest(str(key), known))
 
 
-def _closest(key: str, known: list[str]) -> str:
+def closest(key: str, known: list[str]) -> str:
+    """The hint for an unknown key: the closest known one, else the list of them."""
     # "num_workers" is how Ray's ScalingConfig spells it: match without the prefix first.
     close = (difflib.get_close_matches(key.removeprefix("num_"), known, n=1)
              or difflib.get_close_matches(key, known, n=1))
@@ -238,7 +241,7 @@ def build(cls: type, raw: Any, source: str, where: str = "") -> Any:
     for key in raw:
         if key not in known:
             raise UserError(f"{source}: unknown key {key!r}" + (f" in {where}" if where else ""),
-                            _closest(str(key), list(known)))
+                            closest(str(key), list(known)))
     for f in known.values():
         if f.required and f.name not in raw:
             raise UserError(f"{source}: {where + '.' if where else ''}{f.name} is missing",

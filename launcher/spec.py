@@ -65,6 +65,10 @@ class JobSpec:
                                     "a preemption notice and the last one always wait)")
     max_failures: int = option(0, help="worker-group restarts allowed after failures (default 0, -1: unlimited); "
                                "preemptions never count")
+    max_run_s: float | None = option(None, help="stop the run once this launch has trained this many seconds "
+                                     "and summarise it (AI Platform's maxRunningTime, Vertex AI's "
+                                     "scheduling.timeout); the same --name resumes it from its last checkpoint "
+                                     "(default: no limit)")
     # ask Ray Train for a preemption notice every N steps; 0: never
     preemption_check_steps: int = option(10, help="check for a preemption notice every N steps and checkpoint at "
                                          "once on one (default 10, 0: never)")
@@ -190,6 +194,8 @@ class JobSpec:
         _at_least("keep_checkpoints", self.keep_checkpoints, 1)
         _at_least("max_failures", self.max_failures, -1)
         _at_least("preemption_check_steps", self.preemption_check_steps, 0)
+        if self.max_run_s is not None:
+            _positive("max_run_s", self.max_run_s)
         if self.min_workers is not None and not 1 <= self.min_workers <= self.workers:
             raise UserError(f"--min-workers {self.min_workers} is outside 1..{self.workers} (--workers)",
                             "give a number of workers the run may shrink to, at most --workers")

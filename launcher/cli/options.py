@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import datetime as _dt
 import re
+import sys
 
 from launcher import schema
 from launcher.errors import UserError
@@ -36,7 +37,8 @@ def add_run_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -
     """``--config``, one flag per JobSpec field (except ``skip``) and ``--param KEY=VALUE``."""
     from launcher.spec import JobSpec  # imports the workload registry: only for the commands that run
 
-    parser.add_argument("--config", help="job spec YAML; flags override its values")
+    parser.add_argument("--config", help="job spec YAML, or an AI Platform / Vertex AI job file (trainingInput, "
+                        "workerPoolSpecs, a CustomJob or HyperparameterTuningJob); flags override its values")
     schema.add_flags(parser, JobSpec, skip=skip)
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                         help="workload parameter, e.g. --param image_size=64 (repeatable)")
@@ -56,14 +58,51 @@ def add_program_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--job-dir-arg", action="store_true",
                         help="append --job-dir RUN_DIR to a --script's arguments too (off by default: a script "
                         "written for torchrun or horovodrun would reject an unknown flag)")
+    parser.add_argument("--worker-pool-spec", action="append", default=[], metavar="KEY=VALUE,...",
+                        help="a Vertex AI worker pool, as gcloud ai custom-jobs create takes it (repeatable: pool 0 "
+                        "the primary replica, pool 1 the workers): machine-type, replica-count, accelerator-type, "
+                        "accelerator-count, python-module, executor-image-uri")
     parser.add_argument("program_args", nargs="*", metavar="-- ARGS",
                         help="arguments for --script or --module")
 
 
-def program_from_args(args: argparse.Namespace):
-    """The Program the flags name, checked (None: a workload run)."""
+def job_file(args: argparse.Namespace, *, tuning: bool = False):
+    """The AI Platform / Vertex AI job that ``--config`` or ``--worker-pool-spec`` gives (None:
+    neither does), read once per command; its notes are printed then, before anything starts.
+
+    A job file's package, module and arguments stand where the flags name none."""
+    if hasattr(args, "_job_file"):
+        return args._job_file
+    from launcher import jobfile
+
+    job = None
+    raw = schema.load_yaml(args.config, "--config") if getattr(args, "config", None) else None
+    if jobfile.kind_of(raw):
+        job = jobfile.read(raw, args.config, tuning=tuning)
+    pools = getattr(args, "worker_pool_spec", None) or []
+    if pools:
+        if job is not None:
+            raise UserError("--worker-pool-spec and a job file in --config both describe the job",
+                            "give one of them")
+        job = jobfile.worker_pool_flags(pools)
+    args._job_file = job
+    if job is not None:
+        for line in job.notes:
+            print(f"note: {line}", file=sys.stderr, flush=True)
+        if not (args.script or args.package) and job.package:
+            args.package = job.package
+        if not (args.script or args.module) and job.module:
+            args.module = job.module
+        if not args.program_args and job.args:
+            args.program_args = list(job.args)
+    return job
+
+
+def program_from_args(args: argparse.Namespace, *, tuning: bool = False):
+    """The Program the flags name (or the job file), checked (None: a workload run)."""
     from launcher.driver.program import from_flags
 
+    job_file(args, tuning=tuning)
     program = from_flags(args.script, args.package, args.module)
     if program is None and args.program_args:
         raise UserError(f"unexpected arguments {' '.join(args.program_args)!r}",
@@ -98,7 +137,11 @@ def spec_from_args(args: argparse.Namespace):
     """The YAML file (if any) first, then the flags that were given; a validated JobSpec."""
     from launcher.spec import JobSpec, load_spec_file
 
-    spec = load_spec_file(args.config) if args.config else JobSpec()
+    job = job_file(args)
+    if job is not None:
+        spec = JobSpec.from_mapping(job.fields, source=job.source)
+    else:
+        spec = load_spec_file(args.config) if args.config else JobSpec()
     overrides = schema.given_flags(args, JobSpec)
     if args.param:
         overrides["params"] = parse_params(args.param, spec.params)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import json
 import re
@@ -10,7 +11,7 @@ import sys
 
 from launcher import schema
 from launcher.cli.options import (EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, add_program_flags, add_run_flags, add_verbose,
-                                  parse_params, program_from_args, wants_job_dir)
+                                  job_file, parse_params, program_from_args, wants_job_dir)
 from launcher.cli.run import sigterm_as_ctrl_c, summary_stream
 from launcher.errors import UserError
 
@@ -43,6 +44,10 @@ def add_parsers(sub) -> None:
             action.help = ("tuning YAML: a hyperparameters block (or trainingInput.hyperparameters), and job keys "
                            "(workload, epochs, ...) that flags override; required")
     add_program_flags(tune)
+    tune.add_argument("--max-trial-count", type=int, metavar="N",
+                      help="trials in all, over the file's maxTrials / maxTrialCount (as gcloud's flag)")
+    tune.add_argument("--parallel-trial-count", type=int, metavar="N",
+                      help="trials at once, over the file's maxParallelTrials / parallelTrialCount")
     tune.add_argument("--json", action="store_true", help="print the summary and the trials as JSON on stdout")
     add_verbose(tune)
 
@@ -55,9 +60,23 @@ def study_from_args(args: argparse.Namespace):
     if not args.config:
         raise UserError("launcher tune needs --config tune.yaml (its hyperparameters block)",
                         "see `launcher tune --help` for an example")
-    program = program_from_args(args)
-    hp, raw = load(args.config)
-    spec = JobSpec.from_mapping(raw, source=args.config)
+    program = program_from_args(args, tuning=True)
+    job = job_file(args, tuning=True)
+    if job is not None:
+        if job.hyperparameters is None:
+            raise UserError(f"{job.source}: no hyperparameters to tune (trainingInput.hyperparameters, or a "
+                            "HyperparameterTuningJob's studySpec)", "add them, or run the job with launcher run")
+        hp, raw = job.hyperparameters, job.fields
+    else:
+        hp, raw = load(args.config)
+    counts = {"maxTrials": args.max_trial_count, "maxParallelTrials": args.parallel_trial_count}
+    for key, value in counts.items():
+        if value is not None:
+            if value < 1:
+                flag = "--max-trial-count" if key == "maxTrials" else "--parallel-trial-count"
+                raise UserError(f"{flag} must be at least 1, got {value}", f"for example {flag} 2")
+            hp = dataclasses.replace(hp, **{key: value})
+    spec = JobSpec.from_mapping(raw, source=job.source if job is not None else args.config)
     overrides = schema.given_flags(args, JobSpec)
     overrides.pop("config", None)
     if args.param:

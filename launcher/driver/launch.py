@@ -216,7 +216,7 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
         lock.refresh()
 
     try:
-        return trainer.fit(ray_trainer, drain, verbose=verbose, abort=channel.abort)
+        return trainer.fit(ray_trainer, drain, verbose=verbose, abort=channel.abort, limit_s=spec.max_run_s)
     finally:
         tracker.account(channel.attempts())
         channel.close()

@@ -235,7 +235,7 @@ def _run(spec, program: Program, program_config: dict[str, Any], args: list[str]
         lock.refresh()
 
     try:
-        fitted = trainer.fit(ray_trainer, drain, verbose=verbose, poll_s=POLL_S, abort=channel.abort)
+        fitted = trainer.fit(ray_trainer, drain, verbose=verbose, poll_s=POLL_S, abort=channel.abort, limit_s=spec.max_run_s)
     finally:
         channel.close()
         ray.kill(sink)
@@ -247,6 +247,8 @@ def _finish(spec, program: Program, fitted, outcome: Outcome, restarts: list[Res
     if fitted.status == RunStatus.CANCELLED:
         code, message = EXIT_INTERRUPTED, "interrupted; the program was stopped on every worker (the same --name " \
                                           "continues the run)"
+        if fitted.error and fitted.error != trainer.INTERRUPTED:  # the time limit, a stopped tuning trial
+            message = fitted.error
     else:
         code, message = outcome.exit_code(spec.workers, None if fitted.status == RunStatus.SUCCEEDED
                                           else fitted.error)

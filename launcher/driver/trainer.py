@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -165,13 +166,13 @@ def prepare_trainer(ray_trainer):
 
 
 def fit(trainer, drain: Callable[[], None], *, verbose: bool = False, poll_s: float = POLL_S,
-        abort: Callable[[float], bool] | None = None) -> FitOutcome:
+        abort: Callable[[float], bool] | None = None, limit_s: float | None = None) -> FitOutcome:
     """``trainer.fit()`` while a thread calls ``drain()`` every ``poll_s`` (and once after).
 
     Ctrl-C (and SIGTERM, which the CLI turns into it) ends the run as CANCELLED;
     a failure of the workers as FAILED with one line naming the rank and its error.
     ``abort(timeout_s)`` lets :func:`stop_running` end the run from another thread, as
-    CANCELLED too.
+    CANCELLED too; so does ``limit_s`` (``--max-run-s``) once the fit has run that long.
     """
     prepare_trainer(trainer)
     stop = threading.Event()
@@ -180,12 +181,18 @@ def fit(trainer, drain: Callable[[], None], *, verbose: bool = False, poll_s: fl
         with _RUNNING_LOCK:
             _RUNNING[id(me)] = me
 
+    started = time.monotonic()
+
     def pump() -> None:
         while True:
             done = stop.wait(poll_s)
             drain()
             if done:
                 return
+            if limit_s is not None and me is not None and me.reason is None \
+                    and time.monotonic() - started >= limit_s:
+                me.reason = time_limit_reason(limit_s)
+                threading.Thread(target=me.abort, args=(30.0,), name="launcher-time-limit", daemon=True).start()
 
     pumper = threading.Thread(target=pump, name="launcher-pump", daemon=True)
     pumper.start()
@@ -212,6 +219,12 @@ def fit(trainer, drain: Callable[[], None], *, verbose: bool = False, poll_s: fl
             with _RUNNING_LOCK:
                 _RUNNING.pop(id(me), None)
     return outcome
+
+
+def time_limit_reason(limit_s: float) -> str:
+    """The run's error when --max-run-s stopped it."""
+    return (f"stopped: the time limit (--max-run-s {limit_s:g}, a job file's maxRunningTime or timeout) passed; "
+            "the same --name resumes from the last checkpoint")
 
 
 def describe_failure(exc: BaseException) -> str:

@@ -37,7 +37,8 @@ def parse_args():
     parser = argparse.ArgumentParser()
     parser.add_argument("--job-dir", required=True, help="where outputs go when AIP_*_DIR are not set")
     parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--lr", type=float, default=0.05)
+    # --learning_rate: the name AI Platform's tuning examples give the parameter
+    parser.add_argument("--lr", "--learning_rate", "--learning-rate", dest="lr", type=float, default=0.05)
     parser.add_argument("--batch-size", type=int, default=32, help="per process")
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--step-sleep", type=float, default=0.0, help="seconds to wait each step (demos)")
