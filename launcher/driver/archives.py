@@ -84,8 +84,9 @@ class Archive:
         (an sdist's ``src/`` layout is taken as setuptools' usual ``package_dir={"": "src"}``)."""
         if self.kind == "sdist" and any(m.startswith("src/") for m in self.members):
             out = {rel[len("src/"):]: rel for rel in self.members if rel.startswith("src/")}
-            for rel in self.members:
-                out.setdefault(rel, rel)
+            for rel in self.members:  # and the top folder's own (setup.py's py_modules, PKG-INFO)
+                if not rel.startswith("src/"):
+                    out.setdefault(rel, rel)
             return out
         return {rel: rel for rel in self.members}
 
