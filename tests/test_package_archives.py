@@ -285,8 +285,8 @@ def test_an_sdist_by_path_then_by_gs_uri_trains_on_two_nodes_and_resumes(tmp_pat
     for name in deps.pip_env():
         monkeypatch.delenv(name)
     monkeypatch.setenv("PIP_NO_INDEX", "1")  # and nothing ever reaches for the network
-    env = {**os.environ, "LAUNCHER_ENV_CACHE": str(tmp_path / "envs"), "LAUNCHER_CACHE": str(tmp_path / "cache"),
-           "PIP_FIND_LINKS": str(wheels)}
+    monkeypatch.setenv("LAUNCHER_ENV_CACHE", str(tmp_path / "envs"))  # the nodes' overlay environments
+    env = {**os.environ, "PIP_FIND_LINKS": str(wheels)}
     storage, run_dir = str(tmp_path / "runs"), str(tmp_path / "runs" / "arc")
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()

@@ -166,7 +166,7 @@ def install_everywhere(program: Program, config: dict[str, Any], nodes, progress
     def install(program_config: dict[str, Any]) -> bool:
         try:
             return deps.ensure(program_config["requirements"], program_config["env_key"],
-                               program_folder(program_config), env=program_config.get("pip_env"))[1]
+                               program_folder(program_config), pip_environ=program_config.get("pip_env"))[1]
         except deps.DependencyError as exc:
             return str(exc)
 

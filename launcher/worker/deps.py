@@ -68,10 +68,10 @@ def python_of(env: str) -> str:
 
 
 def ensure(requirements: list[str], key: str, folder: str, root: str | None = None,
-           env: dict[str, str] | None = None) -> tuple[str, bool]:
+           pip_environ: dict[str, str] | None = None) -> tuple[str, bool]:
     """(the python to run the program with, whether this call installed anything).
 
-    ``env``: variables set for pip over this process's (the driver's ``PIP_*``, see :func:`pip_env`).
+    ``pip_environ``: variables set for pip over this process's (the driver's ``PIP_*``, see :func:`pip_env`).
 
     Raises:
         DependencyError: pip failed; the message is its reason.
@@ -92,7 +92,7 @@ def ensure(requirements: list[str], key: str, folder: str, root: str | None = No
         _overlay(env)
         wanted = [line.replace(WORKING_DIR_VAR, folder) for line in requirements]
         done = subprocess.run([sys.executable, "-m", "pip", "--python", python_of(env), "install", *PIP_OPTIONS,
-                               *wanted], capture_output=True, text=True, env={**os.environ, **(env or {})})
+                               *wanted], capture_output=True, text=True, env={**os.environ, **(pip_environ or {})})
         if done.returncode != 0:
             shutil.rmtree(env, ignore_errors=True)
             raise DependencyError(pip_reason(done.stdout + "\n" + done.stderr))

@@ -176,7 +176,7 @@ def script_worker(config: dict[str, Any]) -> None:
     folder = program_folder(program)
     python = None
     if program.get("requirements"):  # installed by the driver already, unless this node is new
-        python, _ = deps.ensure(program["requirements"], program["env_key"], folder, env=program.get("pip_env"))
+        python, _ = deps.ensure(program["requirements"], program["env_key"], folder, pip_environ=program.get("pip_env"))
     args = list(config["args"]) + (["--job-dir", config["job_dir"]] if config.get("job_dir") else [])
     proc = subprocess.Popen(command(program, folder, args, python), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=env, cwd=folder if program.get("shipped") else
