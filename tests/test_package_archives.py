@@ -12,7 +12,6 @@ import socket
 import subprocess
 import sys
 import tarfile
-import textwrap
 import zipfile
 
 import pytest
