@@ -49,8 +49,11 @@ def add_program_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--script", help="run this unmodified training script on every worker instead of a "
                         "workload, with the backend's environment (torchrun's, horovodrun's, TF_CONFIG) and "
                         "Vertex AI's; its folder is shipped to every node; arguments after --")
-    parser.add_argument("--package", metavar="DIR", help="a trainer package's folder (as gcloud's --package-path): "
-                        "shipped to every node, its requirements.txt / setup.py dependencies installed there")
+    parser.add_argument("--package", metavar="DIR|URIS", help="a trainer package's folder (as gcloud's "
+                        "--package-path), or built packages (as --python-package-uris): sdists (.tar.gz) and "
+                        "wheels (.whl), local or gs://, separated by commas, installed in order; shipped to every "
+                        "node and installed there with the dependencies they declare (the driver's PIP_* "
+                        "variables apply)")
     parser.add_argument("--module", metavar="NAME", help="the module to run from --package, as python -m NAME "
                         "(as gcloud's --module-name), e.g. trainer.task")
     parser.add_argument("--no-job-dir", action="store_true",

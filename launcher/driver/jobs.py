@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 from launcher import __version__, schema
 from launcher.errors import Unreachable, UserError
+from launcher.worker import deps
 
 ADDRESS_ENVS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")  # Ray's own order of precedence
 ID_PREFIX = "launcher-"
@@ -212,6 +213,7 @@ def runtime_env(environ: dict[str, str] | None = None, workload: str | None = No
 
     environ = os.environ if environ is None else environ
     env_vars = {k: environ[k] for k in PASSED_ENV if environ.get(k)}
+    env_vars.update(deps.pip_env(environ))  # pip's options, for the nodes' installs of a program's dependencies
     env_vars["RAY_JOB_STOP_WAIT_TIME_S"] = str(STOP_GRACE_S)
     shipped = code.runtime_env(workload, joining_cluster=True,
                                program=program.runtime_env() if program is not None else None)

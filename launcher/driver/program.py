@@ -1,5 +1,6 @@
 """The user's own training program: a script (``--script FILE``) or a trainer package
-(``--package DIR --module trainer.task``), checked on the driver and shipped to every node.
+(``--package DIR --module trainer.task``, or built: ``--package trainer-0.1.tar.gz,gs://B/x.whl``),
+checked on the driver and shipped to every node.
 
 A :class:`Program` knows its folder (shipped with Ray's runtime environment as
 the job's ``working_dir``), what to start in it (``python FILE`` or ``python -m
@@ -12,6 +13,12 @@ user's code is checked here, before Ray starts: the folder and the module exist,
 the code compiles, every module it imports at the top is in the folder,
 installed here or declared, local wheels named in ``requirements.txt`` are in
 the folder, and the folder is not too big to ship.
+
+A built package (an sdist or a wheel, a local file or a ``gs://`` object; see
+:mod:`launcher.driver.archives`) is fetched once here, checked the same way from
+inside the archive (it is whole, it holds the module, the module's imports), and
+shipped as a small folder holding the archives; each node installs them into its
+overlay environment, with what they declare, and runs the module from there.
 """
 
 from __future__ import annotations
@@ -21,11 +28,14 @@ import importlib.util
 import os
 import re
 import sys
+import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.driver import archives
 from launcher.errors import UserError
-from launcher.worker.deps import WORKING_DIR_VAR, env_key  # WORKING_DIR_VAR: the node's copy of the folder
+from launcher.storage.uri import URI_LIKE
+from launcher.worker.deps import WORKING_DIR_VAR, env_key, pip_env  # WORKING_DIR_VAR: the node's copy of the folder
 
 SHEBANG = re.compile(rb"^#!.*\bpython[0-9.]*\b")
 MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -41,11 +51,16 @@ class Program:
     target: str                 # the script's path relative to folder, or the dotted module
     requirements: tuple[str, ...] = ()
     sources: tuple[str, ...] = field(default=(), compare=False)  # where the requirements were read
+    archives: tuple[str, ...] = ()  # built packages in folder (file names, in install order); () for a folder
+    packages: tuple[str, ...] = field(default=(), compare=False)  # where those came from (paths, gs:// URIs)
 
     @property
     def label(self) -> str:
-        """How runs and summaries name it: ``script:train.py`` or ``module:trainer.task``."""
-        return f"{self.kind}:{self.target}"
+        """How runs and summaries name it: ``script:train.py``, ``module:trainer.task``, or for built
+        packages ``module:trainer.task (trainer-0.1.tar.gz)`` (by file name: a run may continue
+        from the same archive fetched from elsewhere)."""
+        label = f"{self.kind}:{self.target}"
+        return f"{label} ({', '.join(self.archives)})" if self.archives else label
 
     def command(self, folder: str | None = None) -> list[str]:
         """The command a worker runs in ``folder`` (default: the driver's folder)."""
@@ -62,11 +77,14 @@ class Program:
     def to_config(self, shipped: bool) -> dict[str, Any]:
         """What a worker needs to find and start the program (see launcher.worker.script)."""
         return {"kind": self.kind, "target": self.target, "folder": self.folder, "shipped": shipped,
-                "requirements": list(self.requirements),
-                "env_key": env_key(list(self.requirements), self.folder) if self.requirements else None}
+                "requirements": list(self.requirements), "archives": list(self.archives),
+                "env_key": env_key(list(self.requirements), self.folder) if self.requirements else None,
+                "pip_env": pip_env()}  # the nodes' pip takes the driver's index options
 
     def to_argv(self) -> list[str]:
         """The flags that name this program, for a command run in the shipped folder."""
+        if self.archives:
+            return ["--package", ",".join(self.archives), "--module", self.target]
         if self.kind == "module":
             return ["--package", ".", "--module", self.target]
         return ["--script", self.target]
@@ -112,15 +130,19 @@ def from_script(path: str) -> Program:
 
 
 def from_package(package: str, module: str) -> Program:
+    """A trainer package's folder, or built packages (``a.tar.gz,gs://B/b.whl``), with the module to run."""
+    if not MODULE_NAME.match(module):
+        raise UserError(f"--module {module}: not a dotted module name", "for example --module trainer.task")
+    if "," in package or archives.is_archive_name(package) or URI_LIKE.match(package):
+        return from_archives(archives.split_uris(package), module)
     folder = os.path.abspath(os.path.expanduser(package))
     if not os.path.exists(folder):
         raise UserError(f"--package {package}: no such folder", "give the folder that holds your trainer package "
-                        "(the one with setup.py, and trainer/ inside it)")
+                        "(the one with setup.py, and trainer/ inside it), or its sdist (.tar.gz) or wheel (.whl)")
     if not os.path.isdir(folder):
-        raise UserError(f"--package {package}: not a folder", "give the folder that holds the package, e.g. "
-                        "--package . --module trainer.task")
-    if not MODULE_NAME.match(module):
-        raise UserError(f"--module {module}: not a dotted module name", "for example --module trainer.task")
+        raise UserError(f"--package {package}: not a folder, and not an sdist or wheel (.tar.gz or .whl)",
+                        "give the folder that holds the package (e.g. --package . --module trainer.task), or "
+                        "what python setup.py sdist or pip wheel built from it")
     path = module_file(folder, module)
     if path is None:
         raise UserError(f"--module {module}: no {module.replace('.', '/')}.py (or package with __main__.py) "
@@ -129,6 +151,59 @@ def from_package(package: str, module: str) -> Program:
     program = Program("module", folder, module, tuple(requirements), tuple(sources))
     check_imports(program, path, f"--module {module}")
     return program
+
+
+def from_archives(uris: list[str], module: str) -> Program:
+    """Built packages, installed in order on every node, ``module`` run from what they install.
+
+    Raises:
+        UserError: a name that is not an sdist or wheel, a file or object that does not exist, a
+            corrupt archive, no archive with the module, or a module that cannot run.
+        Unreachable: Cloud Storage did not answer.
+    """
+    if not uris:
+        raise UserError("--package is empty", "give a folder, or sdists and wheels separated by commas")
+    for uri in uris:
+        if URI_LIKE.match(uri) and not uri.startswith(archives.REMOTE_SCHEMES):
+            raise UserError(f"--package {uri}: only local paths and gs:// URIs are supported",
+                            "copy it to gs://BUCKET/... or download it first")
+        if not archives.is_archive_name(uri):
+            folder = not URI_LIKE.match(uri) and os.path.isdir(os.path.expanduser(uri))
+            raise UserError(f"--package {uri}: " + ("a folder, with other packages" if folder else
+                                                    "not an sdist or wheel (.tar.gz or .whl)"),
+                            "give one folder, or built packages (.tar.gz, .whl) separated by commas")
+    opened = [archives.open_archive(uri, archives.local_copy(uri)) for uri in uris]
+    names = [a.name for a in opened]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise UserError(f"--package: two archives are named {twice[0]}", "give each package once")
+    holders = [a for a in opened if a.module_file(module)]
+    if not holders:
+        raise UserError(f"--module {module}: no {module.replace('.', '/')}.py (or package with __main__.py) in "
+                        + "; ".join(f"{a.name} (it has: {', '.join(a.top_level()) or 'no Python packages'})"
+                                    for a in opened),
+                        "check --module, or build the archive from the folder that holds the package")
+    _check_archived_module(opened, holders[-1], module)
+    folder = archives.ship_folder([a.path for a in opened])
+    return Program("module", folder, module, tuple(f"{WORKING_DIR_VAR}/{n}" for n in names), tuple(names),
+                   archives=tuple(names),
+                   packages=tuple(u if URI_LIKE.match(u) else os.path.abspath(os.path.expanduser(u)) for u in uris))
+
+
+def _check_archived_module(opened: list, holder, module: str) -> None:
+    """The module's code, as the archives would install it, compiles and imports only what is
+    in them, installed here or declared by one of them (unknown declarations: not refused)."""
+    declared = [a.declared_requirements(_setup_py_dependencies) for a in opened]
+    lenient = any(d is None or d for d in declared)
+    with tempfile.TemporaryDirectory(prefix="launcher-package-") as tree:
+        for archive in opened:  # later ones over earlier ones, as the installs would
+            archive.extract_sources(tree)
+        program = Program("module", tree, module)
+        entry = module_file(tree, module)
+        check_imports(program, entry, f"--module {module} in {holder.name}", declared=lenient,
+                      where=" or ".join(a.name for a in opened),
+                      fix="declare it in setup.py's install_requires (or pyproject.toml's dependencies), build "
+                          "the package again, or fix the import")
 
 
 def module_file(folder: str, module: str) -> str | None:
@@ -230,10 +305,11 @@ def _pyproject_dependencies(path: str) -> list[str] | None:
     return list(deps)
 
 
-def _setup_py_dependencies(path: str) -> list[str] | None:
-    """``install_requires`` when setup.py spells it as a list of strings; None when it is computed."""
+def _setup_py_dependencies(path: str, source: bytes | None = None) -> list[str] | None:
+    """``install_requires`` when setup.py spells it as a list of strings; None when it is computed.
+    ``source``: the file's content, when it is not on disk (inside an archive)."""
     try:
-        tree = ast.parse(_read(path), path)
+        tree = ast.parse(_read(path) if source is None else source, path)
     except SyntaxError as exc:
         raise UserError(f"{path}: syntax error at line {exc.lineno}: {exc.msg}") from None
     for node in ast.walk(tree):
@@ -251,13 +327,18 @@ def _setup_py_dependencies(path: str) -> list[str] | None:
 
 # -- imports ---------------------------------------------------------------------------------
 
-def check_imports(program: Program, entry: str, what: str) -> None:
+def check_imports(program: Program, entry: str, what: str, declared: bool | None = None, where: str | None = None,
+                  fix: str | None = None) -> None:
     """Compile the entry file and the folder's modules it imports; every module imported at
     the top must be in the folder, installed here, or declared as a dependency.
+
+    ``declared``: whether dependencies are declared (default: the program's requirements);
+    ``where``, ``fix``: the folder as the message names it, and how to fix a missing import.
 
     Raises:
         UserError: a syntax error, or a module nothing provides.
     """
+    declared = bool(program.requirements) if declared is None else declared
     seen: set[str] = set()
     todo = [entry]
     while todo:
@@ -282,11 +363,12 @@ def check_imports(program: Program, entry: str, what: str) -> None:
             top = name.split(".")[0]
             if top in sys.stdlib_module_names or _importable(top):
                 continue
-            if program.requirements:
+            if declared:
                 continue  # import names and distribution names differ (yaml/PyYAML): pip will tell
-            raise UserError(f"{what}: {rel} line {line} imports {top}, which is not in {program.folder}, "
+            raise UserError(f"{what}: {rel} line {line} imports {top}, which is not in {where or program.folder}, "
                             "not installed here and not declared as a dependency",
-                            f"add {top} to {os.path.join(program.folder, 'requirements.txt')}, or fix the import")
+                            fix or f"add {top} to {os.path.join(program.folder, 'requirements.txt')}, or fix the "
+                            "import")
 
 
 def top_level_imports(tree: ast.Module, package: str) -> list[tuple[str, int]]:

@@ -157,14 +157,17 @@ def install_everywhere(program: Program, config: dict[str, Any], nodes, progress
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     what = " and ".join(program.sources)
-    progress.note(f"installing the dependencies from {what} on {len(nodes)} node(s) "
-                  f"({len(program.requirements)} requirement(s); kept for later launches)")
+    if program.archives:
+        progress.note(f"installing {what} and its dependencies on {len(nodes)} node(s) (kept for later launches)")
+    else:
+        progress.note(f"installing the dependencies from {what} on {len(nodes)} node(s) "
+                      f"({len(program.requirements)} requirement(s); kept for later launches)")
 
     @ray.remote(num_cpus=0)
     def install(program_config: dict[str, Any]) -> bool:
         try:
             return deps.ensure(program_config["requirements"], program_config["env_key"],
-                               program_folder(program_config))[1]
+                               program_folder(program_config), pip_environ=program_config.get("pip_env"))[1]
         except deps.DependencyError as exc:
             return str(exc)
 
@@ -176,7 +179,8 @@ def install_everywhere(program: Program, config: dict[str, Any], nodes, progress
         result = ray.get(ref)
         if isinstance(result, str):
             shown = [r.replace("{folder}", program.folder) for r in program.requirements[:3]]
-            raise UserError(f"the dependencies from {what} could not be installed on node {node[:12]}: {result}",
+            subject = f"{what} (or a dependency)" if program.archives else f"the dependencies from {what}"
+            raise UserError(f"{subject} could not be installed on node {node[:12]}: {result}",
                             f"try `pip install {' '.join(shown)}{' ...' if len(program.requirements) > 3 else ''}`"
                             f" here, fix {what}, then run again")
         installed += bool(result)
@@ -193,7 +197,8 @@ def _run(spec, program: Program, program_config: dict[str, Any], args: list[str]
     from launcher.driver.events import EventChannel, Mailbox, _on_this_node
 
     log.begin({**spec.to_dict(), "program": {"kind": program.kind, "target": program.target,
-                                             "folder": program.folder, "args": list(args)}})
+                                             "folder": program.folder, "args": list(args),
+                                             **({"packages": list(program.packages)} if program.archives else {})}})
     run_uri = log.uri()
     progress.note(f"starting {spec.workers} {spec.framework}/{spec.backend} workers for {program.label}, "
                   f"run {spec.name} (AIP_CHECKPOINT_DIR {run_uri.rstrip('/')}/checkpoints/)")

@@ -107,6 +107,39 @@ def fetch(uri: str, note: Callable[[str], None] | None = None) -> str:
     return os.path.join(root, where.prefix)
 
 
+def fetch_object(uri: str, what: str, note: Callable[[str], None] | None = None) -> str:
+    """Download the one object ``uri`` into this node's cache (once) and return the local path.
+
+    ``what`` names the flag that gave it (for the messages).
+
+    Raises:
+        UserError: no such object (or no such bucket), or no permission.
+        Unreachable: Cloud Storage (or its emulator) did not answer.
+    """
+    where = gcs.parse_gs_uri(uri, what=what)
+    if not where.prefix:
+        raise UserError(f"{what} {uri}: names a bucket, not an object", "name the file, e.g. gs://BUCKET/code/x.tar.gz")
+    client = gcs.client()
+    try:
+        blob = client.bucket(where.bucket).get_blob(where.prefix, retry=gcs.retry_policy())
+        bucket_exists = blob is not None or client.bucket(where.bucket).exists(retry=gcs.retry_policy())
+    except Exception as exc:
+        raise gcs.explain(exc, uri, "read") from None
+    if blob is None:
+        if not bucket_exists:
+            raise UserError(f"{what} {uri}: the bucket {where.bucket} does not exist", "check the bucket's name")
+        raise UserError(f"{what} {uri}: no such object",
+                        f"upload it first (gcloud storage cp FILE {uri}), or fix the name")
+    dest = os.path.join(cache_root(), "gcs", where.bucket, where.prefix)
+    lock = os.path.join(cache_root(), "locks", where.bucket, hashlib.sha1(where.prefix.encode()).hexdigest())
+    with node_lock(lock):
+        if not (os.path.isfile(dest) and _check_copy(dest, blob) is None):
+            if note:
+                note(f"downloading {uri} ({blob.size:,} bytes)")
+            _download(blob, dest)
+    return dest
+
+
 def _download(blob, dest: str) -> None:
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = f"{dest}.part-{os.getpid()}"

@@ -11,6 +11,11 @@ which pip installs only what is missing (what the node already has is
 files they name, so later launches start at once; a file lock makes the ranks
 of one node wait for one install, and a ``.ready`` marker written last means no
 half-built environment is ever used.
+
+pip's own options come from the environment (``PIP_INDEX_URL``, ``PIP_FIND_LINKS``,
+``PIP_NO_INDEX``, ...): the driver's ``PIP_*`` variables go with the program
+(:func:`pip_env`) and are set for the install on every node, so a private index or
+a local folder of wheels named on the driver is what every node's pip uses.
 """
 
 from __future__ import annotations
@@ -28,6 +33,13 @@ from launcher.storage.datacache import node_lock
 CACHE_ENV = "LAUNCHER_ENV_CACHE"
 WORKING_DIR_VAR = "{folder}"  # in a requirement: the program's folder, as shipped to this node
 PIP_OPTIONS = ["--disable-pip-version-check", "--no-input", "--no-build-isolation", "--no-warn-conflicts"]
+PIP_ENV_PREFIX = "PIP_"  # pip reads every option from PIP_<OPTION> as well
+
+
+def pip_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+    """The ``PIP_*`` variables of ``environ`` (default: this process's): pip's options, to pass on."""
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k.startswith(PIP_ENV_PREFIX)}
 
 
 class DependencyError(RuntimeError):
@@ -55,8 +67,11 @@ def python_of(env: str) -> str:
     return os.path.join(env, "bin", "python")
 
 
-def ensure(requirements: list[str], key: str, folder: str, root: str | None = None) -> tuple[str, bool]:
+def ensure(requirements: list[str], key: str, folder: str, root: str | None = None,
+           pip_environ: dict[str, str] | None = None) -> tuple[str, bool]:
     """(the python to run the program with, whether this call installed anything).
+
+    ``pip_environ``: variables set for pip over this process's (the driver's ``PIP_*``, see :func:`pip_env`).
 
     Raises:
         DependencyError: pip failed; the message is its reason.
@@ -77,7 +92,7 @@ def ensure(requirements: list[str], key: str, folder: str, root: str | None = No
         _overlay(env)
         wanted = [line.replace(WORKING_DIR_VAR, folder) for line in requirements]
         done = subprocess.run([sys.executable, "-m", "pip", "--python", python_of(env), "install", *PIP_OPTIONS,
-                               *wanted], capture_output=True, text=True)
+                               *wanted], capture_output=True, text=True, env={**os.environ, **(pip_environ or {})})
         if done.returncode != 0:
             shutil.rmtree(env, ignore_errors=True)
             raise DependencyError(pip_reason(done.stdout + "\n" + done.stderr))

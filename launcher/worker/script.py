@@ -78,6 +78,8 @@ def program_folder(program: dict[str, Any]) -> str:
 
 
 def _holds(folder: str, program: dict[str, Any]) -> bool:
+    if program.get("archives"):  # built packages: the folder holds the archives, installed from there
+        return all(os.path.isfile(os.path.join(folder, name)) for name in program["archives"])
     if program["kind"] == "script":
         return os.path.isfile(os.path.join(folder, program["target"]))
     base = os.path.join(folder, *program["target"].split("."))
@@ -174,7 +176,7 @@ def script_worker(config: dict[str, Any]) -> None:
     folder = program_folder(program)
     python = None
     if program.get("requirements"):  # installed by the driver already, unless this node is new
-        python, _ = deps.ensure(program["requirements"], program["env_key"], folder)
+        python, _ = deps.ensure(program["requirements"], program["env_key"], folder, pip_environ=program.get("pip_env"))
     args = list(config["args"]) + (["--job-dir", config["job_dir"]] if config.get("job_dir") else [])
     proc = subprocess.Popen(command(program, folder, args, python), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=env, cwd=folder if program.get("shipped") else
