@@ -25,6 +25,7 @@ way of checking specs.
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 import sys
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any, Literal
 
+from cluster import machines
 from launcher import schema
 from launcher.errors import UserError
 from launcher.schema import option
@@ -46,9 +48,23 @@ SCALE_TIERS = {
     "PREMIUM_1": (20, 0, 11),
 }
 SCALE_TIER_NAMES = ("BASIC", "BASIC_GPU", "BASIC_TPU", "STANDARD_1", "PREMIUM_1", "CUSTOM")
+ARCHIVE_SUFFIXES = (".tar.gz", ".whl")
 WHY_NO_PS = "the ranks synchronise by allreduce (Horovod or Ray Train's own), which needs no parameter server"
 WHY_NO_CONTAINER = "the launcher runs Python packages on the cluster's own nodes, not containers"
 WHY_NO_TPU = "the launcher trains on CPUs and NVIDIA GPUs"
+# A key's help says what becomes of it: "noted: WHY" (one line, then the run goes on) or
+# "refused: WHY; HOW TO FIX" (one line, exit 2); see :func:`_declared`.
+REFUSE_CONTAINER = f"refused: {WHY_NO_CONTAINER}; give packageUris and pythonModule instead"
+REFUSE_TPU = f"refused: {WHY_NO_TPU}; use an NVIDIA GPU type, e.g. NVIDIA_TESLA_T4"
+REFUSE_KEYS = "refused: customer-managed encryption keys are Compute Engine's and Cloud Storage's to set; remove it"
+REFUSE_SHELL = "refused: interactive shells into the ranks are not offered; remove it"
+NOTE_DISKS = "noted: the cluster file sets the disks (`launcher cluster config --disk-size-gb`)"
+NOTE_QUEUE = "noted: not applied, the launcher does not queue jobs; a run waits for its ranks' resources as Ray " \
+    "schedules them"
+NOTE_NETWORK = "noted: the cluster's to set (`launcher cluster config --network`), not the job's"
+NOTE_ACCOUNT = "noted: the cluster's to set (`launcher cluster config --service-account`), not the job's"
+NOTE_TRACKING = "noted: not used; TensorBoard logs go to AIP_TENSORBOARD_LOG_DIR under the run's folder"
+NOTE_DEFAULT = "noted: not used; the search starts from its own points"
 
 
 def _key(default: Any = None, **kw: Any) -> Any:
@@ -66,18 +82,18 @@ class AcceleratorConfig:
 @dataclass(frozen=True)
 class ReplicaConfig:
     acceleratorConfig: AcceleratorConfig | None = _key(help="GPUs of each replica")
-    imageUri: str | None = _key(help="refused: a custom container")
-    containerCommand: tuple[str, ...] | None = _key(help="refused: a custom container")
-    containerArgs: tuple[str, ...] | None = _key(help="refused: a custom container")
-    tpuTfVersion: str | None = _key(help="refused: TPUs")
-    diskConfig: dict | None = _key(help="noted: the cluster file sets the disks")
+    imageUri: str | None = _key(help=REFUSE_CONTAINER)
+    containerCommand: tuple[str, ...] | None = _key(help=REFUSE_CONTAINER)
+    containerArgs: tuple[str, ...] | None = _key(help=REFUSE_CONTAINER)
+    tpuTfVersion: str | None = _key(help=REFUSE_TPU)
+    diskConfig: dict | None = _key(help=NOTE_DISKS)
 
 
 @dataclass(frozen=True)
 class AipScheduling:
     maxRunningTime: str | None = _key(help="e.g. 7200s: the run is stopped and summarised when it passes")
-    maxWaitTime: str | None = _key(help="noted: the launcher does not queue jobs")
-    priority: int | None = _key(help="noted: the launcher does not queue jobs")
+    maxWaitTime: str | None = _key(help=NOTE_QUEUE)
+    priority: int | None = _key(help=NOTE_QUEUE)
 
 
 @dataclass(frozen=True)
@@ -89,34 +105,34 @@ class TrainingInput:
     workerType: str | None = _key(help="the workers' machine type")
     workerConfig: ReplicaConfig | None = _key(help="the workers' accelerators")
     workerCount: int = _key(0, ge=0, help="workers besides the primary replica")
-    parameterServerType: str | None = _key(help="noted: parameter servers are not started")
-    parameterServerConfig: ReplicaConfig | None = _key(help="noted: parameter servers are not started")
-    parameterServerCount: int = _key(0, ge=0, help="noted: parameter servers are not started")
-    evaluatorType: str | None = _key(help="noted: evaluators are not started")
-    evaluatorConfig: ReplicaConfig | None = _key(help="noted: evaluators are not started")
-    evaluatorCount: int = _key(0, ge=0, help="noted: evaluators are not started")
+    parameterServerType: str | None = _key(help="the parameter servers' machine type (they are not started)")
+    parameterServerConfig: ReplicaConfig | None = _key(help="the parameter servers' accelerators (not started)")
+    parameterServerCount: int = _key(0, ge=0, help="parameter servers: not started, the ranks allreduce")
+    evaluatorType: str | None = _key(help="the evaluators' machine type (they are not started)")
+    evaluatorConfig: ReplicaConfig | None = _key(help="the evaluators' accelerators (not started)")
+    evaluatorCount: int = _key(0, ge=0, help="evaluators: not started, evaluate in the program")
     packageUris: tuple[str, ...] = _key((), help="the trainer package: sdists, wheels (local or gs://)")
     pythonModule: str | None = _key(help="the module each rank runs, e.g. trainer.task")
     args: tuple[str, ...] = _key((), help="the module's arguments")
     hyperparameters: Hyperparameters | None = _key(help="the search (launcher tune)")
-    region: str | None = _key(help="noted: the cluster's zone decides")
+    region: str | None = _key(help="noted: the cluster's zone decides where the ranks run (`launcher cluster config --zone`)")
     jobDir: str | None = _key(help="the job directory (--job-dir): the run's folder")
     runtimeVersion: str | None = _key(help="compared with the TensorFlow the nodes run")
     pythonVersion: str | None = _key(help="compared with the Python the nodes run")
     scheduling: AipScheduling | None = _key(help="maxRunningTime, maxWaitTime")
-    useChiefInTfConfig: bool = _key(False, help="TF_CONFIG names the primary replica chief (always so here)")
-    network: str | None = _key(help="noted: the cluster file's network decides")
-    serviceAccount: str | None = _key(help="noted: the cluster's service account decides")
-    encryptionConfig: dict | None = _key(help="refused: customer-managed encryption keys")
-    enableWebAccess: bool | None = _key(help="refused: interactive shells")
+    useChiefInTfConfig: bool | None = _key(help="TF_CONFIG names the primary replica chief (always so here)")
+    network: str | None = _key(help=NOTE_NETWORK)
+    serviceAccount: str | None = _key(help=NOTE_ACCOUNT)
+    encryptionConfig: dict | None = _key(help=REFUSE_KEYS)
+    enableWebAccess: bool | None = _key(help=REFUSE_SHELL)
 
 
 @dataclass(frozen=True)
 class AipJob:
     trainingInput: TrainingInput = option(cli=False, help="the training job")
     jobId: str | None = _key(help="the run's name")
-    labels: dict | None = _key(help="kept in the notes")
-    etag: str | None = _key(help="ignored")
+    labels: dict | None = _key(help="noted: labels are shown in this line only")
+    etag: str | None = _key(help="noted: an etag guards updates of a job resource; there is none here")
 
 
 # -- Vertex AI: CustomJobSpec, HyperparameterTuningJob ----------------------------------------
@@ -126,13 +142,14 @@ class MachineSpec:
     machineType: str | None = _key(help="e.g. n1-standard-8")
     acceleratorType: str | None = _key(help="e.g. NVIDIA_TESLA_T4")
     acceleratorCount: int = _key(0, ge=0, help="GPUs per replica")
-    tpuTopology: str | None = _key(help="refused: TPUs")
-    reservationAffinity: dict | None = _key(help="noted: the cluster's VMs decide")
+    tpuTopology: str | None = _key(help=REFUSE_TPU)
+    reservationAffinity: dict | None = _key(help="noted: the cluster's VMs are what they are; reservations are the cluster file's to use")
 
 
 @dataclass(frozen=True)
 class PythonPackageSpec:
-    executorImageUri: str = option(cli=False, help="noted: ranks run in the nodes' own environment")
+    executorImageUri: str = option(cli=False, help="the container Vertex AI would run it in (not used: the ranks "
+                                   "run in the nodes' own environment)")
     packageUris: tuple[str, ...] = option(cli=False, help="the trainer package: sdists, wheels (local or gs://)")
     pythonModule: str = option(cli=False, help="the module each rank runs")
     args: tuple[str, ...] = _key((), help="the module's arguments")
@@ -147,8 +164,8 @@ class EnvVar:
 
 @dataclass(frozen=True)
 class DiskSpec:
-    bootDiskType: str | None = _key(help="noted: the cluster file sets the disks")
-    bootDiskSizeGb: int | None = _key(help="noted: the cluster file sets the disks")
+    bootDiskType: str | None = _key(help=NOTE_DISKS)
+    bootDiskSizeGb: int | None = _key(help=NOTE_DISKS)
 
 
 @dataclass(frozen=True)
@@ -156,9 +173,9 @@ class WorkerPoolSpec:
     machineSpec: MachineSpec | None = _key(help="the pool's VMs")
     replicaCount: int = _key(0, ge=0, help="replicas in the pool")
     pythonPackageSpec: PythonPackageSpec | None = _key(help="the trainer package")
-    containerSpec: dict | None = _key(help="refused: a custom container")
-    diskSpec: DiskSpec | None = _key(help="noted: the cluster file sets the disks")
-    nfsMounts: tuple[dict, ...] | None = _key(help="refused: NFS mounts")
+    containerSpec: dict | None = _key(help=REFUSE_CONTAINER)
+    diskSpec: DiskSpec | None = _key(help="the boot disk (noted: the cluster file sets it)")
+    nfsMounts: tuple[dict, ...] | None = _key(help="refused: NFS mounts are not made; the ranks read data from Cloud Storage or local paths; give the data as gs:// URIs")
 
 
 @dataclass(frozen=True)
@@ -173,7 +190,7 @@ class VertexScheduling:
     strategy: Literal["STRATEGY_UNSPECIFIED", "ON_DEMAND", "LOW_COST", "STANDARD", "SPOT", "FLEX_START"] = _key(
         "STRATEGY_UNSPECIFIED", help="SPOT: the cluster's workers are Spot VMs")
     disableRetries: bool = _key(False, help="no restart after a failure")
-    maxWaitDuration: str | None = _key(help="noted: the launcher does not queue jobs")
+    maxWaitDuration: str | None = _key(help=NOTE_QUEUE)
 
 
 @dataclass(frozen=True)
@@ -181,51 +198,51 @@ class CustomJobSpec:
     workerPoolSpecs: tuple[WorkerPoolSpec, ...] = option(cli=False, min_items=1, help="the pools, primary first")
     baseOutputDirectory: OutputDirectory | None = _key(help="the run's folder; AIP_* folders under it")
     scheduling: VertexScheduling | None = _key(help="timeout, restarts, Spot")
-    serviceAccount: str | None = _key(help="noted: the cluster's service account decides")
-    network: str | None = _key(help="noted: the cluster file's network decides")
-    reservedIpRanges: tuple[str, ...] | None = _key(help="noted: the cluster file's network decides")
-    enableWebAccess: bool | None = _key(help="refused: interactive shells")
-    enableDashboardAccess: bool | None = _key(help="refused: interactive shells")
-    tensorboard: str | None = _key(help="noted: TensorBoard logs go to AIP_TENSORBOARD_LOG_DIR")
-    experiment: str | None = _key(help="noted: not tracked")
-    experimentRun: str | None = _key(help="noted: not tracked")
-    protectedArtifactLocationId: str | None = _key(help="ignored")
-    persistentResourceId: str | None = _key(help="noted: the Ray cluster is the persistent resource")
-    models: tuple[str, ...] | None = _key(help="ignored")
+    serviceAccount: str | None = _key(help=NOTE_ACCOUNT)
+    network: str | None = _key(help=NOTE_NETWORK)
+    reservedIpRanges: tuple[str, ...] | None = _key(help=NOTE_NETWORK)
+    enableWebAccess: bool | None = _key(help=REFUSE_SHELL)
+    enableDashboardAccess: bool | None = _key(help=REFUSE_SHELL)
+    tensorboard: str | None = _key(help=NOTE_TRACKING)
+    experiment: str | None = _key(help=NOTE_TRACKING)
+    experimentRun: str | None = _key(help=NOTE_TRACKING)
+    protectedArtifactLocationId: str | None = _key(help="noted: artifacts stay in the run's folder")
+    persistentResourceId: str | None = _key(help="noted: the Ray cluster the run joins is its persistent resource")
+    models: tuple[str, ...] | None = _key(help="noted: the run's model is in its model/ folder; no Model Garden model is fetched")
 
 
 @dataclass(frozen=True)
 class CustomJob:
     jobSpec: CustomJobSpec = option(cli=False, help="the job")
     displayName: str | None = _key(help="the run's name (made a valid one)")
-    labels: dict | None = _key(help="kept in the notes")
-    encryptionSpec: dict | None = _key(help="refused: customer-managed encryption keys")
+    labels: dict | None = _key(help="noted: labels are shown in this line only")
+    encryptionSpec: dict | None = _key(help=REFUSE_KEYS)
 
 
 @dataclass(frozen=True)
 class MetricSpec:
     metricId: str = option(cli=False, help="the metric's tag (hypertune's hyperparameter_metric_tag)")
     goal: Literal["MAXIMIZE", "MINIMIZE"] = option(cli=False, help="MAXIMIZE or MINIMIZE")
-    safetyConfig: dict | None = _key(help="refused: safety thresholds")
+    safetyConfig: dict | None = _key(help="refused: safety thresholds are not checked; remove safetyConfig")
 
 
 @dataclass(frozen=True)
 class RangeSpec:
     minValue: float = option(cli=False, help="the range's lower end")
     maxValue: float = option(cli=False, help="the range's upper end")
-    defaultValue: float | None = _key(help="noted: Tune starts from random or grid points")
+    defaultValue: float | None = _key(help=NOTE_DEFAULT)
 
 
 @dataclass(frozen=True)
 class ValuesSpec:
     values: tuple[float, ...] = option(cli=False, min_items=1, help="the values")
-    defaultValue: float | None = _key(help="noted: Tune starts from random or grid points")
+    defaultValue: float | None = _key(help=NOTE_DEFAULT)
 
 
 @dataclass(frozen=True)
 class CategoriesSpec:
     values: tuple[str, ...] = option(cli=False, min_items=1, help="the values")
-    defaultValue: str | None = _key(help="noted: Tune starts from random or grid points")
+    defaultValue: str | None = _key(help=NOTE_DEFAULT)
 
 
 @dataclass(frozen=True)
@@ -239,7 +256,7 @@ class ParameterSpec:
     categoricalValueSpec: CategoriesSpec | None = _key(help="strings to pick from")
     scaleType: Literal["SCALE_TYPE_UNSPECIFIED", "UNIT_LINEAR_SCALE", "UNIT_LOG_SCALE",
                        "UNIT_REVERSE_LOG_SCALE"] | None = _key(help="how a range is searched")
-    conditionalParameterSpecs: tuple[dict, ...] | None = _key(help="refused: every parameter is searched")
+    conditionalParameterSpecs: tuple[dict, ...] | None = _key(help="refused: every parameter is searched in every trial; remove conditionalParameterSpecs")
 
     def check(self) -> None:
         given = [k for k in ("doubleValueSpec", "integerValueSpec", "discreteValueSpec", "categoricalValueSpec")
@@ -256,8 +273,8 @@ class StudySpec:
     algorithm: Literal["ALGORITHM_UNSPECIFIED", "GRID_SEARCH", "RANDOM_SEARCH"] = _key(
         "ALGORITHM_UNSPECIFIED", help="how the values are chosen (unspecified: Bayesian, Optuna's TPE here)")
     measurementSelectionType: Literal["MEASUREMENT_SELECTION_TYPE_UNSPECIFIED", "LAST_MEASUREMENT",
-                                      "BEST_MEASUREMENT"] | None = _key(help="noted: a trial's best report counts")
-    observationNoise: str | None = _key(help="noted: Optuna's TPE models noise itself")
+                                      "BEST_MEASUREMENT"] | None = _key(help="noted: a trial counts with its last report")
+    observationNoise: str | None = _key(help="noted: the search (Optuna's TPE) takes no noise setting")
     decayCurveStoppingSpec: dict | None = _key(help="early stopping: ASHA here")
     medianAutomatedStoppingSpec: dict | None = _key(help="early stopping: ASHA here")
     convexAutomatedStoppingSpec: dict | None = _key(help="early stopping: ASHA here")
@@ -271,8 +288,8 @@ class TuningJob:
     parallelTrialCount: int = _key(1, ge=1, help="trials at once")
     maxFailedTrialCount: int = _key(0, ge=0, help="failed trials before the study stops")
     displayName: str | None = _key(help="the tuning run's name (made a valid one)")
-    labels: dict | None = _key(help="kept in the notes")
-    encryptionSpec: dict | None = _key(help="refused: customer-managed encryption keys")
+    labels: dict | None = _key(help="noted: labels are shown in this line only")
+    encryptionSpec: dict | None = _key(help=REFUSE_KEYS)
 
 
 # -- what a file means here ---------------------------------------------------------------
@@ -291,6 +308,14 @@ class JobFile:
     hyperparameters: Hyperparameters | None = None
     notes: list[str] = field(default_factory=list)
     machines: dict[str, str] = field(default_factory=dict)   # "primary", "workers" -> MACHINE[+ACCELxN]
+
+    def check_packages(self, where: str) -> None:
+        """Each package URI must be a built package (a local folder is taken as well)."""
+        for uri in self.package_uris:
+            if not uri.endswith(ARCHIVE_SUFFIXES) and not (not uri.startswith("gs://") and os.path.isdir(uri)):
+                raise UserError(f"{self.source}: {where}packageUris: {uri} is not an sdist or wheel "
+                                f"({', '.join(ARCHIVE_SUFFIXES)})",
+                                "build one with `python setup.py sdist` (or `pip wheel .`) and name the file")
 
     @property
     def package(self) -> str | None:
@@ -344,26 +369,30 @@ def _read(raw: dict[str, Any], source: str, *, tuning: bool = False) -> JobFile:
             raise UserError(f"{source}: hyperparameters given twice (top level and under trainingInput)",
                             "keep the one under trainingInput")
         job = schema.build(AipJob, _lenient(raw), source)
-        return _from_ai_platform(job, source, tuning)
+        out = JobFile("ai-platform", source)
+        _declared(job, "", out)
+        return _from_ai_platform(job, out, tuning)
     if kind == "vertex-tuning-job":
         job = schema.build(TuningJob, _lenient(raw), source)
         out = JobFile("vertex-tuning-job", source)
+        _declared(job, "", out)
         _from_custom_job(job.trialJobSpec, out, "trialJobSpec.")
         out.hyperparameters = _study(job, source)
         if job.displayName:
             out.fields.setdefault("name", run_name(job.displayName))
-        _labels_and_encryption(job, out)
         return out
     if kind == "vertex-custom-job":
         out = JobFile("vertex-custom-job", source)
         if "jobSpec" in raw:
             job = schema.build(CustomJob, _lenient(raw), source)
+            _declared(job, "", out)
             _from_custom_job(job.jobSpec, out, "jobSpec.")
             if job.displayName:
                 out.fields.setdefault("name", run_name(job.displayName))
-            _labels_and_encryption(job, out)
         else:
-            _from_custom_job(schema.build(CustomJobSpec, _lenient(raw), source), out, "")
+            spec = schema.build(CustomJobSpec, _lenient(raw), source)
+            _declared(spec, "", out)
+            _from_custom_job(spec, out, "")
         return out
     raise UserError(f"{source}: not an AI Platform or Vertex AI job file",
                     "expected trainingInput (AI Platform), workerPoolSpecs or jobSpec (a Vertex CustomJob), "
@@ -377,7 +406,9 @@ def worker_pool_flags(items: list[str]) -> JobFile:
     for n, item in enumerate(items):
         pools.append(_pool_flag(item, f"--worker-pool-spec #{n + 1}") if item.strip() else {})
     out = JobFile("vertex-custom-job", "--worker-pool-spec")
-    _from_custom_job(schema.build(CustomJobSpec, {"workerPoolSpecs": pools}, "--worker-pool-spec"), out, "")
+    spec = schema.build(CustomJobSpec, {"workerPoolSpecs": pools}, "--worker-pool-spec")
+    _declared(spec, "", out)
+    _from_custom_job(spec, out, "")
     return _placed(out)
 
 
@@ -420,9 +451,34 @@ def _pool_flag(item: str, where: str) -> dict[str, Any]:
 
 # -- AI Platform ------------------------------------------------------------------------------
 
-def _from_ai_platform(job: AipJob, source: str, tuning: bool) -> JobFile:
+def _declared(spec: Any, where: str, out: JobFile) -> None:
+    """Every key given whose help says "refused: WHY; FIX" (UserError) or "noted: WHY" (a note),
+    through the whole file; the other keys are read by the code below."""
+    for f in schema.fields(type(spec)):
+        value = getattr(spec, f.name)
+        if value is None or value is False or value == ():
+            continue
+        at = f"{where}{f.name}"
+        if f.help.startswith("refused: "):
+            why, _, fix = f.help.removeprefix("refused: ").partition("; ")
+            raise UserError(f"{out.source}: {at} is not supported: {why}", fix or f"remove {f.name}")
+        if f.help.startswith("noted: "):
+            out.note(f"{at} {_shown(value)}: {f.help.removeprefix('noted: ')}")
+        if f.kind == "spec":
+            _declared(value, at + ".", out)
+        elif f.kind == "list" and not isinstance(f.item, str):
+            for i, item in enumerate(value):
+                _declared(item, f"{at}[{i}].", out)
+
+
+def _shown(value: Any) -> str:
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _from_ai_platform(job: AipJob, out: JobFile, tuning: bool) -> JobFile:
     t = job.trainingInput
-    out = JobFile("ai-platform", source)
+    source = out.source
     where = "trainingInput."
     if t.scaleTier == "BASIC_TPU":
         raise UserError(f"{source}: {where}scaleTier BASIC_TPU is not supported: {WHY_NO_TPU}",
@@ -431,10 +487,6 @@ def _from_ai_platform(job: AipJob, source: str, tuning: bool) -> JobFile:
         config = getattr(t, f"{role}Config")
         if config is not None:
             _replica_config(config, f"{where}{role}Config", source)
-    for key, why in (("encryptionConfig", "customer-managed encryption keys are Compute Engine's and GCS's to "
-                      "set"), ("enableWebAccess", "interactive shells into the ranks are not offered")):
-        if getattr(t, key) is not None:
-            raise UserError(f"{source}: {where}{key} is not supported: {why}", f"remove {key}")
 
     if t.scaleTier == "CUSTOM":
         if not t.masterType:
@@ -466,14 +518,16 @@ def _from_ai_platform(job: AipJob, source: str, tuning: bool) -> JobFile:
     out.fields["workers"] = ranks
     if gpus:
         out.fields["gpus_per_worker"] = float(gpus)
-    if servers:
+    if servers or t.parameterServerType or t.parameterServerConfig:
         kind = f" ({t.parameterServerType})" if t.parameterServerType else ""
-        out.note(f"{servers} parameter server(s){kind} are not started: {WHY_NO_PS}; a program written for "
-                 "ParameterServerStrategy will not find them")
-    if t.evaluatorCount:
-        out.note(f"{t.evaluatorCount} evaluator(s) are not started: evaluate in the program (rank 0 after training)")
+        out.note(f"{where}parameterServerCount {servers}{kind}: parameter servers are not started: {WHY_NO_PS}; "
+                 "a program written for ParameterServerStrategy will not find them")
+    if t.evaluatorCount or t.evaluatorType or t.evaluatorConfig:
+        out.note(f"{where}evaluatorCount {t.evaluatorCount}: evaluators are not started; evaluate in the program "
+                 "(rank 0, after training)")
 
     out.package_uris, out.module, out.args = t.packageUris, t.pythonModule, t.args
+    out.check_packages(where)
     if t.jobDir:
         _run_folder(t.jobDir, f"{where}jobDir", out)
     elif job.jobId:
@@ -487,29 +541,14 @@ def _from_ai_platform(job: AipJob, source: str, tuning: bool) -> JobFile:
         if t.scheduling.maxRunningTime:
             out.fields["max_run_s"] = duration_s(t.scheduling.maxRunningTime, f"{source}: {where}scheduling."
                                                  "maxRunningTime")
-        for key in ("maxWaitTime", "priority"):
-            if getattr(t.scheduling, key) is not None:
-                out.note(f"{where}scheduling.{key} is not applied: the launcher does not queue jobs; a run "
-                         "waits for its ranks' resources as Ray schedules them")
-    if t.region:
-        out.note(f"{where}region {t.region}: the cluster's zone decides where the ranks run "
-                 "(`launcher cluster config --zone`)")
-    for key, flag in (("network", "--network"), ("serviceAccount", "--service-account")):
-        if getattr(t, key):
-            out.note(f"{where}{key} is the cluster's to set: `launcher cluster config {flag}`")
+    if t.useChiefInTfConfig is False:
+        out.note(f"{where}useChiefInTfConfig false: TF_CONFIG names the primary replica chief all the same "
+                 "(as AI Platform does from runtime 2.1)")
     _versions(t.runtimeVersion, t.pythonVersion, where, out)
-    if job.labels:
-        out.note(f"labels {job.labels} are kept only in this line")
     return out
 
 
 def _replica_config(config: ReplicaConfig, where: str, source: str) -> None:
-    for key in ("imageUri", "containerCommand", "containerArgs"):
-        if getattr(config, key) is not None:
-            raise UserError(f"{source}: {where}.{key} is not supported: {WHY_NO_CONTAINER}",
-                            "give packageUris and pythonModule instead")
-    if config.tpuTfVersion is not None:
-        raise UserError(f"{source}: {where}.tpuTfVersion is not supported: {WHY_NO_TPU}", "remove it")
     accel = config.acceleratorConfig
     if accel is not None and "TPU" in accel.type.upper():
         raise UserError(f"{source}: {where}.acceleratorConfig.type {accel.type} is not supported: {WHY_NO_TPU}",
@@ -522,7 +561,16 @@ def _gpus(config: ReplicaConfig | None) -> int:
 
 def _machine(machine_type: str, config: ReplicaConfig | None) -> str:
     accel = config.acceleratorConfig if config is not None else None
-    return machine_type + (f"+{accel.type}x{accel.count}" if accel else "")
+    return _spelled(machine_type + (f"+{accel.type}x{accel.count}" if accel else ""))
+
+
+def _spelled(text: str) -> str:
+    """A machine type as --machine-type spells it (cluster.machines); bad ones are left for the
+    spec's own check, which names the flag."""
+    try:
+        return str(machines.parse(text))
+    except UserError:
+        return text
 
 
 # -- Vertex AI --------------------------------------------------------------------------------
@@ -541,14 +589,6 @@ def _from_custom_job(spec: CustomJobSpec, out: JobFile, where: str) -> None:
     package: PythonPackageSpec | None = None
     for i, pool in enumerate(pools):
         at = f"{where}workerPoolSpecs[{i}]"
-        if pool.containerSpec is not None:
-            raise UserError(f"{source}: {at}.containerSpec is not supported: {WHY_NO_CONTAINER}",
-                            "give a pythonPackageSpec (packageUris, pythonModule) instead")
-        if pool.nfsMounts:
-            raise UserError(f"{source}: {at}.nfsMounts is not supported: the ranks read data from Cloud Storage "
-                            "or local paths", "give the data as gs:// URIs")
-        if pool.machineSpec is not None and pool.machineSpec.tpuTopology:
-            raise UserError(f"{source}: {at}.machineSpec.tpuTopology is not supported: {WHY_NO_TPU}", "remove it")
         if pool.machineSpec is not None and pool.machineSpec.acceleratorType \
                 and "TPU" in pool.machineSpec.acceleratorType.upper():
             raise UserError(f"{source}: {at}.machineSpec.acceleratorType {pool.machineSpec.acceleratorType} is not "
@@ -564,8 +604,6 @@ def _from_custom_job(spec: CustomJobSpec, out: JobFile, where: str) -> None:
                 raise UserError(f"{source}: {at}.pythonPackageSpec differs from workerPoolSpecs[0]'s: every rank "
                                 "runs the same program here", "give pool 1 the same package, module and args")
             package = package or pool.pythonPackageSpec
-        if pool.diskSpec is not None:
-            out.note(f"{at}.diskSpec: the cluster file sets the disks (`launcher cluster config --disk-size-gb`)")
     workers = pools[1] if len(pools) > 1 else WorkerPoolSpec()
     out.fields["workers"] = 1 + workers.replicaCount
     gpus = _accelerators(workers.machineSpec if workers.replicaCount else primary.machineSpec)
@@ -580,6 +618,7 @@ def _from_custom_job(spec: CustomJobSpec, out: JobFile, where: str) -> None:
         out.machines["workers"] = _vertex_machine(workers.machineSpec)
     if package is not None:
         out.package_uris, out.module, out.args = package.packageUris, package.pythonModule, package.args
+        out.check_packages(f"{where}workerPoolSpecs[0].pythonPackageSpec.")
         out.env = {e.name: e.value for e in package.env}
         if package.executorImageUri != "(gcloud flag)":
             out.note(f"{where}workerPoolSpecs[0].pythonPackageSpec.executorImageUri is not used: the ranks run in "
@@ -598,19 +637,6 @@ def _from_custom_job(spec: CustomJobSpec, out: JobFile, where: str) -> None:
             out.note(f"{where}scheduling.strategy {s.strategy}: Spot VMs are the cluster's workers "
                      "(`launcher cluster config --provisioning spot`); the run checkpoints on each preemption "
                      "notice and resumes")
-        if s.maxWaitDuration:
-            out.note(f"{where}scheduling.maxWaitDuration is not applied: the launcher does not queue jobs")
-    for key, why in (("enableWebAccess", "interactive shells into the ranks are not offered"),
-                     ("enableDashboardAccess", "interactive shells into the ranks are not offered")):
-        if getattr(spec, key):
-            raise UserError(f"{source}: {where}{key} is not supported: {why}", f"remove {key}")
-    for key in ("serviceAccount", "network", "reservedIpRanges", "persistentResourceId"):
-        if getattr(spec, key):
-            out.note(f"{where}{key} is the cluster's to set (`launcher cluster config`), not the job's")
-    for key in ("tensorboard", "experiment", "experimentRun"):
-        if getattr(spec, key):
-            out.note(f"{where}{key} is not used: TensorBoard logs go to AIP_TENSORBOARD_LOG_DIR under the run's "
-                     "folder")
 
 
 def _program(p: PythonPackageSpec) -> tuple:
@@ -622,8 +648,8 @@ def _accelerators(spec: MachineSpec | None) -> int:
 
 
 def _vertex_machine(spec: MachineSpec) -> str:
-    return spec.machineType + (f"+{spec.acceleratorType}x{spec.acceleratorCount}"
-                               if spec.acceleratorType and spec.acceleratorCount else "")
+    return _spelled(spec.machineType + (f"+{spec.acceleratorType}x{spec.acceleratorCount}"
+                                        if spec.acceleratorType and spec.acceleratorCount else ""))
 
 
 def _study(job: TuningJob, source: str) -> Hyperparameters:
@@ -632,13 +658,8 @@ def _study(job: TuningJob, source: str) -> Hyperparameters:
     if len(study.metrics) != 1:
         raise UserError(f"{source}: studySpec.metrics lists {len(study.metrics)} metrics: one is searched here",
                         "keep the metric the trials are ranked by")
-    if study.metrics[0].safetyConfig is not None:
-        raise UserError(f"{source}: studySpec.metrics[0].safetyConfig is not supported", "remove it")
     params = []
     for p in study.parameters:
-        if p.conditionalParameterSpecs:
-            raise UserError(f"{source}: studySpec.parameters ({p.parameterId}).conditionalParameterSpecs is not "
-                            "supported: every parameter is searched in every trial", "remove it")
         out: dict[str, Any] = {"parameterName": p.parameterId}
         if p.doubleValueSpec is not None:
             out.update(type="DOUBLE", minValue=p.doubleValueSpec.minValue, maxValue=p.doubleValueSpec.maxValue)
@@ -658,14 +679,6 @@ def _study(job: TuningJob, source: str) -> Hyperparameters:
              "maxFailedTrials": job.maxFailedTrialCount, "enableTrialEarlyStopping": stopping,
              "algorithm": study.algorithm, "params": params}
     return schema.build(Hyperparameters, block, f"{source}: studySpec")
-
-
-def _labels_and_encryption(job: Any, out: JobFile) -> None:
-    if job.encryptionSpec is not None:
-        raise UserError(f"{out.source}: encryptionSpec is not supported: customer-managed encryption keys are "
-                        "Compute Engine's and Cloud Storage's to set", "remove encryptionSpec")
-    if job.labels:
-        out.note(f"labels {job.labels} are kept only in this line")
 
 
 # -- shared -----------------------------------------------------------------------------------

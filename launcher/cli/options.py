@@ -107,6 +107,9 @@ def program_from_args(args: argparse.Namespace, *, tuning: bool = False):
 
     job_file(args, tuning=tuning)
     program = from_flags(args.script, args.package, args.module)
+    job = getattr(args, "_job_file", None)
+    if program is not None and job is not None and job.env:
+        program = dataclasses.replace(program, env=tuple(sorted(job.env.items())))
     if program is None and args.program_args:
         raise UserError(f"unexpected arguments {' '.join(args.program_args)!r}",
                         "program arguments go after --script PATH (or --package DIR --module NAME) and --, "
@@ -130,7 +133,7 @@ def wants_job_dir(args: argparse.Namespace, program) -> bool:
 def program_spec(args: argparse.Namespace, program):
     """The validated spec of a program run; its default name says what runs and when."""
     spec = spec_from_args(args)
-    if args.name:
+    if spec.name:  # --name, or the job file's (jobDir, displayName, jobId)
         return spec
     stem = re.sub(r"[^A-Za-z0-9_]", "_", program.target.removesuffix(".py"))
     return dataclasses.replace(spec, name=f"{program.kind}_{stem}_{_dt.datetime.now():%Y%m%d_%H%M%S}"[:128])

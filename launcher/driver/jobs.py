@@ -215,6 +215,8 @@ def runtime_env(environ: dict[str, str] | None = None, workload: str | None = No
     env_vars = {k: environ[k] for k in PASSED_ENV if environ.get(k)}
     env_vars.update(deps.pip_env(environ))  # pip's options, for the nodes' installs of a program's dependencies
     env_vars["RAY_JOB_STOP_WAIT_TIME_S"] = str(STOP_GRACE_S)
+    if program is not None:
+        env_vars.update(dict(program.env))  # a job file's env: the driver on the cluster passes it on to the ranks
     shipped = code.runtime_env(workload, joining_cluster=True,
                                program=program.runtime_env() if program is not None else None)
     return code.merge(shipped, {"env_vars": env_vars})

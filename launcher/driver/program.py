@@ -53,6 +53,7 @@ class Program:
     sources: tuple[str, ...] = field(default=(), compare=False)  # where the requirements were read
     archives: tuple[str, ...] = ()  # built packages in folder (file names, in install order); () for a folder
     packages: tuple[str, ...] = field(default=(), compare=False)  # where those came from (paths, gs:// URIs)
+    env: tuple[tuple[str, str], ...] = ()  # variables every rank gets (a Vertex pythonPackageSpec's env)
 
     @property
     def label(self) -> str:

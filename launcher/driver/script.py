@@ -206,7 +206,7 @@ def _run(spec, program: Program, program_config: dict[str, Any], args: list[str]
     channel = EventChannel(board=False)
     config = {"program": program_config, "args": list(args), "job_dir": run_uri if job_dir else None, "run_uri": run_uri,
               "run_name": spec.name, "cwd": os.getcwd(), "backend": spec.backend, "framework": spec.framework,
-              "sink": sink, "env": gcs.worker_env(), "notice_s": NOTICE_S,
+              "sink": sink, "env": {**gcs.worker_env(), **dict(program.env)}, "notice_s": NOTICE_S,
               "trial_id": trial_id, "omp_threads": os.environ.get("OMP_NUM_THREADS")}
     trainer.apply_ray_train_env()
     run_config = trainer.run_config(spec, storage, max_failures=spec.max_failures,
