@@ -66,6 +66,18 @@ PRIVATE: dict[str, tuple[str, str]] = {
     "PROCESS_TYPE_MONITOR": ("ray._private.ray_constants:PROCESS_TYPE_MONITOR",
                              "the autoscaler monitor's key in that node's processes"),
     "DrainNodeReason": ("ray.core.generated.autoscaler_pb2:DrainNodeReason", "the PREEMPTION drain reason"),
+    # The autoscaling preemption lab: Ray's fake multi-node provider, made as slow as GCE.
+    "FakeMultiNodeProvider": ("ray.autoscaler._private.fake_multi_node.node_provider:FakeMultiNodeProvider",
+                              "the lab's node provider subclasses it (boot delay, stock-outs)"),
+    "FAKE_HEAD_NODE_ID": ("ray.autoscaler._private.fake_multi_node.node_provider:FAKE_HEAD_NODE_ID",
+                          "the head's node id in a fake multi-node cluster (the lab never preempts it)"),
+    # A replacement asked for on a notice goes through the coordinator Ray Train's own requests use.
+    "DefaultAutoscalingCoordinator": ("ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator:"
+                                      "DefaultAutoscalingCoordinator",
+                                      "ask the autoscaler for a replacement node as a notice comes (its requests "
+                                      "add to Ray Train's own; a direct sdk request would be overwritten)"),
+    "ResourceRequestPriority": ("ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator:"
+                                "ResourceRequestPriority", "that request's priority (as Ray Train's)"),
 }
 
 # Private methods of Ray classes that the launcher overrides: "module:Class.method".

@@ -373,6 +373,9 @@ def _read(raw: dict[str, Any], source: str, *, tuning: bool = False) -> JobFile:
         _declared(job, "", out)
         return _from_ai_platform(job, out, tuning)
     if kind == "vertex-tuning-job":
+        if not tuning:
+            raise UserError(f"{source}: a HyperparameterTuningJob (studySpec, trialJobSpec) is a tuning job",
+                            f"tune it with `launcher tune --config {source}`, or run its trialJobSpec alone")
         job = schema.build(TuningJob, _lenient(raw), source)
         out = JobFile("vertex-tuning-job", source)
         _declared(job, "", out)
@@ -644,7 +647,17 @@ def _program(p: PythonPackageSpec) -> tuple:
 
 
 def _accelerators(spec: MachineSpec | None) -> int:
-    return spec.acceleratorCount if spec is not None and spec.acceleratorType else 0
+    """GPUs per replica: the accelerator given, or the ones an A2/A3/G2 machine type brings."""
+    if spec is None:
+        return 0
+    if spec.acceleratorType:
+        return spec.acceleratorCount
+    if spec.machineType:
+        try:
+            return machines.parse(spec.machineType).count
+        except UserError:
+            return 0
+    return 0
 
 
 def _vertex_machine(spec: MachineSpec) -> str:
@@ -727,10 +740,12 @@ def _installed(dist: str) -> str | None:
 def _versions(runtime: str | None, python: str | None, where: str, out: JobFile) -> None:
     here = f"{sys.version_info.major}.{sys.version_info.minor}"
     if python and python.strip() != here:
-        out.note(f"warning: {where}pythonVersion {python} but the nodes run Python {here}")
+        out.note(f"warning: {where}pythonVersion {python}, but the launcher runs Python {here} (the nodes are "
+                 "set up with the same)")
     tf = _installed("tensorflow")
     if runtime and tf and not (tf == runtime or tf.startswith(runtime.rstrip(".") + ".")):
-        out.note(f"warning: {where}runtimeVersion {runtime} but the nodes run TensorFlow {tf}")
+        out.note(f"warning: {where}runtimeVersion {runtime}, but the launcher has TensorFlow {tf} (the nodes are "
+                 "set up with the same)")
 
 
 _INT64 = {"replicaCount", "acceleratorCount", "bootDiskSizeGb", "maxTrialCount", "parallelTrialCount",

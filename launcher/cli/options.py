@@ -88,6 +88,9 @@ def job_file(args: argparse.Namespace, *, tuning: bool = False):
             raise UserError("--worker-pool-spec and a job file in --config both describe the job",
                             "give one of them")
         job = jobfile.worker_pool_flags(pools)
+        if isinstance(raw, dict):  # the launcher's own YAML: the pools go over its keys
+            job.fields = {**raw, **job.fields}
+            job.source = args.config
     args._job_file = job
     if job is not None:
         for line in job.notes:

@@ -63,6 +63,10 @@ def study_from_args(args: argparse.Namespace):
     program = program_from_args(args, tuning=True)
     job = job_file(args, tuning=True)
     if job is not None:
+        if job.hyperparameters is None and "hyperparameters" in job.fields:  # own YAML + --worker-pool-spec
+            from launcher.tune.hyperparams import parse
+
+            job.hyperparameters = parse(job.fields.pop("hyperparameters"), f"{job.source}: hyperparameters")
         if job.hyperparameters is None:
             raise UserError(f"{job.source}: no hyperparameters to tune (trainingInput.hyperparameters, or a "
                             "HyperparameterTuningJob's studySpec)", "add them, or run the job with launcher run")

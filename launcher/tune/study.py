@@ -1,8 +1,7 @@
 """A tuning run's definition: the job every trial runs, and what the trials vary.
 
 ``launcher tune --config tune.yaml`` reads one YAML file: its
-``hyperparameters:`` block (or ``trainingInput: {hyperparameters: ...}``, as
-AI Platform's job config has it) says what to search, and any other top-level
+``hyperparameters:`` block says what to search, and any other top-level
 key is a JobSpec key (``workload``, ``epochs``, ...), as in ``launcher run
 --config``; flags override those. A parameter is, by its name:
 
@@ -35,26 +34,14 @@ STATE_DIR = "tune"           # Ray Tune's experiment state, under the tuning run
 
 
 def load(path: str) -> tuple[Hyperparameters, dict[str, Any]]:
-    """The file's hyperparameters and its JobSpec keys (unchecked: flags go over them)."""
+    """The file's hyperparameters and its JobSpec keys (unchecked: flags go over them). AI Platform's
+    and Vertex AI's job files are read by :mod:`launcher.jobfile` instead."""
     raw = schema.load_yaml(path, "--config")
     if not isinstance(raw, dict):
         raise UserError(f"{path}: expected a mapping with a hyperparameters block, got a {type(raw).__name__}",
                         "see the tuning example in the README")
     raw = dict(raw)
-    wrapped = raw.pop("trainingInput", None)
     block = raw.pop("hyperparameters", None)
-    if wrapped is not None:
-        if not isinstance(wrapped, dict) or "hyperparameters" not in wrapped:
-            raise UserError(f"{path}: trainingInput has no hyperparameters block",
-                            "put goal, params, ... under trainingInput.hyperparameters")
-        if block is not None:
-            raise UserError(f"{path}: hyperparameters given twice (top level and under trainingInput)",
-                            "keep one of them")
-        others = sorted(set(wrapped) - {"hyperparameters"})
-        if others:
-            raise UserError(f"{path}: trainingInput.{others[0]} is not read by launcher tune",
-                            "give the job with run flags or top-level JobSpec keys (workers, epochs, ...)")
-        block = wrapped["hyperparameters"]
     if block is None:
         known = [f.name for f in schema.fields(JobSpec)]
         stray = [k for k in raw if k not in known]
