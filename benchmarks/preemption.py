@@ -1,9 +1,13 @@
-"""``launcher bench preemption``: what preemptions cost a run, measured on a local multi-node cluster.
+"""``launcher bench preemption``: what preemptions cost a run, per strategy, on a local autoscaling cluster.
 
-A :class:`launcher.lab.chaos.PreemptionLab` (head + 2 one-CPU worker nodes with fake
-GCE metadata servers and the real watcher) runs digits-mlp while a node is
-preempted every ``every_s`` seconds (with GCE's notice, or lost outright). From
-the run's attempts (each worker group's first/last step and time):
+An :class:`launcher.lab.autoscaling.AutoscalingLab` (a head, ``workers`` one-CPU worker
+nodes with fake GCE metadata servers and the real watcher, and Ray's autoscaler whose
+replacement nodes take ``boot_s`` to come up) runs digits-mlp while a node is preempted
+every ``every_s`` seconds (with GCE's notice, or lost outright), ``preemptions`` times,
+under each strategy: ``wait`` (a fixed group waits for the replacement), ``elastic``
+(``--min-workers``: go on with the nodes that remain, grow back when the replacement
+joins) and ``elastic-early`` (elastic, and the replacement asked for on the notice).
+From the run's attempts (each worker group's first/last step and time):
 
 * recovery: node removed -> first training step of the restarted group;
 * goodput: time spent on steps that were kept / wall time from the first step
@@ -14,11 +18,14 @@ the run's attempts (each worker group's first/last step and time):
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from typing import Any, Callable
 
 from benchmarks import results
+from launcher.driver import stop_running
+from launcher.storage import Storage
 
 
 def goodput(attempts: list[dict[str, Any]]) -> float:
@@ -47,35 +54,124 @@ def recoveries(attempts: list[dict[str, Any]], removals: list[float]) -> list[fl
     return out
 
 
-def run(every_s: float, epochs: int, notice_s: float, with_notice: bool, note: Callable[[str], None]) -> dict:
-    from launcher import JobSpec
-    from launcher.lab import PreemptionLab, run_in_background
+STRATEGIES = ("wait", "elastic", "elastic-early")
+STRATEGY_HELP = {"wait": "a fixed group waits for the replacement node",
+                 "elastic": "--min-workers: train on the nodes that remain, grow back when the replacement joins",
+                 "elastic-early": "elastic, and the replacement asked for as the notice comes"}
 
+
+def run(strategies: list[str], *, workers: int, min_workers: int, every_s: float, preemptions: int,
+        boot_s: float, stockout_s: float, notice_s: float, with_notice: bool, epochs: int,
+        note: Callable[[str], None]) -> dict:
+    """Each strategy on a fresh autoscaling lab (``workers`` one-CPU nodes, replacements ready
+    ``boot_s`` after the autoscaler asks): ``preemptions`` nodes preempted ``every_s`` apart."""
+    settings = {"workers": workers, "min_workers": min_workers, "every_s": every_s, "preemptions": preemptions,
+                "boot_s": boot_s, "stockout_s": stockout_s, "notice_s": notice_s if with_notice else None,
+                "epochs": epochs}
+    out = []
+    for strategy in strategies:
+        note(f"bench: strategy {strategy} ({STRATEGY_HELP[strategy]})")
+        out.append(run_strategy(strategy, note=note, **{k: v for k, v in settings.items()
+                                                          if k != "notice_s"},
+                                notice_s=notice_s, with_notice=with_notice))
+    return {"settings": settings, "strategies": out}
+
+
+def run_strategy(strategy: str, *, workers: int, min_workers: int, every_s: float, preemptions: int,
+                 boot_s: float, stockout_s: float, notice_s: float, with_notice: bool, epochs: int,
+                 note: Callable[[str], None]) -> dict:
+    from launcher import JobSpec
+    from launcher.lab import AutoscalingLab, run_in_background
+
+    elastic = strategy != "wait"
     with tempfile.TemporaryDirectory(prefix="launcher-bench-preempt-") as root, \
-            PreemptionLab(nodes=2, notice_s=notice_s, margin_s=min(5.0, notice_s / 3), note=note) as lab:
-        spec = JobSpec(epochs=epochs, checkpoint_every_steps=50, storage=root, name="bench_preemption",
-                       address=lab.address, max_failures=-1, keep_checkpoints=3).validated()
+            AutoscalingLab(nodes=workers, notice_s=notice_s, margin_s=min(5.0, notice_s / 3), boot_s=boot_s,
+                           stockout_s=stockout_s, note=note) as lab:
+        spec = JobSpec(workers=workers, min_workers=min_workers if elastic else None, epochs=epochs,
+                       checkpoint_every_steps=20, storage=root, name="bench_preemption", address=lab.address,
+                       max_failures=-1, keep_checkpoints=3,
+                       replace_on_notice=strategy == "elastic-early").validated()
         job = run_in_background(spec, note)
         job.wait_for_checkpoint(lambda m: m.global_step > 0, timeout_s=600)
-        # The chaos stays in this (main) thread: Ray's Cluster.add_node installs signal handlers.
-        # A fixed period: notice k comes at k x every_s, so nodes go every_s apart (lab.preempt
-        # itself takes the whole notice; restarting the clock after it would stretch the period).
-        next_at = time.time() + every_s
-        while job.running:
+        # The chaos stays in this (main) thread. A fixed period: notice k comes at k x every_s.
+        next_at, done = time.time() + every_s, 0
+        while job.running and done < preemptions:
             time.sleep(0.2)
-            if time.time() >= next_at and job.running:
+            if time.time() >= next_at:
                 (lab.preempt if with_notice else lab.kill)(0)
+                done += 1
                 next_at += every_s
+        # After the last one: the full group again, and a little training on it, then stop.
+        if job.running:
+            before = {r.get("attempt") for r in _records(Storage.resolve(root), spec.name)}
+            lab.wait_for_nodes(workers, timeout_s=boot_s + stockout_s + 300)
+            _train_at_full_size(job, storage_root=root, name=spec.name, workers=workers, old=before,
+                                timeout_s=boot_s + stockout_s + 300)
+            stop_running("the benchmark's preemptions are done")
         summary = job.wait(timeout_s=3600)
         removals = [e["time"] for e in lab.events if e["event"].startswith("node removed")]
         events = [{k: v for k, v in e.items() if k != "node"} for e in lab.events]
+        events += [e for e in lab.provider_events() if e["event"] in ("create", "node started", "create failed")]
+        records = _records(Storage.resolve(root), spec.name)
     attempts = summary.to_json()["attempts"]
-    return {"every_s": every_s, "notice_s": notice_s if with_notice else None, "epochs": epochs,
-            "status": str(summary.status), "steps": summary.steps_completed, "preemptions": len(removals),
-            "restarts": summary.restarts, "steps_lost": summary.steps_lost,
-            "time_lost_s": summary.time_lost_s, "recovery_s": recoveries(attempts, removals),
-            "goodput": round(goodput(attempts), 4), "wall_s": summary.wall_s, "attempts": attempts,
-            "period_s": period(removals), "breakdown_s": breakdown(attempts, events), "lab_events": events}
+    sizes = attempt_sizes(records)
+    return {"strategy": strategy, "workers": workers, "min_workers": spec.min_workers, "every_s": every_s,
+            "boot_s": boot_s, "notice_s": notice_s if with_notice else None, "status": str(summary.status),
+            "steps": summary.steps_completed, "nodes_removed": len(removals), "restarts": summary.restarts,
+            "steps_lost": summary.steps_lost, "time_lost_s": summary.time_lost_s,
+            "recovery_s": recoveries(attempts, removals), "goodput": round(goodput(attempts), 4),
+            "reduced_s": round(reduced_time(attempts, sizes, workers), 1), "wall_s": summary.wall_s,
+            "attempts": attempts, "sizes": sizes, "period_s": period(removals),
+            "breakdown_s": breakdown(attempts, events), "lab_events": sorted(events, key=lambda e: e["time"]),
+            "throughput": throughput(records)}
+
+
+def _records(storage, name: str) -> list[dict[str, Any]]:
+    text = storage.read_text(name, "metrics.jsonl") or ""
+    out = []
+    for line in text.splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def _train_at_full_size(job, storage_root: str, name: str, workers: int, old: set, timeout_s: float) -> None:
+    """Wait until a group of ``workers`` that started after the last preemption (an attempt not
+    in ``old``) has reported 3 times: it is back at full size, and trained on."""
+    storage, end = Storage.resolve(storage_root), time.time() + timeout_s
+    while job.running and time.time() < end:
+        new = [r for r in _records(storage, name) if r.get("attempt") not in old and r.get("world_size") == workers]
+        if len(new) >= 3:
+            return
+        time.sleep(0.5)
+
+
+def attempt_sizes(records: list[dict[str, Any]]) -> dict[str, int]:
+    """Each attempt's group size, from its reports."""
+    return {r["attempt"]: int(r["world_size"]) for r in records if r.get("attempt") and r.get("world_size")}
+
+
+def reduced_time(attempts: list[dict[str, Any]], sizes: dict[str, int], workers: int) -> float:
+    """Seconds the run trained on fewer than ``workers`` workers."""
+    return sum(a["last_time"] - a["first_time"] for a in attempts
+               if sizes.get(a.get("attempt"), workers) < workers)
+
+
+def throughput(records: list[dict[str, Any]]) -> list[dict[str, float]]:
+    """Steps per second between consecutive reports of one attempt: (time, steps/s, world size)."""
+    out, last = [], {}
+    for r in records:
+        if r.get("global_step") is None or r.get("time") is None:
+            continue
+        prev = last.get(r.get("attempt"))
+        if prev is not None and r["time"] > prev["time"] and r["global_step"] > prev["global_step"]:
+            out.append({"time": r["time"], "steps_per_s": round((r["global_step"] - prev["global_step"])
+                                                                / (r["time"] - prev["time"]), 3),
+                        "world_size": r.get("world_size")})
+        last[r.get("attempt")] = r
+    return out
 
 
 def breakdown(attempts: list[dict[str, Any]], events: list[dict[str, Any]]) -> dict[str, float]:
@@ -120,40 +216,64 @@ def period(removals: list[float]) -> float | None:
 
 def format_result(r: dict) -> str:
     rec = r["recovery_s"]
-    lines = [f"preemption every {r['every_s']:g}s, "
+    lines = [f"{r['strategy']}: preemption every {r['every_s']:g}s, "
              + (f"{r['notice_s']:g}s notice" if r["notice_s"] else "no notice")
-             + f": {r['status']}, {r['steps']} steps, {r['preemptions']} node(s) removed"
-             + (f" ({r['period_s']:g}s apart)" if r.get("period_s") else "") + f", {r['restarts']} restart(s)",
+             + f", replacements boot in {r['boot_s']:g}s: {r['status']}, {r['steps']} steps, "
+             f"{r['nodes_removed']} node(s) removed" + (f" ({r['period_s']:g}s apart)" if r.get("period_s") else "")
+             + f", {r['restarts']} restart(s)",
              "  recovery (node removed -> first step): "
              + (f"mean {sum(rec) / len(rec):.1f}s, max {max(rec):.1f}s" if rec else "-"),
-             f"  steps lost {r['steps_lost']}, time lost {r['time_lost_s']:.1f}s",
+             f"  steps lost {r['steps_lost']}, time lost {r['time_lost_s']:.1f}s, "
+             f"{r['reduced_s']:.0f}s on fewer than {r['workers']} workers",
              f"  goodput {100 * r['goodput']:.1f}% (useful step time / wall time), wall {r['wall_s']:.0f}s"]
     if r.get("breakdown_s"):
         lines.append("  per preemption (mean s): " + ", ".join(f"{k} {v:.2f}" for k, v in r["breakdown_s"].items()))
     return "\n".join(lines)
 
 
-def write_results(r: dict, out_dir: str) -> list[str]:
-    fig, ax = results.new_figure()
-    a = r["attempts"]
-    t0 = a[0]["first_time"] if a else 0.0
-    for i, att in enumerate(a):
-        ax.plot([att["first_time"] - t0, att["last_time"] - t0], [att["start_step"], att["last_step"]],
-                marker="o", label=f"attempt {i + 1}")
+def format_table(result: dict) -> str:
+    """One line per strategy, then each strategy's detail."""
+    rows = [("STRATEGY", "GOODPUT", "STEPS LOST", "NODES REMOVED", "REDUCED", "RECOVERY (mean)")]
+    for r in result["strategies"]:
+        rec = r["recovery_s"]
+        rows.append((r["strategy"], f"{100 * r['goodput']:.1f}%", str(r["steps_lost"]), str(r["nodes_removed"]),
+                     f"{r['reduced_s']:.0f}s", f"{sum(rec) / len(rec):.1f}s" if rec else "-"))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    table = "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+    return table + "\n\n" + "\n".join(format_result(r) for r in result["strategies"])
+
+
+def write_results(result: dict, out_dir: str) -> list[str]:
+    """preemption.json ({"summary": rows, "settings": ..., "strategies": [...]}), .csv, and a plot of
+    throughput over time per strategy with the preemptions marked."""
+    strategies = result["strategies"]
+    fig, axes = results.new_figure(nrows=max(1, len(strategies)), sharex=True)
+    axes = list(axes) if hasattr(axes, "__len__") else [axes]
     marks = {"preemption notice": ("grey", ":"), "node removed": ("black", "--"),
-             "node removed without notice": ("black", "--")}
-    labelled = set()
-    for e in r.get("lab_events", []):
-        if e["event"] in marks and a:
-            color, style = marks[e["event"]]
-            ax.axvline(e["time"] - t0, color=color, linestyle=style, linewidth=0.8,
-                       label=None if e["event"] in labelled else e["event"])
-            labelled.add(e["event"])
-    ax.set_xlabel("seconds since the first step")
-    ax.set_ylabel("global step")
-    ax.set_title(f"preemption every {r['every_s']:g}s: goodput {100 * r['goodput']:.0f}%")
-    ax.legend(fontsize=7)
-    row = {k: r.get(k) for k in ("every_s", "period_s", "notice_s", "steps", "preemptions", "restarts",
-                                 "steps_lost", "time_lost_s", "goodput", "wall_s")}
-    row["recovery_mean_s"] = round(sum(r["recovery_s"]) / len(r["recovery_s"]), 2) if r["recovery_s"] else None
-    return results.write(out_dir, "preemption", [row], {"result": r}, fig)
+             "node removed without notice": ("black", "--"), "node started": ("green", "-.")}
+    for ax, r in zip(axes, strategies):
+        points, a = r.get("throughput") or [], r["attempts"]
+        t0 = a[0]["first_time"] if a else (points[0]["time"] if points else 0.0)
+        ax.plot([p["time"] - t0 for p in points], [p["steps_per_s"] for p in points], marker=".", linewidth=1)
+        labelled = set()
+        for e in r.get("lab_events", []):
+            if e["event"] in marks:
+                color, style = marks[e["event"]]
+                label = {"node started": "replacement up"}.get(e["event"], e["event"])
+                ax.axvline(e["time"] - t0, color=color, linestyle=style, linewidth=0.8,
+                           label=None if label in labelled else label)
+                labelled.add(label)
+        ax.set_ylabel("steps/s")
+        ax.set_title(f"{r['strategy']}: goodput {100 * r['goodput']:.0f}%, {r['reduced_s']:.0f}s reduced",
+                     fontsize=9)
+        ax.legend(fontsize=6)
+    axes[-1].set_xlabel("seconds since the first step")
+    rows = []
+    for r in strategies:
+        row = {k: r.get(k) for k in ("strategy", "workers", "min_workers", "every_s", "boot_s", "notice_s", "steps",
+                                     "nodes_removed", "restarts", "steps_lost", "time_lost_s", "reduced_s",
+                                     "goodput", "wall_s")}
+        row["recovery_mean_s"] = round(sum(r["recovery_s"]) / len(r["recovery_s"]), 2) if r["recovery_s"] else None
+        rows.append(row)
+    return results.write(out_dir, "preemption", rows, {"settings": result.get("settings", {}),
+                                                      "strategies": strategies}, fig)

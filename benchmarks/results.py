@@ -8,14 +8,16 @@ import os
 from typing import Any
 
 
-def new_figure(ncols: int = 1, figsize: tuple[float, float] = (7, 4)):
-    """A matplotlib figure and axes (one per column), drawn off-screen."""
+def new_figure(ncols: int = 1, figsize: tuple[float, float] = (7, 4), nrows: int = 1, sharex: bool = False):
+    """A matplotlib figure and axes (one per row and column), drawn off-screen."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    return plt.subplots(ncols=ncols, figsize=figsize)
+    if nrows > 1:
+        figsize = (figsize[0], 2.6 * nrows)
+    return plt.subplots(nrows=nrows, ncols=ncols, figsize=figsize, sharex=sharex)
 
 
 def write(out_dir: str, stem: str, rows: list[dict], payload: dict[str, Any], fig) -> list[str]:

@@ -57,8 +57,7 @@ def ray_cluster_config(spec: ClusterSpec, version: str) -> dict[str, Any]:
         "max_workers": spec.max_workers,
         "upscaling_speed": 1.0,
         "idle_timeout_minutes": spec.idle_timeout_minutes,
-        "provider": {"type": "gcp", "region": spec.region, "availability_zone": spec.zone,
-                     "project_id": spec.project},
+        "provider": _provider(spec),
         "auth": {"ssh_user": spec.ssh_user},
         "available_node_types": node_types,
         "head_node_type": HEAD_TYPE,
@@ -133,6 +132,19 @@ def _node_config(spec: ClusterSpec, head: bool, machine: str, gpus: int) -> dict
             interface["subnetwork"] = _resource(spec, f"regions/{spec.region}/subnetworks", spec.subnetwork)
         config["networkInterfaces"] = [interface]
     return config
+
+
+def _provider(spec: ClusterSpec) -> dict[str, Any]:
+    """Ray's GCP provider. With Spot workers whose termination action is STOP, a preempted VM is
+    stopped with its disk (its set-up done) rather than deleted, and ``cache_stopped_nodes`` has
+    Ray's provider start such a VM again (``instances.start``) before it creates a new one: once
+    capacity returns, the replacement skips creation and set-up (Ray 2.60's
+    ``GCPNodeProvider.create_node`` lists the stopped VMs of the node type and starts them)."""
+    provider: dict[str, Any] = {"type": "gcp", "region": spec.region, "availability_zone": spec.zone,
+                                "project_id": spec.project}
+    if spec.provisioning == "spot" and spec.termination_action == "STOP":
+        provider["cache_stopped_nodes"] = True
+    return provider
 
 
 def _scheduling(spec: ClusterSpec, head: bool, gpus: int) -> dict[str, Any]:

@@ -75,6 +75,9 @@ class JobSpec:
     # elastic: carry on with as few as this many workers (None: fixed size)
     min_workers: int | None = option(None, help="elastic: when nodes are lost and not replaced, go on with as few "
                                      "as this many workers (default: always --workers)")
+    replace_on_notice: bool = option(True, help="on a cluster, ask the autoscaler for a preempted node's "
+                                     "replacement as its notice comes, so it boots while the node drains "
+                                     "(default true)")
     address: str | None = option(None, help="Ray cluster address (default: RAY_ADDRESS or a new local Ray)")
     # Compute Engine machine types, as AI Platform's workerType / masterType (+ acceleratorConfig) or
     # Vertex's worker pools 1 and 0 name them (cluster.machines); on a cluster only (a local run notes them).

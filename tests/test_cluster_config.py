@@ -102,6 +102,20 @@ def test_spot_gpu_workers():
     # GPU nodes install the CUDA torch wheels, the CPU head the small CPU ones.
     assert "download.pytorch.org/whl/cpu" in config["head_setup_commands"][0]
     assert "download.pytorch.org/whl/cpu" not in config["worker_setup_commands"][0]
+    assert "cache_stopped_nodes" not in config["provider"]  # DELETE: a preempted VM is gone
+
+
+def test_spot_workers_stopped_on_preemption_are_started_again():
+    """STOP keeps a preempted Spot VM's disk; Ray's GCP provider then starts it again (its set-up
+    done) before it creates a new VM. The file still passes Ray's own checks."""
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    config = build(preset="standard-1", provisioning="spot", termination_action="STOP")
+    worker = config["available_node_types"]["n1-standard-8"]["node_config"]
+    assert worker["scheduling"]["instanceTerminationAction"] == "STOP"
+    assert config["provider"]["cache_stopped_nodes"] is True
+    validate_config(prepare_config(config))  # what `ray up` itself does with the file
+    assert config["worker_start_ray_commands"][-1].startswith("nohup launcher preemption watch")
 
 
 def test_preemptible_and_standard_workers():

@@ -169,19 +169,48 @@ def test_bench_goodput_and_recovery():
 
 
 def test_bench_writes_table_and_plot(tmp_path):
-    from benchmarks.preemption import format_result, write_results
+    from benchmarks.preemption import format_table, write_results
 
-    attempts = [{"start_step": 0, "first_time": 0.0, "last_step": 60, "last_time": 30.0, "marks": {}},
-                {"start_step": 60, "first_time": 40.0, "last_step": 100, "last_time": 60.0, "marks": {}}]
-    r = {"every_s": 60.0, "period_s": None, "notice_s": 30.0, "epochs": 1, "status": "succeeded", "steps": 100,
-         "preemptions": 1, "restarts": 1, "steps_lost": 0, "time_lost_s": 10.0, "recovery_s": [7.0],
-         "goodput": 0.8333, "wall_s": 60.0, "attempts": attempts, "breakdown_s": {"held before the deadline": 1.5},
-         "lab_events": [{"event": "preemption notice", "time": 5.0}, {"event": "node removed", "time": 33.0}]}
-    assert "held before the deadline 1.50" in format_result(r)
-    paths = write_results(r, str(tmp_path))
+    attempts = [{"attempt": "a", "start_step": 0, "first_time": 0.0, "last_step": 60, "last_time": 30.0, "marks": {}},
+                {"attempt": "b", "start_step": 60, "first_time": 40.0, "last_step": 100, "last_time": 60.0,
+                 "marks": {}}]
+    r = {"strategy": "wait", "workers": 4, "min_workers": None, "every_s": 60.0, "boot_s": 90.0, "period_s": None,
+         "notice_s": 30.0, "status": "cancelled", "steps": 100, "nodes_removed": 1, "restarts": 1, "steps_lost": 0,
+         "time_lost_s": 10.0, "recovery_s": [7.0], "goodput": 0.8333, "reduced_s": 0.0, "wall_s": 60.0,
+         "attempts": attempts, "breakdown_s": {"held before the deadline": 1.5},
+         "throughput": [{"time": 10.0, "steps_per_s": 2.0, "world_size": 4}],
+         "lab_events": [{"event": "preemption notice", "time": 5.0}, {"event": "node removed", "time": 33.0},
+                        {"event": "node started", "time": 39.0}]}
+    elastic = {**r, "strategy": "elastic", "min_workers": 3, "goodput": 0.95, "reduced_s": 12.0, "recovery_s": []}
+    result = {"settings": {"workers": 4}, "strategies": [r, elastic]}
+    text = format_table(result)
+    assert "held before the deadline 1.50" in text and "elastic   95.0%" in text, text
+    paths = write_results(result, str(tmp_path))
     assert sorted(os.path.basename(p) for p in paths) == ["preemption.csv", "preemption.json", "preemption.png"]
-    header, row = (tmp_path / "preemption.csv").read_text().splitlines()
-    assert dict(zip(header.split(","), row.split(",")))["recovery_mean_s"] == "7.0"
+    lines = (tmp_path / "preemption.csv").read_text().splitlines()
+    header = lines[0].split(",")
+    assert dict(zip(header, lines[1].split(",")))["recovery_mean_s"] == "7.0"
+    assert [dict(zip(header, line.split(",")))["strategy"] for line in lines[1:]] == ["wait", "elastic"]
+    written = json.loads((tmp_path / "preemption.json").read_text())
+    for entry in written["strategies"]:  # what a script comparing runs reads
+        assert {"strategy", "goodput", "steps_lost", "nodes_removed", "recovery_s"} <= set(entry)
+
+
+def test_bench_sizes_reduced_time_and_throughput():
+    from benchmarks.preemption import attempt_sizes, reduced_time, throughput
+
+    records = [{"attempt": "a", "world_size": 4, "global_step": 0, "time": 0.0},
+               {"attempt": "a", "world_size": 4, "global_step": 20, "time": 10.0},
+               {"attempt": "b", "world_size": 3, "global_step": 20, "time": 15.0},
+               {"attempt": "b", "world_size": 3, "global_step": 40, "time": 25.0},
+               {"attempt": "c", "world_size": 4, "global_step": 40, "time": 30.0}]
+    sizes = attempt_sizes(records)
+    assert sizes == {"a": 4, "b": 3, "c": 4}
+    attempts = [{"attempt": "a", "first_time": 0.0, "last_time": 10.0}, {"attempt": "b", "first_time": 15.0,
+                                                                          "last_time": 25.0}]
+    assert reduced_time(attempts, sizes, 4) == 10.0
+    assert throughput(records) == [{"time": 10.0, "steps_per_s": 2.0, "world_size": 4},
+                                   {"time": 25.0, "steps_per_s": 2.0, "world_size": 3}]
 
 
 def test_controller_states_become_restart_events_with_their_cause():

@@ -20,6 +20,12 @@ from launcher.errors import UserError
 from launcher.storage import Storage, gcs
 from launcher.storage.uri import normalize_storage
 
+# `launcher bench preemption`'s strategies (benchmarks/preemption.py runs them) and its default
+# replacement boot time: not measured here (no GCE from this machine); an estimate for a Spot GPU
+# VM whose image already holds the set-up (see docs/guides/preemption.md).
+STRATEGIES = ("wait", "elastic", "elastic-early")
+BOOT_S = 90.0
+
 
 def add_parsers(sub) -> None:
     """Add ``bench`` and its benchmarks."""
@@ -120,12 +126,25 @@ def add_parsers(sub) -> None:
 
 
 def _add_preemption_parser(bench_sub) -> None:
-    b = bench_sub.add_parser("preemption", help="recovery time and goodput with a preemption every N seconds")
+    b = bench_sub.add_parser("preemption", help="goodput, steps lost, time at reduced size and recovery per strategy "
+                             "(wait, elastic, elastic-early) when nodes are preempted and replaced as slowly as GCE")
+    b.add_argument("--strategies", default=",".join(STRATEGIES),
+                   help=f"which to run, comma-separated (default {','.join(STRATEGIES)})")
+    b.add_argument("--workers", type=int, default=4, help="worker nodes, one worker each (default 4)")
+    b.add_argument("--min-workers", type=int, default=None,
+                   help="the elastic strategies' --min-workers (default --workers - 1)")
     b.add_argument("--every-s", type=float, default=60.0, help="preempt a node this often (default 60)")
-    b.add_argument("--epochs", type=int, default=60)
+    b.add_argument("--preemptions", type=int, default=2, help="how many nodes are preempted (default 2)")
+    b.add_argument("--boot-s", type=float, default=BOOT_S,
+                   help=f"a replacement node is ready this long after the autoscaler asks (default {BOOT_S:g}: "
+                   "a GCE Spot GPU VM with the generated set-up; see the preemption guide)")
+    b.add_argument("--stockout-s", type=float, default=0.0,
+                   help="after each loss, creating a node fails for this long (no Spot capacity; default 0)")
+    b.add_argument("--epochs", type=int, default=1000, help="the run's length cap (it stops after the last "
+                   "preemption's recovery; default 1000)")
     b.add_argument("--notice-s", type=float, default=30.0, help="notice length (GCE: 30)")
     b.add_argument("--without-notice", action="store_true", help="lose nodes without a notice")
-    b.add_argument("--out", default="./bench-results", help="folder for the JSON results")
+    b.add_argument("--out", default="./bench-results", help="folder for the results (JSON, CSV, plot)")
 
 
 def note(text: str) -> None:
@@ -410,12 +429,28 @@ def cmd_stall(args: argparse.Namespace) -> int:
 def cmd_bench_preemption(args: argparse.Namespace) -> int:
     from benchmarks import preemption as bench
 
+    strategies = [t.strip() for t in args.strategies.split(",") if t.strip()]
+    unknown = [t for t in strategies if t not in STRATEGIES]
+    if unknown or not strategies:
+        raise UserError(f"--strategies: unknown strategy {unknown[0] if unknown else '(none)'!r}",
+                        f"choose from {', '.join(STRATEGIES)}")
+    if args.workers < 2:
+        raise UserError(f"--workers {args.workers}: preempting a node needs at least 2", "for example --workers 4")
+    min_workers = args.min_workers if args.min_workers is not None else args.workers - 1
+    if not 1 <= min_workers < args.workers:
+        raise UserError(f"--min-workers {min_workers} must be between 1 and --workers - 1 ({args.workers - 1})")
+    if args.preemptions < 1:
+        raise UserError(f"--preemptions {args.preemptions} must be at least 1")
     if args.every_s <= args.notice_s and not args.without_notice:
         raise UserError(f"--every-s ({args.every_s:g}) must be longer than the notice ({args.notice_s:g}s)",
                         "raise --every-s or lower --notice-s")
-    result = bench.run(args.every_s, args.epochs, args.notice_s, not args.without_notice,
-                       lambda text: print(text, file=sys.stderr, flush=True))
-    print(bench.format_result(result))
+    if args.boot_s < 0 or args.stockout_s < 0:
+        raise UserError("--boot-s and --stockout-s must be 0 or more")
+    result = bench.run(strategies, workers=args.workers, min_workers=min_workers, every_s=args.every_s,
+                       preemptions=args.preemptions, boot_s=args.boot_s, stockout_s=args.stockout_s,
+                       notice_s=args.notice_s, with_notice=not args.without_notice, epochs=args.epochs,
+                       note=lambda text: print(text, file=sys.stderr, flush=True))
+    print(bench.format_table(result))
     for path in bench.write_results(result, args.out):
         print(f"wrote {path}")
     return EXIT_OK

@@ -4,7 +4,7 @@
 * ``preemption watch`` runs on each Spot/preemptible node (the cluster file
   starts it): it waits for GCE's notice and drains the node's Ray node.
 * ``preemption demo`` tries the whole path on this machine: a local
-  multi-node cluster, a simulated notice (or a node lost without one), and
+  autoscaling multi-node cluster, a simulated notice (or a node lost without one), and
   the run's summary showing what it cost.
 """
 
@@ -52,6 +52,9 @@ def add_parsers(sub) -> None:
     d.add_argument("--without-notice", action="store_true", help="lose the node without a notice instead")
     d.add_argument("--notice-s", type=float, default=6.0,
                    help="simulated notice length in seconds (GCE: 30; shorter keeps the demo quick)")
+    d.add_argument("--boot-s", type=float, default=0.0,
+                   help="the replacement node comes up this long after the autoscaler asks (GCE: minutes; "
+                   "default 0)")
     d.add_argument("--json", action="store_true", help="print the run's summary as JSON")
 
 
@@ -78,7 +81,8 @@ def cmd_preemption(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from launcher.lab.chaos import PreemptionLab, run_in_background
+    from launcher.lab.autoscaling import AutoscalingLab
+    from launcher.lab.chaos import run_in_background
     from launcher.spec import JobSpec
 
     if args.notice_s < 3:
@@ -91,9 +95,12 @@ def _demo(args: argparse.Namespace) -> int:
     spec = JobSpec(workload=args.workload, epochs=args.epochs, checkpoint_every_steps=args.checkpoint_every_steps,
                    storage=args.storage, name=name, params=params, data=args.data,
                    max_failures=1 if args.without_notice else 0).validated()
-    note("starting a local Ray cluster: a head and 2 worker nodes, each with a fake GCE metadata server "
-         "and the preemption watcher")
-    with PreemptionLab(nodes=2, notice_s=args.notice_s, margin_s=min(2.0, args.notice_s / 3), note=note) as lab:
+    if args.boot_s < 0:
+        raise UserError(f"--boot-s must be 0 or more, got {args.boot_s:g}")
+    note("starting a local Ray cluster: a head and 2 worker nodes from Ray's autoscaler, each with a fake GCE "
+         "metadata server and the preemption watcher")
+    with AutoscalingLab(nodes=2, notice_s=args.notice_s, margin_s=min(2.0, args.notice_s / 3), boot_s=args.boot_s,
+                        note=note) as lab:
         spec = dataclasses.replace(spec, address=lab.address)
         run = run_in_background(spec, note)
         run.wait_for_checkpoint(lambda m: m.global_step >= spec.checkpoint_every_steps)

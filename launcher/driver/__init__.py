@@ -16,6 +16,7 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "describe_failure": "launcher.driver.trainer",
     "apply_ray_train_env": "launcher.driver.trainer",
     "prepare_trainer": "launcher.driver.trainer",
+    "stop_running": "launcher.driver.trainer",
     "PHASES": "launcher.driver.startup",
     "submit": "launcher.driver.jobs",
     "up": "launcher.driver.localhead",

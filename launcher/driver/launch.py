@@ -19,6 +19,7 @@ import workloads
 from launcher import backends
 from launcher.driver import localhead, placement, runpath, session, startup, trainer
 from launcher.driver.progress import Progress
+from launcher.driver.replacement import Replacements
 from launcher.driver.tracker import Tracker
 from launcher.errors import UserError
 from launcher.spec import JobSpec
@@ -26,7 +27,7 @@ from launcher.storage import Storage, datacache, gcs
 from launcher.storage.checkpoint import Manifest, complete_checkpoints, prune
 from launcher.storage.runlock import RunLock
 from launcher.storage.runlog import RunLog
-from launcher.summary import RunStatus, RunSummary, pick_metrics
+from launcher.summary import Preempting, Restart, RunStatus, RunSummary, pick_metrics
 
 RESUME_CANDIDATES = 5  # complete checkpoints offered to the workers, newest first
 
@@ -210,16 +211,32 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
     ray_trainer = backends.get(spec.backend).trainer(spec, train_loop_per_worker, loop_config,
                                                      trainer.scaling_config(spec), config)
 
+    replacements = Replacements(spec, spec.replace_on_notice and trainer.on_cluster(), tracker.progress.note)
+
     def drain() -> None:
         for event in channel.take():
             tracker.handle(event)
+            on_membership(spec, event, replacements, tracker.progress.note)
         lock.refresh()
 
     try:
         return trainer.fit(ray_trainer, drain, verbose=verbose, abort=channel.abort, limit_s=spec.max_run_s)
     finally:
+        replacements.withdraw()
         tracker.account(channel.attempts())
         channel.close()
+
+
+def on_membership(spec: JobSpec, event, replacements: Replacements, note) -> None:
+    """A notice: ask for the replacement now. A restart: the preempted node is gone; say what a
+    fixed-size group waits for (an elastic one goes on with the nodes that remain)."""
+    if isinstance(event, Preempting):
+        replacements.on_notice(event.ranks)
+    elif isinstance(event, Restart):
+        replacements.withdraw()
+        if trainer.on_cluster() and spec.min_workers is None and event.cause == "preemption":
+            note(f"waiting for a full group of {spec.workers} workers: the autoscaler brings the preempted "
+                 "node's replacement (minutes for a Compute Engine VM; --min-workers goes on without it)")
 
 
 def _export(spec: JobSpec, storage: Storage, checkpoint) -> str | None:

@@ -40,6 +40,9 @@ def ray_train_env() -> dict[str, str]:
 # Ray Train's preemption watcher: an actor per worker group that polls the nodes' drain state.
 PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 _SET_HERE: dict[str, str] = {}  # what apply_ray_train_env set, and to what (the rest is the user's)
+# An elastic group looks for room to grow back this often (Ray Train's default: 60 s, so a
+# replacement node that joined waited up to a minute before the group used it).
+RESIZE_CHECK_S = 5.0
 _local_ray = False  # connected to a local Ray the launcher runs: this launch's own, or the warm head
 
 
@@ -48,6 +51,11 @@ def set_local_ray(value: bool) -> None:
     or `launcher up`'s warm head) and when it disconnects (False)."""
     global _local_ray
     _local_ray = bool(value)
+
+
+def on_cluster() -> bool:
+    """Connected to a cluster the launcher did not start (its nodes, and an autoscaler, come and go)."""
+    return not _local_ray
 
 
 def _watcher_on() -> bool:
@@ -103,9 +111,10 @@ def scaling_config(spec, elastic: bool = True):
     if spec.gpus_per_worker:
         resources["GPU"] = spec.gpus_per_worker
     shrinks = elastic and spec.min_workers is not None and spec.min_workers < spec.workers
+    extra = {"elastic_resize_monitor_interval_s": RESIZE_CHECK_S} if shrinks else {}
     return ScalingConfig(num_workers=(spec.min_workers, spec.workers) if shrinks else spec.workers,
                          use_gpu=spec.gpus_per_worker > 0, resources_per_worker=resources,
-                         label_selector=placement.label_selector(spec))
+                         label_selector=placement.label_selector(spec), **extra)
 
 
 def run_config(spec, storage, *, max_failures: int, keep_checkpoints: int | None = None,

@@ -38,6 +38,7 @@ class LabProvider(_ray.FakeMultiNodeProvider):
         self.boot_s = float(provider_config.get("boot_s", 0.0))
         self.stockout_s = float(provider_config.get("stockout_s", 0.0))
         self.events_file = provider_config.get("events_file")
+        self.control_file = provider_config.get("control_file")  # the lab may change the delays
         self._stockout_until = 0.0
         self._log_lock = threading.Lock()
 
@@ -47,12 +48,25 @@ class LabProvider(_ray.FakeMultiNodeProvider):
         with self._log_lock, open(self.events_file, "a", encoding="utf-8") as f:
             f.write(json.dumps({"event": what, "time": time.time(), **extra}) + "\n")
 
+    def _delays(self) -> None:
+        """boot_s and stockout_s as the lab last set them (its first nodes boot at once)."""
+        if not self.control_file:
+            return
+        try:
+            with open(self.control_file, encoding="utf-8") as f:
+                control = json.load(f)
+        except (OSError, ValueError):
+            return
+        self.boot_s = float(control.get("boot_s", self.boot_s))
+        self.stockout_s = float(control.get("stockout_s", self.stockout_s))
+
     def non_terminated_nodes(self, tag_filters):
         with self.lock:
             for node_id, entry in list(self._nodes.items()):
                 node = entry.get("node")
                 raylets = node.all_processes.get(RAYLET, []) if node is not None else []
                 if raylets and all(p.process.poll() is not None for p in raylets):  # the VM was deleted
+                    self._delays()
                     self._nodes.pop(node_id)
                     node.kill_all_processes(check_alive=False, allow_graceful=False)
                     self._stockout_until = time.time() + self.stockout_s
@@ -61,13 +75,16 @@ class LabProvider(_ray.FakeMultiNodeProvider):
 
     def create_node_with_resources_and_labels(self, node_config, tags, count, resources, labels):
         asked = time.time()
+        self._delays()
         if asked < self._stockout_until:
             self._event("create failed", reason="stock-out", until=self._stockout_until)
             time.sleep(min(2.0, self._stockout_until - asked))  # the API call itself takes a moment
             raise RuntimeError(STOCKOUT_ERROR)
         self._event("create", count=count, boot_s=self.boot_s)
         time.sleep(self.boot_s)  # creation, boot, set-up commands, ray start
+        with self.lock:
+            before = set(self._nodes)
         super().create_node_with_resources_and_labels(node_config, tags, count, resources, labels)
         with self.lock:
-            created = sorted(self._nodes)[-count:]
+            created = sorted(set(self._nodes) - before)
         self._event("node started", nodes=created, asked=asked)

@@ -1,15 +1,17 @@
-"""The chaos modules' shared fixture: a preemption lab per module."""
+"""The chaos modules' shared fixture: an autoscaling preemption lab per module."""
 
 from __future__ import annotations
 
 import pytest
 
-from launcher.lab.chaos import PreemptionLab
+from launcher.lab.autoscaling import AutoscalingLab
 
 
 @pytest.fixture(scope="module")
 def lab():
-    """A head without CPUs and two 1-CPU worker nodes, each with a fake GCE metadata server and
-    the real watcher; notices of 6 s (GCE's are 30 s) keep the tests short."""
-    with PreemptionLab(nodes=2, cpus_per_node=1, notice_s=6.0, margin_s=2.0) as lab:
+    """A head without CPUs and two 1-CPU worker nodes brought up by Ray's autoscaler, each with a
+    fake GCE metadata server and the real watcher; a lost node's replacement comes from the
+    autoscaler (at once: tests that need GCE's boot time set it with ``lab.set_delays``). Notices of
+    6 s (GCE's are 30 s) keep the tests short."""
+    with AutoscalingLab(nodes=2, cpus_per_node=1, notice_s=6.0, margin_s=2.0) as lab:
         yield lab

@@ -1,8 +1,9 @@
 """Chaos tests: preemptions on a multi-node Ray cluster on this machine.
 
-One :class:`launcher.lab.chaos.PreemptionLab` serves the module: a head without
-CPUs and two 1-CPU worker nodes, each with a fake GCE metadata server and the
-real watcher draining its node on a notice. Every run trains digits-mlp with 2
+One :class:`launcher.lab.autoscaling.AutoscalingLab` serves the module: a head
+without CPUs and two 1-CPU worker nodes that Ray's autoscaler brings up (and
+replaces when one is lost), each with a fake GCE metadata server and the real
+watcher draining its node on a notice. Every run trains digits-mlp with 2
 workers (one per worker node), a fixed seed and a checkpoint every 10 steps, so
 an uninterrupted run of the same spec is the reference for the final weights.
 """
@@ -17,6 +18,7 @@ import pytest
 from launcher.lab.chaos import run_in_background
 from launcher.spec import JobSpec
 from launcher.storage.runlog import read_jsonl
+from test_user_workloads import SHIPPED, write
 
 pytestmark = pytest.mark.chaos
 
@@ -114,27 +116,75 @@ def test_truncated_latest_checkpoint_resumes_from_the_previous_good_one(lab, run
     assert s.weights_sha256 == reference.weights_sha256
 
 
-def test_lost_node_not_replaced_the_run_shrinks_and_completes(lab, tmp_path):
-    """With --min-workers, a run whose lost node is not replaced goes on with fewer workers.
-    Last in this module: it leaves the lab one worker node short."""
+def wait_for_free_cpus(count: int, timeout_s: float = 120) -> None:
+    """Exactly ``count`` worker nodes, all free, first: the previous test's replacement node can
+    still be joining, or a spare the autoscaler launched still be there (it goes once idle), and
+    an elastic run takes what it finds (it then started on 1 worker, and losing the other node
+    cost it nothing: seen in CI)."""
     import ray
 
+    def ready() -> bool:
+        return ray.cluster_resources().get("CPU", 0) == count and ray.available_resources().get("CPU", 0) == count
+
+    deadline = time.time() + timeout_s
+    while not ready() and time.time() < deadline:
+        time.sleep(0.5)
+    assert ready(), (ray.cluster_resources(), ray.available_resources())
+
+
+def world_sizes(root: str, name: str) -> list[int]:
+    """The group's size at each logged report, with repeats folded."""
+    sizes = [m["world_size"] for m in read_jsonl(open(os.path.join(root, name, "metrics.jsonl")).read())
+             if m.get("world_size")]
+    return [w for i, w in enumerate(sizes) if i == 0 or w != sizes[i - 1]]
+
+
+def test_elastic_goes_on_with_the_survivor_and_grows_back_when_the_replacement_boots(lab, tmp_path):
+    """The replacement takes 8 s to boot (GCE: minutes): the elastic run trains on the remaining
+    node meanwhile, then uses the new node once the autoscaler brings it. A workload that sleeps
+    in each step keeps the run going that long."""
+    root = str(tmp_path / "runs")
+    workload = write(tmp_path / "code", SHIPPED) + ":NOTED"
+    spec = JobSpec(workload=workload, epochs=20, checkpoint_every_steps=10, seed=3, storage=root,
+                   name="grow_back", address=lab.address, max_failures=3, min_workers=1,
+                   params={"delay_ms": 60}, replace_on_notice=False).validated()
+    wait_for_free_cpus(2)
+    lab.set_delays(boot_s=8.0, stockout_s=0.0)
+    try:
+        run = run_in_background(spec)
+        run.wait_for_checkpoint(lambda m: m.global_step >= 20)
+        lab.preempt(0)
+        s = run.wait(timeout_s=600)
+    finally:
+        lab.set_delays(boot_s=0.0, stockout_s=0.0)
+    assert s.status == "succeeded" and s.epochs_completed == 20, s
+    notice = [i for i in s.interruptions if i.cause == "preemption"]
+    assert s.preemption_notices == 1 and notice and notice[0].steps_lost == 0, s
+    # growing back restarts the group from its last checkpoint: at most one interval redone
+    assert s.steps_lost <= 10, s
+    assert world_sizes(root, "grow_back") == [2, 1, 2], (world_sizes(root, "grow_back"), s.interruptions,
+                                                          s.attempts, lab.events, lab.provider_events())
+    assert s.final_workers == 2, s
+    booted = [e for e in lab.provider_events() if e["event"] == "node started"]
+    assert booted[-1]["time"] - booted[-1]["asked"] >= 8.0, booted
+
+
+def test_a_stockout_longer_than_the_run_never_stalls_an_elastic_run(lab, tmp_path):
+    """With --min-workers, a run whose lost node cannot be replaced (the zone has no Spot capacity
+    for longer than the run) goes on with fewer workers. Last in this module: it leaves the lab one
+    worker node short."""
     root = str(tmp_path / "runs")
     spec = JobSpec(epochs=4, checkpoint_every_steps=10, seed=3, storage=root, name="elastic",
                    address=lab.address, max_failures=3, min_workers=1).validated()
-    # Both worker nodes free first: the previous test's replacement node can still be joining,
-    # and an elastic run takes what it finds (it then started on 1 worker, and losing the other
-    # node cost it nothing: seen in CI).
-    deadline = time.time() + 120
-    while ray.available_resources().get("CPU", 0) < 2 and time.time() < deadline:
-        time.sleep(0.5)
-    assert ray.available_resources().get("CPU", 0) >= 2, ray.available_resources()
+    wait_for_free_cpus(2)
+    lab.set_delays(boot_s=0.0, stockout_s=3600.0)
     run = run_in_background(spec)
     run.wait_for_checkpoint(lambda m: m.global_step >= 30)
-    assert lab.kill(0, replace=False) is None  # one worker node left, for good
+    lab.kill(0)  # one worker node left: every attempt to replace it fails
     s = run.wait(timeout_s=600)
     assert s.status == "succeeded", s
     assert (s.epochs_completed, s.workers, s.final_workers) == (4, 2, 1), s
+    assert any(e["event"] == "create failed" for e in lab.provider_events())
     # Ray Train either sees the lost worker fail, or first sees the cluster shrink and resizes the
     # group (which one comes first is timing): a restart either way.
     assert s.restarts >= 1 and s.metrics["accuracy"] >= 0.85
