@@ -59,6 +59,8 @@ class LabProvider(_ray.FakeMultiNodeProvider):
             return
         self.boot_s = float(control.get("boot_s", self.boot_s))
         self.stockout_s = float(control.get("stockout_s", self.stockout_s))
+        if not self.stockout_s:  # the stock-out is over
+            self._stockout_until = 0.0
 
     def non_terminated_nodes(self, tag_filters):
         with self.lock:
