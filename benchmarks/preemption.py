@@ -18,6 +18,7 @@ From the run's attempts (each worker group's first/last step and time):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 import time
@@ -62,45 +63,79 @@ STRATEGY_HELP = {"wait": "a fixed group waits for the replacement node",
 
 def run(strategies: list[str], *, workers: int, min_workers: int, every_s: float, preemptions: int,
         boot_s: float, stockout_s: float, notice_s: float, with_notice: bool, epochs: int,
-        note: Callable[[str], None]) -> dict:
+        note: Callable[[str], None], base=None, program=None, program_args: list[str] | None = None,
+        job_dir: bool = False) -> dict:
     """Each strategy on a fresh autoscaling lab (``workers`` one-CPU nodes, replacements ready
-    ``boot_s`` after the autoscaler asks): ``preemptions`` nodes preempted ``every_s`` apart."""
+    ``boot_s`` after the autoscaler asks): ``preemptions`` nodes preempted ``every_s`` apart.
+
+    ``base``: the run's spec (its code, data and settings; digits-mlp by default) but for the workers,
+    epochs, name, storage, address and failure settings, which each strategy sets. ``program``: a --script or --package instead, run to its end under each
+    strategy, after an uninterrupted reference run (see :func:`run_program_strategy`)."""
     settings = {"workers": workers, "min_workers": min_workers, "every_s": every_s, "preemptions": preemptions,
                 "boot_s": boot_s, "stockout_s": stockout_s, "notice_s": notice_s if with_notice else None,
                 "epochs": epochs}
+    code = program.label if program is not None else (base.workload if base is not None else "digits-mlp")
+    settings["code"] = code
+    lab_args = dict(workers=workers, every_s=every_s, preemptions=preemptions, boot_s=boot_s, stockout_s=stockout_s,
+                    notice_s=notice_s, with_notice=with_notice, note=note)
     out = []
+    if program is not None:
+        note("bench: the program uninterrupted first (the reference for goodput)")
+        reference = run_program(base, program, program_args or [], job_dir, "reference", **lab_args, preempt=False)
+        settings["reference_wall_s"] = reference["wall_s"]
     for strategy in strategies:
         note(f"bench: strategy {strategy} ({STRATEGY_HELP[strategy]})")
-        out.append(run_strategy(strategy, note=note, **{k: v for k, v in settings.items()
-                                                          if k != "notice_s"},
-                                notice_s=notice_s, with_notice=with_notice))
+        if program is not None:
+            r = run_program(base, program, program_args or [], job_dir, strategy, **lab_args)
+            r["goodput"] = round(reference["wall_s"] / r["wall_s"], 4) if r["wall_s"] else 0.0
+            out.append(r)
+        else:
+            out.append(run_strategy(strategy, min_workers=min_workers, epochs=epochs, base=base, **lab_args))
     return {"settings": settings, "strategies": out}
+
+
+def _spec_for(base, strategy: str, root: str, address: str, **fields):
+    from launcher import JobSpec
+
+    base = base or JobSpec(checkpoint_every_steps=20)
+    return dataclasses.replace(base, storage=root, name=f"bench_preemption_{strategy.replace('-', '_')}",
+                               address=address, max_failures=-1, keep_checkpoints=3,
+                               replace_on_notice=strategy == "elastic-early", **fields).validated()
+
+
+def _preempt_every(lab, job, every_s: float, preemptions: int, with_notice: bool) -> None:
+    """The chaos, in this (main) thread, at a fixed period: preemption k comes at k x every_s."""
+    next_at, done = time.time() + every_s, 0
+    while job.running and done < preemptions:
+        time.sleep(0.2)
+        if time.time() >= next_at:
+            (lab.preempt if with_notice else lab.kill)(0)
+            done += 1
+            next_at += every_s
+
+
+def _lab_events(lab) -> list[dict[str, Any]]:
+    events = [{k: v for k, v in e.items() if k != "node"} for e in lab.events]
+    events += [e for e in lab.provider_events() if e["event"] in ("create", "node started", "create failed")]
+    return sorted(events, key=lambda e: e["time"])
 
 
 def run_strategy(strategy: str, *, workers: int, min_workers: int, every_s: float, preemptions: int,
                  boot_s: float, stockout_s: float, notice_s: float, with_notice: bool, epochs: int,
-                 note: Callable[[str], None]) -> dict:
-    from launcher import JobSpec
+                 note: Callable[[str], None], base=None) -> dict:
     from launcher.lab import AutoscalingLab, run_in_background
 
     elastic = strategy != "wait"
     with tempfile.TemporaryDirectory(prefix="launcher-bench-preempt-") as root, \
             AutoscalingLab(nodes=workers, notice_s=notice_s, margin_s=min(5.0, notice_s / 3), boot_s=boot_s,
                            stockout_s=stockout_s, note=note) as lab:
-        spec = JobSpec(workers=workers, min_workers=min_workers if elastic else None, epochs=epochs,
-                       checkpoint_every_steps=20, storage=root, name="bench_preemption", address=lab.address,
-                       max_failures=-1, keep_checkpoints=3,
-                       replace_on_notice=strategy == "elastic-early").validated()
+        spec = _spec_for(base, strategy, root, lab.address, workers=workers, epochs=epochs,
+                         min_workers=min_workers if elastic else None)
+        if not spec.checkpoint_every_steps:
+            spec = dataclasses.replace(spec, checkpoint_every_steps=20)
         job = run_in_background(spec, note)
         job.wait_for_checkpoint(lambda m: m.global_step > 0, timeout_s=600)
-        # The chaos stays in this (main) thread. A fixed period: notice k comes at k x every_s.
-        next_at, done = time.time() + every_s, 0
-        while job.running and done < preemptions:
-            time.sleep(0.2)
-            if time.time() >= next_at:
-                (lab.preempt if with_notice else lab.kill)(0)
-                done += 1
-                next_at += every_s
+        _preempt_every(lab, job, every_s, preemptions, with_notice)
         # After the last one: the full group again, and a little training on it, then stop.
         if job.running:
             before = {r.get("attempt") for r in _records(Storage.resolve(root), spec.name)}
@@ -110,8 +145,7 @@ def run_strategy(strategy: str, *, workers: int, min_workers: int, every_s: floa
             stop_running("the benchmark's preemptions are done")
         summary = job.wait(timeout_s=3600)
         removals = [e["time"] for e in lab.events if e["event"].startswith("node removed")]
-        events = [{k: v for k, v in e.items() if k != "node"} for e in lab.events]
-        events += [e for e in lab.provider_events() if e["event"] in ("create", "node started", "create failed")]
+        events = _lab_events(lab)
         records = _records(Storage.resolve(root), spec.name)
     attempts = summary.to_json()["attempts"]
     sizes = attempt_sizes(records)
@@ -122,8 +156,38 @@ def run_strategy(strategy: str, *, workers: int, min_workers: int, every_s: floa
             "recovery_s": recoveries(attempts, removals), "goodput": round(goodput(attempts), 4),
             "reduced_s": round(reduced_time(attempts, sizes, workers), 1), "wall_s": summary.wall_s,
             "attempts": attempts, "sizes": sizes, "period_s": period(removals),
-            "breakdown_s": breakdown(attempts, events), "lab_events": sorted(events, key=lambda e: e["time"]),
+            "breakdown_s": breakdown(attempts, events), "lab_events": events,
             "throughput": throughput(records)}
+
+
+def run_program(base, program, program_args: list[str], job_dir: bool, strategy: str, *, workers: int,
+                every_s: float, preemptions: int, boot_s: float, stockout_s: float, notice_s: float,
+                with_notice: bool, note: Callable[[str], None], preempt: bool = True) -> dict:
+    """A --script or --package run to its end on a fresh lab, its nodes preempted every ``every_s``
+    (unless not ``preempt``). A program keeps its steps to itself: the figures are the wall time
+    (goodput: the uninterrupted run's wall time over this one's), the restarts and, per removed node,
+    the seconds until Ray Train started the next group (recovery here: the program's own restart
+    and resume come after)."""
+    from launcher.lab import AutoscalingLab, run_in_background
+
+    with tempfile.TemporaryDirectory(prefix="launcher-bench-preempt-") as root, \
+            AutoscalingLab(nodes=workers, notice_s=notice_s, margin_s=min(5.0, notice_s / 3), boot_s=boot_s,
+                           stockout_s=stockout_s, note=note) as lab:
+        spec = _spec_for(base, strategy, root, lab.address, workers=workers, min_workers=None)
+        job = run_in_background(spec, note, program=program, program_args=program_args, job_dir=job_dir)
+        if preempt:
+            _preempt_every(lab, job, every_s, preemptions, with_notice)
+        summary = job.wait(timeout_s=3600)
+        removals = [e["time"] for e in lab.events if e["event"].startswith("node removed")]
+        events = _lab_events(lab)
+    restarts = [i for i in summary.to_json()["interruptions"]]
+    return {"strategy": strategy, "workers": workers, "min_workers": None, "every_s": every_s, "boot_s": boot_s,
+            "notice_s": notice_s if with_notice else None, "status": str(summary.status),
+            "exit_code": job.exit_code, "steps": None, "nodes_removed": len(removals),
+            "restarts": summary.restarts, "steps_lost": None, "time_lost_s": summary.time_lost_s,
+            "recovery_s": [r["recovery_s"] for r in restarts if r.get("recovery_s") is not None],
+            "goodput": None, "reduced_s": 0.0, "wall_s": summary.wall_s, "attempts": [], "sizes": {},
+            "period_s": period(removals), "breakdown_s": {}, "lab_events": events, "throughput": []}
 
 
 def _records(storage, name: str) -> list[dict[str, Any]]:
@@ -214,18 +278,31 @@ def period(removals: list[float]) -> float | None:
     return round((removals[-1] - removals[0]) / (len(removals) - 1), 1)
 
 
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _mean(values: list[float]) -> str:
+    return f"{sum(values) / len(values):.1f}s" if values else "-"
+
+
 def format_result(r: dict) -> str:
     rec = r["recovery_s"]
+    steps = "" if r.get("steps") is None else f", {r['steps']} steps"
     lines = [f"{r['strategy']}: preemption every {r['every_s']:g}s, "
              + (f"{r['notice_s']:g}s notice" if r["notice_s"] else "no notice")
-             + f", replacements boot in {r['boot_s']:g}s: {r['status']}, {r['steps']} steps, "
+             + f", replacements boot in {r['boot_s']:g}s: {r['status']}{steps}, "
              f"{r['nodes_removed']} node(s) removed" + (f" ({r['period_s']:g}s apart)" if r.get("period_s") else "")
              + f", {r['restarts']} restart(s)",
              "  recovery (node removed -> first step): "
-             + (f"mean {sum(rec) / len(rec):.1f}s, max {max(rec):.1f}s" if rec else "-"),
-             f"  steps lost {r['steps_lost']}, time lost {r['time_lost_s']:.1f}s, "
-             f"{r['reduced_s']:.0f}s on fewer than {r['workers']} workers",
-             f"  goodput {100 * r['goodput']:.1f}% (useful step time / wall time), wall {r['wall_s']:.0f}s"]
+             + (f"mean {sum(rec) / len(rec):.1f}s, max {max(rec):.1f}s" if rec else "-")]
+    if r.get("steps_lost") is not None:
+        lines.append(f"  steps lost {r['steps_lost']}, time lost {r['time_lost_s']:.1f}s, "
+                     f"{r['reduced_s']:.0f}s on fewer than {r['workers']} workers")
+        lines.append(f"  goodput {_pct(r['goodput'])} (useful step time / wall time), wall {r['wall_s']:.0f}s")
+    else:
+        lines.append(f"  goodput {_pct(r['goodput'])} (the uninterrupted run's wall time / this one's), "
+                     f"wall {r['wall_s']:.0f}s; the program keeps its steps to itself")
     if r.get("breakdown_s"):
         lines.append("  per preemption (mean s): " + ", ".join(f"{k} {v:.2f}" for k, v in r["breakdown_s"].items()))
     return "\n".join(lines)
@@ -235,9 +312,8 @@ def format_table(result: dict) -> str:
     """One line per strategy, then each strategy's detail."""
     rows = [("STRATEGY", "GOODPUT", "STEPS LOST", "NODES REMOVED", "REDUCED", "RECOVERY (mean)")]
     for r in result["strategies"]:
-        rec = r["recovery_s"]
-        rows.append((r["strategy"], f"{100 * r['goodput']:.1f}%", str(r["steps_lost"]), str(r["nodes_removed"]),
-                     f"{r['reduced_s']:.0f}s", f"{sum(rec) / len(rec):.1f}s" if rec else "-"))
+        rows.append((r["strategy"], _pct(r["goodput"]), "-" if r["steps_lost"] is None else str(r["steps_lost"]),
+                     str(r["nodes_removed"]), f"{r['reduced_s']:.0f}s", _mean(r["recovery_s"])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     table = "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
     return table + "\n\n" + "\n".join(format_result(r) for r in result["strategies"])
@@ -253,7 +329,8 @@ def write_results(result: dict, out_dir: str) -> list[str]:
              "node removed without notice": ("black", "--"), "node started": ("green", "-.")}
     for ax, r in zip(axes, strategies):
         points, a = r.get("throughput") or [], r["attempts"]
-        t0 = a[0]["first_time"] if a else (points[0]["time"] if points else 0.0)
+        t0 = a[0]["first_time"] if a else (points[0]["time"] if points else
+                                           min((e["time"] for e in r.get("lab_events", [])), default=0.0))
         ax.plot([p["time"] - t0 for p in points], [p["steps_per_s"] for p in points], marker=".", linewidth=1)
         labelled = set()
         for e in r.get("lab_events", []):
@@ -264,7 +341,7 @@ def write_results(result: dict, out_dir: str) -> list[str]:
                            label=None if label in labelled else label)
                 labelled.add(label)
         ax.set_ylabel("steps/s")
-        ax.set_title(f"{r['strategy']}: goodput {100 * r['goodput']:.0f}%, {r['reduced_s']:.0f}s reduced",
+        ax.set_title(f"{r['strategy']}: goodput {_pct(r['goodput'])}, {r['reduced_s']:.0f}s reduced",
                      fontsize=9)
         ax.legend(fontsize=6)
     axes[-1].set_xlabel("seconds since the first step")

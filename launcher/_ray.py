@@ -38,6 +38,12 @@ PRIVATE: dict[str, tuple[str, str]] = {
                                       "dropped: the driver always outlives its run"),
     "FixedScalingPolicy": ("ray.train.v2._internal.execution.scaling_policy:FixedScalingPolicy",
                            "a fixed-size group on a local Ray, without requests to the autoscaling coordinator"),
+    "ElasticScalingPolicy": ("ray.train.v2._internal.execution.scaling_policy:ElasticScalingPolicy",
+                             "an elastic group sized from a fresh view of the cluster, less draining nodes"),
+    "ResizeDecision": ("ray.train.v2._internal.execution.scaling_policy:ResizeDecision",
+                       "the elastic policy's decision to resize the group"),
+    "NoopDecision": ("ray.train.v2._internal.execution.scaling_policy:NoopDecision",
+                     "the elastic policy's decision to keep the group as it is (while it checkpoints)"),
     "TrainingFramework": ("ray.train.v2._internal.util:TrainingFramework",
                           "marks the lean torch process group as a torch backend"),
     # Ray's torch process-group set-up, called on the workers only (the module imports torch).
@@ -88,6 +94,14 @@ OVERRIDDEN: dict[str, str] = {
         "LeanTrainer swaps the fixed scaling policy for one without autoscaler requests on a local Ray",
     "ray.train.v2._internal.execution.scaling_policy.scaling_policy:ScalingPolicy._maybe_send_resource_request":
         "the local Ray's fixed policy sends no resource requests (no coordinator is started)",
+    "ray.train.v2._internal.execution.scaling_policy.elastic:ElasticScalingPolicy._get_reserved_resources":
+        "ElasticNow asks the coordinator to recompute (its node list is up to 20 s old) and drops draining nodes",
+    "ray.train.v2._internal.execution.scaling_policy.elastic:ElasticScalingPolicy."
+    "make_decision_for_running_worker_group":
+        "ElasticNow grows the group only after the running one has checkpointed",
+    "ray.train.v2._internal.execution.scaling_policy.elastic:ElasticScalingPolicy."
+    "make_decision_for_non_running_worker_group":
+        "ElasticNow withdraws a checkpoint request the stopped group never answered",
     "ray.dashboard.modules.dashboard_sdk:SubmissionClient._do_request":
         "the job client's requests get a timeout (Ray sets none)",
 }

@@ -258,3 +258,82 @@ def test_a_summary_reads_back_as_it_was_written_and_statuses_are_members():
     assert RunStatus.parse("unreadable") is RunStatus.UNREADABLE and RunStatus.parse(None) is RunStatus.UNKNOWN
     with pytest.raises(ValueError):
         RunSummary.from_json(["not", "a", "summary"])
+
+
+def test_bench_table_for_a_program_says_what_it_cannot_count(tmp_path):
+    """A --script or --package keeps its steps to itself: its goodput is the reference run's wall time
+    over the run's, and the step columns say '-' rather than a made-up 0."""
+    from benchmarks.preemption import format_table, write_results
+
+    r = {"strategy": "wait", "workers": 2, "min_workers": None, "every_s": 30.0, "boot_s": 10.0, "period_s": None,
+         "notice_s": 6.0, "status": "succeeded", "exit_code": 0, "steps": None, "nodes_removed": 1, "restarts": 1,
+         "steps_lost": None, "time_lost_s": 0.0, "recovery_s": [], "goodput": 0.8, "reduced_s": 0.0, "wall_s": 50.0,
+         "attempts": [], "sizes": {}, "breakdown_s": {}, "throughput": [],
+         "lab_events": [{"event": "preemption notice", "time": 1795629000.0},
+                        {"event": "node removed", "time": 1795629006.0}]}
+    text = format_table({"settings": {"workers": 2, "reference_wall_s": 40.0}, "strategies": [r]})
+    first = text.splitlines()[1].split()
+    assert first[:3] == ["wait", "80.0%", "-"], text
+    assert "the uninterrupted run's wall time / this one's" in text and "steps lost" not in text
+    assert len(write_results({"settings": {}, "strategies": [r]}, str(tmp_path))) == 3
+
+
+def test_bench_preemption_refuses_an_elastic_strategy_for_a_program(capsys, tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    code = main(["bench", "preemption", "--script", str(script), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "only 'wait' applies" in err and "--strategies wait" in err, err
+    assert not (tmp_path / "out").exists()
+
+
+def test_demo_takes_what_run_takes(tmp_path):
+    """`preemption demo` builds its run from `launcher run`'s flags (its own defaults where none is
+    given) and runs a --package as well as a workload."""
+    from launcher.cli.main import build_parser
+    from launcher.cli.preemption import demo_spec
+
+    parser = build_parser()
+    args = parser.parse_args(["preemption", "demo", "--storage", str(tmp_path), "--lr", "0.05"])
+    spec, program = demo_spec(args)
+    assert program is None and (spec.epochs, spec.checkpoint_every_steps, spec.lr) == (16, 10, 0.05)
+    assert spec.name.startswith("preemption_demo_") and spec.max_failures == 0
+    package = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "trainer_package")
+    args = parser.parse_args(["preemption", "demo", "--storage", str(tmp_path), "--package", package,
+                              "--module", "trainer.task", "--workers", "3", "--without-notice", "--", "--epochs", "2"])
+    spec, program = demo_spec(args)
+    assert program is not None and program.kind == "module" and args.program_args == ["--epochs", "2"]
+    assert spec.workers == 3 and spec.max_failures == 1
+
+
+def test_node_keys_tell_a_fake_clusters_nodes_apart():
+    from launcher.worker.loop import node_key
+
+    fake = [f"{'f' * 50}{i:06d}" for i in range(1, 5)]  # the lab's nodes: f...f000001, f...f000002, ...
+    keys = [node_key(n) for n in fake]
+    assert len(set(keys)) == 4 and all(0 <= k < 2 ** 53 for k in keys)  # a float64 carries each exactly
+    assert node_key(fake[0]) == node_key(fake[0])
+
+
+def test_an_elastic_group_is_never_sized_on_a_draining_node():
+    from launcher.backends.elastic import usable
+
+    reserved = {"a": {"CPU": 1.0}, "b": {"CPU": 1.0}, "c": {"CPU": 1.0}}
+    assert usable(reserved, {"b": 1795629000000}) == {"a": {"CPU": 1.0}, "c": {"CPU": 1.0}}
+    assert usable(reserved, {}) == reserved
+
+
+def test_the_board_hands_a_grow_request_to_rank_0_and_its_answer_back():
+    """The handshake between ElasticNow (the controller) and rank 0, on the board's own class."""
+    from launcher.driver.events import ProgressBoard
+
+    board = ProgressBoard.__ray_metadata__.modified_class()
+    assert board.ask_checkpoint(4) is False  # nobody trains: no one would answer
+    board.step("a1", 0, 12, time.time())
+    assert board.checkpoint_wanted() == 0 and board.ask_checkpoint(4) is True
+    assert board.checkpoint_wanted() == 4 and board.checkpoint_held() is None
+    board.checkpoint_taken(30)
+    assert board.checkpoint_wanted() == 0  # held: rank 0 is not asked again
+    assert board.checkpoint_held() == 30 and board.checkpoint_held() is None  # answered once
+    board.ask_checkpoint(4)
+    assert board.checkpoint_held(give_up=True) is None and board.checkpoint_wanted() == 0  # withdrawn

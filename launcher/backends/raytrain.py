@@ -36,7 +36,9 @@ from launcher import _ray
 class LeanTrainer(DataParallelTrainer):
     """DataParallelTrainer without Ray Data's callback (when it has no datasets), without the
     placement-group cleaner and, where ``request_resources`` is False (a local Ray: no
-    autoscaler to ask), without Ray's autoscaling coordinator for a fixed-size group."""
+    autoscaler to ask), without Ray's autoscaling coordinator for a fixed-size group. An
+    elastic group gets :class:`launcher.backends.elastic.ElasticNow`, Ray's elastic policy
+    over the cluster as it is now."""
 
     request_resources = True
 
@@ -50,6 +52,11 @@ class LeanTrainer(DataParallelTrainer):
         policy = kwargs.get("scaling_policy")
         if not self.request_resources and type(policy) is _ray.FixedScalingPolicy:
             kwargs["scaling_policy"] = FixedWithoutRequests(scaling_config=policy.scaling_config)
+        elif type(policy) is _ray.ElasticScalingPolicy:
+            from launcher.backends.elastic import ElasticNow
+
+            board = (self.train_loop_config or {}).get("board")
+            kwargs["scaling_policy"] = ElasticNow(policy.scaling_config, board=board)
         return super()._initialize_and_run_controller(**kwargs)
 
 

@@ -15,7 +15,8 @@ import sys
 import tempfile
 from typing import Iterator
 
-from launcher.cli.options import EXIT_FAILED, EXIT_OK, Parser
+from launcher.cli.options import (EXIT_FAILED, EXIT_OK, Parser, add_program_flags, add_run_flags, program_from_args,
+                                  program_spec, spec_from_args, wants_job_dir)
 from launcher.errors import UserError
 from launcher.storage import Storage, gcs
 from launcher.storage.uri import normalize_storage
@@ -25,6 +26,9 @@ from launcher.storage.uri import normalize_storage
 # VM whose image already holds the set-up (see docs/guides/preemption.md).
 STRATEGIES = ("wait", "elastic", "elastic-early")
 BOOT_S = 90.0
+# The run's fields each strategy sets (the rest of what `launcher run` takes is the user's).
+PREEMPTION_BENCH_OWNS = ("workers", "min_workers", "epochs", "name", "storage", "address", "max_failures",
+                         "replace_on_notice", "keep_checkpoints")
 
 
 def add_parsers(sub) -> None:
@@ -145,6 +149,9 @@ def _add_preemption_parser(bench_sub) -> None:
     b.add_argument("--notice-s", type=float, default=30.0, help="notice length (GCE: 30)")
     b.add_argument("--without-notice", action="store_true", help="lose nodes without a notice")
     b.add_argument("--out", default="./bench-results", help="folder for the results (JSON, CSV, plot)")
+    # What trains: anything `launcher run` takes (digits-mlp by default), less what each strategy sets.
+    add_run_flags(b, skip=PREEMPTION_BENCH_OWNS)
+    add_program_flags(b)
 
 
 def note(text: str) -> None:
@@ -446,10 +453,17 @@ def cmd_bench_preemption(args: argparse.Namespace) -> int:
                         "raise --every-s or lower --notice-s")
     if args.boot_s < 0 or args.stockout_s < 0:
         raise UserError("--boot-s and --stockout-s must be 0 or more")
+    program = program_from_args(args)
+    if program is not None and set(strategies) - {"wait"}:
+        raise UserError(f"--strategies {','.join(strategies)}: a --script or --package run restarts at its full "
+                        "size (the program reads its world size once, at start), so only 'wait' applies to it",
+                        "add --strategies wait")
+    base = (program_spec(args, program) if program is not None else spec_from_args(args))
     result = bench.run(strategies, workers=args.workers, min_workers=min_workers, every_s=args.every_s,
                        preemptions=args.preemptions, boot_s=args.boot_s, stockout_s=args.stockout_s,
                        notice_s=args.notice_s, with_notice=not args.without_notice, epochs=args.epochs,
-                       note=lambda text: print(text, file=sys.stderr, flush=True))
+                       note=lambda text: print(text, file=sys.stderr, flush=True), base=base, program=program,
+                       program_args=args.program_args, job_dir=wants_job_dir(args, program))
     print(bench.format_table(result))
     for path in bench.write_results(result, args.out):
         print(f"wrote {path}")

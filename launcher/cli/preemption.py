@@ -19,7 +19,9 @@ import sys
 import threading
 import time
 
-from launcher.cli.options import EXIT_FAILED, EXIT_OK, Parser, parse_params
+from launcher import schema
+from launcher.cli.options import (EXIT_FAILED, EXIT_OK, Parser, add_program_flags, add_run_flags, program_from_args,
+                                  program_spec, spec_from_args, wants_job_dir)
 from launcher.cli.run import format_summary
 from launcher.errors import UserError
 
@@ -39,23 +41,24 @@ def add_parsers(sub) -> None:
     w.add_argument("--metadata-host", default=None,
                    help="metadata server host[:port] (default: GCE_METADATA_HOST or metadata.google.internal)")
 
-    d = pre_sub.add_parser("demo", help="train on a local 2-node cluster and preempt a node mid-run")
-    d.add_argument("--storage", default="./runs", help="where the demo's run goes (default ./runs)")
-    d.add_argument("--name", default=None, help="run name (default preemption_demo_<time>)")
-    d.add_argument("--workload", default="digits-mlp",
-                   help="what to train: a built-in workload or yours (FILE.py:NAME: a workload or a training "
-                   "function); default digits-mlp")
-    d.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="workload parameter")
-    d.add_argument("--data", default=None, help="--data for the workload or training function")
-    d.add_argument("--epochs", type=int, default=16)
-    d.add_argument("--checkpoint-every-steps", type=int, default=10)
+    d = pre_sub.add_parser("demo", help="train on a local multi-node cluster and preempt a node mid-run: any "
+                           "code launcher run takes (a workload, your training function, --script, --package)")
+    add_run_flags(d, skip=("address",))
+    add_program_flags(d)
     d.add_argument("--without-notice", action="store_true", help="lose the node without a notice instead")
     d.add_argument("--notice-s", type=float, default=6.0,
                    help="simulated notice length in seconds (GCE: 30; shorter keeps the demo quick)")
     d.add_argument("--boot-s", type=float, default=0.0,
                    help="the replacement node comes up this long after the autoscaler asks (GCE: minutes; "
                    "default 0)")
+    d.add_argument("--preempt-after-s", type=float, default=None,
+                   help="preempt this long after the launch (default: once the run's first step checkpoint is "
+                   "stored; a --script or --package keeps its checkpoints to itself: 30 s)")
     d.add_argument("--json", action="store_true", help="print the run's summary as JSON")
+
+
+DEMO_DEFAULTS = {"epochs": 16, "checkpoint_every_steps": 10}  # a run long enough to preempt, checkpoints often
+PROGRAM_PREEMPT_AFTER_S = 30.0
 
 
 def _log(text: str) -> None:
@@ -83,27 +86,29 @@ def cmd_preemption(args: argparse.Namespace) -> int:
 def _demo(args: argparse.Namespace) -> int:
     from launcher.lab.autoscaling import AutoscalingLab
     from launcher.lab.chaos import run_in_background
-    from launcher.spec import JobSpec
 
     if args.notice_s < 3:
         raise UserError(f"--notice-s must be >= 3, got {args.notice_s:g}",
                         "the workers need a moment to see the notice and checkpoint")
-    note = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
-    name = args.name or time.strftime("preemption_demo_%Y%m%d_%H%M%S")
-    params = parse_params(args.param)
-    # Checked before the lab starts; the lab's address is filled in once it is up.
-    spec = JobSpec(workload=args.workload, epochs=args.epochs, checkpoint_every_steps=args.checkpoint_every_steps,
-                   storage=args.storage, name=name, params=params, data=args.data,
-                   max_failures=1 if args.without_notice else 0).validated()
     if args.boot_s < 0:
         raise UserError(f"--boot-s must be 0 or more, got {args.boot_s:g}")
-    note("starting a local Ray cluster: a head and 2 worker nodes from Ray's autoscaler, each with a fake GCE "
-         "metadata server and the preemption watcher")
-    with AutoscalingLab(nodes=2, notice_s=args.notice_s, margin_s=min(2.0, args.notice_s / 3), boot_s=args.boot_s,
-                        note=note) as lab:
+    if args.preempt_after_s is not None and args.preempt_after_s < 0:
+        raise UserError(f"--preempt-after-s must be 0 or more, got {args.preempt_after_s:g}")
+    note = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+    spec, program = demo_spec(args)  # checked before the lab starts; its address is filled in once it is up
+    nodes = max(2, spec.workers)
+    note(f"starting a local Ray cluster: a head and {nodes} worker nodes from Ray's autoscaler, each with a fake "
+         "GCE metadata server and the preemption watcher")
+    with AutoscalingLab(nodes=nodes, notice_s=args.notice_s, margin_s=min(2.0, args.notice_s / 3),
+                        boot_s=args.boot_s, note=note) as lab:
         spec = dataclasses.replace(spec, address=lab.address)
-        run = run_in_background(spec, note)
-        run.wait_for_checkpoint(lambda m: m.global_step >= spec.checkpoint_every_steps)
+        run = run_in_background(spec, note, program=program, program_args=args.program_args,
+                                job_dir=wants_job_dir(args, program))
+        if args.preempt_after_s is not None or program is not None:
+            run.wait_for_training(args.preempt_after_s if args.preempt_after_s is not None
+                                  else PROGRAM_PREEMPT_AFTER_S)
+        else:
+            run.wait_for_checkpoint(lambda m: m.global_step >= (spec.checkpoint_every_steps or 1))
         if args.without_notice:
             note("demo: removing a worker node without notice")
             lab.kill(0)
@@ -112,7 +117,23 @@ def _demo(args: argparse.Namespace) -> int:
             lab.preempt(0)
         summary = run.wait()
     print(json.dumps(summary.to_json(), sort_keys=True, default=str) if args.json else format_summary(summary))
+    if program is not None:
+        return run.exit_code if run.exit_code is not None else EXIT_FAILED
     return EXIT_OK if summary.succeeded else EXIT_FAILED
+
+
+def demo_spec(args: argparse.Namespace):
+    """The demo's run as ``launcher run`` would build it from the same flags (the demo's own defaults
+    where a flag is not given), and the program it runs (None: a workload or training function)."""
+    program = program_from_args(args)
+    spec = program_spec(args, program) if program is not None else spec_from_args(args)
+    given = schema.given_flags(args, type(spec))
+    defaults = {k: v for k, v in DEMO_DEFAULTS.items() if k not in given and program is None}
+    if "name" not in given and program is None:
+        defaults["name"] = time.strftime("preemption_demo_%Y%m%d_%H%M%S")
+    if "max_failures" not in given:
+        defaults["max_failures"] = 1 if args.without_notice else 0  # a lost node is a failure; a notice is not
+    return (spec.merged(defaults).validated() if defaults else spec), program
 
 
 COMMANDS = {"preemption": cmd_preemption}

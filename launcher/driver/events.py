@@ -142,6 +142,7 @@ class ProgressBoard:
 
     def __init__(self) -> None:
         self._attempts: dict[str, dict[str, float]] = {}
+        self._checkpoint: dict[str, Any] | None = None  # an elastic policy's request (see below)
 
     def step(self, attempt: str, start_step: int, step: int, when: float) -> None:
         a = self._attempts.setdefault(attempt, {"start_step": start_step, "first_time": when})
@@ -150,6 +151,36 @@ class ProgressBoard:
     def attempts(self) -> list[dict[str, float]]:
         """Attempts in the order they trained their first step."""
         return sorted(({"attempt": k, **v} for k, v in self._attempts.items()), key=lambda a: a["first_time"])
+
+    # An elastic group about to grow: Ray Train's controller (launcher.backends.elastic) asks for a
+    # checkpoint, rank 0 answers once it is stored and the ranks hold, then the group is resized.
+    def ask_checkpoint(self, workers: int, recent_s: float = 30.0) -> bool:
+        """Ask the group for a checkpoint before it grows to ``workers``. False (nothing asked) when
+        no rank 0 has noted a step in ``recent_s``: code that does not take part (a training
+        function on Ray's own API) would never answer."""
+        now = time.time()
+        if not any(now - a.get("last_time", 0.0) <= recent_s for a in self._attempts.values()):
+            return False
+        self._checkpoint = {"workers": workers, "asked": now, "held": None}
+        return True
+
+    def checkpoint_wanted(self) -> int:
+        """The group size a checkpoint is asked for (0: none is)."""
+        c = self._checkpoint
+        return int(c["workers"]) if c is not None and c["held"] is None else 0
+
+    def checkpoint_taken(self, step: int) -> None:
+        if self._checkpoint is not None:
+            self._checkpoint["held"] = step
+
+    def checkpoint_held(self, give_up: bool = False) -> int | None:
+        """The step the group checkpointed and holds at, or None; the request ends once answered
+        (or given up)."""
+        c = self._checkpoint
+        held = c["held"] if c is not None else None
+        if held is not None or give_up:
+            self._checkpoint = None
+        return held
 
 
 def _on_this_node() -> dict[str, Any]:

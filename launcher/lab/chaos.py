@@ -6,11 +6,13 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from launcher.driver.script import run_script
 from launcher.lab.metadata import FakeMetadataServer
 from launcher.storage import Storage
 from launcher.storage.checkpoint import complete_checkpoints
@@ -29,28 +31,39 @@ class LabNode:
         return self.node.node_id
 
 
-def run_in_background(spec, note: Callable[[str], None] | None = None) -> "BackgroundRun":
-    return BackgroundRun(spec, note).start()
+def run_in_background(spec, note: Callable[[str], None] | None = None, program=None,
+                      program_args: list[str] | None = None, job_dir: bool = True) -> "BackgroundRun":
+    return BackgroundRun(spec, note, program, program_args, job_dir).start()
 
 
 class BackgroundRun:
-    """``launcher.driver.run(spec)`` in a thread of this process (connected to the lab's cluster)."""
+    """A run in a thread of this process (connected to the lab's cluster): ``launcher.driver.run(spec)``,
+    or, given a ``program`` (a --script or --package), ``run_script`` with ``program_args``."""
 
-    def __init__(self, spec, note=None) -> None:
+    def __init__(self, spec, note=None, program=None, program_args: list[str] | None = None,
+                 job_dir: bool = True) -> None:
         self.spec, self.note = spec, note
+        self.program, self.program_args, self.job_dir = program, list(program_args or []), job_dir
         self.summary = None  # the RunSummary, once the run ends
+        self.exit_code: int | None = None  # a program's exit status
         self.error: BaseException | None = None
+        self.started = time.time()
         self._thread = threading.Thread(target=self._run, name="launcher-run", daemon=True)
 
     def start(self) -> "BackgroundRun":
+        self.started = time.time()
         self._thread.start()
         return self
 
     def _run(self) -> None:
-        from launcher.driver import launch
-
         try:
-            self.summary = launch.run(self.spec, show_progress=self.note is not None)
+            if self.program is None:
+                from launcher.driver import launch
+
+                self.summary = launch.run(self.spec, show_progress=self.note is not None)
+            else:
+                self.exit_code, self.summary = run_script(self.spec, self.program, self.program_args,
+                                                          job_dir=self.job_dir, out=sys.stderr)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller of wait()
             self.error = exc
 
@@ -66,6 +79,17 @@ class BackgroundRun:
         if self.error is not None:
             raise self.error
         return self.summary
+
+    def wait_for_training(self, after_s: float, timeout_s: float = 600) -> None:
+        """Wait until the run has gone on for ``after_s`` seconds since its launch (a program keeps
+        its checkpoints to itself, so there is none to wait for)."""
+        end = time.time() + timeout_s
+        while time.time() < end and self.running:
+            if time.time() - self.started >= after_s:
+                return
+            time.sleep(0.2)
+        if not self.running:
+            raise RuntimeError(f"run {self.spec.name} ended before the preemption: {self.summary or self.error}")
 
     def wait_for_checkpoint(self, predicate: Callable[[Any], bool], timeout_s: float = 180) -> Any:
         """The newest complete checkpoint's manifest once one satisfies ``predicate``."""

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import hashlib
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -31,13 +33,21 @@ from typing import Any, Callable
 import numpy as np
 
 import workloads
-from launcher import faultpoint
+from launcher import _ray, faultpoint
 from launcher.spec import JobSpec
 from launcher.storage import Storage
-from launcher.storage.checkpoint import Manifest, complete_checkpoints, newest_complete, write_manifest
+from launcher.storage.checkpoint import MANIFEST, Manifest, complete_checkpoints, newest_complete, write_manifest
 from launcher.storage.datacache import local_data
 
 RESERVE_MIN_S = 1.5  # stop training at least this long before the drain deadline
+SALVAGE_WAIT_S = 5.0  # after a collective failed: how long to look for the node that went
+SALVAGED = "salvaged"  # a checkpoint's metric: written by a survivor alone (see Session.salvage)
+
+
+def node_key(node_id: str) -> int:
+    """A Ray node id as a number a float64 all-reduce carries exactly: 48 bits of its hash (ids
+    need not differ in any given 48 bits: a fake cluster's are f...f00001, f...f00002)."""
+    return int(hashlib.sha256(node_id.encode()).hexdigest()[:12], 16)
 
 
 def epoch_order(seed: int, epoch: int, rank: int, n: int) -> np.ndarray:
@@ -100,6 +110,9 @@ class Session(abc.ABC):
         self.notices = True  # False where no notice can come (no preemption watcher): nothing to ask
         self.step_s = 0.0        # recent time per step, for the reserve before a drain deadline
         self.checkpoint_s = 0.0  # time the last checkpoint took
+        self.rank_nodes: list[int] = []  # each rank's node (node_key), for the salvage
+        self.saved_step = -1     # the step of the last checkpoint this rank saw stored
+        self.updated = False     # the model changed since the position was last counted
 
     @abc.abstractmethod
     def restore(self, directory: str) -> None:
@@ -112,6 +125,16 @@ class Session(abc.ABC):
     @abc.abstractmethod
     def sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
         """Sum a float64 vector over all ranks."""
+
+    def can_salvage(self) -> bool:
+        """Whether :meth:`save_alone` can write the group's state as it stands now: a session that
+        knows its ranks' nodes, and whose state is that of the step its position counts."""
+        return False
+
+    def save_alone(self, directory: str, metrics: dict[str, Any]) -> bool:
+        """Write a whole checkpoint of this rank's state into ``directory`` without the other
+        ranks (no collective: some are gone), manifest last; False where this session cannot."""
+        return False
 
 
     # -- position and checkpoints ----------------------------------------------------------
@@ -172,6 +195,8 @@ class Session(abc.ABC):
             mode = ray.train.CheckpointUploadMode.ASYNC if background else ray.train.CheckpointUploadMode.SYNC
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d),
                              checkpoint_upload_mode=mode, delete_local_checkpoint_after_upload=background)
+            if not background:
+                self.saved_step = self.pos.global_step
         finally:
             if not background:  # Ray deletes a background upload's folder once it is stored
                 shutil.rmtree(d, ignore_errors=True)
@@ -205,6 +230,12 @@ class Session(abc.ABC):
         self.step_s = 0.9 * self.step_s + 0.1 * took if self.step_s else took
         every = self.spec.checkpoint_every_steps
         action = self.preemption_action() if boundary else None
+        if not action and boundary and self.resize_asked():
+            # An elastic group about to grow: this checkpoint is where the larger group resumes.
+            self.send({"kind": "resize", "held": 1, **values()})
+            if self.rank == 0:
+                self.board.checkpoint_taken.remote(self.pos.global_step)
+            self.hold("the cluster has room for more workers")
         if action:
             self.send({"kind": "preemption", "notice": 1, "held": int(action == "hold"), **values()})
             if action == "hold":
@@ -219,6 +250,24 @@ class Session(abc.ABC):
         """Rank 0 tells the driver's board how far it got (fire and forget)."""
         if self.board is not None and self.rank == 0:
             self.board.step.remote(self.attempt, self.start_step, self.pos.global_step, time.time())
+
+    def resize_asked(self) -> bool:
+        """Every K steps in an elastic run, on every rank alike: whether the group is asked for a
+        checkpoint before it grows (rank 0 reads the board, the others take its answer)."""
+        k = self.spec.preemption_check_steps
+        if not k or self.board is None or self.spec.min_workers is None or self.pos.global_step % k:
+            return False
+        import ray
+
+        asked = 0.0
+        if self.rank == 0:
+            try:
+                asked = float(ray.get(self.board.checkpoint_wanted.remote(), timeout=10) > self.world)
+            except Exception:  # noqa: BLE001 - the board is the driver's; train on without it
+                asked = 0.0
+        if self.world == 1:
+            return bool(asked)
+        return bool(self.sum_over_ranks(np.array([asked], dtype=np.float64))[0] > 0)
 
     def preemption_action(self) -> str | None:
         """Every K steps, on every rank alike (Ray's barrier): None (train on), "checkpoint"
@@ -245,14 +294,95 @@ class Session(abc.ABC):
             close = float(deadline_ms is None or deadline_ms / 1000 - time.time() <= reserve)
         return bool(self.sum_over_ranks(np.array([close], dtype=np.float64))[0] > 0)
 
-    def hold(self) -> None:
+    def hold(self, why: str = "preemption notice") -> None:
         """Train no further: the checkpoint just taken is where the restarted group resumes,
         so any step taken now would be thrown away. Ray Train stops this worker at the
-        drain deadline (or sooner, when the node goes)."""
-        print(f"rank {self.rank}: preemption notice: checkpointed step {self.pos.global_step}, "
+        drain deadline (or sooner, when the node goes), or when it resizes the group."""
+        print(f"rank {self.rank}: {why}: training stops at step {self.pos.global_step}, "
               "waiting for Ray Train to restart the group", flush=True)
         while True:
             time.sleep(1.0)
+
+    # -- a checkpoint from the survivors -------------------------------------------------------
+    def learn_nodes(self) -> None:
+        """Each rank's Ray node (one all-reduce, at start), so that after a node is lost the
+        survivors can tell whose it was (see :meth:`salvage`)."""
+        if self.world < 2 or not self.notices:
+            return
+        import ray
+
+        keys = np.zeros(self.world, dtype=np.float64)
+        keys[self.rank] = node_key(ray.get_runtime_context().get_node_id())
+        self.rank_nodes = [int(k) for k in self.sum_over_ranks(keys)]
+
+    def gone_ranks(self, wait_s: float) -> set[int]:
+        """The ranks whose node is draining (preempted) or dead, looking for up to ``wait_s``."""
+        import ray
+
+        end = time.time() + wait_s
+        while True:
+            try:
+                gone = {node_key(n) for n in (_ray.global_state.get_draining_nodes() or {})}
+                gone |= {node_key(n["NodeID"]) for n in ray.nodes() if not n.get("Alive")}
+            except Exception:  # noqa: BLE001 - the GCS did not answer: nothing known
+                gone = set()
+            ranks = {r for r, key in enumerate(self.rank_nodes) if key in gone}
+            if ranks or time.time() >= end:
+                return ranks
+            time.sleep(0.2)
+
+    def lost_peers(self, error: BaseException) -> bool:
+        """After ``error`` (a collective failing, say): whether a node of the group has gone
+        (draining or dead); if so the survivors' checkpoint is written (:meth:`salvage`).
+
+        The caller then holds rather than raise: Ray Train judges a restart by the errors it
+        sees first, and a survivor's "connection reset" reaching it before the death of the
+        preempted rank is charged as a failure of the code (with --max-failures 0 the run
+        failed: seen in the chaos lab); holding leaves the preempted rank's death as the cause."""
+        if not self.rank_nodes or not self.gone_ranks(SALVAGE_WAIT_S):
+            return False
+        self.salvage(error)
+        return True
+
+    def salvage(self, error: BaseException) -> str | None:
+        """A checkpoint of where training stands, written by the lowest surviving rank alone,
+        when a node of the group went before the checkpoint that would have covered this step
+        was stored (GCE reclaimed a VM before the checkpoint its notice asked for could commit,
+        or without notice). Data parallel: every survivor holds the same weights and optimizer
+        state, and a rank's data position is a function of the step, so one survivor's state is
+        the whole group's; the ranks that went lose only their RNG streams (reseeded on resume).
+
+        Only when the state is that of a counted step (no optimizer step since the position was
+        last advanced), newer than the last stored checkpoint, and a rank's node is draining or
+        dead (a failure of the code itself writes nothing). The checkpoint is a folder of the
+        run like any other, its manifest written last, so one cut off is never used. Returns
+        its path, or None."""
+        if not self.can_salvage() or self.pos.global_step <= max(self.saved_step, 0):
+            return None
+        gone = self.gone_ranks(0.0)
+        if not gone or self.rank in gone or self.rank != min(set(range(self.world)) - gone):
+            return None
+        storage = Storage.resolve(self.spec.storage)
+        folder = f"checkpoint_{SALVAGED}_{time.strftime('%Y-%m-%d_%H-%M-%S')}_step{self.pos.global_step}"
+        d = tempfile.mkdtemp(prefix="launcher-salvage-")
+        try:
+            if not self.save_alone(d, {SALVAGED: 1, "lost_ranks": len(gone)}):
+                return None
+            names = sorted(os.listdir(d), key=lambda n: n == MANIFEST)  # the manifest last
+            for name in names:
+                with open(os.path.join(d, name), "rb") as f:
+                    storage.write_bytes(f.read(), self.spec.name, folder, name)
+        except Exception as exc:  # noqa: BLE001 - the last complete checkpoint stands
+            print(f"rank {self.rank}: could not write the survivors' checkpoint ({type(exc).__name__}: {exc})",
+                  flush=True)
+            return None
+        finally:
+            shutil.rmtree(d, ignore_errors=True)
+        print(f"rank {self.rank}: ranks {sorted(gone)} went with their node ({type(error).__name__}); the "
+              f"survivors' checkpoint of "
+              f"step {self.pos.global_step} is stored ({folder})", flush=True)
+        self.saved_step = self.pos.global_step
+        return storage.path(self.spec.name, folder)
 
 
 class Training(Session):

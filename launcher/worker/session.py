@@ -103,6 +103,9 @@ class TorchSession(UserSession):
         self._rng: dict[str, Any] | None = None
         self._resume_batches = 0
         self._train_loader: ResumableLoader | None = None
+        self._watched = False  # an optimizer is registered, whose steps mark the state updated
+        self.boundary = True   # the last counted step ended with an optimizer step
+        self._counted_batches = 0  # the training loader's batches when the position was last counted
         _seed_all(spec.seed)  # the same initial weights on every rank
 
     # -- the run's facts -------------------------------------------------------------------
@@ -175,6 +178,14 @@ class TorchSession(UserSession):
             self.objects[name] = obj
             if name in self._saved:
                 obj.load_state_dict(self._saved.pop(name))
+            if isinstance(obj, torch.optim.Optimizer):
+                # An optimizer step the position does not count yet makes the state a step ahead of
+                # it: no survivors' checkpoint is written from it (see Session.salvage).
+                obj.register_step_post_hook(self._model_updated)
+                self._watched = True
+
+    def _model_updated(self, *_: Any) -> None:
+        self.updated = True
 
     def loader(self, dataset: Any, batch_size: int | None = None, *, shuffle: bool = True, train: bool = True,
                collate_fn: Callable | None = None, num_workers: int = 0, drop_last: bool = False,
@@ -264,22 +275,45 @@ class TorchSession(UserSession):
 
         return weights_digest(self.model().state_dict())
 
-    def save(self, directory: str, metrics: dict[str, Any]) -> None:
-        import torch
+    def step(self, *, boundary: bool = True, **metrics: Any) -> None:
+        self._counted_batches = self._train_loader.batches if self._train_loader is not None else 0
+        super().step(boundary=boundary, **metrics)
 
-        rng = os.path.join(directory, torch_rng_file(self.rank))
-        # Each rank's RNG streams and its share of the epoch's metrics so far (a resumed epoch
-        # reports the whole epoch's means, not only those of the steps after the resume).
-        torch.save({"rng": _rng_states(), "epoch": self._epoch_so_far()}, rng)
+    def save(self, directory: str, metrics: dict[str, Any]) -> None:
+        rng = self._save_rng(directory)
         others = self.sizes_over_ranks(torch_rng_file, os.path.getsize(rng))
         if self.rank != 0:
             return
+        loader = self._train_loader
+        self._save_state(directory, loader.batches if loader is not None else 0)
+        self.write_manifest(directory, metrics, others)
+
+    def _save_rng(self, directory: str) -> str:
+        """Each rank's RNG streams and its share of the epoch's metrics so far (a resumed epoch
+        reports the whole epoch's means, not only those of the steps after the resume)."""
+        import torch
+
+        rng = os.path.join(directory, torch_rng_file(self.rank))
+        torch.save({"rng": _rng_states(), "epoch": self._epoch_so_far()}, rng)
+        return rng
+
+    def _save_state(self, directory: str, batches: int) -> None:
+        import torch
+
         torch.save(self.model().state_dict(), os.path.join(directory, TORCH_MODEL_FILE))
         state = {name: obj.state_dict() for name, obj in self.objects.items() if name != self.model_name}
-        loader = self._train_loader
-        state["_launcher"] = {"batches": loader.batches if loader is not None else 0, "model": self.model_name}
+        state["_launcher"] = {"batches": batches, "model": self.model_name}
         torch.save(state, os.path.join(directory, STATE_FILE))
-        self.write_manifest(directory, metrics, others)
+
+    def can_salvage(self) -> bool:
+        return (bool(self.rank_nodes) and self._watched and self.model_name is not None and self.trained
+                and self.boundary and not self.updated)
+
+    def save_alone(self, directory: str, metrics: dict[str, Any]) -> bool:
+        self._save_rng(directory)
+        self._save_state(directory, self._counted_batches if self.pos.step_in_epoch else 0)
+        self.write_manifest(directory, metrics)
+        return True
 
     def restore(self, directory: str) -> None:
         """Read the checkpoint's states into memory; each is loaded when its object is registered."""

@@ -149,6 +149,7 @@ class UserSession(Session):
             self._counts[name] = self._counts.get(name, 0) + 1
         self.pos.step_in_epoch += 1
         self.pos.global_step += 1
+        self.updated, self.boundary = False, boundary  # the state is this position's (see salvage)
         self.trained = True
         self._last_step_at = time.perf_counter()
         self.after_step(self._step_started, boundary=boundary, epoch_ends=self._epoch_ends(),
@@ -220,6 +221,7 @@ class UserSession(Session):
                 self.restore(d)
         if self.rank == 0:
             self.marks["worker_start"] = started
+        self.learn_nodes()
         self.run_function()
 
     def run_function(self) -> None:
@@ -229,6 +231,8 @@ class UserSession(Session):
         except (SessionError, FloatingPointError):
             raise
         except Exception as exc:
+            if self.lost_peers(exc):
+                self.hold("a node of the group went")  # never returns: Ray Train restarts the group
             where = user_line(sys.exc_info()[2])
             text = str(exc).strip().splitlines()
             raise RuntimeError(f"{type(exc).__name__} in {fn.__name__}(session) at {where}: "

@@ -17,7 +17,10 @@ import pytest
 
 from launcher.lab.chaos import run_in_background
 from launcher.spec import JobSpec
+from launcher.storage import Storage
+from launcher.storage.checkpoint import complete_checkpoints
 from launcher.storage.runlog import read_jsonl
+from test_user_workloads import SHIPPED, write
 
 pytestmark = pytest.mark.chaos
 
@@ -89,6 +92,36 @@ def test_three_preemptions_in_one_run(lab, runs_root, reference):
     assert s.weights_sha256 == reference.weights_sha256
 
 
+def test_a_node_reclaimed_before_its_notice_checkpoint_costs_no_step(lab, tmp_path):
+    """GCE reclaims the VM before the checkpoint its notice asked for can commit (a notice shorter
+    than a checkpoint; here the workers look for notices too seldom to see it at all, and the run
+    checkpoints once an epoch): the surviving rank writes the checkpoint alone, and the run resumes
+    from it at the step training stood, as a preemption (not a failure: --max-failures is 0), with
+    the uninterrupted run's weights. Steps of 80 ms put the loss in the middle of an epoch."""
+    workload = write(tmp_path / "code", SHIPPED) + ":NOTED"
+
+    def spec(name: str) -> JobSpec:
+        return JobSpec(workload=workload, epochs=3, seed=3, storage=str(tmp_path / "runs"), name=name,
+                       address=lab.address, keep_checkpoints=10, params={"delay_ms": 80},
+                       preemption_check_steps=1000).validated()
+
+    wait_for_free_cpus(2)
+    reference = run_in_background(spec("whole")).wait()
+    run = run_in_background(spec("short_notice"))
+    first = run.wait_for_checkpoint(lambda m: m.global_step > 0)[0].global_step  # the first epoch's end
+    time.sleep(0.3)
+    lab.notice(0)
+    lab.kill(0, announced=True)
+    salvaged, _ = run.wait_for_checkpoint(lambda m: m.metrics.get("salvaged") == 1, timeout_s=120)
+    s = run.wait()
+    assert s.status == "succeeded" and s.steps_completed == reference.steps_completed == 3 * first, s
+    lost = s.interruptions[0]
+    assert lost.cause == "preemption" and s.restarts == 1, s
+    assert first < salvaged.global_step < 2 * first and lost.resumed_from_step == salvaged.global_step, (s, salvaged)
+    assert lost.steps_lost == 0 and s.steps_lost == 0, s
+    assert s.weights_sha256 == reference.weights_sha256
+
+
 def test_truncated_latest_checkpoint_resumes_from_the_previous_good_one(lab, runs_root, reference):
     run = run_in_background(spec_for(lab, runs_root, "truncated"))
     run.wait_for_checkpoint(lambda m: m.global_step >= 2 * EVERY)
@@ -129,6 +162,47 @@ def wait_for_free_cpus(count: int, timeout_s: float = 120) -> None:
     while not ready() and time.time() < deadline:
         time.sleep(0.5)
     assert ready(), (ray.cluster_resources(), ray.available_resources())
+
+
+def world_sizes(root: str, name: str) -> list[int]:
+    """The group's size at each logged report, with repeats folded."""
+    sizes = [m["world_size"] for m in read_jsonl(open(os.path.join(root, name, "metrics.jsonl")).read())
+             if m.get("world_size")]
+    return [w for i, w in enumerate(sizes) if i == 0 or w != sizes[i - 1]]
+
+
+def test_elastic_goes_on_with_the_survivor_and_grows_back_without_losing_a_step(lab, tmp_path):
+    """The replacement takes 8 s to boot (GCE: minutes): the elastic run trains on the remaining
+    node meanwhile, then checkpoints and grows back once the autoscaler brings the new node. A
+    workload that sleeps in each step keeps the run going that long."""
+    root = str(tmp_path / "runs")
+    workload = write(tmp_path / "code", SHIPPED) + ":NOTED"
+    spec = JobSpec(workload=workload, epochs=14, checkpoint_every_steps=10, seed=3, storage=root,
+                   name="grow_back", address=lab.address, max_failures=3, min_workers=1,
+                   params={"delay_ms": 50}, replace_on_notice=False, keep_checkpoints=100).validated()
+    wait_for_free_cpus(2)
+    lab.set_delays(boot_s=8.0, stockout_s=0.0)
+    try:
+        run = run_in_background(spec)
+        run.wait_for_checkpoint(lambda m: m.global_step >= 20)
+        lab.preempt(0)
+        s = run.wait(timeout_s=600)
+    finally:
+        lab.set_delays(boot_s=0.0, stockout_s=0.0)
+    assert s.status == "succeeded" and s.epochs_completed == 14, s
+    debug = (world_sizes(root, "grow_back"), s.interruptions, s.attempts, lab.events, lab.provider_events())
+    assert world_sizes(root, "grow_back") == [2, 1, 2], debug
+    # The notice's checkpoint, then the one the shrunk group took before growing: no step redone.
+    assert [i.cause for i in s.interruptions] == ["preemption", "resize"], debug
+    assert s.preemption_notices == 1 and s.steps_lost == 0, debug
+    # The larger group resumed from the checkpoint the single worker took and held at.
+    grown = s.interruptions[1]
+    held = {m.global_step: m for m, _ in complete_checkpoints(Storage.resolve(root), "grow_back")
+            if m.world_size == 1 and m.metrics.get("held") == 1}
+    assert grown.steps_lost == 0 and grown.resumed_from_step in held, (held, debug)
+    assert s.final_workers == 2, s
+    booted = [e for e in lab.provider_events() if e["event"] == "node started"]
+    assert booted[-1]["time"] - booted[-1]["asked"] >= 8.0, booted
 
 
 def test_a_stockout_longer_than_the_run_never_stalls_an_elastic_run(lab, tmp_path):
