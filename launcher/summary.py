@@ -67,6 +67,7 @@ class Attempt:
     last_step: int
     last_time: float
     marks: dict[str, float] = field(default_factory=dict)  # rank 0's start-up milestones
+    attempt: str = ""  # the group's id, as its reports (metrics.jsonl) name it
 
 
 @dataclass

@@ -321,6 +321,11 @@ def test_an_elastic_group_is_never_sized_on_a_draining_node():
     reserved = {"a": {"CPU": 1.0}, "b": {"CPU": 1.0}, "c": {"CPU": 1.0}}
     assert usable(reserved, {"b": 1795629000000}) == {"a": {"CPU": 1.0}, "c": {"CPU": 1.0}}
     assert usable(reserved, {}) == reserved
+    # The replacement is up already (an early request): it stands in for the draining node, once.
+    nodes = [{"NodeID": n, "Alive": alive, "Resources": {"CPU": 1.0}}
+             for n, alive in (("a", True), ("b", True), ("c", True), ("gone", False), ("new", True), ("new2", True))]
+    assert usable(reserved, {"b": 1795629000000}, nodes) == {"a": {"CPU": 1.0}, "c": {"CPU": 1.0},
+                                                               "new": {"CPU": 1.0}}
 
 
 def test_the_board_hands_a_grow_request_to_rank_0_and_its_answer_back():

@@ -42,9 +42,23 @@ COORDINATOR_TIMEOUT_S = 5.0
 log = logging.getLogger(__name__)
 
 
-def usable(reserved: dict[str, dict[str, float]], draining: dict[str, int]) -> dict[str, dict[str, float]]:
-    """The coordinator's reservation less the nodes that are draining (no new work goes there)."""
-    return {node: resources for node, resources in reserved.items() if node not in draining}
+def usable(reserved: dict[str, dict[str, float]], draining: dict[str, int],
+           nodes: list[dict] = ()) -> dict[str, dict[str, float]]:
+    """The coordinator's reservation less the nodes that are draining (no new work goes there),
+    each replaced by an alive node the reservation left out, if there is one (``nodes``: as
+    ``ray.nodes()`` lists them). The coordinator reserves a draining node as readily as any
+    other: with a replacement already up (an early request, a short boot) it reserved the
+    draining node rather than the new one, and the group restarted one worker short (seen)."""
+    kept = {node: resources for node, resources in reserved.items() if node not in draining}
+    missing = len(reserved) - len(kept)
+    for node in nodes:
+        if missing <= 0:
+            break
+        name = node.get("NodeID")
+        if node.get("Alive") and name not in reserved and name not in draining:
+            kept[name] = dict(node.get("Resources") or {})
+            missing -= 1
+    return kept
 
 
 class ElasticNow(_ray.ElasticScalingPolicy):
@@ -67,7 +81,8 @@ class ElasticNow(_ray.ElasticScalingPolicy):
         try:
             reserved = ray.get(self._autoscaling_coordinator.get_reserved_resources.remote(
                 self._requester_id, recompute=True), timeout=COORDINATOR_TIMEOUT_S)
-            reserved = usable(reserved, _ray.global_state.get_draining_nodes() or {})
+            draining = _ray.global_state.get_draining_nodes() or {}
+            reserved = usable(reserved, draining, ray.nodes() if draining else [])
         except Exception:  # noqa: BLE001 - as Ray's policy: no answer, no resize this round
             log.warning("the autoscaling coordinator did not answer; the group keeps its size", exc_info=True)
             reserved = None

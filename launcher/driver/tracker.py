@@ -147,7 +147,8 @@ class Tracker:
         """Steps and time each restart lost, from the progress board's view of the attempts."""
         self.attempt_log = [Attempt(start_step=int(a["start_step"]), first_time=a["first_time"],
                                     last_step=int(a["last_step"]), last_time=a["last_time"],
-                                    marks=self.attempt_marks.get(a.get("attempt"), {})) for a in board]
+                                    marks=self.attempt_marks.get(a.get("attempt"), {}),
+                                    attempt=str(a.get("attempt") or "")) for a in board]
         self.lost = lost_work(self.attempt_log, self.checkpoint_times)
 
     def reconcile(self, manifest: Manifest, path: str) -> None:
