@@ -29,6 +29,9 @@ from launcher.driver import stop_running
 from launcher.storage import Storage
 
 
+BIN_S = 5.0  # the plot's throughput: mean over windows this long
+
+
 def goodput(attempts: list[dict[str, Any]]) -> float:
     """Useful training time / wall time over a run's attempts (see the module docstring)."""
     if not attempts:
@@ -319,6 +322,16 @@ def format_table(result: dict) -> str:
     return table + "\n\n" + "\n".join(format_result(r) for r in result["strategies"])
 
 
+def binned_throughput(points: list[dict[str, Any]], t0: float, width_s: float = BIN_S) -> list[tuple[float, float]]:
+    """(seconds since ``t0``, mean steps/s x workers) per ``width_s`` window that has reports: the
+    data the group gets through, whatever its size (a smaller group takes more, shorter steps);
+    one point per report is too noisy to read at a glance. A gap is a window with no report."""
+    bins: dict[int, list[float]] = {}
+    for p in points:
+        bins.setdefault(int((p["time"] - t0) // width_s), []).append(p["steps_per_s"] * (p.get("world_size") or 1))
+    return [((k + 0.5) * width_s, sum(v) / len(v)) for k, v in sorted(bins.items())]
+
+
 def write_results(result: dict, out_dir: str) -> list[str]:
     """preemption.json ({"summary": rows, "settings": ..., "strategies": [...]}), .csv, and a plot of
     throughput over time per strategy with the preemptions marked."""
@@ -331,16 +344,17 @@ def write_results(result: dict, out_dir: str) -> list[str]:
         points, a = r.get("throughput") or [], r["attempts"]
         t0 = a[0]["first_time"] if a else (points[0]["time"] if points else
                                            min((e["time"] for e in r.get("lab_events", [])), default=0.0))
-        ax.plot([p["time"] - t0 for p in points], [p["steps_per_s"] for p in points], marker=".", linewidth=1)
+        binned = binned_throughput(points, t0)
+        ax.plot([b[0] for b in binned], [b[1] for b in binned], marker=".", linewidth=1)
         labelled = set()
         for e in r.get("lab_events", []):
-            if e["event"] in marks:
+            if e["event"] in marks and e["time"] >= t0:  # not the lab's first nodes coming up
                 color, style = marks[e["event"]]
                 label = {"node started": "replacement up"}.get(e["event"], e["event"])
                 ax.axvline(e["time"] - t0, color=color, linestyle=style, linewidth=0.8,
                            label=None if label in labelled else label)
                 labelled.add(label)
-        ax.set_ylabel("steps/s")
+        ax.set_ylabel("worker-steps/s")
         ax.set_title(f"{r['strategy']}: goodput {_pct(r['goodput'])}, {r['reduced_s']:.0f}s reduced",
                      fontsize=9)
         ax.legend(fontsize=6)

@@ -134,6 +134,10 @@ def test_lost_work_per_restart():
     assert lost == [{"resumed_from_step": 30, "steps_lost": 0, "time_lost_s": 10.5},
                     {"resumed_from_step": 50, "steps_lost": 7, "time_lost_s": 17.0}]
     assert lost_work(attempts[:1], {}) == []
+    # A checkpoint the controller never reported (taken before a resize, or the survivors' own) at
+    # the step the group stopped: lost from when rank 0 got there, not from the attempt's start.
+    assert lost_work(attempts[:2], {})[0]["time_lost_s"] == 10.0
+    assert lost_work(attempts[1:], {})[0]["time_lost_s"] == 25.0  # unknown and mid-attempt: the most
 
 
 def test_runs_columns():
@@ -322,8 +326,9 @@ def test_an_elastic_group_is_never_sized_on_a_draining_node():
     assert usable(reserved, {"b": 1795629000000}) == {"a": {"CPU": 1.0}, "c": {"CPU": 1.0}}
     assert usable(reserved, {}) == reserved
     # The replacement is up already (an early request): it stands in for the draining node, once.
-    nodes = [{"NodeID": n, "Alive": alive, "Resources": {"CPU": 1.0}}
-             for n, alive in (("a", True), ("b", True), ("c", True), ("gone", False), ("new", True), ("new2", True))]
+    nodes = [{"NodeID": "head", "Alive": True, "Resources": {"CPU": 0.0, "memory": 1e9}}]
+    nodes += [{"NodeID": n, "Alive": alive, "Resources": {"CPU": 1.0}}
+              for n, alive in (("a", True), ("b", True), ("c", True), ("gone", False), ("new", True), ("new2", True))]
     assert usable(reserved, {"b": 1795629000000}, nodes) == {"a": {"CPU": 1.0}, "c": {"CPU": 1.0},
                                                                "new": {"CPU": 1.0}}
 

@@ -54,9 +54,10 @@ def usable(reserved: dict[str, dict[str, float]], draining: dict[str, int],
     for node in nodes:
         if missing <= 0:
             break
-        name = node.get("NodeID")
-        if node.get("Alive") and name not in reserved and name not in draining:
-            kept[name] = dict(node.get("Resources") or {})
+        name, resources = node.get("NodeID"), node.get("Resources") or {}
+        hosts = resources.get("CPU", 0) > 0 or resources.get("GPU", 0) > 0  # not a head without CPUs
+        if node.get("Alive") and hosts and name not in reserved and name not in draining:
+            kept[name] = dict(resources)
             missing -= 1
     return kept
 

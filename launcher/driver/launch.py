@@ -197,7 +197,7 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
     from launcher.driver.events import EventChannel
     from launcher.worker.entry import train_loop_per_worker
 
-    trainer.apply_ray_train_env()
+    trainer.apply_ray_train_env(fixed=not trainer.is_elastic(spec))
     # The progress board (an actor, and a call from rank 0 every step) tells how much work each
     # restart lost: a run that cannot restart goes without.
     channel = EventChannel(board=trainer.restarts_possible(spec))

@@ -208,7 +208,7 @@ def _run(spec, program: Program, program_config: dict[str, Any], args: list[str]
               "run_name": spec.name, "cwd": os.getcwd(), "backend": spec.backend, "framework": spec.framework,
               "sink": sink, "env": {**gcs.worker_env(), **dict(program.env)}, "notice_s": NOTICE_S,
               "trial_id": trial_id, "omp_threads": os.environ.get("OMP_NUM_THREADS")}
-    trainer.apply_ray_train_env()
+    trainer.apply_ray_train_env(fixed=True)  # a program's group never shrinks
     run_config = trainer.run_config(spec, storage, max_failures=spec.max_failures,
                                     callbacks=[channel.forwarder, channel.states])
     ray_trainer = backends.get(spec.backend).script_trainer(spec, script_worker, config,

@@ -199,7 +199,11 @@ def lost_work(attempts: list[Attempt], checkpoint_times: dict[int, float]) -> li
     out = []
     for before, after in zip(attempts, attempts[1:]):
         resumed = int(after.start_step)
-        reached = checkpoint_times.get(resumed, before.first_time)
+        # A checkpoint the controller never reported (one taken just before a resize, or written
+        # by the survivors of a lost node) at the step the group stopped: reached when rank 0 last
+        # noted a step. Otherwise, without its time, the attempt's start (the most it can be).
+        stopped_there = resumed >= int(before.last_step)
+        reached = checkpoint_times.get(resumed, before.last_time if stopped_there else before.first_time)
         out.append({"resumed_from_step": resumed,
                     "steps_lost": max(0, int(before.last_step) - resumed),
                     "time_lost_s": round(max(0.0, after.first_time - reached), 2)})

@@ -80,7 +80,13 @@ def restarts_possible(spec) -> bool:
     return not _local_ray and spec.min_workers is not None
 
 
-def apply_ray_train_env() -> None:
+# A fixed-size group waiting for a node Ray Train asks for (on GCE, a preempted VM's replacement:
+# minutes) gives up after Ray's 60 s and restarts as a "failure"; nothing else could fit it.
+START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+FIXED_START_TIMEOUT_S = 900.0
+
+
+def apply_ray_train_env(fixed: bool = False) -> None:
     """Set :func:`ray_train_env` here (values the user set win), before a trainer is built.
 
     On a local Ray the launcher runs (:func:`set_local_ray`: the launch's own or the warm head) no
@@ -88,10 +94,14 @@ def apply_ray_train_env() -> None:
     while the workers set up (0.6-1.2 s of a warm 2-worker start on 2 cores), and no drain-state
     poll every second (on 2 cores an idle Ray actor costs about 0.7 % of a core). To rehearse a
     preemption on the warm head (`launcher preemption watch` with a fake metadata server), set
-    RAY_TRAIN_ENABLE_PREEMPTION_WATCHER=1: a value the user set wins."""
+    RAY_TRAIN_ENABLE_PREEMPTION_WATCHER=1: a value the user set wins. On a cluster, a ``fixed``-size
+    group waits up to :data:`FIXED_START_TIMEOUT_S` for its nodes."""
     wanted = ray_train_env()
     if _local_ray:
         wanted[PREEMPTION_WATCHER_ENV] = "0"
+    elif fixed:
+        # An elastic group keeps Ray's 60 s: it tries again at the size that fits then.
+        wanted[START_TIMEOUT_ENV] = str(FIXED_START_TIMEOUT_S)
     for key, value in list(_SET_HERE.items()):
         if os.environ.get(key) != value:  # changed since by someone else: theirs now
             del _SET_HERE[key]
@@ -102,6 +112,11 @@ def apply_ray_train_env() -> None:
             os.environ[key] = _SET_HERE[key] = value
 
 
+def is_elastic(spec) -> bool:
+    """--min-workers below --workers: the group may run smaller than asked."""
+    return spec.min_workers is not None and spec.min_workers < spec.workers
+
+
 def scaling_config(spec, elastic: bool = True):
     """Workers, their resources, the nodes they must run on (--machine-type and
     --primary-machine-type, on a cluster) and, when ``elastic`` and --min-workers is set, the range."""
@@ -110,7 +125,7 @@ def scaling_config(spec, elastic: bool = True):
     resources = {"CPU": spec.cpus_per_worker}
     if spec.gpus_per_worker:
         resources["GPU"] = spec.gpus_per_worker
-    shrinks = elastic and spec.min_workers is not None and spec.min_workers < spec.workers
+    shrinks = elastic and is_elastic(spec)
     extra = {"elastic_resize_monitor_interval_s": RESIZE_CHECK_S} if shrinks else {}
     return ScalingConfig(num_workers=(spec.min_workers, spec.workers) if shrinks else spec.workers,
                          use_gpu=spec.gpus_per_worker > 0, resources_per_worker=resources,

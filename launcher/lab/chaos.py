@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TextIO
 
 from launcher.driver.script import run_script
 from launcher.lab.metadata import FakeMetadataServer
@@ -32,8 +32,9 @@ class LabNode:
 
 
 def run_in_background(spec, note: Callable[[str], None] | None = None, program=None,
-                      program_args: list[str] | None = None, job_dir: bool = True) -> "BackgroundRun":
-    return BackgroundRun(spec, note, program, program_args, job_dir).start()
+                      program_args: list[str] | None = None, job_dir: bool = True,
+                      out: TextIO | None = None) -> "BackgroundRun":
+    return BackgroundRun(spec, note, program, program_args, job_dir, out).start()
 
 
 class BackgroundRun:
@@ -41,9 +42,10 @@ class BackgroundRun:
     or, given a ``program`` (a --script or --package), ``run_script`` with ``program_args``."""
 
     def __init__(self, spec, note=None, program=None, program_args: list[str] | None = None,
-                 job_dir: bool = True) -> None:
+                 job_dir: bool = True, out: TextIO | None = None) -> None:
         self.spec, self.note = spec, note
         self.program, self.program_args, self.job_dir = program, list(program_args or []), job_dir
+        self.out = out  # a program's lines and progress (default: stderr)
         self.summary = None  # the RunSummary, once the run ends
         self.exit_code: int | None = None  # a program's exit status
         self.error: BaseException | None = None
@@ -63,7 +65,8 @@ class BackgroundRun:
                 self.summary = launch.run(self.spec, show_progress=self.note is not None)
             else:
                 self.exit_code, self.summary = run_script(self.spec, self.program, self.program_args,
-                                                          job_dir=self.job_dir, out=sys.stderr)
+                                                          job_dir=self.job_dir, out=self.out or sys.stderr,
+                                                          progress_out=self.out)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller of wait()
             self.error = exc
 

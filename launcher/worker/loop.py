@@ -339,7 +339,11 @@ class Session(abc.ABC):
         sees first, and a survivor's "connection reset" reaching it before the death of the
         preempted rank is charged as a failure of the code (with --max-failures 0 the run
         failed: seen in the chaos lab); holding leaves the preempted rank's death as the cause."""
-        if not self.rank_nodes or not self.gone_ranks(SALVAGE_WAIT_S):
+        if not self.rank_nodes:
+            return False
+        # A collective that lost a peer raises RuntimeError (gloo, NCCL: torch's DistBackendError is
+        # one): the node's loss may take a moment to show. Any other error is the code's own.
+        if not self.gone_ranks(SALVAGE_WAIT_S if isinstance(error, RuntimeError) else 0.0):
             return False
         self.salvage(error)
         return True
@@ -379,8 +383,7 @@ class Session(abc.ABC):
         finally:
             shutil.rmtree(d, ignore_errors=True)
         print(f"rank {self.rank}: ranks {sorted(gone)} went with their node ({type(error).__name__}); the "
-              f"survivors' checkpoint of "
-              f"step {self.pos.global_step} is stored ({folder})", flush=True)
+              f"survivors' checkpoint of step {self.pos.global_step} is stored ({folder})", flush=True)
         self.saved_step = self.pos.global_step
         return storage.path(self.spec.name, folder)
 

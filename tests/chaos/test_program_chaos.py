@@ -12,13 +12,12 @@ from __future__ import annotations
 import io
 import os
 import re
-import threading
 import time
 
 import pytest
 
 from launcher.driver.program import from_package
-from launcher.driver.script import run_script
+from launcher.lab.chaos import run_in_background
 from launcher.spec import JobSpec
 
 pytestmark = pytest.mark.chaos
@@ -31,37 +30,25 @@ TOTAL = PER_EPOCH * EPOCHS
 
 
 class Run:
-    """run_script in a thread of this process (connected to the lab's cluster), its lines kept."""
+    """The package run in the background as `preemption demo` and `bench preemption` run a program
+    (launcher.lab.chaos.BackgroundRun), its lines kept."""
 
     def __init__(self, lab, storage: str, name: str, max_failures: int, *args: str) -> None:
-        self.spec = JobSpec(workers=2, storage=storage, name=name, address=lab.address,
-                            max_failures=max_failures).validated()
+        spec = JobSpec(workers=2, storage=storage, name=name, address=lab.address,
+                       max_failures=max_failures).validated()
         self.out = io.StringIO()
-        self.result = None
-        self.error: BaseException | None = None
-        program = from_package(EXAMPLE, "trainer.task")
-        argv = ["--epochs", str(EPOCHS), *args]
-        self.thread = threading.Thread(target=self._run, args=(program, argv), daemon=True)
-        self.thread.start()
-
-    def _run(self, program, argv) -> None:
-        try:
-            self.result = run_script(self.spec, program, argv, out=self.out, progress_out=self.out)
-        except BaseException as exc:  # noqa: BLE001 - raised in wait()
-            self.error = exc
+        self.job = run_in_background(spec, program=from_package(EXAMPLE, "trainer.task"),
+                                     program_args=["--epochs", str(EPOCHS), *args], out=self.out)
 
     def wait_for(self, text: str, timeout_s: float = 180) -> None:
         end = time.time() + timeout_s
         while text not in self.out.getvalue():
-            assert self.thread.is_alive() and time.time() < end, f"no {text!r}:\n{self.out.getvalue()[-3000:]}"
+            assert self.job.running and time.time() < end, f"no {text!r}:\n{self.out.getvalue()[-3000:]}"
             time.sleep(0.1)
 
     def wait(self, timeout_s: float = 400):
-        self.thread.join(timeout_s)
-        assert not self.thread.is_alive(), self.out.getvalue()[-3000:]
-        if self.error is not None:
-            raise self.error
-        return self.result
+        summary = self.job.wait(timeout_s)
+        return self.job.exit_code, summary
 
 
 def test_a_notice_reaches_the_package_as_sigterm_and_costs_no_step(lab, tmp_path):
