@@ -307,6 +307,18 @@ class TFSession(UserSession):
             self._nothing_left()
             return history
         n, first, skip = self.steps_per_epoch, self.pos.epoch, self.pos.step_in_epoch
+        if skip >= n:
+            # Checkpointed after the epoch's last step but before its end (a notice seen at that
+            # step): Keras cannot run an epoch of no steps ("Empty logs"), so the run goes on at the
+            # next epoch; that epoch's training is all done, only its end-of-epoch report is lost.
+            self.pos.epoch, self.pos.step_in_epoch = first + 1, 0
+            self._carried = None
+            if self.pos.epoch >= self.spec.epochs:  # the run's last step: its final checkpoint and model
+                digest = self.weights_digest()
+                self.send({"kind": "epoch", **({"weights_sha256": digest} if self.rank == 0 else {})})
+                self.trained = True
+                return history
+            first, skip = first + 1, 0
         # One model.fit for the rest of the run, over one iterator of the stream from the resumed
         # batch on; the interrupted epoch runs only its steps left (the hook tells Keras where
         # it stands, as Keras' own BackupAndRestore does).
