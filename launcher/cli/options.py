@@ -136,7 +136,11 @@ def wants_job_dir(args: argparse.Namespace, program) -> bool:
 def program_spec(args: argparse.Namespace, program):
     """The validated spec of a program run; its default name says what runs and when."""
     spec = spec_from_args(args)
-    if spec.name:  # --name, or the job file's (jobDir, displayName, jobId)
+    job = getattr(args, "_job_file", None)
+    raw = schema.load_yaml(args.config, "--config") if getattr(args, "config", None) and job is None else None
+    named = (getattr(args, "name", None) or (job is not None and job.fields.get("name"))
+             or (isinstance(raw, dict) and raw.get("name")))
+    if named:  # --name, the job file's (jobDir, displayName, jobId) or the YAML's: validated() fills in a workload's
         return spec
     stem = re.sub(r"[^A-Za-z0-9_]", "_", program.target.removesuffix(".py"))
     return dataclasses.replace(spec, name=f"{program.kind}_{stem}_{_dt.datetime.now():%Y%m%d_%H%M%S}"[:128])

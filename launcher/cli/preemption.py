@@ -104,11 +104,20 @@ def _demo(args: argparse.Namespace) -> int:
         spec = dataclasses.replace(spec, address=lab.address)
         run = run_in_background(spec, note, program=program, program_args=args.program_args,
                                 job_dir=wants_job_dir(args, program))
-        if args.preempt_after_s is not None or program is not None:
-            run.wait_for_training(args.preempt_after_s if args.preempt_after_s is not None
-                                  else PROGRAM_PREEMPT_AFTER_S)
-        else:
-            run.wait_for_checkpoint(lambda m: m.global_step >= (spec.checkpoint_every_steps or 1))
+        try:
+            if args.preempt_after_s is not None or program is not None:
+                run.wait_for_training(args.preempt_after_s if args.preempt_after_s is not None
+                                      else PROGRAM_PREEMPT_AFTER_S)
+            else:
+                run.wait_for_checkpoint(lambda m: m.global_step >= (spec.checkpoint_every_steps or 1))
+        except RuntimeError:
+            if run.running:
+                raise
+            summary = run.wait()
+            print(format_summary(summary), file=sys.stderr)
+            raise UserError(f"run {spec.name} ended before the preemption ({summary.status}): nothing was "
+                            "preempted", "train longer (--epochs, or the program's own arguments) or lower "
+                            "--preempt-after-s") from None
         if args.without_notice:
             note("demo: removing a worker node without notice")
             lab.kill(0)
