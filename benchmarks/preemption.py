@@ -183,7 +183,7 @@ def run_program(base, program, program_args: list[str], job_dir: bool, strategy:
         summary = job.wait(timeout_s=3600)
         removals = [e["time"] for e in lab.events if e["event"].startswith("node removed")]
         events = _lab_events(lab)
-    restarts = [i for i in summary.to_json()["interruptions"]]
+    restarts = summary.to_json()["interruptions"]
     return {"strategy": strategy, "workers": workers, "min_workers": None, "every_s": every_s, "boot_s": boot_s,
             "notice_s": notice_s if with_notice else None, "status": str(summary.status),
             "exit_code": job.exit_code, "steps": None, "nodes_removed": len(removals),

@@ -343,12 +343,13 @@ class Session(abc.ABC):
             return False
         # A collective that lost a peer raises RuntimeError (gloo, NCCL: torch's DistBackendError is
         # one): the node's loss may take a moment to show. Any other error is the code's own.
-        if not self.gone_ranks(SALVAGE_WAIT_S if isinstance(error, RuntimeError) else 0.0):
+        gone = self.gone_ranks(SALVAGE_WAIT_S if isinstance(error, RuntimeError) else 0.0)
+        if not gone:
             return False
-        self.salvage(error)
+        self.salvage(error, gone)
         return True
 
-    def salvage(self, error: BaseException) -> str | None:
+    def salvage(self, error: BaseException, gone: set[int]) -> str | None:
         """A checkpoint of where training stands, written by the lowest surviving rank alone,
         when a node of the group went before the checkpoint that would have covered this step
         was stored (GCE reclaimed a VM before the checkpoint its notice asked for could commit,
@@ -360,10 +361,9 @@ class Session(abc.ABC):
         last advanced), newer than the last stored checkpoint, and a rank's node is draining or
         dead (a failure of the code itself writes nothing). The checkpoint is a folder of the
         run like any other, its manifest written last, so one cut off is never used. Returns
-        its path, or None."""
+        its path, or None. ``gone``: the ranks whose node went (:meth:`gone_ranks`)."""
         if not self.can_salvage() or self.pos.global_step <= max(self.saved_step, 0):
             return None
-        gone = self.gone_ranks(0.0)
         if not gone or self.rank in gone or self.rank != min(set(range(self.world)) - gone):
             return None
         storage = Storage.resolve(self.spec.storage)
