@@ -27,6 +27,26 @@ from launcher.cli.main import main
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.parametrize("command", ["predict", "serve"])
+@pytest.mark.parametrize("described,needle", [
+    ({"workload": "examples/char_lm.py:train", "framework": "torch", "kind": "training function",
+      "params": {}, "files": {"state_dict.pt": "weights"}}, "a training function's model (state_dict.pt)"),
+    ({"workload": "diabetes-mlp", "framework": "torch", "input_shape": [10], "num_classes": None,
+      "params": {}, "files": {"model.pt2": "program"}}, "diabetes-mlp is not a classifier"),
+])
+def test_a_model_predict_cannot_take_is_one_line_before_ray_starts(tmp_path, capsys, command, described, needle):
+    model = tmp_path / "runs" / "r1" / "model"
+    model.mkdir(parents=True)
+    (model / "model.json").write_text(json.dumps(described))
+    argv = [command, "--run", "r1", "--storage", str(tmp_path / "runs")]
+    if command == "predict":
+        argv += ["--input", str(tmp_path / "in.csv"), "--output", str(tmp_path / "out")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
+
+
 @pytest.fixture(scope="module")
 def models(ray_local, tmp_path_factory):
     """framework -> (model folder, the run's reported accuracy), from real 1-epoch runs."""

@@ -123,6 +123,24 @@ def finish(proc: subprocess.Popen, expect: int = 0) -> dict:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def epoch_records(storage: str, name: str, metrics: list[str]) -> dict[int, dict[str, float]]:
+    """The run log's epoch lines of run ``name``: epoch -> the named metrics."""
+    from launcher.storage.runlog import read_jsonl
+
+    with open(os.path.join(storage, name, "metrics.jsonl"), encoding="utf-8") as f:
+        lines = [m for m in read_jsonl(f.read()) if m.get("kind") == "epoch"]
+    return {m["epoch"]: {k: m[k] for k in metrics} for m in lines}
+
+
+def assert_same_epochs(storage: str, whole: str, resumed: str, metrics: list[str]) -> None:
+    """Every epoch of the resumed run, the interrupted one included, reports what the
+    uninterrupted run reported for it."""
+    expected, got = epoch_records(storage, whole, metrics), epoch_records(storage, resumed, metrics)
+    assert sorted(got) == sorted(expected), (got, expected)
+    for epoch, values in expected.items():
+        assert got[epoch] == pytest.approx(values, rel=1e-6), (epoch, got[epoch], values)
+
+
 def stop_after_step_checkpoint(args: list[str], marks, until=None) -> dict:
     """Launch, hold rank 0 right after its first step checkpoint (and then until ``until()``
     is true, if given), Ctrl-C, return the summary."""
@@ -162,6 +180,7 @@ def test_char_lm_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path, backend
     assert resumed["weights_sha256"] == whole["weights_sha256"]
     # The resumed epoch reports the whole epoch's mean, not only the steps after the resume.
     assert resumed["metrics"]["train_loss"] == pytest.approx(m["train_loss"], rel=1e-6)
+    assert_same_epochs(storage, "whole", "stopped", ["train_loss", "val_loss", "perplexity"])
 
     # The exported model loads into the user's own class.
     import importlib.util
@@ -238,6 +257,63 @@ def test_a_broken_function_fails_naming_the_users_line(ray_local, capsys, elsewh
     assert path in summary["error"], summary["error"]
     for needle in needles:
         assert needle in summary["error"], summary["error"]
+
+
+UNREGISTERED = '''
+import torch
+import workloads
+
+
+def _loop(session, register):
+    torch.manual_seed(0)
+    x = torch.randn(64, 4)
+    y = x.sum(1, keepdim=True)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 5)
+    model, optimizer = session.prepare(model, optimizer)
+    register(model, optimizer, scheduler)
+    loader = session.loader(list(zip(x, y)))
+    for epoch in session.epochs():
+        for xb, yb in loader:
+            loss = torch.nn.functional.mse_loss(model(xb), yb)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            session.step(loss=loss)
+
+
+@workloads.training_function(epochs=2, batch_size=8)
+def model_only(session):
+    _loop(session, lambda m, o, s: session.register(model=m))
+
+
+@workloads.training_function(epochs=2, batch_size=8)
+def everything(session):
+    _loop(session, lambda m, o, s: session.register(model=m, optimizer=o, scheduler=s))
+'''
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name,said", [
+    ("model_only", ["the optimizer AdamW is not registered", "session.register(optimizer=...)",
+                    "the LR scheduler StepLR is not registered", "session.register(scheduler=...)"]),
+    ("everything", []),
+])
+def test_state_the_session_saw_but_no_checkpoint_holds_is_named_once(ray_local, capsys, elsewhere, tmp_path,
+                                                                      name, said):
+    path = write(elsewhere, UNREGISTERED, "partly.py")
+    code, out, err = run_cli(capsys, "run", "--workload", f"{path}:{name}", "--storage", str(tmp_path / "runs"),
+                             "--workers", "2", "--json")
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if "a resumed run will not be exact" in line]
+    if said:
+        assert len(lines) == 1, err  # once, though every rank found it
+        for needle in said:
+            assert needle in lines[0], lines[0]
+    else:
+        assert not lines, err
 
 
 # A function written for Ray Train's TorchTrainer, in the style of Ray's documentation: it

@@ -24,7 +24,7 @@ from launcher.driver.tracker import Tracker
 from launcher.errors import UserError
 from launcher.spec import JobSpec
 from launcher.storage import Storage, datacache, gcs
-from launcher.storage.checkpoint import Manifest, complete_checkpoints, prune
+from launcher.storage.checkpoint import Manifest, complete_checkpoints, prune, resume_point
 from launcher.storage.runlock import RunLock
 from launcher.storage.runlog import RunLog
 from launcher.summary import Preempting, Restart, RunStatus, RunSummary, pick_metrics
@@ -48,7 +48,8 @@ def preflight(spec: JobSpec, progress: Progress) -> tuple[Storage, RunLog, list[
         raise UserError(f"{spec.workload} has {samples} training sample(s) for {spec.workers} workers: a worker "
                         "would have none", "use fewer --workers, or more data")
     backend = backends.get(spec.backend)
-    backend.prepare(spec.framework, progress.note)
+    with startup.setup_phase():  # a first Horovod build: minutes that are not the run's
+        backend.prepare(spec.framework, progress.note)
     reason = backend.unavailable_reason(spec.framework)
     if reason:
         raise UserError(f"backend {spec.backend} cannot run {spec.framework} here: {reason}")
@@ -127,16 +128,16 @@ def _train(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tuple
     tracker = Tracker(spec, log, progress, started=launched, on_epoch=on_epoch)
     if checkpoints:
         m = checkpoints[-1][0]
-        progress.note(f"run {spec.name} exists: resuming after epoch {m.epoch} (step {m.global_step})")
+        progress.note(f"run {spec.name} exists: resuming {resume_point(m.position, spec.epochs)}")
     progress.note(f"starting {spec.workers} {spec.framework}/{spec.backend} workers "
                   f"for {spec.workload}, run {spec.name}")
     resume = [path for _, path in reversed(checkpoints)][:RESUME_CANDIDATES]
     outcome = _fit(spec, storage, tracker, resume, verbose, lock)
     startup.mark("fit_returned")
     progress.close()
-    latest = _prune(spec, storage, progress)
-    if latest:
-        tracker.reconcile(*latest[-1])
+    found = complete_checkpoints(storage, spec.name)
+    tracker.reconcile(found)  # before pruning: a checkpoint whose report Ctrl-C cut off gets its metrics row
+    _prune(spec, storage, progress, found)
     if tracker.resumed_from is None and checkpoints:  # stopped before rank 0 reported where it resumed
         tracker.resumed_from = checkpoints[-1][0].position
     model_uri = None

@@ -80,17 +80,33 @@ def locate(model: str | None = None, run: str | None = None, storage: str | None
         if text is not None:
             try:
                 info = json.loads(text)
-                if not isinstance(info, dict) or "input_shape" not in info:
-                    raise ValueError("no input_shape")
+                if not isinstance(info, dict):
+                    raise ValueError("not an object")
             except ValueError:
                 raise UserError(f"{store.uri_of(*candidate, DESCRIPTION)} is damaged",
                                 "export the model again (run the run again with the same --name)") from None
+            _check_servable(info, what, store.uri_of(*candidate))
             return ModelRef(root, candidate, info)
     where = store.uri_of(*parts)
     exists = store.exists(*parts)
     raise UserError(f"{what}: {'no exported model in ' + where if exists else 'nothing at ' + where}",
                     "a run exports its model to <run>/model/ when it finishes; check the name and --storage"
                     if exists or run else "check the path (a run's folder, e.g. runs/NAME)")
+
+
+def _check_servable(info: dict[str, Any], what: str, where: str) -> None:
+    """Predict and serve take classifiers with a known input shape (a built-in or managed-loop
+    workload's export): any other model is one line here, before Ray starts."""
+    files = ", ".join(sorted(info.get("files") or {})) or "its files"
+    if info.get("kind") == "training function" or "input_shape" not in info:
+        raise UserError(f"{what}: {where} holds a training function's model ({files}), whose class is in your "
+                        "code: predict and serve take the built-in and managed-loop workloads' classifiers",
+                        f"load it as {where}/model.json says and predict in your own code")
+    classes = info.get("num_classes")
+    if not isinstance(classes, int) or classes < 2:
+        raise UserError(f"{what}: {info.get('workload')} is not a classifier (its model.json names no classes): "
+                        "predict and serve answer with class scores, which a regression does not have",
+                        f"load {where} ({files}) in your own code to predict with it")
 
 
 class Model:

@@ -53,6 +53,15 @@ class Manifest:
         return {"epoch": self.epoch, "step": self.global_step}
 
 
+def resume_point(position: dict[str, int], epochs: int | None) -> str:
+    """Where a run resumes, in the progress line's words: epochs counted from 1, the one under
+    way (``position`` as :attr:`Manifest.position` gives it: completed epochs, global step)."""
+    done, step = int(position["epoch"]), int(position["step"])
+    if epochs and done >= epochs:
+        return f"after step {step}: all {epochs} epochs are done"
+    return f"after step {step}, in epoch {done + 1}/{epochs}" if epochs else f"after step {step}, in epoch {done + 1}"
+
+
 def write_manifest(directory: str, manifest: Manifest, others: dict[str, int] | None = None) -> None:
     """Record the sizes of the files already in ``directory``, and of ``others`` (files other
     ranks put into the same checkpoint), and write the manifest."""

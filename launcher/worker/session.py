@@ -106,6 +106,7 @@ class TorchSession(UserSession):
         self._watched = False  # an optimizer is registered, whose steps mark the state updated
         self.boundary = True   # the last counted step ended with an optimizer step
         self._counted_batches = 0  # the training loader's batches when the position was last counted
+        self._stand_ins: dict[int, Any] = {}  # id of an optimizer given to prepare() -> the one returned
         _seed_all(spec.seed)  # the same initial weights on every rank
 
     # -- the run's facts -------------------------------------------------------------------
@@ -141,7 +142,8 @@ class TorchSession(UserSession):
         module = model.to(self.device)
         wrapped = self.comm.wrap_model(module)
         if optimizer is not None:
-            optimizer = self.comm.wrap_optimizer(optimizer, module)
+            given, optimizer = optimizer, self.comm.wrap_optimizer(optimizer, module)
+            self._stand_ins[id(given)] = optimizer  # Horovod's wrapper stands for the optimizer given
         self.comm.after_restore(module, optimizer if optimizer is not None else _NoOptimizer())
         return wrapped if optimizer is None else (wrapped, optimizer)
 
@@ -204,8 +206,14 @@ class TorchSession(UserSession):
             raise SessionError(f"session.loader(...) at {user_line()}: a {type(dataset).__name__} is not a map-style "
                                "dataset (len(d) and d[i]); wrap an iterable in a list or a torch Dataset")
         if train and self._train_loader is not None:
-            raise SessionError(f"session.loader(...) at {user_line()}: this session has a training loader already; "
-                               "make the other loaders with train=False")
+            first = self._train_loader.made_at
+            if self._in_epochs and first == user_line():
+                raise SessionError(f"session.loader(...) at {first} runs again in the next epoch: make the training "
+                                   "loader once, before `for epoch in session.epochs():` (it starts each epoch "
+                                   "in that epoch's order, and a resumed run at its batch)")
+            raise SessionError(f"session.loader(...) at {user_line()}: this session has a training loader already "
+                               f"(made at {first}); make it once, before the epoch loop, and make the other "
+                               "loaders (evaluation, validation) with train=False")
         n = len(dataset)
         if n < (self.world if train and shard else 1):
             raise SessionError(f"session.loader(...) at {user_line()}: the dataset has {n} item(s) for "
@@ -261,10 +269,39 @@ class TorchSession(UserSession):
             torch.manual_seed(self.spec.seed * 1000 + self.rank + 1)
             np.random.seed((self.spec.seed * 1000 + self.rank + 1) % 2**32)
             random.seed(self.spec.seed * 1000 + self.rank + 1)
+        self.say_unregistered()
         if self.rank == 0 and "worker_ready" not in self.marks:
             # The checkpoint was found before the training code built its data and model, and
             # restored as each object was registered: both count as setting up.
             self.marks["model_ready"] = self.marks["worker_ready"] = time.time()
+
+    def unregistered(self) -> list[str]:
+        """Training state alive in this process that no checkpoint holds: optimizers, LR
+        schedulers and enabled GradScalers that were not registered (an optimizer given to
+        ``prepare`` counts as registered when what ``prepare`` returned for it is)."""
+        import gc
+
+        import torch
+
+        kinds = ((torch.optim.Optimizer, "optimizer", "its moments and step counts start afresh", "optimizer"),
+                 (torch.optim.lr_scheduler.LRScheduler, "LR scheduler", "its schedule starts over", "scheduler"),
+                 (torch.optim.lr_scheduler.ReduceLROnPlateau, "LR scheduler", "its schedule starts over",
+                  "scheduler"),
+                 (torch.amp.GradScaler, "GradScaler", "its loss scale starts over", "scaler"))
+        registered = {id(o) for o in self.objects.values()}
+        gc.collect()  # objects the loop dropped are no state of the run
+        found: dict[int, str] = {}
+        for obj in gc.get_objects():
+            for kind, what, why, name in kinds:
+                if not isinstance(obj, kind) or id(obj) in registered or id(obj) in found:
+                    continue
+                if id(self._stand_ins.get(id(obj))) in registered:
+                    continue
+                if isinstance(obj, torch.amp.GradScaler) and not obj.is_enabled():
+                    continue  # a disabled scaler has no state
+                found[id(obj)] = f"the {what} {type(obj).__name__} is not registered ({why}; " \
+                                 f"session.register({name}=...) keeps it)"
+        return sorted(found.values())
 
     # -- checkpoints -------------------------------------------------------------------------
     def model(self):

@@ -88,6 +88,7 @@ class TFSession(UserSession):
         self._keras_model = None     # the model session.fit trains (its metrics are checkpointed)
         self._began = False
         self._model_arrays: list[np.ndarray] = []  # the model's variables as the last save read them
+        self._stand_ins: dict[int, Any] = {}  # id of an optimizer given to optimizer() -> the one returned
 
     # -- the run's facts -------------------------------------------------------------------
     @property
@@ -111,7 +112,9 @@ class TFSession(UserSession):
     def optimizer(self, optimizer):
         """The optimizer as the backend steps it (Horovod's DistributedOptimizer, which averages
         the gradients; as it is under MultiWorkerMirroredStrategy). :meth:`fit` applies it."""
-        return self.comm.keras_optimizer(optimizer)
+        wrapped = self.comm.keras_optimizer(optimizer)
+        self._stand_ins[id(optimizer)] = wrapped
+        return wrapped
 
     def sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
         return np.asarray(self.comm.allreduce_sum(np.array(values, dtype=np.float64)), dtype=np.float64)
@@ -139,6 +142,25 @@ class TFSession(UserSession):
 
     def model(self):
         return self.objects[self.model_name]
+
+    def unregistered(self) -> list[str]:
+        """Keras optimizers alive in this process that no checkpoint holds (an optimizer given to
+        :meth:`optimizer` counts as registered when what it returned is)."""
+        import gc
+
+        from workloads.tf_models import keras
+
+        kinds = tuple(k for k in (keras().optimizers.Optimizer,
+                                  getattr(getattr(keras().optimizers, "legacy", None), "Optimizer", None)) if k)
+        registered = {id(o) for o in self.objects.values()}
+        gc.collect()
+        found = {}
+        for obj in gc.get_objects():
+            if (isinstance(obj, kinds) and id(obj) not in registered
+                    and id(self._stand_ins.get(id(obj))) not in registered):
+                found[id(obj)] = (f"the optimizer {type(obj).__name__} is not registered (its slots and "
+                                  "iteration count start afresh; session.register(optimizer=...) keeps it)")
+        return sorted(found.values())
 
     def weights_digest(self) -> str:
         return arrays_digest([v.numpy() for v in self.model().weights])  # on every rank: see save()
@@ -173,6 +195,7 @@ class TFSession(UserSession):
         self._saved = {}
         self.comm.after_restore(model, optimizers[0] if optimizers else None)
         self._began = True
+        self.say_unregistered()
         if self.rank == 0 and "worker_ready" not in self.marks:
             self.marks["model_ready"] = self.marks["worker_ready"] = time.time()
 
@@ -220,6 +243,56 @@ class TFSession(UserSession):
     def _keras_metric_variables(self) -> list:
         model = self._keras_model
         return [v for m in model.metrics for v in m.variables] if model is not None else []
+
+    def _build_keras_metrics(self, model) -> None:
+        """Create a compiled model's metric objects before ``model.fit`` runs, so that the
+        interrupted epoch's saved values have variables to go to at its beginning (tf_keras
+        creates them at the first train step, after the epoch has begun). A forward pass on
+        zeros shaped like one batch tells Keras the outputs' shapes; the data stream itself
+        is not touched (a seeded shuffle's order depends on how many iterators it made)."""
+        import tensorflow as tf
+
+        if self._keras_metric_variables():
+            return
+        try:
+            def zeros(spec):  # one example of the batch, unknown sizes as 1
+                dims = spec.shape.as_list()
+                return tf.zeros([1, *[1 if d is None else d for d in dims[1:]]] if dims else [], spec.dtype)
+
+            batch = tf.nest.map_structure(zeros, self._data.source.element_spec)
+            from workloads.tf_models import keras
+
+            x, y, weights = keras().utils.unpack_x_y_sample_weight(batch)
+            with self.scope():
+                predicted = model(x, training=False)
+                model.compiled_loss(y, predicted, weights, regularization_losses=model.losses)
+                model.compiled_metrics.update_state(y, predicted, weights)
+                model.reset_metrics()
+        except Exception as exc:  # noqa: BLE001 - say it, train on: only the epoch's figures suffer
+            self._metric_arrays = None
+            if self.rank == 0:
+                print(f"rank 0: Keras' metrics could not be set up before model.fit ({type(exc).__name__}: {exc}); "
+                      "the resumed epoch's metrics cover only the steps after the resume", flush=True)
+
+    def _restore_keras_metrics(self, arrays: list[np.ndarray]) -> None:
+        """Give the model's metric variables the values saved with the checkpoint. Under a
+        multi-worker strategy a metric variable is summed over the workers when read, and the
+        saved value is that sum: each worker takes its share, so that the sum is the saved one."""
+        import tensorflow as tf
+
+        variables = self._keras_metric_variables()
+        if len(variables) != len(arrays):
+            if self.rank == 0:
+                print(f"rank 0: the checkpoint holds {len(arrays)} Keras metric values, the model has "
+                      f"{len(variables)}; the resumed epoch's metrics cover only the steps after the resume",
+                      flush=True)
+            return
+        for var, value in zip(variables, arrays):
+            if isinstance(var, tf.distribute.DistributedValues) and var.aggregation == tf.VariableAggregation.SUM:
+                local = max(1, len(getattr(var, "values", ())) or 1)
+                workers = max(1, self.strategy.num_replicas_in_sync // local)
+                value = value / workers
+            var.assign(value)
 
     def export_model(self, directory: str) -> str | None:
         """Rank 0, final checkpoint: the trained model in Keras' format and its weights, under
@@ -299,6 +372,8 @@ class TFSession(UserSession):
             self.register(optimizer=model.optimizer)
         self._keras_model = model
         self._begin()
+        if self._metric_arrays:
+            self._build_keras_metrics(model)
         if verbose is None:
             verbose = 2 if self.rank == 0 else 0  # one line per epoch in the chief's log
         hook = _keras_hook(self)
@@ -380,8 +455,7 @@ class TFSession(UserSession):
             self._samples = int(c["samples"])
             self._epoch_started -= float(c["seconds"])
             if self._metric_arrays:
-                for var, value in zip(self._keras_metric_variables(), self._metric_arrays):
-                    var.assign(value)
+                self._restore_keras_metrics(self._metric_arrays)
             self._metric_arrays = None
 
     def _keras_step(self) -> None:

@@ -59,6 +59,23 @@ class UserSession(Session):
         """Whether the step just taken is the epoch's last (its checkpoint follows at the end)."""
         return False
 
+    def unregistered(self) -> list[str]:
+        """Training state the session can see that no checkpoint will hold, one phrase each."""
+        return []
+
+    def say_unregistered(self) -> None:
+        """Before the first step: name the state a resumed run would lose (exact resume cannot
+        fail without a word). The ranks agree on whether to report it (a report is collective in
+        Ray Train); rank 0's words reach the driver, which shows them once."""
+        lines = self.unregistered()
+        anyone = self.sum_over_ranks(np.array([float(bool(lines))]))[0] > 0 if self.world > 1 else bool(lines)
+        if not anyone:
+            return
+        note = ("a resumed run will not be exact: " + "; ".join(lines)) if lines else ""
+        if note and self.rank == 0:
+            print(f"rank 0: {note}", flush=True)
+        self.send({"kind": "note", "notes": [note] if note and self.rank == 0 else []}, checkpoint=False)
+
     def _epoch_done(self) -> None:
         """An epoch ended: reset what counts batches within it."""
 
