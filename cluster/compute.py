@@ -1,9 +1,11 @@
 """The Compute Engine API as the launcher uses it (google-cloud-compute, REST transport).
 
 Read-only look-ups for preflight (zones, machine and accelerator types,
-regional quotas, images) and the preemption history of a cluster's VMs (zone
-operations of type compute.instances.preempted). Results are small plain
-dataclasses, so callers and tests never touch protobuf types.
+regional and project-wide quotas, the project's metadata, images), the
+preemption history of a cluster's VMs (zone operations of type
+compute.instances.preempted), and the one write: deleting the VMs of a cluster
+that `ray down` left stopped. Results are small plain dataclasses, so callers
+and tests never touch protobuf types.
 
 Credentials are Application Default Credentials. When ``LAUNCHER_COMPUTE_ENDPOINT``
 is set (tests, or a private endpoint), every client talks to that URL with
@@ -20,6 +22,7 @@ from launcher.errors import UserError
 
 ENDPOINT_ENV = "LAUNCHER_COMPUTE_ENDPOINT"
 PREEMPTED = "compute.instances.preempted"
+CLUSTER_LABEL = "ray-cluster-name"  # the label Ray's GCP provider puts on every VM of a cluster
 
 
 @dataclass(frozen=True)
@@ -38,6 +41,26 @@ class Quota:
     @property
     def free(self) -> float:
         return self.limit - self.usage
+
+
+@dataclass(frozen=True)
+class MachineInfo:
+    cpus: int
+    memory_mb: int
+
+
+@dataclass(frozen=True)
+class Project:
+    """Project-wide quotas (GPUS_ALL_REGIONS among them) and the metadata every VM inherits."""
+
+    quotas: dict[str, Quota]
+    metadata: dict[str, str]
+
+
+@dataclass(frozen=True)
+class Instance:
+    name: str
+    status: str  # RUNNING, STOPPING, TERMINATED (stopped), ...
 
 
 @dataclass(frozen=True)
@@ -80,11 +103,36 @@ class Compute:
         z = _or_none(lambda: self._client("ZonesClient").get(project=self.project, zone=zone))
         return None if z is None else Zone(z.name, z.status, z.region.rstrip("/").rsplit("/", 1)[-1])
 
-    def machine_type_cpus(self, zone: str, machine_type: str) -> int | None:
-        """vCPUs of a machine type in a zone, None when the zone does not offer it."""
+    def machine_type(self, zone: str, machine_type: str) -> MachineInfo | None:
+        """vCPUs and memory of a machine type in a zone, None when the zone does not offer it."""
         m = _or_none(lambda: self._client("MachineTypesClient").get(
             project=self.project, zone=zone, machine_type=machine_type))
-        return None if m is None else m.guest_cpus
+        return None if m is None else MachineInfo(m.guest_cpus, m.memory_mb)
+
+    def machine_type_cpus(self, zone: str, machine_type: str) -> int | None:
+        """vCPUs of a machine type in a zone, None when the zone does not offer it."""
+        m = self.machine_type(zone, machine_type)
+        return None if m is None else m.cpus
+
+    def project_info(self) -> Project | None:
+        """The project's own quotas and common instance metadata (None: no such project)."""
+        p = _or_none(lambda: self._client("ProjectsClient").get(project=self.project))
+        if p is None:
+            return None
+        quotas = {q.metric: Quota(q.metric, q.limit, q.usage) for q in p.quotas}
+        return Project(quotas, {i.key: i.value for i in p.common_instance_metadata.items})
+
+    def instances(self, zone: str, cluster: str) -> list[Instance]:
+        """The VMs of a Ray cluster in a zone, whatever their status (stopped ones included)."""
+        client = self._client("InstancesClient")
+        request = {"project": self.project, "zone": zone, "filter": f"labels.{CLUSTER_LABEL} = {cluster}"}
+        return [Instance(i.name, i.status) for i in _listed(lambda: list(client.list(request=request)))
+                if i.labels.get(CLUSTER_LABEL) == cluster]  # the filter is the server's job; be sure anyway
+
+    def delete_instance(self, zone: str, name: str) -> None:
+        """Ask Compute Engine to delete a VM (and its auto-delete boot disk); does not wait."""
+        _or_none(lambda: self._client("InstancesClient").delete_unary(
+            project=self.project, zone=zone, instance=name))
 
     def accelerator_max_cards(self, zone: str, accelerator: str) -> int | None:
         """The most GPUs of this type one VM may have, None when the zone does not offer it."""
@@ -120,6 +168,16 @@ class Compute:
         return sorted(found, key=lambda p: _when(p.time))
 
 
+def delete_left_vms(compute: Compute, zone: str, cluster: str) -> list[Instance]:
+    """Delete every VM of a cluster still in the zone (run after `ray down`): the ones it stopped
+    instead of deleting (cache_stopped_nodes), preempted ones Compute Engine stopped, and any it
+    could not reach. Returns them; the deletions run on without waiting."""
+    left = compute.instances(zone, cluster)
+    for vm in left:
+        compute.delete_instance(zone, vm.name)
+    return left
+
+
 def _when(rfc3339: str) -> _dt.datetime:
     """Compute Engine's times carry their own UTC offsets: compare them as instants."""
     try:
@@ -144,6 +202,12 @@ def parse_image(source_image: str) -> tuple[str, str | None, str | None]:
         return project, None, rest[0]
     raise UserError(f"image {source_image!r} is not an image path",
                     "write projects/PROJECT/global/images/family/FAMILY or .../images/NAME")
+
+
+def _listed(call):
+    """A listing: [] where the zone does not exist."""
+    result = _or_none(call)
+    return [] if result is None else result
 
 
 def _or_none(call):

@@ -6,9 +6,18 @@ launcher adds over a hand-written file:
 - secure defaults: the head starts Ray's dashboard and job API on 127.0.0.1
   only (reach it with ``ray dashboard cluster.yaml``, an SSH tunnel), no
   firewall rule is created, and VMs get least-privilege OAuth scopes;
-- GPUs done right: guestAccelerators (or an A2/A3/G2 type that brings its
-  own), onHostMaintenance TERMINATE, a Deep Learning VM image with the NVIDIA
-  driver, and the resources Ray schedules on;
+- GPUs done right: guestAccelerators (or an A2/A3/A4/G2 type that brings its
+  own, found in :mod:`cluster.machines`), onHostMaintenance TERMINATE, a Deep
+  Learning VM image with the NVIDIA 580 driver that torch's CUDA 13 wheels
+  need, and the resources Ray schedules on; boot disks of a type the machine
+  series takes (the API's default, pd-standard, is refused by G2 and A3);
+- a Python the pinned dependencies accept: the images carry Python 3.10, so
+  every node gets a Python 3.11 virtual environment made by uv
+  (``~/launcher-venv``, first on PATH for every command Ray runs), and the
+  head gets the Google API client that Ray's GCP provider imports;
+- SSH that works: OS Login is turned off on the cluster's VMs
+  (``enable-oslogin: FALSE``), since Ray logs in with a key it puts in the
+  project's metadata, which OS Login ignores;
 - Spot/preemptible workers with the scheduling fields Compute Engine needs and
   the launcher's preemption watcher started next to Ray on each of them;
 - machine types that mean something: the worker node type is named after
@@ -25,7 +34,8 @@ from __future__ import annotations
 from typing import Any
 
 from cluster import machines
-from cluster.spec import ACCELERATORS, HEAD_EXTRA_SCOPES, SCOPE_PREFIX, WORKER_SCOPES, ClusterSpec, machine_vcpus
+from cluster.machines import ACCELERATORS, machine_series, machine_vcpus
+from cluster.spec import HEAD_EXTRA_SCOPES, SCOPE_PREFIX, WORKER_SCOPES, ClusterSpec
 from launcher.errors import UserError
 
 # The head keeps one name whatever it runs on (it may share its machine type with the workers);
@@ -35,6 +45,16 @@ REMOTE_SOURCE = "~/launcher"
 # The service account `ray up` creates and grants roles to (ray/autoscaler/_private/gcp/config.py).
 RAY_SERVICE_ACCOUNT = "ray-autoscaler-sa-v1@{project}.iam.gserviceaccount.com"
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"  # CPU-only VMs skip GBs of CUDA wheels
+# Every node's Python: the Deep Learning VM images carry Ubuntu 22.04's Python 3.10 (and no conda since
+# M128), the pinned numpy/scikit-learn/pyarrow need 3.11. uv makes a 3.11 venv (a system 3.11 if there is
+# one, else its own build), pinned so every node gets the same.
+UV_VERSION = "0.13.9"
+PYTHON_VERSION = "3.11"
+VENV = "~/launcher-venv"
+# Ray's GCP provider, run by the autoscaler on the head, imports these (pyproject.toml pins the same).
+GOOGLE_API_CLIENT = ("google-api-python-client==2.202.0", "google-auth-httplib2==0.4.4")
+# How long a GPU node waits for its NVIDIA driver (installed at first boot on some images).
+DRIVER_WAIT_S = 300
 WATCH_COMMAND = "nohup launcher preemption watch < /dev/null > /tmp/launcher-preemption-watch.log 2>&1 &"
 # rsync --exclude patterns: a bare name matches at any depth, a leading / at the project root only
 # (.gitignore is applied too, through rsync_filter).
@@ -65,9 +85,9 @@ def ray_cluster_config(spec: ClusterSpec, version: str) -> dict[str, Any]:
         "rsync_exclude": list(RSYNC_EXCLUDE),
         "rsync_filter": [".gitignore"],
         "initialization_commands": [],
-        "setup_commands": [_conda_path_command()],
-        "head_setup_commands": _install_commands(spec, version, gpu=spec.node_gpus(head=True) > 0),
-        "worker_setup_commands": _install_commands(spec, version, gpu=spec.node_gpus(head=False) > 0),
+        "setup_commands": python_commands(),
+        "head_setup_commands": _install_commands(spec, version, gpu=spec.node_gpus(head=True) > 0, head=True),
+        "worker_setup_commands": _install_commands(spec, version, gpu=spec.node_gpus(head=False) > 0, head=False),
         "head_start_ray_commands": _head_start(),
         "worker_start_ray_commands": _worker_start(spec),
     }
@@ -82,8 +102,22 @@ def to_yaml(config: dict[str, Any], spec: ClusterSpec, version: str) -> str:
               f"# Check it:  launcher cluster preflight THIS_FILE [--bucket gs://...]\n"
               f"# Start it:  launcher cluster up THIS_FILE   (preflight, then `ray up`)\n"
               f"# Dashboard: ray dashboard THIS_FILE         (SSH tunnel; Ray's ports stay closed)\n"
-              f"# Stop it:   launcher cluster down THIS_FILE\n")
+              f"# Stop it:   launcher cluster down THIS_FILE (`ray down`, then deletes the VMs it left stopped)\n")
+    header += "".join(f"# {line}\n" for line in stopped_vm_notes(spec))
     return header + yaml.safe_dump(config, sort_keys=False, default_flow_style=False, width=1000)
+
+
+def stopped_vm_notes(spec: ClusterSpec) -> list[str]:
+    """What this cluster can leave stopped (disks still billed), said in the file's header and the docs."""
+    if spec.max_workers == 0:
+        return []
+    if spec.provisioning == "preemptible":
+        return ["Preemptible workers: Compute Engine stops a preempted VM and Ray starts a new one; the stopped",
+                "VM (its disk billed) stays until `launcher cluster down`. Spot workers (DELETE) leave nothing."]
+    if spec.provisioning == "spot" and spec.termination_action == "STOP":
+        return ["STOP: a preempted worker, and a worker Ray scales down, is stopped (disk billed) and started",
+                "again when Ray needs one; plain `ray down` stops every VM. `launcher cluster down` deletes them."]
+    return []
 
 
 def machine_type(spec: ClusterSpec, head: bool) -> machines.MachineType:
@@ -94,44 +128,69 @@ def machine_type(spec: ClusterSpec, head: bool) -> machines.MachineType:
 
 
 def _node_type(spec: ClusterSpec, head: bool) -> dict[str, Any]:
-    machine = spec.head_machine_type if head else spec.worker_machine_type
+    machine = spec.node_machine(head)
     gpus = spec.node_gpus(head)
     resources = {"CPU": machine_vcpus(machine)}
     if gpus:
         resources["GPU"] = gpus
     # Ray starts the node with these labels (RAY_OVERRIDE_LABELS): a run's label selector finds it.
     node: dict[str, Any] = {"resources": resources, "labels": machine_type(spec, head).labels,
-                            "node_config": _node_config(spec, head, machine, gpus)}
+                            "node_config": _node_config(spec, head)}
     if not head:
         node["min_workers"] = spec.min_workers
         node["max_workers"] = spec.max_workers
     return node
 
 
-def _node_config(spec: ClusterSpec, head: bool, machine: str, gpus: int) -> dict[str, Any]:
+def _node_config(spec: ClusterSpec, head: bool) -> dict[str, Any]:
+    machine = spec.node_machine(head)
+    accelerator, gpus = spec.node_accelerator(head)
+    disk = {"diskSizeGb": spec.disk_size_gb, "sourceImage": spec.node_image(head),
+            # a partial URL: instances.insert takes no bare disk type name
+            "diskType": f"zones/{spec.zone}/diskTypes/{spec.node_disk_type(head)}"}
     config: dict[str, Any] = {
         "machineType": machine,
-        "disks": [{"boot": True, "autoDelete": True, "type": "PERSISTENT",
-                   "initializeParams": {"diskSizeGb": spec.disk_size_gb, "sourceImage": spec.node_image(head)}}],
+        "disks": [{"boot": True, "autoDelete": True, "type": "PERSISTENT", "initializeParams": disk}],
         "serviceAccounts": [{"email": spec.service_account or RAY_SERVICE_ACCOUNT.format(project=spec.project),
                              "scopes": _scopes(spec, head)}],
+        "metadata": {"items": _metadata(gpus)},
     }
-    if gpus and not ACCELERATORS[spec.accelerator_type].bundled:
-        config["guestAccelerators"] = [{"acceleratorType": spec.accelerator_type, "acceleratorCount": gpus}]
+    if gpus and not ACCELERATORS[accelerator].bundled:
+        config["guestAccelerators"] = [{"acceleratorType": accelerator, "acceleratorCount": gpus}]
     scheduling = _scheduling(spec, head, gpus)
     if scheduling:
         config["scheduling"] = scheduling
-    if gpus:
-        # Older Deep Learning VM images install the driver at first boot only when asked to.
-        config["metadata"] = {"items": [{"key": "install-nvidia-driver", "value": "True"}]}
-    if spec.network or spec.subnetwork:
-        interface: dict[str, Any] = {"accessConfigs": [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]}
-        if spec.network:
-            interface["network"] = _resource(spec, "global/networks", spec.network)
-        if spec.subnetwork:
-            interface["subnetwork"] = _resource(spec, f"regions/{spec.region}/subnetworks", spec.subnetwork)
+    interface = _network_interface(spec, machine)
+    if interface:
         config["networkInterfaces"] = [interface]
     return config
+
+
+def _metadata(gpus: int) -> list[dict[str, str]]:
+    # Ray logs in with a key it adds to the project's metadata; OS Login (on in many projects and
+    # organisations) ignores such keys, and `ray up` would wait for SSH forever. Instance metadata
+    # wins over the project's (an organisation policy requiring OS Login wins over both).
+    items = [{"key": "enable-oslogin", "value": "FALSE"}]
+    if gpus:
+        # Older Deep Learning VM images install the driver at first boot only when asked to.
+        items.append({"key": "install-nvidia-driver", "value": "True"})
+    return items
+
+
+def _network_interface(spec: ClusterSpec, machine: str) -> dict[str, Any] | None:
+    """The VM's network interface when it is not Ray's default (the region's first subnet with an
+    external address): a network or subnetwork was given, or the series needs gVNIC (A3, A4)."""
+    gvnic = machine_series(machine) in machines.GVNIC_SERIES
+    if not (spec.network or spec.subnetwork or gvnic):
+        return None
+    interface: dict[str, Any] = {"accessConfigs": [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]}
+    if spec.network or not spec.subnetwork:
+        interface["network"] = _resource(spec, "global/networks", spec.network or "default")
+    if spec.subnetwork:
+        interface["subnetwork"] = _resource(spec, f"regions/{spec.region}/subnetworks", spec.subnetwork)
+    if gvnic:
+        interface["nicType"] = "GVNIC"
+    return interface
 
 
 def _provider(spec: ClusterSpec) -> dict[str, Any]:
@@ -139,7 +198,13 @@ def _provider(spec: ClusterSpec) -> dict[str, Any]:
     stopped with its disk (its set-up done) rather than deleted, and ``cache_stopped_nodes`` has
     Ray's provider start such a VM again (``instances.start``) before it creates a new one: once
     capacity returns, the replacement skips creation and set-up (Ray 2.60's
-    ``GCPNodeProvider.create_node`` lists the stopped VMs of the node type and starts them)."""
+    ``GCPNodeProvider.create_node`` lists the stopped VMs of the node type and starts them).
+
+    The price: with it, Ray's provider *stops* every VM it terminates, idle workers and `ray down`
+    included, and `ray down` lists only running VMs. So it is set only when the user chose STOP, and
+    ``launcher cluster down`` deletes whatever `ray down` left. Preemptible workers do not get it:
+    Compute Engine stops them on preemption whatever the file says, and Ray (without it) deletes
+    idle ones and starts new VMs instead of the stopped ones, which `launcher cluster down` deletes."""
     provider: dict[str, Any] = {"type": "gcp", "region": spec.region, "availability_zone": spec.zone,
                                 "project_id": spec.project}
     if spec.provisioning == "spot" and spec.termination_action == "STOP":
@@ -176,14 +241,23 @@ def _resource(spec: ClusterSpec, collection: str, name: str) -> str:
     return name if "/" in name else f"projects/{spec.project}/{collection}/{name}"
 
 
-def _conda_path_command() -> str:
-    # Deep Learning VM images keep Python in /opt/conda; Ray runs commands in a login shell that reads .bashrc.
-    return ("if [ -d /opt/conda/bin ] && ! grep -q /opt/conda/bin ~/.bashrc; then "
-            "echo 'export PATH=/opt/conda/bin:$PATH' >> ~/.bashrc; fi")
+def python_commands() -> list[str]:
+    """Every node: uv, a Python 3.11 venv, and that venv first on PATH for the commands Ray runs
+    (Ray runs each one in ``bash --login -i`` after sourcing ~/.bashrc)."""
+    uv = "~/.local/bin/uv"
+    return [
+        f"test -x {uv} || python3 -m pip install --user --quiet uv=={UV_VERSION} || "
+        f"curl -LsSf https://astral.sh/uv/{UV_VERSION}/install.sh | env UV_NO_MODIFY_PATH=1 sh",
+        f"test -x {VENV}/bin/python || {uv} venv --seed --python {PYTHON_VERSION} {VENV}",
+        # first line: Ubuntu's .bashrc returns early in a shell that is not interactive
+        "grep -qs launcher-venv ~/.bashrc || { { echo 'export PATH=$HOME/launcher-venv/bin:$PATH'; "
+        "cat ~/.bashrc 2>/dev/null; } > ~/.bashrc.launcher && mv ~/.bashrc.launcher ~/.bashrc; }",
+    ]
 
 
-def _install_commands(spec: ClusterSpec, version: str, gpu: bool) -> list[str]:
-    """Install this launcher (same version as here) and, if asked, Horovod on one kind of node."""
+def _install_commands(spec: ClusterSpec, version: str, gpu: bool, head: bool) -> list[str]:
+    """Install this launcher (same version as here), the head's Google API client and, if asked,
+    Horovod on one kind of node."""
     if spec.install is not None:
         install = spec.install
     else:
@@ -192,9 +266,25 @@ def _install_commands(spec: ClusterSpec, version: str, gpu: bool) -> list[str]:
     commands = [install,
                 f"python -c 'import launcher, sys; v = launcher.__version__; "
                 f"sys.exit(0 if v == \"{version}\" else \"launcher \" + v + \" installed, {version} wanted\")'"]
+    if head:  # also with --install: whatever it installs, Ray's autoscaler needs these
+        commands.append(f"pip install --quiet {' '.join(GOOGLE_API_CLIENT)}")
+    if gpu:
+        commands.insert(0, f"timeout {DRIVER_WAIT_S} bash -c 'until nvidia-smi > /dev/null 2>&1; do sleep 5; done'")
     if spec.horovod:
-        commands.append(f"cd {REMOTE_SOURCE} && scripts/install-horovod")
+        commands += _horovod_commands(gpu)
     return commands
+
+
+def _horovod_commands(gpu: bool) -> list[str]:
+    """Horovod's build needs cmake 3 and a C++ compiler (not on the images); on GPU nodes it builds
+    its allreduce on NCCL (torch's own NCCL wheel), with the image's CUDA toolkit."""
+    apt = "sudo DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -qq"
+    build = f"cd {REMOTE_SOURCE} && scripts/install-horovod"
+    if gpu:
+        nccl = "$(python -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))')"
+        build = (f"cd {REMOTE_SOURCE} && HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME=/usr/local/cuda "
+                 f"HOROVOD_NCCL_HOME={nccl} scripts/install-horovod")
+    return [f"{apt} update && {apt} install -y cmake g++", build]
 
 
 def _head_start() -> list[str]:

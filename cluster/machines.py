@@ -1,6 +1,22 @@
-"""Machine types as a run names them, and the Ray node labels and node type names that say which a node is.
+"""Compute Engine machine facts (one table), and machine types as a run names them.
 
-A run names the Compute Engine machine type its ranks must run on as
+**The table.** Everything the launcher knows about Compute Engine hardware
+lives here, and only here: the GPU models (quota metric, the machine series
+they attach to or come with, their CUDA compute capability and whether the
+pinned torch's CUDA wheels still run on them), the machine types that bring
+their own GPUs (A2, A3, A4, G2: how many, which, how many vCPUs), the N1
+shapes Compute Engine allows per GPU model and count, and the boot disk types
+each machine series takes. :mod:`cluster.spec` and :mod:`cluster.config`
+build cluster files from it, :mod:`cluster.preflight` checks files against it,
+and a fake Compute Engine API can refuse requests by it.
+
+Sources: Google's "GPU machine types" and "Accelerator-optimized machine
+family" pages (GPUs per type, vCPUs, N1 limits), each machine series' "supported
+disk types" table, PyPI's metadata of torch 2.13.0 (built against CUDA 13.0.3,
+which needs an NVIDIA driver >= 580 and compute capability >= 7.5), and
+PyTorch's CUDA support matrix (CUDA 12.8/13.0 builds: Turing and newer).
+
+**Names.** A run names the Compute Engine machine type its ranks must run on as
 AI Platform's ``masterType`` / ``workerType`` plus ``acceleratorConfig``, or
 Vertex AI's ``machineSpec``, would: ``MACHINE[+ACCELERATOR[xCOUNT]]``, e.g.
 ``n1-standard-8``, ``n1-standard-8+nvidia-tesla-t4x2`` (the job files' own
@@ -22,18 +38,196 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from cluster.spec import ACCELERATORS, bundled_gpus, machine_series
 from launcher.errors import UserError
 
 MACHINE_LABEL = "launcher/machine-type"
 ACCELERATOR_LABEL = "launcher/accelerator"
 NO_ACCELERATOR = "none"
-# A2/A3/G2 families and the GPU model each brings (cluster.preflight reads cluster files with it too).
-BUNDLED_ACCELERATOR = {"a2-highgpu": "nvidia-tesla-a100", "a2-megagpu": "nvidia-tesla-a100",
-                       "a2-ultragpu": "nvidia-a100-80gb", "a3-highgpu": "nvidia-h100-80gb", "g2-standard": "nvidia-l4"}
 MACHINE_RE = re.compile(r"^[a-z][a-z0-9]*-[a-z0-9-]*[a-z0-9]$")
 ACCELERATOR_RE = re.compile(r"^(?P<name>[a-z][a-z0-9-]*?)(?:x(?P<count>\d+))?$")
 EXAMPLE = "n1-standard-8, or n1-standard-8+nvidia-tesla-t4x1 with a GPU"
+
+# -- what the nodes install ------------------------------------------------------------------------
+# torch 2.13.0's Linux wheel on PyPI depends on cuda-toolkit 13.0.3: its kernels need compute
+# capability 7.5 (Turing) or newer and an NVIDIA driver of the 580 series or newer.
+TORCH_VERSION = "2.13.0"
+TORCH_CUDA = "13.0"
+MIN_DRIVER = 580
+MIN_CAPABILITY = (7, 5)
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """A GPU model: its Compute Engine name, quota metric, the machine series it attaches to (N1)
+    or comes with (A2/A3/A4/G2: ``bundled``), its architecture and CUDA compute capability."""
+
+    name: str
+    quota: str
+    series: tuple[str, ...]
+    architecture: str
+    capability: tuple[int, int]
+    bundled: bool = False  # the machine type brings it: no guestAccelerators
+    retired: str = ""      # why Compute Engine no longer offers it
+
+    @property
+    def torch_runs(self) -> bool:
+        """Whether the pinned torch's CUDA wheels have kernels for this GPU."""
+        return self.capability >= MIN_CAPABILITY
+
+    @property
+    def generation(self) -> str:
+        return f"{self.architecture}, compute capability {self.capability[0]}.{self.capability[1]}"
+
+
+ACCELERATORS = {a.name: a for a in (
+    Accelerator("nvidia-tesla-t4", "NVIDIA_T4_GPUS", ("n1",), "Turing", (7, 5)),
+    Accelerator("nvidia-tesla-v100", "NVIDIA_V100_GPUS", ("n1",), "Volta", (7, 0)),
+    Accelerator("nvidia-tesla-p100", "NVIDIA_P100_GPUS", ("n1",), "Pascal", (6, 0)),
+    Accelerator("nvidia-tesla-p4", "NVIDIA_P4_GPUS", ("n1",), "Pascal", (6, 1)),
+    Accelerator("nvidia-tesla-k80", "NVIDIA_K80_GPUS", ("n1",), "Kepler", (3, 7),
+                retired="Compute Engine ended K80 support on 2024-05-01"),
+    Accelerator("nvidia-l4", "NVIDIA_L4_GPUS", ("g2",), "Ada Lovelace", (8, 9), bundled=True),
+    Accelerator("nvidia-tesla-a100", "NVIDIA_A100_GPUS", ("a2",), "Ampere", (8, 0), bundled=True),
+    Accelerator("nvidia-a100-80gb", "NVIDIA_A100_80GB_GPUS", ("a2",), "Ampere", (8, 0), bundled=True),
+    Accelerator("nvidia-h100-80gb", "NVIDIA_H100_GPUS", ("a3",), "Hopper", (9, 0), bundled=True),
+    Accelerator("nvidia-h100-mega-80gb", "NVIDIA_H100_MEGA_GPUS", ("a3",), "Hopper", (9, 0), bundled=True),
+    Accelerator("nvidia-h200-141gb", "NVIDIA_H200_GPUS", ("a3",), "Hopper", (9, 0), bundled=True),
+    Accelerator("nvidia-b200", "NVIDIA_B200_GPUS", ("a4",), "Blackwell", (10, 0), bundled=True),
+)}
+
+
+@dataclass(frozen=True)
+class GpuMachine:
+    """A machine type that comes with its GPUs."""
+
+    accelerator: str
+    gpus: int
+    vcpus: int
+    spot_only: bool = False  # offered only as Spot (or flex-start) VMs
+
+
+def _gpu_machines() -> dict[str, GpuMachine]:
+    table = {}
+    for gpus, vcpus in ((1, 12), (2, 24), (4, 48), (8, 96)):
+        table[f"a2-highgpu-{gpus}g"] = GpuMachine("nvidia-tesla-a100", gpus, vcpus)
+        table[f"a2-ultragpu-{gpus}g"] = GpuMachine("nvidia-a100-80gb", gpus, vcpus)
+    table["a2-megagpu-16g"] = GpuMachine("nvidia-tesla-a100", 16, 96)
+    for gpus, vcpus in ((1, 26), (2, 52), (4, 104)):
+        table[f"a3-highgpu-{gpus}g"] = GpuMachine("nvidia-h100-80gb", gpus, vcpus, spot_only=True)
+    table["a3-highgpu-8g"] = GpuMachine("nvidia-h100-80gb", 8, 208)
+    table["a3-megagpu-8g"] = GpuMachine("nvidia-h100-mega-80gb", 8, 208)
+    table["a3-ultragpu-8g"] = GpuMachine("nvidia-h200-141gb", 8, 224)
+    table["a4-highgpu-8g"] = GpuMachine("nvidia-b200", 8, 224)
+    # G2: the vCPUs are in the name; most types have one L4.
+    for vcpus, gpus in ((4, 1), (8, 1), (12, 1), (16, 1), (24, 2), (32, 1), (48, 4), (96, 8)):
+        table[f"g2-standard-{vcpus}"] = GpuMachine("nvidia-l4", gpus, vcpus)
+    return table
+
+
+GPU_MACHINES = _gpu_machines()
+
+# N1 + GPU shapes Compute Engine accepts: GPUs per VM -> (most vCPUs, most memory in GB).
+# A count missing here does not exist (no 8 x T4, P4 or P100).
+N1_SHAPES: dict[str, dict[int, tuple[int, int]]] = {
+    "nvidia-tesla-t4": {1: (48, 312), 2: (48, 312), 4: (96, 624)},
+    "nvidia-tesla-p4": {1: (24, 156), 2: (48, 312), 4: (96, 624)},
+    "nvidia-tesla-v100": {1: (12, 78), 2: (24, 156), 4: (48, 312), 8: (96, 624)},
+    "nvidia-tesla-p100": {1: (16, 104), 2: (32, 208), 4: (64, 208)},
+    "nvidia-tesla-k80": {1: (8, 52), 2: (16, 104), 4: (32, 208), 8: (64, 416)},
+}
+# GB of memory per vCPU of the predefined N1 types.
+N1_MEMORY_PER_VCPU = {"standard": 3.75, "highmem": 6.5, "highcpu": 0.9}
+
+# Boot disk types per machine series, the default first. The API's own default, pd-standard, is
+# refused by G2, A3, C3 and newer series; the newest series take Hyperdisk only.
+PD = ("pd-balanced", "pd-ssd", "pd-standard")
+DISK_TYPES: dict[str, tuple[str, ...]] = {
+    **{s: PD for s in ("n1", "n2", "n2d", "e2", "c2", "c2d", "t2d", "t2a", "m1", "m2", "a2")},
+    **{s: ("pd-balanced", "pd-ssd") for s in ("g2",)},
+    **{s: ("pd-balanced", "pd-ssd", "hyperdisk-balanced") for s in ("a3", "c3", "c3d")},
+    **{s: ("hyperdisk-balanced",) for s in ("c4", "c4a", "c4d", "n4", "a4")},
+}
+# Families whose types take only Hyperdisk, even when their series also has Persistent Disk types.
+HYPERDISK_ONLY = ("a3-ultragpu",)
+# Series whose VMs must use the gVNIC network interface.
+GVNIC_SERIES = ("a3", "a4")
+
+
+def machine_series(machine_type: str) -> str:
+    return machine_type.split("-", 1)[0]
+
+
+def machine_vcpus(machine_type: str) -> int:
+    """vCPUs of a machine type, from the table of GPU types or its name (n1-standard-8 -> 8)."""
+    if machine_type in GPU_MACHINES:
+        return GPU_MACHINES[machine_type].vcpus
+    m = re.match(r"^[a-z][a-z0-9]*-(standard|highmem|highcpu|megamem|ultramem|custom)-(\d+)", machine_type)
+    if not m:
+        raise UserError(f"machine type {machine_type!r} is not one whose vCPU count is known",
+                        "use a type like n1-standard-8, n2-highmem-16, g2-standard-8 or a2-highgpu-1g")
+    return int(m.group(2))
+
+
+def machine_memory_gb(machine_type: str) -> float | None:
+    """Memory of a predefined or custom N1 type from its name; None when the name does not say."""
+    m = re.match(r"^n1-(standard|highmem|highcpu)-(\d+)$", machine_type)
+    if m:
+        return int(m.group(2)) * N1_MEMORY_PER_VCPU[m.group(1)]
+    m = re.match(r"^(?:n1-)?custom-(\d+)-(\d+)(?:-ext)?$", machine_type)
+    return int(m.group(2)) / 1024 if m else None
+
+
+def bundled_gpus(machine_type: str) -> int:
+    """GPUs that come with a machine type (0 for types without built-in GPUs)."""
+    gpu = GPU_MACHINES.get(machine_type)
+    return gpu.gpus if gpu else 0
+
+
+def bundled_accelerator(machine_type: str) -> str | None:
+    """The GPU model a machine type comes with (None for types without built-in GPUs)."""
+    gpu = GPU_MACHINES.get(machine_type)
+    return gpu.accelerator if gpu else None
+
+
+def check_gpu_machine(machine_type: str) -> None:
+    """An A2/A3/A4/G2 name the table does not know is refused (its GPU count would be a guess)."""
+    series = machine_series(machine_type)
+    if series in ("a2", "a3", "a4", "g2") and machine_type not in GPU_MACHINES:
+        family = machine_type.rsplit("-", 1)[0]
+        known = [t for t in GPU_MACHINES if t.startswith(family + "-")] or \
+            [t for t in GPU_MACHINES if t.startswith(series + "-")]
+        raise UserError(f"machine type {machine_type!r} is not a known {series.upper()} type",
+                        f"valid: {', '.join(known)}")
+
+
+def disk_types(machine_type: str) -> tuple[str, ...]:
+    """Boot disk types a machine type takes, its default first (pd-balanced for unknown series)."""
+    if any(machine_type.startswith(f + "-") for f in HYPERDISK_ONLY):
+        return ("hyperdisk-balanced",)
+    return DISK_TYPES.get(machine_series(machine_type), PD)
+
+
+def n1_shape_problem(accelerator: str, count: int, vcpus: int | None, memory_gb: float | None) -> str | None:
+    """Why an N1 VM with ``count`` of ``accelerator`` and this many vCPUs / GB cannot exist, or None."""
+    shapes = N1_SHAPES.get(accelerator)
+    if not shapes:
+        return None
+    if count not in shapes:
+        return (f"Compute Engine attaches {', '.join(map(str, shapes))} x {accelerator} to an N1 VM, "
+                f"not {count}")
+    most_cpus, most_gb = shapes[count]
+    if vcpus is not None and vcpus > most_cpus:
+        return f"{count} x {accelerator} allows at most {most_cpus} vCPUs on N1, not {vcpus}"
+    if memory_gb is not None and memory_gb > most_gb:
+        return f"{count} x {accelerator} allows at most {most_gb} GB of memory on N1, not {memory_gb:g}"
+    return None
+
+
+def n1_largest_type(accelerator: str, count: int) -> str:
+    """The largest n1-standard type that fits a shape (for a fix hint)."""
+    most_cpus, most_gb = N1_SHAPES[accelerator][count]
+    best = max(n for n in (1, 2, 4, 8, 16, 32, 64, 96) if n <= most_cpus and n * 3.75 <= most_gb)
+    return f"n1-standard-{best}"
 
 
 @dataclass(frozen=True, order=True)
@@ -72,6 +266,7 @@ def parse(text: str, flag: str = "--machine-type") -> MachineType:
     accelerator = accelerator.replace("_", "-")  # AI Platform's and Vertex's NVIDIA_TESLA_T4
     if not MACHINE_RE.match(machine):
         raise UserError(f"{flag} {text}: {machine!r} is not a Compute Engine machine type", f"write {EXAMPLE}")
+    check_gpu_machine(machine)
     implied = _bundled(machine)
     if not plus:
         return implied or MachineType(machine)
@@ -82,6 +277,8 @@ def parse(text: str, flag: str = "--machine-type") -> MachineType:
         close = difflib.get_close_matches(name, ACCELERATORS, n=1)
         raise UserError(f"{flag} {text}: unknown accelerator {name!r}",
                         f"did you mean {close[0]}?" if close else f"valid: {', '.join(ACCELERATORS)}")
+    if acc.retired:
+        raise UserError(f"{flag} {text}: {acc.retired}", "use nvidia-tesla-t4 or a G2/A2/A3 machine type")
     count = int(m.group("count") or (implied.count if implied else 1))
     given = MachineType(machine, acc.name, count)
     if implied and given != implied:
@@ -91,8 +288,9 @@ def parse(text: str, flag: str = "--machine-type") -> MachineType:
         raise UserError(f"{flag} {text}: {acc.name} attaches to "
                         f"{'/'.join(s.upper() for s in acc.series)} machine types, not {machine}",
                         f"write {acc.series[0]}-...+{acc.name}")
-    if count not in (1, 2, 4, 8):
-        raise UserError(f"{flag} {text}: {count} x {acc.name} per VM", "Compute Engine attaches 1, 2, 4 or 8")
+    if not implied and count not in N1_SHAPES.get(acc.name, {1: 0, 2: 0, 4: 0, 8: 0}):
+        allowed = ", ".join(map(str, N1_SHAPES.get(acc.name, (1, 2, 4, 8))))
+        raise UserError(f"{flag} {text}: {count} x {acc.name} per VM", f"Compute Engine attaches {allowed}")
     return given
 
 
@@ -118,7 +316,5 @@ def of_node(machine: str, accelerator: str | None, count: int) -> MachineType:
 
 
 def _bundled(machine: str) -> MachineType | None:
-    family = "-".join(machine.split("-")[:2])
-    if family not in BUNDLED_ACCELERATOR:
-        return None
-    return MachineType(machine, BUNDLED_ACCELERATOR[family], bundled_gpus(machine))
+    gpu = GPU_MACHINES.get(machine)
+    return MachineType(machine, gpu.accelerator, gpu.gpus) if gpu else None

@@ -1,12 +1,19 @@
 """Preflight: check a Ray cluster file against the real project before `ray up` spends minutes failing.
 
-Works on any GCP cluster file (ours or hand-written): the zone exists and is
-UP; every node type's machine type and accelerator exist in the zone with an
-allowed GPU count; the region's quotas (CPUs per machine series, the GPU
-model's quota, or its PREEMPTIBLE_ variant for Spot/preemptible nodes) cover
-the head plus max workers; every boot image resolves; optionally the bucket
-exists and sits in the cluster's region. Each check is a :class:`Check` that
-says what to change when it is not ok.
+Works on any GCP cluster file (ours or hand-written). From the file and the
+machine table (:mod:`cluster.machines`) alone: Ray's VM names fit Compute
+Engine's 63 characters; GPU nodes have onHostMaintenance TERMINATE; each boot
+disk's type is one its machine series takes (no diskType means pd-standard,
+which G2 and A3 refuse); N1 GPU shapes exist (GPU count, vCPUs and memory per
+GPU model); Spot-only types are Spot; the pinned torch runs on the GPUs (a
+warning otherwise). From the project: the zone exists and is UP; every node
+type's machine type and accelerator exist in the zone with an allowed GPU
+count; the region's quotas (CPUs per machine series, the GPU model's quota, or
+its PREEMPTIBLE_ variant for Spot/preemptible nodes) and the project-wide
+GPUS_ALL_REGIONS cover the head plus max workers; OS Login, which locks Ray's
+SSH key out, is off on the cluster's VMs; every boot image resolves;
+optionally the bucket exists and sits in the cluster's region. Each check is
+a :class:`Check` that says what is wrong and what to change.
 """
 
 from __future__ import annotations
@@ -15,9 +22,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from cluster.compute import Compute, Quota
-from cluster.machines import BUNDLED_ACCELERATOR
-from cluster.spec import ACCELERATORS, bundled_gpus, machine_series
+from cluster import machines
+from cluster.compute import Compute, MachineInfo, Quota
+from cluster.machines import ACCELERATORS, bundled_accelerator, bundled_gpus, machine_series
+from cluster.spec import MAX_NAME, VM_NAME_EXTRA
 from launcher.errors import UserError
 from launcher.storage import gcs
 
@@ -45,6 +53,9 @@ class NodePlan:
     gpus: int
     spot: bool  # Spot or preemptible
     image: str | None
+    disk_type: str | None = None  # None: the API's default, pd-standard
+    on_host_maintenance: str | None = None
+    metadata: tuple[tuple[str, str], ...] = ()
 
 
 def node_plans(config: dict[str, Any]) -> list[NodePlan]:
@@ -60,19 +71,20 @@ def node_plans(config: dict[str, Any]) -> list[NodePlan]:
         if isinstance(sched, list):  # Ray's own examples write a list of one-key mappings
             sched = {k: v for item in sched for k, v in item.items()}
         spot = sched.get("provisioningModel") == "SPOT" or bool(sched.get("preemptible"))
-        disks = nc.get("disks") or [{}]
-        image = (disks[0].get("initializeParams") or {}).get("sourceImage")
+        init = ((nc.get("disks") or [{}])[0].get("initializeParams") or {})
+        disk_type = str(init["diskType"]).rsplit("/", 1)[-1] if init.get("diskType") else None
+        metadata = tuple((str(i.get("key")), str(i.get("value"))) for i in (nc.get("metadata") or {}).get("items") or [])
         count = 1 if name == head else int(node.get("max_workers", config.get("max_workers", 0)))
-        plans.append(NodePlan(name, machine, count, accelerator, gpus, spot, image))
+        plans.append(NodePlan(name, machine, count, accelerator, gpus, spot, init.get("sourceImage"), disk_type,
+                              sched.get("onHostMaintenance"), metadata))
     return plans
 
 
 def _accelerator(node_config: dict[str, Any], machine: str) -> tuple[str | None, int]:
     for acc in node_config.get("guestAccelerators") or []:
         return str(acc.get("acceleratorType", "")).rsplit("/", 1)[-1], int(acc.get("acceleratorCount", 1))
-    family = "-".join(machine.split("-")[:2])
-    if family in BUNDLED_ACCELERATOR:
-        return BUNDLED_ACCELERATOR[family], bundled_gpus(machine)
+    if bundled_accelerator(machine):  # A2/A3/A4/G2: the machine table says how many
+        return bundled_accelerator(machine), bundled_gpus(machine)
     return None, 0
 
 
@@ -87,7 +99,8 @@ def run_checks(config: dict[str, Any], compute: Compute, bucket: str | None = No
     if not zone or not region or not provider.get("project_id"):
         raise UserError("the cluster file's provider lacks project_id, region or availability_zone",
                         "regenerate it with `launcher cluster config`")
-    checks = [_security(config)]
+    plans = node_plans(config)
+    checks = [_security(config), *table_checks(config, plans)]
     z = compute.zone(zone)
     if z is None:
         checks.append(Check(FAIL, f"zone {zone} does not exist in project {compute.project}",
@@ -100,10 +113,11 @@ def run_checks(config: dict[str, Any], compute: Compute, bucket: str | None = No
     if z.region != region:
         checks.append(Check(FAIL, f"zone {zone} is in region {z.region}, the file says {region}",
                             f"set --region {z.region}"))
-    plans = node_plans(config)
-    cpus = _machine_checks(plans, compute, zone, checks)
+    infos = _machine_checks(plans, compute, zone, checks)
     _accelerator_checks(plans, compute, zone, checks)
-    _quota_checks(plans, cpus, compute, region, checks)
+    _n1_shape_checks(plans, infos, checks)
+    _quota_checks(plans, {m: i.cpus for m, i in infos.items()}, compute, region, checks)
+    _project_checks(plans, compute, checks)
     _image_checks(plans, compute, checks)
     if bucket:
         checks.append(bucket_check(bucket, region, storage_client))
@@ -118,17 +132,18 @@ def _security(config: dict[str, Any]) -> Check:
     return Check(OK, "Ray's dashboard and job API listen on the head's loopback only")
 
 
-def _machine_checks(plans: list[NodePlan], compute: Compute, zone: str, checks: list[Check]) -> dict[str, int]:
-    cpus: dict[str, int] = {}
+def _machine_checks(plans: list[NodePlan], compute: Compute, zone: str,
+                    checks: list[Check]) -> dict[str, MachineInfo]:
+    infos: dict[str, MachineInfo] = {}
     for machine in sorted({p.machine_type for p in plans}):
-        n = compute.machine_type_cpus(zone, machine)
-        if n is None:
+        info = compute.machine_type(zone, machine)
+        if info is None:
             checks.append(Check(FAIL, f"machine type {machine} is not offered in {zone}",
                                 f"pick one of `gcloud compute machine-types list --zones {zone}` or another zone"))
         else:
-            cpus[machine] = n
-            checks.append(Check(OK, f"machine type {machine} ({n} vCPUs) is offered in {zone}"))
-    return cpus
+            infos[machine] = info
+            checks.append(Check(OK, f"machine type {machine} ({info.cpus} vCPUs) is offered in {zone}"))
+    return infos
 
 
 def _accelerator_checks(plans: list[NodePlan], compute: Compute, zone: str, checks: list[Check]) -> None:
@@ -145,6 +160,99 @@ def _accelerator_checks(plans: list[NodePlan], compute: Compute, zone: str, chec
                                 f"{most}", f"set --accelerator-count to {most} or less"))
         else:
             checks.append(Check(OK, f"accelerator {p.accelerator} x {p.gpus} ({p.node_type}) is offered in {zone}"))
+
+
+def table_checks(config: dict[str, Any], plans: list[NodePlan]) -> list[Check]:
+    """What the file and the machine table alone can tell, before any API call."""
+    checks = [_name_check(str(config.get("cluster_name", "")))]
+    for p in plans:
+        checks += _node_table_checks(p)
+    return checks
+
+
+def _name_check(name: str) -> Check:
+    if len(name) > MAX_NAME:
+        return Check(FAIL, f"cluster name {name!r} is {len(name)} characters: Ray's VM names "
+                     f"(ray-NAME-worker-XXXXXXXX-compute, {len(name) + VM_NAME_EXTRA} characters) pass Compute "
+                     "Engine's 63", f"use a cluster_name of at most {MAX_NAME} characters")
+    return Check(OK, f"Ray's VM names for cluster {name!r} fit Compute Engine's 63 characters")
+
+
+def _node_table_checks(p: NodePlan) -> list[Check]:
+    checks = []
+    allowed = machines.disk_types(p.machine_type)
+    disk = p.disk_type or "pd-standard"
+    if disk not in allowed:
+        said = disk if p.disk_type else "pd-standard (the API's default: the file sets no diskType)"
+        checks.append(Check(FAIL, f"{p.node_type}: boot disk type {said}, which {p.machine_type} does not take "
+                            f"({machine_series(p.machine_type).upper()} takes {', '.join(allowed)})",
+                            f"set initializeParams.diskType to zones/ZONE/diskTypes/{allowed[0]} "
+                            "(launcher cluster config writes it)"))
+    if p.gpus and p.on_host_maintenance != "TERMINATE":
+        checks.append(Check(FAIL, f"{p.node_type}: a GPU VM without onHostMaintenance TERMINATE (GPUs cannot "
+                            "live-migrate, so Compute Engine refuses it)",
+                            "set scheduling.onHostMaintenance: TERMINATE in its node_config"))
+    built_in = machines.GPU_MACHINES.get(p.machine_type)
+    if built_in and built_in.spot_only and not p.spot:
+        checks.append(Check(FAIL, f"{p.node_type}: {p.machine_type} is offered only as Spot (or flex-start) VMs",
+                            "make the node type Spot (scheduling.provisioningModel: SPOT) or use a3-highgpu-8g"))
+    acc = ACCELERATORS.get(p.accelerator or "")
+    if acc and not acc.torch_runs:
+        checks.append(Check(WARN, f"{p.node_type}: {acc.name} ({acc.generation}) cannot run torch "
+                            f"{machines.TORCH_VERSION}'s CUDA {machines.TORCH_CUDA} wheels (they need 7.5, Turing, "
+                            "or newer)", "use nvidia-tesla-t4 or a G2/A2/A3 machine type, or install a torch "
+                            "build for this GPU in the setup commands"))
+    return checks
+
+
+def _n1_shape_checks(plans: list[NodePlan], infos: dict[str, MachineInfo], checks: list[Check]) -> None:
+    for p in plans:
+        info = infos.get(p.machine_type)
+        if not p.accelerator or p.accelerator not in machines.N1_SHAPES or info is None:
+            continue
+        problem = machines.n1_shape_problem(p.accelerator, p.gpus, info.cpus, info.memory_mb / 1024)
+        if problem:
+            fix = (f"use {machines.n1_largest_type(p.accelerator, p.gpus)} or smaller, or more GPUs"
+                   if p.gpus in machines.N1_SHAPES[p.accelerator] else "use a GPU count Compute Engine offers")
+            checks.append(Check(FAIL, f"{p.node_type}: {problem}", fix))
+        else:
+            checks.append(Check(OK, f"{p.node_type}: {p.gpus} x {p.accelerator} on {p.machine_type} is a shape "
+                                "N1 offers"))
+
+
+def _project_checks(plans: list[NodePlan], compute: Compute, checks: list[Check]) -> None:
+    """Project-wide: the global GPU quota and OS Login in the project's metadata."""
+    project = compute.project_info()
+    if project is None:
+        checks.append(Check(FAIL, f"project {compute.project} cannot be read", "check --project / project_id"))
+        return
+    gpus = sum(p.gpus * p.count for p in plans)
+    q = project.quotas.get("GPUS_ALL_REGIONS")
+    if gpus and q is not None:
+        if gpus > q.free:
+            checks.append(Check(FAIL, f"quota GPUS_ALL_REGIONS (project-wide): the cluster needs {gpus} GPUs, "
+                                f"{q.free:g} free (limit {q.limit:g}; new projects get 0)",
+                                "request GPUS_ALL_REGIONS quota (IAM & Admin > Quotas, metric 'GPUs (all "
+                                "regions)') or lower --max-workers"))
+        else:
+            checks.append(Check(OK, f"quota GPUS_ALL_REGIONS (project-wide): needs {gpus}, {q.free:g} free"))
+    checks.append(_os_login_check(plans, project.metadata))
+
+
+def _os_login_check(plans: list[NodePlan], project_metadata: dict[str, str]) -> Check:
+    in_project = project_metadata.get("enable-oslogin", "").upper() == "TRUE"
+    on = [p.node_type for p in plans
+          if dict(p.metadata).get("enable-oslogin", "TRUE" if in_project else "FALSE").upper() == "TRUE"]
+    if on:
+        return Check(FAIL, f"OS Login is on for {', '.join(on)} ({'project' if in_project else 'instance'} "
+                     "metadata enable-oslogin=TRUE): it ignores the SSH key Ray adds to the project's metadata, "
+                     "so `ray up` would wait for SSH forever",
+                     "add the metadata item enable-oslogin: FALSE to each node_config (launcher cluster config "
+                     "does), or turn it off in the project's metadata")
+    if in_project:
+        return Check(OK, "OS Login is on in the project and off on the cluster's VMs (instance metadata wins, "
+                     "unless an organization policy requires OS Login)")
+    return Check(OK, "OS Login is off: Ray's SSH key will be accepted")
 
 
 def _quota_checks(plans: list[NodePlan], cpus: dict[str, int], compute: Compute, region: str,

@@ -17,6 +17,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from cluster import machines
+# Re-exported: the machine facts live in cluster.machines (one table), older callers import them from here.
+from cluster.machines import ACCELERATORS, bundled_gpus, machine_series, machine_vcpus  # noqa: F401
 from launcher import schema
 from launcher.errors import UserError
 from launcher.schema import option
@@ -33,37 +36,12 @@ SCOPE_PREFIX = "https://www.googleapis.com/auth/"
 # needs the Compute scope because Ray's autoscaler on it creates and deletes the worker VMs.
 WORKER_SCOPES = ("devstorage.read_write", "logging.write", "monitoring.write")
 HEAD_EXTRA_SCOPES = ("compute",)
-# Ray names VMs ray-<cluster>-worker-<8 hex>-compute (at most 64 characters) and labels them with the name.
-CLUSTER_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,38}[a-z0-9]$")
+CLUSTER_NAME_RE = re.compile(r"^[a-z][a-z0-9-]*[a-z0-9]$")
+# Ray names VMs ray-<cluster>-worker-<8 hex>-compute: 28 characters around the cluster name, and
+# Compute Engine refuses names over 63 characters, so the `ray up` that would start them fails.
+VM_NAME_EXTRA = len("ray--worker-12345678-compute")
+MAX_NAME = 63 - VM_NAME_EXTRA
 ZONE_RE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
-
-
-@dataclass(frozen=True)
-class Accelerator:
-    """A GPU model: its Compute Engine name, quota metric and the machine series it attaches to."""
-
-    name: str
-    quota: str
-    series: tuple[str, ...]
-    bundled: bool = False  # A2/A3/G2: the machine type brings its GPUs, no guestAccelerators
-
-
-ACCELERATORS = {a.name: a for a in (
-    Accelerator("nvidia-tesla-t4", "NVIDIA_T4_GPUS", ("n1",)),
-    Accelerator("nvidia-tesla-v100", "NVIDIA_V100_GPUS", ("n1",)),
-    Accelerator("nvidia-tesla-p100", "NVIDIA_P100_GPUS", ("n1",)),
-    Accelerator("nvidia-tesla-p4", "NVIDIA_P4_GPUS", ("n1",)),
-    Accelerator("nvidia-l4", "NVIDIA_L4_GPUS", ("g2",), bundled=True),
-    Accelerator("nvidia-tesla-a100", "NVIDIA_A100_GPUS", ("a2",), bundled=True),
-    Accelerator("nvidia-a100-80gb", "NVIDIA_A100_80GB_GPUS", ("a2",), bundled=True),
-    Accelerator("nvidia-h100-80gb", "NVIDIA_H100_GPUS", ("a3",), bundled=True),
-)}
-# vCPUs of the bundled-GPU machine types (the name does not say); N1/N2/E2/C2... types end in it.
-VCPUS = {"a2-highgpu-1g": 12, "a2-highgpu-2g": 24, "a2-highgpu-4g": 48, "a2-highgpu-8g": 96,
-         "a2-megagpu-16g": 96, "a2-ultragpu-1g": 12, "a2-ultragpu-2g": 24, "a2-ultragpu-4g": 48,
-         "a2-ultragpu-8g": 96, "a3-highgpu-1g": 26, "a3-highgpu-2g": 52, "a3-highgpu-4g": 104,
-         "a3-highgpu-8g": 208}
-G2_GPUS = {"g2-standard-48": 4, "g2-standard-96": 8}  # every other g2 type has one L4
 
 
 @dataclass(frozen=True)
@@ -89,6 +67,8 @@ class ClusterSpec:
     termination_action: str = option("DELETE", help="what Compute Engine does to a preempted Spot VM: "
                                      "DELETE (default) | STOP")
     disk_size_gb: int = option(100, help="boot disk size (default 100)")
+    disk_type: str | None = option(None, help="boot disk type (default: pd-balanced, or hyperdisk-balanced on "
+                                   "series that take only Hyperdisk)")
     image: str | None = option(None, help="boot image (default: a Deep Learning VM family, with CUDA on GPU nodes)")
     service_account: str | None = option(None, help="service account email (default: the one `ray up` creates)")
     scopes: tuple[str, ...] = option((), help="comma-separated OAuth scopes (default: devstorage.read_write,"
@@ -141,28 +121,51 @@ class ClusterSpec:
         if region != m.group(1):
             raise UserError(f"zone {self.zone} is not in region {region}",
                             f"use --region {m.group(1)} or a zone of {region}")
-        if not CLUSTER_NAME_RE.match(self.cluster_name):
-            raise UserError(f"cluster name {self.cluster_name!r} is not valid",
-                            "use 2-40 lowercase letters, digits and '-', starting with a letter")
+        _check_name(self.cluster_name)
         _check_workers(self)
         _check_choices(self)
-        gpus = _check_accelerator(self)
+        for machine in (self.head_machine_type, self.worker_machine_type):
+            machines.check_gpu_machine(machine)
+            machine_vcpus(machine)  # raises when the count cannot be known
+        spec = _with_built_in_gpus(self)
+        gpus = _check_accelerator(spec)
         for name in ("disk_size_gb", "idle_timeout_minutes"):
             if getattr(self, name) < (10 if name == "disk_size_gb" else 1):
                 raise UserError(f"{name} is too small: {getattr(self, name)}",
                                 f"set {_flag(name)} to at least {10 if name == 'disk_size_gb' else 1}")
         scopes = tuple(expand_scope(s) for s in self.scopes)
-        for machine in (self.head_machine_type, self.worker_machine_type):
-            machine_vcpus(machine)  # raises when the count cannot be known
-        return dataclasses.replace(self, region=region, scopes=scopes, accelerator_count=gpus)
+        spec = dataclasses.replace(spec, region=region, scopes=scopes, accelerator_count=gpus)
+        for head in (True, False) if spec.max_workers else (True,):
+            _check_node(spec, head)
+        return spec
+
+    def node_machine(self, head: bool) -> str:
+        return self.head_machine_type if head else self.worker_machine_type
+
+    def node_accelerator(self, head: bool) -> tuple[str | None, int]:
+        """The GPU model and count of one head (head=True) or worker VM: a machine type's own GPUs
+        (A2/A3/A4/G2, whatever --accelerator says), else --accelerator on the node that takes it."""
+        built_in = machines.GPU_MACHINES.get(self.node_machine(head))
+        if built_in:
+            return built_in.accelerator, built_in.gpus
+        if self.accelerator_type and head == self.gpu_on_head:
+            return self.accelerator_type, self.accelerator_count
+        return None, 0
+
+    def node_gpus(self, head: bool) -> int:
+        """GPUs on one head (head=True) or worker VM."""
+        return self.node_accelerator(head)[1]
 
     def node_image(self, head: bool) -> str:
         """The boot image of the head (head=True) or worker VMs."""
         return self.image or (GPU_IMAGE if self.node_gpus(head) else CPU_IMAGE)
 
-    def node_gpus(self, head: bool) -> int:
-        """GPUs on one head (head=True) or worker VM."""
-        return self.accelerator_count if self.accelerator_type and head == self.gpu_on_head else 0
+    def node_disk_type(self, head: bool) -> str:
+        """The boot disk type: --disk-type, or the first one the node's machine series takes."""
+        return self.disk_type or machines.disk_types(self.node_machine(head))[0]
+
+    def node_provisioning(self, head: bool) -> str:
+        return "standard" if head else self.provisioning
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -193,28 +196,15 @@ def expand_scope(scope: str) -> str:
     return scope if scope.startswith("https://") else SCOPE_PREFIX + scope
 
 
-def machine_series(machine_type: str) -> str:
-    return machine_type.split("-", 1)[0]
-
-
-def machine_vcpus(machine_type: str) -> int:
-    """vCPUs of a machine type, from its name (n1-standard-8 -> 8) or the table of GPU types."""
-    if machine_type in VCPUS:
-        return VCPUS[machine_type]
-    m = re.match(r"^[a-z][a-z0-9]*-(standard|highmem|highcpu|megamem|ultramem|custom)-(\d+)", machine_type)
-    if not m:
-        raise UserError(f"machine type {machine_type!r} is not one whose vCPU count is known",
-                        "use a type like n1-standard-8, n2-highmem-16, g2-standard-8 or a2-highgpu-1g")
-    return int(m.group(2))
-
-
-def bundled_gpus(machine_type: str) -> int:
-    """GPUs that come with an A2/A3/G2 machine type (0 for other series)."""
-    series = machine_series(machine_type)
-    if series == "g2":
-        return G2_GPUS.get(machine_type, 1)
-    m = re.match(r"^a[23]-\w+-(\d+)g$", machine_type)
-    return int(m.group(1)) if m else 0
+def _check_name(name: str) -> None:
+    if not CLUSTER_NAME_RE.match(name):
+        raise UserError(f"cluster name {name!r} is not valid",
+                        f"use 2-{MAX_NAME} lowercase letters, digits and '-', starting with a letter")
+    if len(name) > MAX_NAME:
+        raise UserError(f"cluster name {name!r} is {len(name)} characters: Ray names the worker VMs "
+                        f"ray-{name}-worker-XXXXXXXX-compute ({len(name) + VM_NAME_EXTRA} characters) and "
+                        "Compute Engine refuses names over 63",
+                        f"use a --name of at most {MAX_NAME} characters")
 
 
 def _check_workers(spec: ClusterSpec) -> None:
@@ -254,18 +244,76 @@ def _check_accelerator(spec: ClusterSpec) -> int:
     if machine_series(machine) not in acc.series:
         raise UserError(f"{acc.name} attaches to {'/'.join(s.upper() for s in acc.series)} machine types, "
                         f"not {machine}", f"set {flag} to a {acc.series[0]}-... type")
+    if acc.retired:
+        raise UserError(f"{acc.name}: {acc.retired}", "use nvidia-tesla-t4, or a G2/A2/A3 machine type")
     if acc.bundled:
         count = bundled_gpus(machine)
+        if machines.bundled_accelerator(machine) != acc.name:
+            raise UserError(f"{machine} comes with {machines.bundled_accelerator(machine)}, not {acc.name}",
+                            f"leave out --accelerator, or pick a machine type with {acc.name}")
         if spec.accelerator_count not in (0, count):
             raise UserError(f"{machine} comes with {count} x {acc.name}, not {spec.accelerator_count}",
                             f"set --accelerator-count {count} or pick the machine type with that many GPUs")
         return count
     if spec.accelerator_count == 0:  # a GPU type without a count: one GPU
         return 1
-    if spec.accelerator_count not in (1, 2, 4, 8):
-        raise UserError(f"accelerator_count must be 1, 2, 4 or 8 for {acc.name}, got {spec.accelerator_count}",
-                        "set --accelerator-count")
+    allowed = machines.N1_SHAPES[acc.name]
+    if spec.accelerator_count not in allowed:
+        raise UserError(f"accelerator_count must be {_or(allowed)} for {acc.name}, got {spec.accelerator_count}",
+                        f"set --accelerator-count to {_or(allowed)} (Compute Engine offers no other N1 shapes)")
     return spec.accelerator_count
+
+
+def _with_built_in_gpus(spec: ClusterSpec) -> ClusterSpec:
+    """A GPU node whose machine type brings its GPUs (g2-standard-24, a2-highgpu-1g) needs no
+    --accelerator: fill it in, so the node is counted, labelled and set up as the GPU node it is."""
+    if spec.accelerator_type:
+        return spec
+    machine = spec.head_machine_type if spec.max_workers == 0 else spec.worker_machine_type
+    accelerator = machines.bundled_accelerator(machine)
+    return dataclasses.replace(spec, accelerator_type=accelerator) if accelerator else spec
+
+
+def _check_node(spec: ClusterSpec, head: bool) -> None:
+    """What Compute Engine and the pinned torch need of one node type, from the machine table."""
+    machine, (accelerator, gpus) = spec.node_machine(head), spec.node_accelerator(head)
+    flag = "--head-machine-type" if head else "--worker-machine-type"
+    built_in = machines.GPU_MACHINES.get(machine)
+    if built_in and built_in.spot_only and spec.node_provisioning(head) == "standard":
+        raise UserError(f"{machine} is offered only as Spot (or flex-start) VMs, and the "
+                        f"{'head is always' if head else 'workers are'} standard",
+                        "use --provisioning spot for the workers, or a3-highgpu-8g" if not head
+                        else f"pick another {flag} (e.g. n1-standard-8) and put the GPUs on the workers")
+    if accelerator:
+        _check_gpu_generation(spec, accelerator)
+        if not ACCELERATORS[accelerator].bundled:
+            problem = machines.n1_shape_problem(accelerator, gpus, machine_vcpus(machine),
+                                                machines.machine_memory_gb(machine))
+            if problem:
+                raise UserError(f"{machine} with {gpus} x {accelerator}: {problem}",
+                                f"set {flag} to {machines.n1_largest_type(accelerator, gpus)} or smaller, "
+                                "or attach more GPUs")
+    allowed = machines.disk_types(machine)
+    if spec.disk_type and spec.disk_type not in allowed:
+        raise UserError(f"boot disk type {spec.disk_type} is not offered for {machine} "
+                        f"({machine_series(machine).upper()} takes {', '.join(allowed)})",
+                        f"set --disk-type {allowed[0]}, or leave it out")
+
+
+def _check_gpu_generation(spec: ClusterSpec, accelerator: str) -> None:
+    acc = ACCELERATORS[accelerator]
+    if acc.torch_runs or spec.install is not None:  # with --install, the user picks the torch build
+        return
+    raise UserError(f"{accelerator} ({acc.generation}) cannot run torch {machines.TORCH_VERSION}: its CUDA "
+                    f"{machines.TORCH_CUDA} wheels need compute capability "
+                    f"{'.'.join(map(str, machines.MIN_CAPABILITY))} (Turing) or newer",
+                    "use nvidia-tesla-t4, or a G2 (L4), A2 (A100) or A3 (H100) machine type; or pass --install "
+                    "with a command that installs a torch build for this GPU")
+
+
+def _or(values) -> str:
+    items = [str(v) for v in values]
+    return ", ".join(items[:-1]) + " or " + items[-1] if len(items) > 1 else items[0]
 
 
 def _flag(name: str) -> str:

@@ -1,10 +1,13 @@
 """A small Compute Engine REST server on loopback for tests (there is no official emulator).
 
-It answers the GET paths the real google-cloud-compute client calls with the
+It answers the paths the real google-cloud-compute client calls with the
 REST transport (zones, machine types, accelerator types, regions with quotas,
-images by family, zone operations with a filter and paging), with JSON shaped
-like the real API's, and 404 errors like Compute Engine's. The world it
-serves is plain data that each test can change.
+the project with its global quotas and metadata, images by family, zone
+operations with a filter and paging, a zone's instances with a label filter,
+and instance deletion), with JSON shaped like the real API's, and 404 errors
+like Compute Engine's. The world it serves is plain data that each test can
+change; machine facts it needs (built-in GPUs, vCPUs) come from the same
+table the launcher uses, :mod:`cluster.machines`.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from cluster import machines
+
 API = "https://www.googleapis.com/compute/v1"
 PROJECT = "test-project"
 PAGE = 2  # operations per page, so the client's pager has to follow nextPageToken
@@ -22,19 +27,25 @@ PAGE = 2  # operations per page, so the client's pager has to follow nextPageTok
 
 def default_world() -> dict:
     t4, v100, l4 = "nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-l4"
-    n1 = {"n1-standard-4": 4, "n1-standard-8": 8, "n1-standard-16": 16}
+    n1 = {"n1-standard-4": 4, "n1-standard-8": 8, "n1-standard-16": 16, "n1-highmem-8": 8}
+    built_in = {m: machines.machine_vcpus(m) for m in ("g2-standard-8", "g2-standard-24", "a2-highgpu-1g")}
     return {
         "zones": {"us-central1-a": "UP", "us-central1-b": "DOWN", "us-central1-f": "UP", "europe-west4-a": "UP"},
-        "machine_types": {"us-central1-a": {**n1, "g2-standard-8": 8}, "us-central1-b": n1,
+        "machine_types": {"us-central1-a": {**n1, **built_in}, "us-central1-b": n1,
                           "us-central1-f": n1, "europe-west4-a": n1},
-        "accelerators": {"us-central1-a": {t4: 4, v100: 8, l4: 1}, "us-central1-b": {t4: 4},
+        "accelerators": {"us-central1-a": {t4: 4, v100: 8, l4: 8, "nvidia-tesla-a100": 16}, "us-central1-b": {t4: 4},
                          "us-central1-f": {t4: 4}, "europe-west4-a": {t4: 4, v100: 8}},
         "quotas": {
-            "us-central1": [("CPUS", 96, 8), ("PREEMPTIBLE_CPUS", 0, 0), ("G2_CPUS", 48, 0),
+            "us-central1": [("CPUS", 96, 8), ("PREEMPTIBLE_CPUS", 0, 0), ("G2_CPUS", 48, 0), ("A2_CPUS", 24, 0),
                             ("NVIDIA_T4_GPUS", 16, 0), ("PREEMPTIBLE_NVIDIA_T4_GPUS", 4, 0),
-                            ("NVIDIA_V100_GPUS", 8, 0), ("NVIDIA_L4_GPUS", 4, 0), ("INSTANCES", 1000, 3)],
+                            ("NVIDIA_V100_GPUS", 8, 0), ("NVIDIA_L4_GPUS", 4, 0), ("NVIDIA_A100_GPUS", 2, 0),
+                            ("INSTANCES", 1000, 3)],
             "europe-west4": [("CPUS", 48, 0), ("NVIDIA_T4_GPUS", 4, 0)],
         },
+        # Project-wide: quotas (GPUS_ALL_REGIONS: 0 on a new project) and common instance metadata.
+        "project": {"quotas": [("GPUS_ALL_REGIONS", 16, 0), ("CPUS_ALL_REGIONS", 200, 8)], "metadata": {}},
+        # zone -> [(name, status, labels)]: the VMs `instances.list` finds.
+        "instances": {},
         "images": {"deeplearning-platform-release": {
             "common-cpu": "common-cpu-v20261101-debian-11",
             "common-cu129-ubuntu-2204-nvidia-580": "common-cu129-v20261101-ubuntu-2204-nvidia-580"}},
@@ -61,6 +72,7 @@ class FakeCompute:
     def __init__(self) -> None:
         self.world = default_world()
         self.requests: list[str] = []
+        self.deleted: list[str] = []  # instances deleted, as zone/name
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
                                        daemon=True)
@@ -84,7 +96,14 @@ class FakeCompute:
             def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
                 parsed = urllib.parse.urlparse(self.path)
                 fake.requests.append(parsed.path)
-                status, body = fake.answer(parsed.path, urllib.parse.parse_qs(parsed.query))
+                self._send(*fake.answer(parsed.path, urllib.parse.parse_qs(parsed.query)))
+
+            def do_DELETE(self) -> None:  # noqa: N802
+                parsed = urllib.parse.urlparse(self.path)
+                fake.requests.append("DELETE " + parsed.path)
+                self._send(*fake.delete(parsed.path))
+
+            def _send(self, status: int, body: dict) -> None:
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json; charset=UTF-8")
@@ -98,6 +117,8 @@ class FakeCompute:
         return Handler
 
     def answer(self, path: str, query: dict) -> tuple[int, dict]:
+        if path == f"/compute/v1/projects/{PROJECT}":
+            return self._project()
         m = re.match(r"^/compute/v1/projects/([^/]+)/(.*)$", path)
         if not m or (m.group(1) != PROJECT and not m.group(2).startswith("global/images")):
             return _not_found(path)
@@ -109,11 +130,47 @@ class FakeCompute:
             (r"^regions/([^/]+)$", self._region),
             (r"^global/images/family/([^/]+)$", lambda family: self._image(m.group(1), family)),
             (r"^zones/([^/]+)/operations$", lambda zone: self._operations(zone, query)),
+            (r"^zones/([^/]+)/instances$", lambda zone: self._instances(zone, query)),
         ):
             hit = re.match(pattern, rest)
             if hit:
                 return fn(*hit.groups())
         return _not_found(path)
+
+    def delete(self, path: str) -> tuple[int, dict]:
+        m = re.match(rf"^/compute/v1/projects/{PROJECT}/zones/([^/]+)/instances/([^/]+)$", path)
+        if not m:
+            return _not_found(path)
+        zone, name = m.groups()
+        vms = self.world["instances"].get(zone, [])
+        if not any(vm[0] == name for vm in vms):
+            return _not_found(f"projects/{PROJECT}/zones/{zone}/instances/{name}")
+        self.world["instances"][zone] = [vm for vm in vms if vm[0] != name]
+        self.deleted.append(f"{zone}/{name}")
+        link = f"{API}/projects/{PROJECT}/zones/{zone}"
+        return 200, {"kind": "compute#operation", "id": "9001", "name": f"operation-delete-{name}",
+                     "zone": link, "operationType": "delete", "targetLink": f"{link}/instances/{name}",
+                     "status": "RUNNING", "progress": 0, "selfLink": f"{link}/operations/operation-delete-{name}"}
+
+    def _project(self):
+        p = self.world["project"]
+        return 200, {"kind": "compute#project", "id": "4711", "name": PROJECT,
+                     "quotas": [{"metric": q, "limit": float(lim), "usage": float(use)} for q, lim, use in p["quotas"]],
+                     "commonInstanceMetadata": {"kind": "compute#metadata", "fingerprint": "abc=",
+                                                "items": [{"key": k, "value": v} for k, v in p["metadata"].items()]},
+                     "selfLink": f"{API}/projects/{PROJECT}"}
+
+    def _instances(self, zone, query):
+        if zone not in self.world["zones"]:
+            return _not_found(f"projects/{PROJECT}/zones/{zone}")
+        wanted = re.search(r"labels\.([\w-]+)\s*=\s*\"?([\w-]+)\"?", (query.get("filter") or [""])[0])
+        items = [{"kind": "compute#instance", "id": str(1000 + i), "name": name, "status": status, "labels": labels,
+                  "zone": f"{API}/projects/{PROJECT}/zones/{zone}",
+                  "selfLink": f"{API}/projects/{PROJECT}/zones/{zone}/instances/{name}"}
+                 for i, (name, status, labels) in enumerate(self.world["instances"].get(zone, []))
+                 if not wanted or labels.get(wanted.group(1)) == wanted.group(2)]
+        return 200, {"kind": "compute#instanceList", "id": f"projects/{PROJECT}/zones/{zone}/instances",
+                     "items": items, "selfLink": f"{API}/projects/{PROJECT}/zones/{zone}/instances"}
 
     def _zone(self, zone):
         status = self.world["zones"].get(zone)
@@ -130,8 +187,9 @@ class FakeCompute:
         cpus = self.world["machine_types"].get(zone, {}).get(name)
         if cpus is None:
             return _not_found(f"projects/{PROJECT}/zones/{zone}/machineTypes/{name}")
+        memory_gb = machines.machine_memory_gb(name) or cpus * 4  # N1 from the name; others: 4 GB per vCPU
         return 200, {"kind": "compute#machineType", "id": "3008", "name": name, "guestCpus": cpus,
-                     "memoryMb": cpus * 3840, "maximumPersistentDisks": 128, "zone": zone,
+                     "memoryMb": int(memory_gb * 1024), "maximumPersistentDisks": 128, "zone": zone,
                      "isSharedCpu": False, "description": f"{cpus} vCPUs, {cpus * 3.75:g} GB RAM",
                      "selfLink": f"{API}/projects/{PROJECT}/zones/{zone}/machineTypes/{name}"}
 

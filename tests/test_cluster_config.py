@@ -101,7 +101,8 @@ def test_spot_gpu_workers():
     assert not any("preemption watch" in c for c in config["head_start_ray_commands"])
     # GPU nodes install the CUDA torch wheels, the CPU head the small CPU ones.
     assert "download.pytorch.org/whl/cpu" in config["head_setup_commands"][0]
-    assert "download.pytorch.org/whl/cpu" not in config["worker_setup_commands"][0]
+    assert config["worker_setup_commands"][0].startswith("timeout 300 bash -c 'until nvidia-smi")
+    assert config["worker_setup_commands"][1] == "pip install --quiet ~/launcher"
     assert "cache_stopped_nodes" not in config["provider"]  # DELETE: a preempted VM is gone
 
 
@@ -143,9 +144,21 @@ def test_install_source_and_horovod():
         assert commands[0].endswith("pip install --quiet --extra-index-url https://download.pytorch.org/whl/cpu "
                                     "~/launcher")
         assert '"0.1.0"' in commands[1]  # the node checks it got this very version
-        assert commands[2] == "cd ~/launcher && scripts/install-horovod"
+        # Horovod's build needs cmake 3 and a compiler, installed first; CPU nodes build with Gloo only.
+        assert commands[-2].endswith("install -y cmake g++") and "apt-get" in commands[-2]
+        assert commands[-1] == "cd ~/launcher && scripts/install-horovod"
     custom = build(preset="basic", install="pip install launcher==0.1.0", source_dir=None)
     assert custom["head_setup_commands"][0] == "pip install launcher==0.1.0" and custom["file_mounts"] == {}
+
+
+def test_horovod_on_gpu_nodes_builds_with_nccl():
+    config = build(preset="standard-1", horovod=True, accelerator_type="nvidia-tesla-t4")
+    worker, head = config["worker_setup_commands"], config["head_setup_commands"]
+    assert worker[-1].startswith("cd ~/launcher && HOROVOD_GPU_OPERATIONS=NCCL ")
+    assert "HOROVOD_NCCL_HOME=$(python -c 'import nvidia.nccl" in worker[-1]
+    assert worker[-1].endswith(" scripts/install-horovod")
+    assert worker.index(next(c for c in worker if "install -y cmake g++" in c)) == len(worker) - 2
+    assert "NCCL" not in head[-1]  # the CPU head: Gloo
 
 
 def test_network_and_service_account():
@@ -165,7 +178,7 @@ def test_network_and_service_account():
     ({"zone": "us-central1-a", "region": "us-east1"}, "zone us-central1-a is not in region us-east1"),
     ({"accelerator_type": "nvidia-tesla-t5"}, "did you mean nvidia-tesla-t4?"),
     ({"accelerator_type": "nvidia-l4"}, "nvidia-l4 attaches to G2 machine types, not n1-standard-8"),
-    ({"accelerator_type": "nvidia-tesla-t4", "accelerator_count": 3}, "must be 1, 2, 4 or 8"),
+    ({"accelerator_type": "nvidia-tesla-t4", "accelerator_count": 3}, "must be 1, 2 or 4 for nvidia-tesla-t4"),
     ({"worker_machine_type": "a2-highgpu-2g", "accelerator_type": "nvidia-tesla-a100", "accelerator_count": 1},
      "a2-highgpu-2g comes with 2 x nvidia-tesla-a100, not 1"),
     ({"accelerator_count": 2}, "no accelerator type is given"),
@@ -278,3 +291,197 @@ def test_bad_machine_types_are_one_clear_error(text, message):
     with pytest.raises(UserError) as err:
         machines.parse(text, "--machine-type")
     assert message in str(err.value) and str(err.value).startswith(f"--machine-type {text}: ")
+
+
+# -- issue 43: clusters that come up the first time ---------------------------------------------------
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def worker_type(config: dict) -> tuple[str, dict]:
+    return next((name, node) for name, node in config["available_node_types"].items() if name != "ray_head")
+
+
+def checked(config: dict) -> dict:
+    """The file as `ray up` would take it: Ray's JSON schema and its own validation."""
+    import jsonschema
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    jsonschema.validate(config, ray_schema())
+    validate_config(prepare_config(config))
+    return config
+
+
+# machine type -> node type, Ray resources, boot disk type, gVNIC
+GPU_FAMILIES = [
+    ("g2-standard-8", "g2-standard-8-l4x1", {"CPU": 8, "GPU": 1}, "pd-balanced", False),
+    ("g2-standard-24", "g2-standard-24-l4x2", {"CPU": 24, "GPU": 2}, "pd-balanced", False),
+    ("g2-standard-48", "g2-standard-48-l4x4", {"CPU": 48, "GPU": 4}, "pd-balanced", False),
+    ("a2-highgpu-1g", "a2-highgpu-1g-a100x1", {"CPU": 12, "GPU": 1}, "pd-balanced", False),
+    ("a2-megagpu-16g", "a2-megagpu-16g-a100x16", {"CPU": 96, "GPU": 16}, "pd-balanced", False),
+    ("a2-ultragpu-2g", "a2-ultragpu-2g-a100-80gbx2", {"CPU": 24, "GPU": 2}, "pd-balanced", False),
+    ("a3-highgpu-8g", "a3-highgpu-8g-h100-80gbx8", {"CPU": 208, "GPU": 8}, "pd-balanced", True),
+    ("a3-megagpu-8g", "a3-megagpu-8g-h100-mega-80gbx8", {"CPU": 208, "GPU": 8}, "pd-balanced", True),
+    ("a3-ultragpu-8g", "a3-ultragpu-8g-h200-141gbx8", {"CPU": 224, "GPU": 8}, "hyperdisk-balanced", True),
+    ("a4-highgpu-8g", "a4-highgpu-8g-b200x8", {"CPU": 224, "GPU": 8}, "hyperdisk-balanced", True),
+]
+
+
+@pytest.mark.parametrize("machine, node_type, resources, disk, gvnic", GPU_FAMILIES, ids=lambda v: str(v))
+def test_machine_types_with_built_in_gpus_need_no_accelerator_flag(machine, node_type, resources, disk, gvnic):
+    config = checked(build(worker_machine_type=machine))
+    name, node = worker_type(config)
+    nc = node["node_config"]
+    assert (name, node["resources"]) == (node_type, resources)
+    assert nc["scheduling"] == {"onHostMaintenance": "TERMINATE"}  # GPU VMs cannot live-migrate
+    assert "guestAccelerators" not in nc  # the machine type brings them
+    init = nc["disks"][0]["initializeParams"]
+    assert init["sourceImage"] == GPU_IMAGE and init["diskType"] == f"zones/us-central1-a/diskTypes/{disk}"
+    assert {"key": "install-nvidia-driver", "value": "True"} in nc["metadata"]["items"]
+    assert config["worker_setup_commands"][0].startswith("timeout 300 bash -c 'until nvidia-smi")
+    assert "whl/cpu" not in " ".join(config["worker_setup_commands"])  # CUDA torch wheels
+    assert node["labels"]["launcher/accelerator"] == f"{node_type.split('-')[-1] and str(__import__('cluster').machines.parse(machine).accelerator)}x{resources['GPU']}"
+    nic = (nc.get("networkInterfaces") or [{}])[0]
+    assert (nic.get("nicType") == "GVNIC") == gvnic
+    # The CPU head keeps a CPU image and a balanced disk.
+    head = config["available_node_types"]["ray_head"]["node_config"]
+    assert head["disks"][0]["initializeParams"]["diskType"].endswith("/pd-balanced")
+    assert head["disks"][0]["initializeParams"]["sourceImage"] == CPU_IMAGE
+
+
+def test_a_gpu_head_of_a_built_in_type_and_the_cli(capsys):
+    head = build(preset="basic", head_machine_type="g2-standard-24")["available_node_types"]["ray_head"]
+    assert head["resources"] == {"CPU": 24, "GPU": 2}
+    assert head["node_config"]["scheduling"] == {"onHostMaintenance": "TERMINATE"}
+    assert main(["cluster", "config", "--worker-machine-type", "a2-highgpu-1g", "--project", "p"]) == 0
+    name, node = worker_type(yaml.safe_load(capsys.readouterr().out))
+    assert (name, node["resources"]) == ("a2-highgpu-1g-a100x1", {"CPU": 12, "GPU": 1})
+    assert main(["cluster", "config", "--worker-machine-type", "a2-highgpu-3g", "--project", "p"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["error: machine type 'a2-highgpu-3g' is not a known A2 type; valid: a2-highgpu-1g, "
+                   "a2-highgpu-2g, a2-highgpu-4g, a2-highgpu-8g"]
+
+
+def test_every_node_has_a_boot_disk_type_its_series_takes():
+    assert build()["available_node_types"]["n1-standard-8"]["node_config"]["disks"][0]["initializeParams"][
+        "diskType"] == "zones/us-central1-a/diskTypes/pd-balanced"
+    ssd = build(disk_type="pd-ssd", worker_machine_type="g2-standard-8")
+    for node in ssd["available_node_types"].values():
+        assert node["node_config"]["disks"][0]["initializeParams"]["diskType"].endswith("/pd-ssd")
+    c4 = checked(build(head_machine_type="c4-standard-8", worker_machine_type="n2-standard-8"))
+    assert c4["available_node_types"]["ray_head"]["node_config"]["disks"][0]["initializeParams"][
+        "diskType"].endswith("/hyperdisk-balanced")
+    assert c4["available_node_types"]["n2-standard-8"]["node_config"]["disks"][0]["initializeParams"][
+        "diskType"].endswith("/pd-balanced")
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"worker_machine_type": "g2-standard-8", "disk_type": "pd-standard"},
+     "boot disk type pd-standard is not offered for g2-standard-8 (G2 takes pd-balanced, pd-ssd); "
+     "set --disk-type pd-balanced, or leave it out"),
+    ({"worker_machine_type": "a3-highgpu-8g", "disk_type": "pd-standard"}, "not offered for a3-highgpu-8g"),
+    ({"worker_machine_type": "a3-ultragpu-8g", "disk_type": "pd-balanced"},
+     "not offered for a3-ultragpu-8g (A3 takes hyperdisk-balanced)"),
+    ({"head_machine_type": "c4-standard-8", "disk_type": "pd-ssd"}, "not offered for c4-standard-8"),
+    # torch 2.13's CUDA 13 wheels have no kernels for GPUs older than Turing.
+    ({"accelerator_type": "nvidia-tesla-v100"},
+     "nvidia-tesla-v100 (Volta, compute capability 7.0) cannot run torch 2.13.0: its CUDA 13.0 wheels need "
+     "compute capability 7.5 (Turing) or newer; use nvidia-tesla-t4"),
+    ({"accelerator_type": "nvidia-tesla-p100"}, "nvidia-tesla-p100 (Pascal, compute capability 6.0) cannot run"),
+    ({"accelerator_type": "nvidia-tesla-p4"}, "nvidia-tesla-p4 (Pascal, compute capability 6.1) cannot run"),
+    ({"accelerator_type": "nvidia-tesla-k80"}, "Compute Engine ended K80 support"),
+    # N1 shapes: GPU count and vCPU/memory limits per GPU model.
+    ({"accelerator_type": "nvidia-tesla-t4", "accelerator_count": 8}, "must be 1, 2 or 4 for nvidia-tesla-t4, got 8"),
+    ({"accelerator_type": "nvidia-tesla-p100", "accelerator_count": 8, "install": "true"},
+     "must be 1, 2 or 4 for nvidia-tesla-p100"),
+    ({"accelerator_type": "nvidia-tesla-v100", "worker_machine_type": "n1-standard-16", "install": "true"},
+     "n1-standard-16 with 1 x nvidia-tesla-v100: 1 x nvidia-tesla-v100 allows at most 12 vCPUs on N1, not 16; "
+     "set --worker-machine-type to n1-standard-8 or smaller"),
+    ({"accelerator_type": "nvidia-tesla-t4", "worker_machine_type": "n1-standard-64"},
+     "1 x nvidia-tesla-t4 allows at most 48 vCPUs on N1, not 64"),
+    ({"accelerator_type": "nvidia-tesla-v100", "worker_machine_type": "n1-custom-8-81920", "install": "true"},
+     "1 x nvidia-tesla-v100 allows at most 78 GB of memory on N1, not 80"),
+    # Ray's VM names must fit Compute Engine's 63 characters.
+    ({"cluster_name": "a" * 36}, f"cluster name '{'a' * 36}' is 36 characters: Ray names the worker VMs "
+     f"ray-{'a' * 36}-worker-XXXXXXXX-compute (64 characters) and Compute Engine refuses names over 63; "
+     "use a --name of at most 35 characters"),
+    ({"worker_machine_type": "a3-highgpu-1g"}, "a3-highgpu-1g is offered only as Spot (or flex-start) VMs"),
+    ({"preset": "basic", "head_machine_type": "a3-highgpu-2g"}, "the head is always standard"),
+    ({"worker_machine_type": "a2-highgpu-1g", "accelerator_type": "nvidia-a100-80gb"},
+     "a2-highgpu-1g comes with nvidia-tesla-a100, not nvidia-a100-80gb"),
+])
+def test_what_compute_engine_or_torch_would_refuse_is_one_clear_error(values, message):
+    with pytest.raises(UserError) as err:
+        ClusterSpec.from_mapping({**BASE, **values}).validated()
+    assert message in str(err.value)
+
+
+def test_shapes_at_the_limits_pass():
+    v100 = checked(build(accelerator_type="nvidia-tesla-v100", worker_machine_type="n1-highmem-8", install="true"))
+    assert worker_type(v100)[1]["resources"] == {"CPU": 8, "GPU": 1}  # 8 vCPUs, 52 GB: within 12 / 78
+    t4 = build(accelerator_type="nvidia-tesla-t4", accelerator_count=4, worker_machine_type="n1-standard-96")
+    assert worker_type(t4)[1]["resources"] == {"CPU": 96, "GPU": 4}
+    name = "a" * 35
+    config = build(cluster_name=name)
+    assert len(f"ray-{config['cluster_name']}-worker-1a2b3c4d-compute") == 63
+
+
+def test_nodes_get_python_311_in_a_venv_first_on_path(tmp_path):
+    """The images' Python is 3.10: every node makes a 3.11 venv with uv, and puts it first on the PATH
+    of the shells Ray runs commands in (the command is run here, on a .bashrc like Ubuntu's)."""
+    import subprocess
+
+    commands = build()["setup_commands"]
+    assert "uv==0.13.9" in commands[0] and "astral.sh/uv/0.13.9/install.sh" in commands[0]
+    assert commands[1] == "test -x ~/launcher-venv/bin/python || ~/.local/bin/uv venv --seed --python 3.11 " \
+                          "~/launcher-venv"
+    assert not any("conda" in c for c in commands)
+    bashrc = tmp_path / ".bashrc"
+    bashrc.write_text("case $- in\n    *i*) ;;\n      *) return;;\nesac\nexport AFTER_GUARD=1\n")
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    for _ in range(2):  # set-up runs again on every `ray up`: the line is added once
+        subprocess.run(["bash", "-c", commands[2]], env=env, check=True)
+    text = bashrc.read_text()
+    assert text.count("launcher-venv") == 1 and text.startswith("export PATH=$HOME/launcher-venv/bin:$PATH\n")
+    path = subprocess.run(["bash", "-c", "source ~/.bashrc; echo $PATH"], env=env, capture_output=True,
+                          text=True, check=True).stdout.strip()
+    assert path.split(":")[0] == f"{tmp_path}/launcher-venv/bin"
+    assert "export AFTER_GUARD=1" in text  # the user's .bashrc is kept
+
+
+def test_pyproject_pins_what_the_nodes_need():
+    import tomllib
+
+    from cluster.config import GOOGLE_API_CLIENT
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        project = tomllib.load(f)["project"]
+    assert project["requires-python"] == ">=3.11"
+    assert set(GOOGLE_API_CLIENT) <= set(project["dependencies"])
+    # Ray's GCP provider imports it: `ray up` works from this environment.
+    from ray.autoscaler._private.gcp import node_provider  # noqa: F401
+
+    config = build(preset="standard-1", install="pip install launcher==0.1.0", source_dir=None)
+    pins = "pip install --quiet google-api-python-client==2.202.0 google-auth-httplib2==0.4.4"
+    assert pins in config["head_setup_commands"]  # the head's autoscaler, whatever --install installs
+    assert pins not in config["worker_setup_commands"]
+
+
+def test_os_login_is_off_on_every_node():
+    for config in (build(preset="standard-1"), build(preset="basic-gpu")):
+        for node in config["available_node_types"].values():
+            assert {"key": "enable-oslogin", "value": "FALSE"} in node["node_config"]["metadata"]["items"]
+
+
+def test_what_stopped_vms_a_cluster_can_leave_is_said():
+    from cluster.config import stopped_vm_notes
+
+    pre = ClusterSpec.from_mapping({**BASE, "provisioning": "preemptible"}).validated()
+    assert "cache_stopped_nodes" not in ray_cluster_config(pre, VERSION)["provider"]
+    text = to_yaml(ray_cluster_config(pre, VERSION), pre, VERSION)
+    assert "# Preemptible workers: Compute Engine stops a preempted VM" in text
+    assert "launcher cluster down THIS_FILE (`ray down`, then deletes the VMs it left stopped)" in text
+    stop = ClusterSpec.from_mapping({**BASE, "provisioning": "spot", "termination_action": "STOP"}).validated()
+    assert "plain `ray down` stops every VM" in " ".join(stopped_vm_notes(stop))
+    spot = ClusterSpec.from_mapping({**BASE, "provisioning": "spot"}).validated()
+    assert stopped_vm_notes(spot) == [] and "Preemptible" not in to_yaml(build(), spot, VERSION)

@@ -1,8 +1,10 @@
 """``launcher cluster ...``: Compute Engine cluster files, preflight, up/down and preemption history.
 
 Ray stays the provisioner: ``cluster up`` runs the preflight and then Ray's own
-``ray up``; ``cluster down`` runs ``ray down``. Everything else is a library
-call into :mod:`cluster`.
+``ray up``; ``cluster down`` runs ``ray down`` and then deletes the cluster's
+VMs it left (stopped ones: Ray's provider stops rather than deletes with
+``cache_stopped_nodes``, and preempted workers are stopped by Compute Engine).
+Everything else is a library call into :mod:`cluster`.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ def add_parsers(sub) -> None:
     up.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
     up.add_argument("--skip-preflight", action="store_true", help="go straight to `ray up`")
 
-    down = actions.add_parser("down", help="`ray down -y CLUSTER_FILE`: delete the cluster's VMs")
+    down = actions.add_parser("down", help="`ray down -y CLUSTER_FILE`, then delete the cluster's VMs it left "
+                              "(stopped ones too)")
     down.add_argument("cluster_file")
     down.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
 
@@ -142,12 +145,39 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _down(args: argparse.Namespace) -> int:
-    schema.load_yaml(args.cluster_file, "cluster file")  # a clear error for a missing file, before Ray's
+    config = schema.load_yaml(args.cluster_file, "cluster file")  # a clear error for a missing file, before Ray's
     command = [_ray(), "down", "-y", args.cluster_file]
+    provider = (config.get("provider") or {}) if isinstance(config, dict) else {}
+    project, zone, name = provider.get("project_id"), provider.get("availability_zone"), config.get("cluster_name")
+    where = f"labelled ray-cluster-name={name} in {zone}"
     if args.dry_run:
         print("would run: " + shlex.join(command))
+        if project and zone and name:
+            print(f"would then delete the VMs {where} that it left (stopped ones included)")
         return EXIT_OK
-    return _run(command)
+    rc = _run(command)
+    if project and zone and name:
+        _delete_left_vms(project, zone, str(name), where)
+    return rc
+
+
+def _delete_left_vms(project: str, zone: str, name: str, where: str) -> None:
+    """`ray down` lists running VMs only: delete the cluster's stopped ones too, and say which."""
+    from cluster.compute import Compute, delete_left_vms
+
+    try:
+        left = delete_left_vms(Compute(project), zone, name)
+    except UserError as exc:
+        print(f"warning: could not look for VMs {where} left after `ray down` ({exc.what}); check with: "
+              f"gcloud compute instances list --project {project} --filter labels.ray-cluster-name={name}",
+              file=sys.stderr)
+        return
+    if not left:
+        print(f"no VMs {where} left")
+        return
+    print(f"deleting {len(left)} VM(s) {where} that `ray down` left (their boot disks go with them):")
+    for vm in left:
+        print(f"  {vm.name} ({vm.status})")
 
 
 def _preemptions(args: argparse.Namespace) -> int:
