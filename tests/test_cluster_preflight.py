@@ -214,3 +214,120 @@ def test_live_project(monkeypatch):
     assert any(c.status == OK and c.what == "zone us-central1-a is UP" for c in checks)
     assert any(c.status == OK and c.what.startswith("image common-cpu resolves") for c in checks)
     assert any(c.what.startswith("quota CPUS in us-central1") for c in checks)
+
+
+# -- issue 43: what `ray up` would trip over, caught before it -------------------------------------------
+
+def load(path: str) -> dict:
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+def test_built_in_gpus_are_counted_in_the_quotas(tmp_path, fake):
+    """g2-standard-24 has 2 x L4 and a2-highgpu-1g one A100, with no --accelerator and no guestAccelerators."""
+    checks = checks_for(tmp_path, worker_machine_type="g2-standard-24", min_workers=1, max_workers=2)
+    lines = [c.what for c in checks if c.status == OK]
+    assert "quota NVIDIA_L4_GPUS in us-central1: needs 4, 4 free" in lines
+    assert "quota G2_CPUS in us-central1: needs 48, 48 free" in lines
+    assert "quota GPUS_ALL_REGIONS (project-wide): needs 4, 16 free" in lines
+    assert "accelerator nvidia-l4 x 2 (g2-standard-24-l4x2) is offered in us-central1-a" in lines
+    assert not by_status(checks, FAIL)
+    more = checks_for(tmp_path, worker_machine_type="g2-standard-24", min_workers=1, max_workers=3)
+    assert [c.what for c in by_status(more, FAIL)] == [
+        "quota G2_CPUS in us-central1: the cluster needs 72, 48 free (limit 48, in use 0)",
+        "quota NVIDIA_L4_GPUS in us-central1: the cluster needs 6, 4 free (limit 4, in use 0)"]
+    a100 = checks_for(tmp_path, worker_machine_type="a2-highgpu-1g", min_workers=1, max_workers=3)
+    assert "quota NVIDIA_A100_GPUS in us-central1: the cluster needs 3, 2 free (limit 2, in use 0)" in [
+        c.what for c in by_status(a100, FAIL)]
+
+
+def test_global_gpu_quota_of_a_new_project(tmp_path, fake, capsys):
+    fake.world["project"]["quotas"] = [("GPUS_ALL_REGIONS", 0, 0)]
+    path = cluster_file(tmp_path, preset="standard-1", accelerator_type="nvidia-tesla-t4")
+    assert main(["cluster", "preflight", path]) == 1
+    out = capsys.readouterr().out
+    assert ("FAIL  quota GPUS_ALL_REGIONS (project-wide): the cluster needs 4 GPUs, 0 free (limit 0; new "
+            "projects get 0)\n        -> request GPUS_ALL_REGIONS quota") in out
+    assert f"/compute/v1/projects/{PROJECT}" in fake.requests  # projects.get, through the real client
+    # A CPU cluster does not need it.
+    assert not any("GPUS_ALL_REGIONS" in c.what for c in checks_for(tmp_path, preset="standard-1"))
+
+
+def test_os_login(tmp_path, fake):
+    fake.world["project"]["metadata"] = {"enable-oslogin": "TRUE"}
+    config = load(cluster_file(tmp_path, preset="standard-1"))
+    ok = [c for c in run_checks(config, Compute(PROJECT)) if "OS Login" in c.what]
+    assert [(c.status, c.what) for c in ok] == [
+        (OK, "OS Login is on in the project and off on the cluster's VMs (instance metadata wins, unless an "
+             "organization policy requires OS Login)")]
+    for node in config["available_node_types"].values():  # a hand-written file without the override
+        node["node_config"].pop("metadata")
+    failed = [c for c in by_status(run_checks(config, Compute(PROJECT)), FAIL) if "OS Login" in c.what]
+    assert len(failed) == 1 and failed[0].what.startswith(
+        "OS Login is on for n1-standard-8, ray_head (project metadata enable-oslogin=TRUE): it ignores the SSH "
+        "key Ray adds")
+    assert "enable-oslogin: FALSE" in failed[0].fix
+    fake.world["project"]["metadata"] = {}
+    assert any(c.status == OK and c.what == "OS Login is off: Ray's SSH key will be accepted"
+               for c in run_checks(config, Compute(PROJECT)))
+
+
+def test_hand_written_files_are_checked_against_the_machine_table(tmp_path, fake):
+    config = load(cluster_file(tmp_path, worker_machine_type="g2-standard-8", min_workers=1, max_workers=1))
+    worker = config["available_node_types"]["g2-standard-8-l4x1"]["node_config"]
+    del worker["disks"][0]["initializeParams"]["diskType"]
+    del worker["scheduling"]
+    config["cluster_name"] = "a-cluster-name-that-is-too-long-for-ray"
+    failed = [(c.what, c.fix) for c in by_status(run_checks(config, Compute(PROJECT)), FAIL)]
+    assert failed == [
+        ("cluster name 'a-cluster-name-that-is-too-long-for-ray' is 39 characters: Ray's VM names "
+         "(ray-NAME-worker-XXXXXXXX-compute, 67 characters) pass Compute Engine's 63",
+         "use a cluster_name of at most 35 characters"),
+        ("g2-standard-8-l4x1: boot disk type pd-standard (the API's default: the file sets no diskType), which "
+         "g2-standard-8 does not take (G2 takes pd-balanced, pd-ssd)",
+         "set initializeParams.diskType to zones/ZONE/diskTypes/pd-balanced (launcher cluster config writes it)"),
+        ("g2-standard-8-l4x1: a GPU VM without onHostMaintenance TERMINATE (GPUs cannot live-migrate, so Compute "
+         "Engine refuses it)", "set scheduling.onHostMaintenance: TERMINATE in its node_config"),
+    ]
+
+
+def test_n1_gpu_shapes_and_old_gpus(tmp_path, fake):
+    config = load(cluster_file(tmp_path, accelerator_type="nvidia-tesla-v100", install="true"))
+    checks = run_checks(config, Compute(PROJECT))
+    assert [c.what for c in by_status(checks, WARN)] == [
+        "n1-standard-8-v100x1: nvidia-tesla-v100 (Volta, compute capability 7.0) cannot run torch 2.13.0's "
+        "CUDA 13.0 wheels (they need 7.5, Turing, or newer)"]
+    assert "n1-standard-8-v100x1: 1 x nvidia-tesla-v100 on n1-standard-8 is a shape N1 offers" in [
+        c.what for c in checks if c.status == OK]
+    # 1 x V100 allows at most 12 vCPUs: n1-standard-16 does not exist with it (the API's vCPUs count).
+    config["available_node_types"]["n1-standard-8-v100x1"]["node_config"]["machineType"] = "n1-standard-16"
+    assert [(c.what, c.fix) for c in by_status(run_checks(config, Compute(PROJECT)), FAIL)] == [
+        ("n1-standard-8-v100x1: 1 x nvidia-tesla-v100 allows at most 12 vCPUs on N1, not 16",
+         "use n1-standard-8 or smaller, or more GPUs")]
+
+
+def test_cluster_down_deletes_the_vms_ray_down_left_stopped(tmp_path, fake, monkeypatch, capsys):
+    """With cache_stopped_nodes (STOP) `ray down` stops VMs, and preempted workers are stopped by Compute
+    Engine; `ray down` lists running VMs only. `launcher cluster down` deletes the cluster's leftovers."""
+    log = fake_ray(tmp_path, monkeypatch)
+    path = cluster_file(tmp_path, cluster_name="demo", provisioning="spot", termination_action="STOP")
+    demo = {"ray-cluster-name": "demo"}
+    fake.world["instances"]["us-central1-a"] = [
+        ("ray-demo-head-00aa11bb-compute", "TERMINATED", demo),
+        ("ray-demo-worker-1a2b3c4d-compute", "TERMINATED", demo),
+        ("ray-other-worker-99887766-compute", "TERMINATED", {"ray-cluster-name": "other"}),
+        ("my-own-vm", "RUNNING", {}),
+    ]
+    assert main(["cluster", "down", path, "--dry-run"]) == 0
+    assert "would then delete the VMs labelled ray-cluster-name=demo in us-central1-a" in capsys.readouterr().out
+    assert fake.deleted == [] and not os.path.exists(log)
+    assert main(["cluster", "down", path]) == 0
+    out = capsys.readouterr().out
+    assert open(log).read() == f"down -y {path}\n"  # Ray's own teardown first
+    assert fake.deleted == ["us-central1-a/ray-demo-head-00aa11bb-compute", "us-central1-a/ray-demo-worker-1a2b3c4d-compute"]
+    assert "deleting 2 VM(s) labelled ray-cluster-name=demo in us-central1-a that `ray down` left" in out
+    assert "  ray-demo-worker-1a2b3c4d-compute (TERMINATED)" in out
+    assert [vm[0] for vm in fake.world["instances"]["us-central1-a"]] == ["ray-other-worker-99887766-compute",
+                                                                          "my-own-vm"]
+    assert main(["cluster", "down", path]) == 0
+    assert "no VMs labelled ray-cluster-name=demo in us-central1-a left" in capsys.readouterr().out
