@@ -122,9 +122,8 @@ def stopped_vm_notes(spec: ClusterSpec) -> list[str]:
 
 def machine_type(spec: ClusterSpec, head: bool) -> machines.MachineType:
     """The machine type (and GPUs) of the head (head=True) or worker VMs."""
-    gpus = spec.node_gpus(head)
-    return machines.of_node(spec.head_machine_type if head else spec.worker_machine_type,
-                            spec.accelerator_type, gpus)
+    accelerator, gpus = spec.node_accelerator(head)
+    return machines.of_node(spec.node_machine(head), accelerator, gpus)
 
 
 def _node_type(spec: ClusterSpec, head: bool) -> dict[str, Any]:

@@ -73,7 +73,8 @@ def node_plans(config: dict[str, Any]) -> list[NodePlan]:
         spot = sched.get("provisioningModel") == "SPOT" or bool(sched.get("preemptible"))
         init = ((nc.get("disks") or [{}])[0].get("initializeParams") or {})
         disk_type = str(init["diskType"]).rsplit("/", 1)[-1] if init.get("diskType") else None
-        metadata = tuple((str(i.get("key")), str(i.get("value"))) for i in (nc.get("metadata") or {}).get("items") or [])
+        items = (nc.get("metadata") or {}).get("items") or []
+        metadata = tuple((str(i.get("key")), str(i.get("value"))) for i in items)
         count = 1 if name == head else int(node.get("max_workers", config.get("max_workers", 0)))
         plans.append(NodePlan(name, machine, count, accelerator, gpus, spot, init.get("sourceImage"), disk_type,
                               sched.get("onHostMaintenance"), metadata))

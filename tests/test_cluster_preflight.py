@@ -324,7 +324,8 @@ def test_cluster_down_deletes_the_vms_ray_down_left_stopped(tmp_path, fake, monk
     assert main(["cluster", "down", path]) == 0
     out = capsys.readouterr().out
     assert open(log).read() == f"down -y {path}\n"  # Ray's own teardown first
-    assert fake.deleted == ["us-central1-a/ray-demo-head-00aa11bb-compute", "us-central1-a/ray-demo-worker-1a2b3c4d-compute"]
+    assert fake.deleted == ["us-central1-a/ray-demo-head-00aa11bb-compute",
+                            "us-central1-a/ray-demo-worker-1a2b3c4d-compute"]
     assert "deleting 2 VM(s) labelled ray-cluster-name=demo in us-central1-a that `ray down` left" in out
     assert "  ray-demo-worker-1a2b3c4d-compute (TERMINATED)" in out
     assert [vm[0] for vm in fake.world["instances"]["us-central1-a"]] == ["ray-other-worker-99887766-compute",
