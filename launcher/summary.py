@@ -97,7 +97,8 @@ class RunSummary:
     attempts: list[Attempt] = field(default_factory=list)
     recovery_s: list[float] = field(default_factory=list)
     weights_sha256: str | None = None
-    wall_s: float = 0.0
+    wall_s: float = 0.0                 # the launch's time, less setup_s
+    setup_s: float = 0.0                # a one-off set-up the launch waited for (a first Horovod build)
     launch: int | None = None
     run_dir: str = ""
     error: str | None = None
@@ -307,7 +308,9 @@ METRIC_KEYS = ("loss", "accuracy", "train_loss")
 BOOKKEEPING = frozenset({
     "kind", "epoch", "step_in_epoch", "global_step", "world_size", "time", "attempt", "restored_from",
     "steps_per_epoch", "startup_marks", "samples", "train_time_s", "samples_per_s", "notice", "held",
-    "weights_sha256", "model", "timestamp", "checkpoint_dir_name", "training_iteration"})
+    "weights_sha256", "model", "timestamp", "checkpoint_dir_name", "training_iteration",
+    "launch", "source", "from_checkpoint",  # what the run log adds to a report
+    "trial", "checkpoint_path"})  # a program's hypertune entry's
 
 
 def pick_metrics(values: dict[str, Any]) -> dict[str, float]:
@@ -317,3 +320,24 @@ def pick_metrics(values: dict[str, Any]) -> dict[str, float]:
     others = {k: v for k, v in values.items() if k not in BOOKKEEPING and k not in known
               and isinstance(v, (int, float)) and not isinstance(v, bool)}
     return {**known, **others}
+
+
+def program_metrics(entries: list[dict[str, Any]]) -> dict[str, float]:
+    """A program's (``--script``, ``--package``) latest value of each metric it reported through
+    hypertune: one entry per tag and report, so the last entry alone may hold one metric of several."""
+    out: dict[str, float] = {}
+    for entry in entries:
+        out.update(pick_metrics(entry))
+    return out
+
+
+def program_epochs(entries: list[dict[str, Any]]) -> int:
+    """How many epochs a program trained, from its hypertune entries: its own ``epoch`` metric
+    where it reports one, else the number of steps it reported metrics at (a trainer reports
+    once per epoch, as the example package and Vertex AI's samples do). Steps reported again
+    after a restart count once."""
+    epochs = [e["epoch"] for e in entries if isinstance(e.get("epoch"), (int, float))]
+    if epochs:
+        return int(max(epochs))
+    return len({e.get("global_step") if e.get("global_step") is not None else ("at", e.get("timestamp"))
+                for e in entries})

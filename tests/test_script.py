@@ -70,12 +70,16 @@ def test_a_signal_stops_a_script_run_with_exit_130(tmp_path, signum=signal.SIGIN
     cmd = [sys.executable, "-m", "launcher", "run", "--script", str(script), "--workers", "2",
            "--storage", str(tmp_path / "runs")]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    for line in proc.stdout:  # both ranks' scripts are running
+    seen = []
+    for line in proc.stderr:  # a rank's script is running (its lines are progress: stderr)
+        seen.append(line)
         if line.startswith("[rank 1] started") or line.startswith("[rank 0] started"):
             break
     started = time.time()
     proc.send_signal(signum)
-    _, err = proc.communicate(timeout=120)
+    out, rest = proc.communicate(timeout=120)
+    err = "".join(seen) + rest
+    assert "[rank" not in out  # stdout holds the summary alone
     assert proc.returncode == 130, err
     assert "interrupted; the program was stopped on every worker" in err and time.time() - started < 60
     assert "SIGTERM received" not in err
@@ -133,9 +137,9 @@ def test_horovodrun_style_script_runs_on_every_rank_and_a_failure_propagates(ray
     out, err = capsys.readouterr()
     args = f"['--lr', '0.5', 'x y', '--fail-rank', '1', '--job-dir', '{tmp_path / 'runs'}/hvd']"
     for r in range(2):
-        assert f"[rank {r}] hello from {r} of 2 local {r} sum 3 args {args}" in out, out + err
-        assert f"[rank {r}] second line" in out
-    assert "[rank 1] failing on purpose" in out
+        assert f"[rank {r}] hello from {r} of 2 local {r} sum 3 args {args}" in err, out + err
+        assert f"[rank {r}] second line" in err
+    assert "[rank 1] failing on purpose" in err and "[rank" not in out  # progress, not the summary
     assert code == 3, out + err  # rank 1's exit status
     assert "error: rank 1 exited with status 3" in err
 
@@ -161,7 +165,7 @@ def test_torchrun_style_script_runs_under_the_native_backend(ray_local, tmp_path
     out, err = capsys.readouterr()
     assert code == 0, out + err
     for r in range(2):
-        assert f"[rank {r}] rank {r} of 2 local {r} sum 3" in out
+        assert f"[rank {r}] rank {r} of 2 local {r} sum 3" in err
 
 
 TF_CONFIG_SCRIPT = textwrap.dedent("""
@@ -192,7 +196,7 @@ def test_tf_config_script_runs_under_the_native_backend_and_a_failure_propagates
                  "--storage", str(tmp_path / "runs"), "--", "1"])
     out, err = capsys.readouterr()
     for r in range(2):  # no --job-dir: a script gets it only with --job-dir-arg
-        assert f"[rank {r}] worker {r} sum 3 fit 2 epochs args ['1']" in out, out + err
+        assert f"[rank {r}] worker {r} sum 3 fit 2 epochs args ['1']" in err, out + err
     assert code == 5, out + err
     assert "error: rank 1 exited with status 5" in err
 

@@ -126,7 +126,7 @@ def test_resume_continues_exactly_where_it_stopped_and_a_missing_model_is_export
     runs = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
     assert runs["stopped"]["status"] == "succeeded" and runs["stopped"]["launches"] == 2
     assert runs["stopped"]["epochs"] == 3
-    assert runs["straight"]["metrics"] == {k: full["metrics"][k] for k in ("loss", "accuracy")}
+    assert runs["straight"]["metrics"] == pytest.approx(full["metrics"])  # its final metrics, by their names
 
 
 def test_cluster_too_small_is_rejected_before_start(ray_local, capsys, storage):

@@ -14,6 +14,7 @@ from typing import Iterator, TextIO
 from launcher.cli.options import (EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, add_program_flags, add_run_flags, add_verbose,
                                   program_from_args, program_spec, spec_from_args, wants_job_dir)
 from launcher.driver import startup
+from launcher.storage.checkpoint import resume_point
 from launcher.summary import RunStatus, RunSummary
 
 
@@ -60,9 +61,9 @@ def cmd_program(args: argparse.Namespace, program) -> int:
     spec = program_spec(args, program)
     with sigterm_as_ctrl_c():
         with summary_stream() as out:
-            # The program's lines go to stdout, unless stdout is for the --json summary alone.
+            # The ranks' lines are progress: stderr, as the docs say; stdout holds the summary alone.
             code, summary = run_script(spec, program, args.program_args, job_dir=wants_job_dir(args, program),
-                                       out=sys.stderr if args.json else out, verbose=args.verbose)
+                                       out=sys.stderr, verbose=args.verbose)
             text = json.dumps(summary.to_json(), sort_keys=True, default=str) if args.json else format_summary(summary)
             print(text, file=out, flush=True)
     return code
@@ -122,14 +123,14 @@ def format_summary(s: RunSummary) -> str:
         lines.append(f"  {s.note}")
     lines.append(f"  {s.workload} / {s.framework} / {s.backend}, {s.workers} workers")
     lines.append(f"  epochs {s.epochs_completed}/{s.epochs}, steps {s.steps_completed}"
-                 + (f", resumed from epoch {s.resumed_from['epoch']}" if s.resumed_from else "")
+                 + (f", resumed {resume_point(s.resumed_from, s.epochs)}" if s.resumed_from else "")
                  + (f", {s.restarts} restart(s)" if s.restarts else ""))
     if s.restarts or s.preemption_notices:
         lines.append("  " + format_interruptions(s))
     if s.metrics:
         lines.append("  " + ", ".join(f"{k} {v:.4f}" for k, v in s.metrics.items()))
     rate = f"{s.samples_per_s:,.0f} samples/s, " if s.samples_per_s else ""  # a Ray Train function counts none
-    lines.append(f"  {rate}wall {s.wall_s:.1f}s")
+    lines.append(f"  {rate}wall {s.wall_s:.1f}s{format_setup(s)}")
     if s.error:
         lines.append(f"  error: {s.error}")
     lines.append(f"  run log:    {s.run_dir}")
@@ -150,14 +151,21 @@ def format_program_summary(s: RunSummary) -> str:
                      f"passed on as SIGTERM), failures {s.restarts - s.preemptions}")
     if s.metrics:
         lines.append("  last reported (hypertune): " + ", ".join(f"{k} {v:g}" for k, v in s.metrics.items())
-                     + (f" at step {s.steps_completed}" if s.steps_completed else ""))
-    lines.append(f"  wall {s.wall_s:.1f}s")
+                     + (f" at step {s.steps_completed}" if s.steps_completed else "")
+                     + (f"; epochs {s.epochs_completed} (by its reports)" if s.epochs_completed else ""))
+    lines.append(f"  wall {s.wall_s:.1f}s{format_setup(s)}")
     if s.error:
         lines.append(f"  error: {s.error}")
     lines.append(f"  run log:    {s.run_dir}")
     if s.model:
         lines.append(f"  model:      {s.model}")
     return "\n".join(lines)
+
+
+def format_setup(s: RunSummary) -> str:
+    """" (+ 561.0s of one-off set-up ...)" where the launch waited for one (a first Horovod build): its
+    time is in neither the wall time nor samples/s."""
+    return f" (+ {s.setup_s:.1f}s of one-off set-up: see --profile-startup)" if s.setup_s >= 0.05 else ""
 
 
 def format_interruptions(s: RunSummary) -> str:
@@ -177,23 +185,35 @@ def cmd_workloads(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(described, indent=1))
         return EXIT_OK
-    for d in described:
-        print(f"{d['name']:<20} {', '.join(d['frameworks']):<12} {d['description']}")
+    print("\n".join(workload_lines(described)))
+    return EXIT_OK
+
+
+def workload_lines(described: list[dict]) -> list[str]:
+    """``launcher workloads`` as a table: each column as wide as its longest entry and two spaces
+    apart (a fixed width ran the frameworks "torch, tensorflow" into the description), the
+    workload's details indented under its frameworks."""
+    frameworks = [", ".join(d["frameworks"]) for d in described]
+    name_w = max([len("NAME")] + [len(d["name"]) for d in described])
+    fw_w = max([len("FRAMEWORKS")] + [len(f) for f in frameworks])
+    pad = " " * (name_w + 2)
+    lines = [f"{'NAME':<{name_w}}  {'FRAMEWORKS':<{fw_w}}  DESCRIPTION"]
+    for d, fw in zip(described, frameworks):
+        lines.append(f"{d['name']:<{name_w}}  {fw:<{fw_w}}  {d['description']}")
         if d.get("reference"):
-            print(f"{'':<20} --workload {d['reference']}")
+            lines.append(f"{pad}--workload {d['reference']}")
         if d.get("kind"):
-            print(f"{'':<20} {d['kind']}, defined at {d['defined_at']}")
+            lines.append(f"{pad}{d['kind']}, defined at {d['defined_at']}")
         defaults = d.get("defaults") or {}
         if d.get("kind") and defaults:
-            print(f"{'':<20} defaults: epochs {defaults['epochs']}, batch size {defaults['batch_size']}, "
-                  f"lr {defaults['lr']:g}")
-        print(f"{'':<20} data: {d['data']}")
+            lines.append(f"{pad}defaults: epochs {defaults['epochs']}, batch size {defaults['batch_size']}, "
+                         f"lr {defaults['lr']:g}")
+        lines.append(f"{pad}data: {d['data']}")
         if isinstance(d["params"], str):
-            print(f"{'':<20} params: {d['params']}")
+            lines.append(f"{pad}params: {d['params']}")
             continue
-        for name, p in d["params"].items():
-            print(f"{'':<20} --param {name}=... (default {p['default']}): {p['help']}")
-    return EXIT_OK
+        lines += [f"{pad}--param {name}=... (default {p['default']}): {p['help']}" for name, p in d["params"].items()]
+    return lines
 
 
 COMMANDS = {"run": cmd_run, "workloads": cmd_workloads}

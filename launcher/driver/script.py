@@ -10,7 +10,8 @@ run lock), ``--max-failures`` restarts of the whole program, and restarts on
 preemption that do not count against that budget. The program resumes itself
 from ``AIP_CHECKPOINT_DIR``, which stays the same across restarts and launches.
 
-The driver prints each line of the program as ``[rank R] ...`` and exits with
+The driver prints each line of the program as ``[rank R] ...`` on stderr, with the
+rest of the progress (stdout holds the summary alone), and exits with
 the program's status: that of the rank that failed first in the last worker
 group, 0 when every rank succeeded, 130 when interrupted.
 """
@@ -24,12 +25,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
-from launcher.driver import placement, runpath, session, trainer
+from launcher.driver import placement, runpath, session, startup, trainer
 from launcher.driver.program import Program
 from launcher.driver.progress import Progress
 from launcher.errors import UserError
 from launcher.storage import gcs
-from launcher.summary import Interruption, Preempting, Restart, RunStatus, RunSummary
+from launcher.storage.runlog import read_jsonl
+from launcher.summary import Interruption, Preempting, Restart, RunStatus, RunSummary, program_epochs, program_metrics
 from launcher.worker import deps, vertex
 from launcher.worker.script import program_folder, script_worker
 
@@ -103,6 +105,7 @@ def run_script(spec, program: Program, args: list[str], *, job_dir: bool = True,
     returns (exit status, summary). A run of the same name continues (the program
     finds its checkpoints in AIP_CHECKPOINT_DIR).
 
+    ``out``: where the ranks' ``[rank R]`` lines go (default stderr: progress, not the summary).
     ``trial_id``: the tuning trial this run is (CLOUD_ML_TRIAL_ID); the tuning driver has
     checked and shipped the folder already. ``on_metrics``: called with each entry rank 0
     writes to its hypertune file (on the driver's pump thread).
@@ -115,9 +118,9 @@ def run_script(spec, program: Program, args: list[str], *, job_dir: bool = True,
     from launcher.driver import code
 
     started = time.time()
-    out = out or sys.stdout
+    out = out or sys.stderr
     progress = Progress(0, stream=progress_out or sys.stderr)
-    check_backend(spec)
+    setup_s = check_backend(spec)
     spec = dataclasses.replace(spec, workload=program.label)
     shipped = is_shipped(program, spec.address)
     if shipped and not session.in_ray_job() and trial_id is None:
@@ -133,21 +136,24 @@ def run_script(spec, program: Program, args: list[str], *, job_dir: bool = True,
             if program.requirements:
                 install_everywhere(program, program_config, nodes, progress)
             return _run(spec, program, program_config, args, storage, log, lock, job_dir, out, progress, started,
-                        verbose, trial_id, on_metrics)
+                        verbose, trial_id, on_metrics, setup_s=setup_s)
 
 
-def check_backend(spec) -> None:
-    """UserError unless the spec's backend runs programs, and its framework, here."""
+def check_backend(spec) -> float:
+    """UserError unless the spec's backend runs programs, and its framework, here; returns the
+    seconds of one-off set-up it took (a first Horovod build), which the run's wall time leaves out."""
     from launcher import backends
 
     backend = backends.get(spec.backend)
     if not backend.runs_scripts:
         able = [b.name for b in backends.REGISTRY if b.runs_scripts]
         raise UserError(f"backend {spec.backend} cannot run scripts yet", f"use --backend {' or '.join(able)}")
-    backend.prepare(spec.framework, lambda line: print(line, file=sys.stderr, flush=True))
+    with startup.setup_phase() as setup:
+        backend.prepare(spec.framework, lambda line: print(line, file=sys.stderr, flush=True))
     reason = backend.unavailable_reason(spec.framework)
     if reason:
         raise UserError(f"backend {spec.backend} cannot run {spec.framework} here: {reason}")
+    return setup.seconds
 
 
 def install_everywhere(program: Program, config: dict[str, Any], nodes, progress) -> None:
@@ -190,7 +196,7 @@ def install_everywhere(program: Program, config: dict[str, Any], nodes, progress
 
 def _run(spec, program: Program, program_config: dict[str, Any], args: list[str], storage, log, lock, job_dir: bool,
          out: TextIO, progress, started: float, verbose: bool, trial_id: str | None,
-         on_metrics=None) -> tuple[int, RunSummary]:
+         on_metrics=None, setup_s: float = 0.0) -> tuple[int, RunSummary]:
     import ray
 
     from launcher import backends
@@ -244,11 +250,21 @@ def _run(spec, program: Program, program_config: dict[str, Any], args: list[str]
     finally:
         channel.close()
         ray.kill(sink)
-    return _finish(spec, program, fitted, outcome, restarts, log, progress, started)
+    return _finish(spec, program, fitted, outcome, restarts, log, progress, started, setup_s)
+
+
+def run_reports(log, outcome: Outcome) -> list[dict[str, Any]]:
+    """Every hypertune entry of the run, its earlier launches' included (the run log's); this
+    launch's alone where the log cannot be read."""
+    try:
+        lines = read_jsonl(log.storage.read_text(log.name, "metrics.jsonl"))
+        return [e for e in lines if e.get("source") == "hypertune"]
+    except OSError:
+        return list(outcome.metrics)
 
 
 def _finish(spec, program: Program, fitted, outcome: Outcome, restarts: list[Restart], log, progress,
-            started: float) -> tuple[int, RunSummary]:
+            started: float, setup_s: float = 0.0) -> tuple[int, RunSummary]:
     if fitted.status == RunStatus.CANCELLED:
         code, message = EXIT_INTERRUPTED, "interrupted; the program was stopped on every worker (the same --name " \
                                           "continues the run)"
@@ -259,13 +275,16 @@ def _finish(spec, program: Program, fitted, outcome: Outcome, restarts: list[Res
                                           else fitted.error)
     status = fitted.status if fitted.status != RunStatus.SUCCEEDED or code == 0 else RunStatus.FAILED
     last = outcome.metrics[-1] if outcome.metrics else {}
+    reported = run_reports(log, outcome)
     model_dir = vertex.output_dirs(log.uri())["AIP_MODEL_DIR"]
     summary = RunSummary(
         name=spec.name, status=status, workload=program.label, framework=spec.framework, backend=spec.backend,
-        workers=spec.workers, epochs=0, steps_completed=int(last.get("global_step") or 0),
-        metrics=vertex.metric_values(last), restarts=len(restarts),
+        workers=spec.workers, epochs=0, epochs_completed=program_epochs(reported),
+        steps_completed=int(last.get("global_step") or 0), metrics=program_metrics(outcome.metrics),
+        restarts=len(restarts),
         preemptions=sum(1 for r in restarts if r.cause == "preemption"), preemption_notices=len(outcome.notices),
-        interruptions=[Interruption(cause=r.cause) for r in restarts], wall_s=round(time.time() - started, 2),
+        interruptions=[Interruption(cause=r.cause) for r in restarts],
+        wall_s=round(time.time() - started - setup_s, 2), setup_s=round(setup_s, 2),
         launch=log.launch, run_dir=log.uri(), error=message,
         model=model_dir if log.storage.exists(spec.name, "model") else None,
         exit_codes={str(r): s for r, s in sorted(outcome.last_statuses().items())})

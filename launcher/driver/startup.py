@@ -5,19 +5,30 @@ returned, done); rank 0 marks its own (train function entered, ready to
 train, first step done) and sends them with its first report. Marks are wall
 clock times, so they compare across processes on one machine (on a cluster,
 up to the clocks' skew).
+
+A one-off set-up the launch waits for (a backend getting ready: the first
+``--backend horovod`` run builds Horovod for minutes) is timed by
+:func:`setup_phase`: it shows here as a phase of its own and is kept out of the
+run's wall time, its progress lines' elapsed time and its throughput.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from typing import Iterator
+
+from launcher import faultpoint
 
 MARKS: dict[str, float] = {}
+SETUP_PHASE = "checks: backend set-up (a first Horovod build)"
 
 # (phase, from mark, to mark)
 PHASES = (
     ("python start and imports", "process_start", "cli_main"),
     ("spec, storage and data checks", "cli_main", "checks_done"),
+    (SETUP_PHASE, "setup_start", "setup_done"),
     ("Ray start or connect", "checks_done", "ray_ready"),
     ("controller and worker group start", "ray_ready", "worker_start"),
     ("worker setup (process group, data, model, restore)", "worker_start", "worker_ready"),
@@ -29,9 +40,48 @@ PHASES = (
 )
 
 
+# Prefixes of the phases that are parts of the row above them (the table indents them).
+SUBPHASES = ("worker setup: ", "checks: ")
+
+
 def mark(name: str, when: float | None = None) -> None:
     """Record a milestone (the first time only)."""
     MARKS.setdefault(name, time.time() if when is None else when)
+
+
+class SetupTimer:
+    """The seconds one :func:`setup_phase` took (set when it ends)."""
+
+    seconds: float = 0.0
+
+
+@contextlib.contextmanager
+def setup_phase() -> Iterator[SetupTimer]:
+    """Time a one-off set-up (``backend.prepare``: building Horovod on first use) as its own phase.
+
+    Its seconds go into the marks (``setup_start``, ``setup_done``: the start-up profile's
+    set-up row) and into :func:`setup_seconds`, which the driver takes off the run's wall
+    time: minutes of building are not minutes of training. The fault point ``setup``
+    (``LAUNCHER_FAULT_PAUSE=setup:SECONDS``) waits inside it, as a slow set-up would."""
+    timer = SetupTimer()
+    started = time.time()
+    try:
+        faultpoint.pause("setup")
+        yield timer
+    finally:
+        ended = time.time()
+        timer.seconds = ended - started
+        spent = setup_seconds()
+        MARKS.setdefault("setup_start", started)
+        MARKS["setup_done"] = MARKS["setup_start"] + spent + timer.seconds  # several set-ups: their sum
+
+
+def setup_seconds(marks: dict[str, float] | None = None) -> float:
+    """Seconds of one-off set-up timed by :func:`setup_phase` since the run began (0.0: none)."""
+    marks = MARKS if marks is None else marks
+    if "setup_start" in marks and "setup_done" in marks:
+        return max(0.0, marks["setup_done"] - marks["setup_start"])
+    return 0.0
 
 
 def begin_cli() -> None:
@@ -76,8 +126,9 @@ def report(marks: dict[str, float]) -> dict:
 def format_table(rep: dict) -> str:
     lines = ["start-up profile:"]
     for name, seconds in rep["phases"].items():
-        if name.startswith("worker setup: "):  # parts of the row above
-            name = "  " + name[len("worker setup: "):]
+        for parent in SUBPHASES:
+            if name.startswith(parent):  # a part of the row above
+                name = "  " + name[len(parent):]
         lines.append(f"  {name:<52} {seconds:8.2f} s")
     if "time_to_first_step_s" in rep:
         lines.append(f"  {'time to first step (from process start)':<52} {rep['time_to_first_step_s']:8.2f} s")

@@ -3,8 +3,15 @@
 :class:`Tracker` takes the controller's events (:mod:`launcher.summary`) as the
 driver's pump hands them over: rank 0's reports (metrics, checkpoints, start-up
 marks, checkpoints taken on a preemption notice), failures, notices and
-restarts. At the end, :meth:`Tracker.summary` makes the launch's
-:class:`~launcher.summary.RunSummary`, with what each restart cost.
+restarts. At the end, :meth:`Tracker.reconcile` gives every checkpoint whose
+report never arrived (Ctrl-C aborts Ray Train's controller while the workers
+still store checkpoints) its metrics row, and :meth:`Tracker.summary` makes the
+launch's :class:`~launcher.summary.RunSummary`, with what each restart cost.
+
+Times: a one-off set-up the launch waited for (a first Horovod build, see
+:func:`launcher.driver.startup.setup_phase`) counts in neither the elapsed time
+of the progress lines nor the wall time; the throughput covers the steps
+trained, a cut-off epoch's included.
 """
 
 from __future__ import annotations
@@ -14,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from launcher.driver import startup
-from launcher.driver.progress import Progress
+from launcher.driver.progress import Progress, format_epoch
 from launcher.spec import JobSpec
-from launcher.storage.checkpoint import Manifest
+from launcher.storage.checkpoint import Manifest, resume_point
 from launcher.storage.runlog import RunLog
 from launcher.summary import (Attempt, Event, Failure, Interruption, Preempting, Report, Restart,
                               RunStatus, RunSummary, pick_metrics)
@@ -49,6 +56,12 @@ class Tracker:
     log_failed: bool = False
     on_epoch: Callable[[dict[str, Any]], None] | None = None  # e.g. a tuning trial's report to Ray Tune
     plain_reports: int = 0  # reports without the launcher's bookkeeping (a Ray Train function's)
+    setup_s: float = field(default_factory=startup.setup_seconds)  # one-off set-up before the tracker began
+    recorded_steps: set[int] = field(default_factory=set)  # the steps this launch wrote a metrics row for
+    # Per attempt, the steps trained since its last epoch report: [from step, from time, to step, to time].
+    spans: dict[str, list[Any]] = field(default_factory=dict)
+    epoch_steps: int = 0  # the steps the epoch reports' samples cover
+    notes_said: list[str] = field(default_factory=list)  # the workers' notes shown so far
 
     def handle(self, event: Event) -> None:
         if isinstance(event, Failure):
@@ -73,10 +86,17 @@ class Tracker:
             self.attempt_marks.setdefault(m.get("attempt"), marks)
         for name, when in marks.items():
             startup.mark(name, when)
+        self._span(m, marks)
         if self.failed_at is not None and "first_step" in marks:
             # failure seen -> first step of the restarted worker group
             self.recoveries.append(round(marks["first_step"] - self.failed_at, 2))
             self.failed_at = None
+        for note in m.pop("notes", None) or []:  # a worker's words for the user, once per run
+            if note not in self.notes_said:
+                self.notes_said.append(note)
+                self.progress.note(note)
+        if m.get("kind") == "note":
+            return
         if self.last and m.get("global_step") is not None and m.get("global_step") == self.last.get("global_step"):
             # Two reports of one step (an epoch's end and a step checkpoint at the same step can
             # arrive in either order): the later one keeps what only the other said (the digest).
@@ -94,7 +114,7 @@ class Tracker:
         if kind == "epoch":
             self.samples += int(m.get("samples", 0))
             self.train_time += float(m.get("train_time_s", 0.0))
-            self.progress.epoch(m, time.time() - self.started)
+            self.progress.epoch(m, self.elapsed())
         if kind in ("epoch", "step", "preemption"):
             self._record(m)
         if kind == "epoch" and self.on_epoch is not None:
@@ -108,8 +128,48 @@ class Tracker:
         step = m.get("global_step", m.get("step", self.plain_reports))
         return {**m, "kind": "epoch", "epoch": epoch, "global_step": step, "time": m.get("time", time.time())}
 
+    def elapsed(self) -> float:
+        """Seconds since the launch began, less the one-off set-up it waited for."""
+        return time.time() - self.started - self.setup_s
+
+    def _span(self, m: dict[str, Any], marks: dict[str, float]) -> None:
+        """Where the attempt's training since its last epoch report began and got to: the work
+        a launch stopped mid-epoch did, which no epoch report counts."""
+        attempt, step, when = m.get("attempt"), m.get("global_step"), m.get("time")
+        if attempt is None or not isinstance(step, (int, float)) or not isinstance(when, (int, float)):
+            return
+        span = self.spans.get(attempt)
+        if span is None:  # the attempt's first report: it began training where it resumed, when ready
+            start = int((m.get("restored_from") or {}).get("step", 0))
+            span = self.spans[attempt] = [start, marks.get("worker_ready"), start, marks.get("worker_ready")]
+        if m.get("kind") == "epoch":
+            if m.get("samples"):
+                self.epoch_steps += max(0, int(step) - int(span[0]))
+            self.spans[attempt] = [int(step), float(when), int(step), float(when)]
+        elif int(step) > span[2]:
+            span[2], span[3] = int(step), float(when)
+
+    def samples_per_s(self) -> float:
+        """Samples per second of training over what this launch trained: the epochs' own counts,
+        and the steps of epochs cut off (at the epochs' samples per step, or --batch-size per
+        worker when no epoch ended), timed from rank 0's reports and the progress board."""
+        samples, seconds = float(self.samples), self.train_time
+        board = {a.attempt: a for a in self.attempt_log}
+        per_step = self.samples / self.epoch_steps if self.epoch_steps else \
+            float(self.spec.batch_size or 0) * int((self.last or {}).get("world_size") or self.spec.workers)
+        for attempt, (first, began, last, ended) in self.spans.items():
+            seen = board.get(attempt)
+            if seen is not None and seen.last_step > last:  # steps trained after the last report
+                last, ended = seen.last_step, seen.last_time
+            if began is not None and ended is not None and last > first and ended > began:
+                samples += (last - first) * per_step
+                seconds += ended - began
+        return round(samples / seconds, 2) if seconds > 0 else 0.0
+
     def _record(self, m: dict[str, Any]) -> None:
         """The run log's line for a report; storage refusing writes is said once, not raised."""
+        if isinstance(m.get("global_step"), (int, float)):
+            self.recorded_steps.add(int(m["global_step"]))
         try:
             self.log.record(m)
         except OSError as exc:
@@ -125,11 +185,10 @@ class Tracker:
         if not self.attempts:
             self.resumed_from = m.get("restored_from")
             if self.resumed_from:
-                self.progress.note(f"resumed from epoch {self.resumed_from['epoch']}, "
-                                   f"step {self.resumed_from['step']}")
+                self.progress.note(f"resumed {resume_point(self.resumed_from, self.spec.epochs)}")
         else:
             back = m.get("restored_from") or {"epoch": 0, "step": 0}
-            self.progress.note(f"restarted from the latest checkpoint: epoch {back['epoch']}, step {back['step']}")
+            self.progress.note(f"restarted from the latest checkpoint: {resume_point(back, self.spec.epochs)}")
         self.attempts.append(m.get("attempt"))
 
     def _failure(self, event: Failure) -> None:
@@ -151,12 +210,37 @@ class Tracker:
                                     attempt=str(a.get("attempt") or "")) for a in board]
         self.lost = lost_work(self.attempt_log, self.checkpoint_times)
 
-    def reconcile(self, manifest: Manifest, path: str) -> None:
-        """Trust storage over the reports: checkpoints can land after the last report was seen
-        (for example while Ctrl-C is aborting the workers)."""
-        if manifest.global_step > int((self.last or {}).get("global_step", -1)):
-            self.last = {**manifest.metrics, "epoch": manifest.epoch, "global_step": manifest.global_step}
+    def reconcile(self, found: list[tuple[Manifest, str]]) -> None:
+        """Trust storage over the reports: checkpoints can land after the last report was seen.
+
+        Ctrl-C aborts Ray Train's controller, and with it the reports it had not passed on,
+        while the workers go on storing checkpoints for a moment. Each checkpoint this launch
+        stored without a metrics row gets one now, from its manifest (which holds the report's
+        numbers), with its progress line; the run then stands at the newest. ``found``: the
+        run's complete checkpoints, oldest first, listed before any is pruned."""
+        for manifest, path in found:
+            if manifest.created < self.started or manifest.global_step in self.recorded_steps:
+                continue  # an earlier launch's, or one whose report came
+            m = checkpoint_report(manifest)
+            if m["kind"] == "epoch":
+                self._recovered_epoch(m)
+            self._record(m)
+        if found and found[-1][0].global_step > int((self.last or {}).get("global_step", -1)):
+            manifest, path = found[-1]
+            self.last = checkpoint_report(manifest)
             self.checkpoint = self.log.storage.to_uri(path)
+
+    def _recovered_epoch(self, m: dict[str, Any]) -> None:
+        """An epoch whose report was cut off, from its checkpoint: counted, and shown as it would have been."""
+        self.samples += int(m.get("samples", 0))
+        self.train_time += float(m.get("train_time_s", 0.0))
+        span = self.spans.get(self.attempts[-1]) if self.attempts else None  # the last group's
+        step, when = int(m["global_step"]), m.get("time")
+        if span and span[0] < step and isinstance(when, (int, float)):
+            # its steps are counted now: not again as a cut-off epoch's (the board's view)
+            span[:] = [step, float(when), max(span[2], step), max(span[3] or 0.0, float(when))]
+        self.progress.note(f"{format_epoch(m, self.spec.epochs, self.elapsed())}  "
+                           "(from its checkpoint: the report was cut off)")
 
     def interruptions(self) -> list[Interruption]:
         out = []
@@ -176,15 +260,23 @@ class Tracker:
             backend=self.spec.backend, workers=self.spec.workers, final_workers=m.get("world_size"),
             epochs=self.spec.epochs, epochs_completed=m.get("epoch", 0), steps_completed=m.get("global_step", 0),
             metrics=pick_metrics(m),
-            samples_per_s=round(self.samples / self.train_time, 2) if self.train_time else 0.0,
+            samples_per_s=self.samples_per_s(),
             checkpoint=self.checkpoint, resumed_from=self.resumed_from, restarts=len(self.restarts),
             preemptions=sum(1 for r in self.restarts if r.cause == "preemption"),
             preemption_notices=len(self.notices),
             steps_lost=sum(int(i.steps_lost or 0) for i in interruptions),
             time_lost_s=round(sum(float(i.time_lost_s or 0.0) for i in interruptions), 2),
             interruptions=interruptions, attempts=self.attempt_log, recovery_s=self.recoveries,
-            weights_sha256=m.get("weights_sha256"), wall_s=round(time.time() - self.started, 2),
+            weights_sha256=m.get("weights_sha256"), wall_s=round(self.elapsed(), 2), setup_s=round(self.setup_s, 2),
             launch=self.log.launch, run_dir=self.log.uri(), error=error, model=model)
+
+
+def checkpoint_report(manifest: Manifest) -> dict[str, Any]:
+    """The report a checkpoint was stored with, as far as its manifest keeps it (the numbers:
+    metrics, samples, times), marked ``from_checkpoint``."""
+    return {**manifest.metrics, "kind": "step" if manifest.step_in_epoch else "epoch", "epoch": manifest.epoch,
+            "step_in_epoch": manifest.step_in_epoch, "global_step": manifest.global_step,
+            "world_size": manifest.world_size, "from_checkpoint": 1}
 
 
 def lost_work(attempts: list[Attempt], checkpoint_times: dict[int, float]) -> list[dict[str, Any]]:

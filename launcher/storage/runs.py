@@ -1,10 +1,19 @@
-"""``launcher runs``: the runs under a storage root, read from their run logs."""
+"""``launcher runs``: the runs under a storage root, read from their run logs.
+
+Each row shows the run's own metrics: the last epoch's for a workload or a training
+function, whatever they are named (``val_loss``, ``acc``, ``perplexity``), the
+latest value of each metric a program reported through hypertune, the best
+trial's for a tuning run; the table's METRICS column picks the headline ones
+(:func:`headline`). EPOCHS counts what was trained: the newest checkpoint's
+epoch, a program's epochs by its reports, every trial's for a tuning run.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import os
+import posixpath
 import socket
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,10 +21,15 @@ from typing import Any
 from launcher.storage.checkpoint import complete_checkpoints
 from launcher.storage.runlog import read_jsonl
 from launcher.storage.store import Storage
-from launcher.summary import RunStatus, RunSummary, TuningSummary
+from launcher.summary import RunStatus, RunSummary, TuningSummary, pick_metrics, program_epochs, program_metrics
 
 TUNING_FILE = "tuning.json"      # a tuning run's folder holds this (its definition) instead of run.json
 TUNING_SUMMARY = "summary.json"  # and, once a launch ends, its summary
+# Metric name families, most telling first: a run's headline loss and accuracy (see headline()).
+LOSS_NAMES = ("loss", "val_loss", "eval_loss", "test_loss", "valid_loss", "validation_loss", "train_loss")
+ACCURACY_NAMES = ("accuracy", "val_accuracy", "acc", "val_acc", "eval_accuracy", "test_accuracy", "test_acc",
+                  "train_accuracy", "train_acc")
+HEADLINE = 2  # metrics the table shows per run
 
 
 def pid_alive(pid: int) -> bool:
@@ -36,8 +50,8 @@ class RunRow:
     status: RunStatus
     workload: str = "?"
     framework: str = "?"
-    epochs: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)
+    epochs: int = 0                                   # epochs trained (a tuning run's: over its trials)
+    metrics: dict[str, float] = field(default_factory=dict)  # the run's final metrics, by their own names
     checkpoint: str | None = None                     # the newest complete one
     checkpoints: list[dict[str, Any]] = field(default_factory=list)  # every complete one kept
     launches: int = 0
@@ -105,21 +119,18 @@ def describe_run(storage: Storage, name: str) -> RunRow | None:
     except ValueError:
         summary = None  # launches.jsonl has every summary too
     lines = read_jsonl(storage.read_text(name, "metrics.jsonl"))
-    metrics = [m for m in lines if "epoch" in m]
     checkpoints = complete_checkpoints(storage, name)
-    last_metrics = metrics[-1] if metrics else {}
     reported = [m for m in lines if m.get("source") == "hypertune"]  # a script's or package's run
-    shown = {k: last_metrics[k] for k in ("loss", "accuracy") if k in last_metrics}
     if reported:
-        shown = {k: v for k, v in reported[-1].items()
-                 if k not in ("launch", "time", "source", "timestamp", "trial", "global_step", "checkpoint_path")
-                 and isinstance(v, (int, float))}
+        epochs, shown = program_epochs(reported), program_metrics(reported)
+    else:
+        epochs, shown = final_metrics(lines)
+    if checkpoints:
+        epochs = checkpoints[-1][0].epoch
     ends = _summaries(launches)
     return RunRow(
         name=name, status=_status(launches, summary), workload=info.get("workload") or "?",
-        framework=info.get("framework") or "?",
-        epochs=checkpoints[-1][0].epoch if checkpoints else last_metrics.get("epoch", 0),
-        metrics=shown,
+        framework=info.get("framework") or "?", epochs=epochs, metrics=shown,
         checkpoint=storage.to_uri(checkpoints[-1][1]) if checkpoints else None,
         checkpoints=[{"epoch": m.epoch, "step": m.global_step, "uri": storage.to_uri(path)}
                      for m, path in checkpoints],
@@ -131,6 +142,17 @@ def describe_run(storage: Storage, name: str) -> RunRow | None:
         interruptions=[dataclasses.asdict(i) for e in ends for i in e.interruptions],
         wall_s=round(sum(e.wall_s for e in ends), 1),
     )
+
+
+def final_metrics(lines: list[dict[str, Any]]) -> tuple[int, dict[str, float]]:
+    """(the last epoch reached, the run's final metrics) from a run's metrics.jsonl: the last
+    epoch's row (its evaluation), else the last row with an epoch (a mid-epoch checkpoint's)."""
+    rows = [m for m in lines if "epoch" in m]
+    if not rows:
+        return 0, {}
+    epochs = [m for m in rows if m.get("kind") == "epoch"]
+    last = (epochs or rows)[-1]
+    return int(rows[-1].get("epoch") or 0), pick_metrics(last)
 
 
 def describe_tuning(storage: Storage, name: str) -> RunRow | None:
@@ -149,6 +171,8 @@ def describe_tuning(storage: Storage, name: str) -> RunRow | None:
     row = RunRow(name=name, status=RunStatus.UNKNOWN, kind="tuning", framework=spec.get("framework", "?"),
                  workload="tuning:" + (f"{program['kind']}:{program['target']}" if program
                                        else spec.get("workload", "?")))
+    trials = trial_rows(storage, name)
+    row.epochs = sum(t.epochs for t in trials.values())
     if summary is None:  # no launch has ended: one runs now, or the last was cut off
         row.status = RunStatus.RUNNING if storage.read_text(name, "launch.lock") else RunStatus.INTERRUPTED
         return row
@@ -158,9 +182,20 @@ def describe_tuning(storage: Storage, name: str) -> RunRow | None:
     row.trials = summary.trials.total
     row.best, row.metric = (best.to_json() if best else {}), summary.metric
     if best is not None:
-        row.metrics = {best.metric: best.value}
+        trial = trials.get(posixpath.basename(best.run_dir.rstrip("/"))) if best.run_dir else None
+        row.metrics = {**(trial.metrics if trial else {}), best.metric: best.value}
         row.note = f"best {best.metric} {best.value:.4f} ({best.trial}), {row.trials} trial(s)"
     return row
+
+
+def trial_rows(storage: Storage, name: str) -> dict[str, RunRow]:
+    """The rows of a tuning run's trials (runs of their own, in its folder), by run name."""
+    try:
+        inner = Storage.resolve(storage.uri_of(name))
+        rows = (describe_run(inner, trial) for trial in inner.list_dirs())
+        return {r.name: r for r in rows if r is not None and r.status != RunStatus.UNREADABLE}
+    except OSError:
+        return {}
 
 
 def damaged(name: str, why: str) -> RunRow:
@@ -173,15 +208,40 @@ def list_runs(storage: Storage) -> list[RunRow]:
     return [r for r in runs if r is not None]
 
 
+def headline(metrics: dict[str, float], most: int = HEADLINE) -> dict[str, float]:
+    """The metrics a run is judged by, under their own names: its loss (``loss``, else
+    ``val_loss``, ... ``train_loss``, else any ``*loss``) and its accuracy (``accuracy``,
+    ``val_accuracy``, ``acc``, ... else any ``*acc*``), then its other metrics in the order
+    reported (``perplexity``, ``auc``, ``mae``), ``most`` in all."""
+    def first(names: tuple[str, ...], like) -> str | None:
+        return next((n for n in names if n in metrics), None) or next((n for n in metrics if like(n)), None)
+
+    picked = [n for n in (first(LOSS_NAMES, lambda n: n.endswith("loss")),
+                          first(ACCURACY_NAMES, lambda n: "acc" in n)) if n is not None]
+    picked += [n for n in metrics if n not in picked and not n.endswith("loss")]
+    picked += [n for n in metrics if n not in picked]
+    return {n: metrics[n] for n in picked[:most]}
+
+
+def format_value(value: float) -> str:
+    """Four decimals, or four significant digits for the very large and the very small."""
+    if value == 0 or 1e-3 <= abs(value) < 1e5:
+        return f"{value:.4f}"
+    return f"{value:.4g}"
+
+
+def format_metrics(metrics: dict[str, float]) -> str:
+    """"val_loss 0.3120  acc 0.8812": a run's headline metrics by name; "-" for none."""
+    return "  ".join(f"{k} {format_value(v)}" for k, v in headline(metrics).items()) or "-"
+
+
 def format_table(runs: list[RunRow]) -> str:
     if not runs:
         return "no runs"
-    header = ("NAME", "STATUS", "WORKLOAD", "EPOCHS", "LOSS", "ACC", "WALL", "RESTARTS", "LOST", "LAST CHECKPOINT")
+    header = ("NAME", "STATUS", "WORKLOAD", "EPOCHS", "METRICS", "WALL", "RESTARTS", "LOST", "LAST CHECKPOINT")
     rows = [header]
     for r in runs:
-        m = r.metrics
-        rows.append((r.name, str(r.status), f"{r.workload}/{r.framework}", str(r.epochs),
-                     f"{m['loss']:.4f}" if "loss" in m else "-", f"{m['accuracy']:.4f}" if "accuracy" in m else "-",
+        rows.append((r.name, str(r.status), f"{r.workload}/{r.framework}", str(r.epochs), format_metrics(r.metrics),
                      f"{r.wall_s:.0f}s", format_restarts(r), format_lost(r),
                      r.note or "-" if r.kind == "tuning" else os.path.basename(r.checkpoint or "-")))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
