@@ -280,9 +280,13 @@ def _horovod_commands(gpu: bool) -> list[str]:
     apt = "sudo DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -qq"
     build = f"cd {REMOTE_SOURCE} && scripts/install-horovod"
     if gpu:
-        nccl = "$(python -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))')"
-        build = (f"cd {REMOTE_SOURCE} && HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME=/usr/local/cuda "
-                 f"HOROVOD_NCCL_HOME={nccl} scripts/install-horovod")
+        # NCCL's home: where torch's nvidia-nccl wheel put nccl.h (its layout differs between CUDA
+        # majors); when none is found, Horovod looks in the CUDA toolkit.
+        find = ("import glob, os, importlib.util as u; s = u.find_spec('nvidia'); h = glob.glob(os.path.join("
+                "list(s.submodule_search_locations)[0], '**', 'nccl.h'), recursive=True) if s else []; "
+                "print(os.path.dirname(os.path.dirname(h[0])) if h else '')")
+        build = (f"cd {REMOTE_SOURCE} && nccl=$(python -c \"{find}\") && env ${{nccl:+HOROVOD_NCCL_HOME=$nccl}} "
+                 "HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME=/usr/local/cuda scripts/install-horovod")
     return [f"{apt} update && {apt} install -y cmake g++", build]
 
 

@@ -200,6 +200,13 @@ def check_gpu_machine(machine_type: str) -> None:
                         f"valid: {', '.join(known)}")
 
 
+def image_driver(image: str) -> int | None:
+    """The NVIDIA driver branch a Deep Learning VM image family or image name says it carries
+    (``common-cu129-ubuntu-2204-nvidia-580`` -> 580), None when the name does not say."""
+    m = re.search(r"nvidia-(\d{3})(?:\D|$)", image.rsplit("/", 1)[-1])
+    return int(m.group(1)) if m else None
+
+
 def disk_types(machine_type: str) -> tuple[str, ...]:
     """Boot disk types a machine type takes, its default first (pd-balanced for unknown series)."""
     if any(machine_type.startswith(f + "-") for f in HYPERDISK_ONLY):

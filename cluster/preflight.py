@@ -18,6 +18,7 @@ a :class:`Check` that says what is wrong and what to change.
 
 from __future__ import annotations
 
+import importlib.util
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -165,10 +166,20 @@ def _accelerator_checks(plans: list[NodePlan], compute: Compute, zone: str, chec
 
 def table_checks(config: dict[str, Any], plans: list[NodePlan]) -> list[Check]:
     """What the file and the machine table alone can tell, before any API call."""
-    checks = [_name_check(str(config.get("cluster_name", "")))]
+    checks = [_local_client_check(), _name_check(str(config.get("cluster_name", "")))]
     for p in plans:
         checks += _node_table_checks(p)
     return checks
+
+
+def _local_client_check() -> Check:
+    """`ray up` runs Ray's GCP provider here, and it imports the Google API client."""
+    missing = [m for m in ("googleapiclient", "google_auth_httplib2") if importlib.util.find_spec(m) is None]
+    if missing:
+        return Check(FAIL, f"{', '.join(missing)} cannot be imported here, and Ray's GCP provider (`ray up`) "
+                     "imports it", "pip install google-api-python-client google-auth-httplib2 (pyproject.toml "
+                     "pins both: pip install -e . installs them)")
+    return Check(OK, "Ray's GCP provider can import the Google API client here")
 
 
 def _name_check(name: str) -> Check:
@@ -197,6 +208,8 @@ def _node_table_checks(p: NodePlan) -> list[Check]:
     if built_in and built_in.spot_only and not p.spot:
         checks.append(Check(FAIL, f"{p.node_type}: {p.machine_type} is offered only as Spot (or flex-start) VMs",
                             "make the node type Spot (scheduling.provisioningModel: SPOT) or use a3-highgpu-8g"))
+    if p.gpus and p.image:
+        checks += _driver_check(p)
     acc = ACCELERATORS.get(p.accelerator or "")
     if acc and not acc.torch_runs:
         checks.append(Check(WARN, f"{p.node_type}: {acc.name} ({acc.generation}) cannot run torch "
@@ -204,6 +217,20 @@ def _node_table_checks(p: NodePlan) -> list[Check]:
                             "or newer)", "use nvidia-tesla-t4 or a G2/A2/A3 machine type, or install a torch "
                             "build for this GPU in the setup commands"))
     return checks
+
+
+def _driver_check(p: NodePlan) -> list[Check]:
+    """torch's CUDA wheels need a driver branch at least MIN_DRIVER; Deep Learning VM image names say theirs."""
+    driver, image = machines.image_driver(p.image or ""), (p.image or "").rsplit("/", 1)[-1]
+    need = f"torch {machines.TORCH_VERSION}'s CUDA {machines.TORCH_CUDA} wheels need {machines.MIN_DRIVER} or newer"
+    if driver is None:
+        return [Check(WARN, f"{p.node_type}: image {image} does not say which NVIDIA driver it carries; {need}",
+                      f"use an image family ending in -nvidia-{machines.MIN_DRIVER} (launcher cluster config's "
+                      "default), or check `nvidia-smi` on a node")]
+    if driver < machines.MIN_DRIVER:
+        return [Check(FAIL, f"{p.node_type}: image {image} carries the NVIDIA {driver} driver; {need}",
+                      f"use an image family ending in -nvidia-{machines.MIN_DRIVER}")]
+    return []
 
 
 def _n1_shape_checks(plans: list[NodePlan], infos: dict[str, MachineInfo], checks: list[Check]) -> None:

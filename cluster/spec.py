@@ -286,6 +286,7 @@ def _check_node(spec: ClusterSpec, head: bool) -> None:
                         else f"pick another {flag} (e.g. n1-standard-8) and put the GPUs on the workers")
     if accelerator:
         _check_gpu_generation(spec, accelerator)
+        _check_driver(spec)
         if not ACCELERATORS[accelerator].bundled:
             problem = machines.n1_shape_problem(accelerator, gpus, machine_vcpus(machine),
                                                 machines.machine_memory_gb(machine))
@@ -309,6 +310,16 @@ def _check_gpu_generation(spec: ClusterSpec, accelerator: str) -> None:
                     f"{'.'.join(map(str, machines.MIN_CAPABILITY))} (Turing) or newer",
                     "use nvidia-tesla-t4, or a G2 (L4), A2 (A100) or A3 (H100) machine type; or pass --install "
                     "with a command that installs a torch build for this GPU")
+
+
+def _check_driver(spec: ClusterSpec) -> None:
+    """An --image for GPU nodes whose name says its driver is older than torch's CUDA needs."""
+    driver = machines.image_driver(spec.image or "")
+    if driver is not None and driver < machines.MIN_DRIVER and spec.install is None:
+        raise UserError(f"image {spec.image} carries the NVIDIA {driver} driver, and torch "
+                        f"{machines.TORCH_VERSION}'s CUDA {machines.TORCH_CUDA} wheels need {machines.MIN_DRIVER} "
+                        "or newer", "leave out --image (the default has the 580 driver), or pick a "
+                        f"...-nvidia-{machines.MIN_DRIVER} image family")
 
 
 def _or(values) -> str:

@@ -151,14 +151,32 @@ def test_install_source_and_horovod():
     assert custom["head_setup_commands"][0] == "pip install launcher==0.1.0" and custom["file_mounts"] == {}
 
 
-def test_horovod_on_gpu_nodes_builds_with_nccl():
+def test_horovod_on_gpu_nodes_builds_with_nccl(tmp_path):
+    """GPU nodes build Horovod with NCCL, found where torch's NCCL wheel put nccl.h (the command runs
+    here, against a stand-in for scripts/install-horovod that prints what it was given)."""
+    import subprocess
+    import sys
+
     config = build(preset="standard-1", horovod=True, accelerator_type="nvidia-tesla-t4")
     worker, head = config["worker_setup_commands"], config["head_setup_commands"]
-    assert worker[-1].startswith("cd ~/launcher && HOROVOD_GPU_OPERATIONS=NCCL ")
-    assert "HOROVOD_NCCL_HOME=$(python -c 'import nvidia.nccl" in worker[-1]
-    assert worker[-1].endswith(" scripts/install-horovod")
-    assert worker.index(next(c for c in worker if "install -y cmake g++" in c)) == len(worker) - 2
-    assert "NCCL" not in head[-1]  # the CPU head: Gloo
+    assert worker[-2].endswith("install -y cmake g++") and "apt-get" in worker[-2]  # before the build
+    assert head[-1] == "cd ~/launcher && scripts/install-horovod"  # the CPU head: Gloo only
+    script = tmp_path / "launcher" / "scripts" / "install-horovod"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\necho \"ops=$HOROVOD_GPU_OPERATIONS nccl=$HOROVOD_NCCL_HOME cuda=$HOROVOD_CUDA_HOME\"\n")
+    script.chmod(0o755)
+    site = tmp_path / "site"
+    (site / "nvidia" / "nccl" / "include").mkdir(parents=True)
+    (site / "nvidia" / "nccl" / "include" / "nccl.h").write_text("")
+    env = {"HOME": str(tmp_path), "PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"}
+
+    def run(pythonpath: str) -> str:
+        return subprocess.run(["bash", "-c", worker[-1]], env={**env, "PYTHONPATH": pythonpath}, check=True,
+                              capture_output=True, text=True).stdout.strip()
+
+    assert run(str(site)) == f"ops=NCCL nccl={site}/nvidia/nccl cuda=/usr/local/cuda"
+    (site / "nvidia" / "nccl" / "include" / "nccl.h").unlink()  # no NCCL wheel: Horovod looks in CUDA
+    assert run(str(site)) == "ops=NCCL nccl= cuda=/usr/local/cuda"
 
 
 def test_network_and_service_account():
@@ -394,6 +412,9 @@ def test_every_node_has_a_boot_disk_type_its_series_takes():
     ({"accelerator_type": "nvidia-tesla-p100"}, "nvidia-tesla-p100 (Pascal, compute capability 6.0) cannot run"),
     ({"accelerator_type": "nvidia-tesla-p4"}, "nvidia-tesla-p4 (Pascal, compute capability 6.1) cannot run"),
     ({"accelerator_type": "nvidia-tesla-k80"}, "Compute Engine ended K80 support"),
+    ({"accelerator_type": "nvidia-tesla-t4",
+      "image": "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11-nvidia-550"},
+     "carries the NVIDIA 550 driver, and torch 2.13.0's CUDA 13.0 wheels need 580 or newer"),
     # N1 shapes: GPU count and vCPU/memory limits per GPU model.
     ({"accelerator_type": "nvidia-tesla-t4", "accelerator_count": 8}, "must be 1, 2 or 4 for nvidia-tesla-t4, got 8"),
     ({"accelerator_type": "nvidia-tesla-p100", "accelerator_count": 8, "install": "true"},

@@ -332,3 +332,30 @@ def test_cluster_down_deletes_the_vms_ray_down_left_stopped(tmp_path, fake, monk
                                                                           "my-own-vm"]
     assert main(["cluster", "down", path]) == 0
     assert "no VMs labelled ray-cluster-name=demo in us-central1-a left" in capsys.readouterr().out
+
+
+def test_gpu_images_must_carry_a_driver_for_cuda_13(tmp_path, fake):
+    config = load(cluster_file(tmp_path, preset="basic-gpu"))
+    init = config["available_node_types"]["ray_head"]["node_config"]["disks"][0]["initializeParams"]
+    assert not [c for c in run_checks(config, Compute(PROJECT)) if "driver" in c.what]  # the default: 580
+    family = "projects/deeplearning-platform-release/global/images/family/"
+    init["sourceImage"] = family + "common-cu124-debian-11-nvidia-550"
+    assert [(c.status, c.what) for c in run_checks(config, Compute(PROJECT)) if "driver" in c.what] == [
+        (FAIL, "ray_head: image common-cu124-debian-11-nvidia-550 carries the NVIDIA 550 driver; torch 2.13.0's "
+               "CUDA 13.0 wheels need 580 or newer")]
+    init["sourceImage"] = family + "common-cu121"
+    assert [c.status for c in run_checks(config, Compute(PROJECT)) if "driver" in c.what] == [WARN]
+
+
+def test_preflight_says_when_this_environment_cannot_run_rays_gcp_provider(monkeypatch):
+    import importlib.util
+
+    from cluster import preflight
+
+    assert preflight._local_client_check().status == OK  # pyproject.toml pins it: the venv has it
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "googleapiclient"
+                        else real(name, *a))
+    check = preflight._local_client_check()
+    assert (check.status, check.what) == (FAIL, "googleapiclient cannot be imported here, and Ray's GCP provider "
+                                                "(`ray up`) imports it")
