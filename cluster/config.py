@@ -245,7 +245,9 @@ def python_commands() -> list[str]:
     (Ray runs each one in ``bash --login -i`` after sourcing ~/.bashrc)."""
     uv = "~/.local/bin/uv"
     return [
-        f"test -x {uv} || python3 -m pip install --user --quiet uv=={UV_VERSION} || "
+        # pip --user into ~/.local (PEP 668 images refuse it unless told; older pips ignore the variable),
+        # else Astral's installer
+        f"test -x {uv} || PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --user --quiet uv=={UV_VERSION} || "
         f"curl -LsSf https://astral.sh/uv/{UV_VERSION}/install.sh | env UV_NO_MODIFY_PATH=1 sh",
         f"test -x {VENV}/bin/python || {uv} venv --seed --python {PYTHON_VERSION} {VENV}",
         # first line: Ubuntu's .bashrc returns early in a shell that is not interactive
