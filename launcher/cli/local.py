@@ -11,7 +11,9 @@ from launcher.errors import UserError
 
 def add_parsers(sub) -> None:
     up = sub.add_parser("up", help="start a warm local Ray head that `launcher run` uses until `launcher down`")
-    up.add_argument("--num-cpus", type=int, default=None, help="logical CPUs of the head (default: this machine's)")
+    up.add_argument("--num-cpus", type=int, default=None,
+                    help="logical CPUs of the head (default: 4 per core, as many as a run without the head may "
+                    "give its own Ray, so the head takes every such run)")
     up.add_argument("--port", type=int, default=6390, help="the head's GCS port on 127.0.0.1 (default 6390)")
     sub.add_parser("down", help="stop the warm local Ray head started by `launcher up`")
 
@@ -31,7 +33,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 def cmd_down(args: argparse.Namespace) -> int:
     from launcher.driver import localhead
 
-    print("stopped the warm local Ray" if localhead.down() else "no warm local Ray was running")
+    stopped = localhead.down(note=lambda message: print(message, file=sys.stderr, flush=True))
+    print("stopped the warm local Ray" if stopped else "no warm local Ray was running")
     return EXIT_OK
 
 

@@ -24,6 +24,14 @@ from launcher.driver.trainer import PREEMPTION_WATCHER_ENV, ray_train_env
 from launcher.errors import UserError
 
 STATE_ENV = "LAUNCHER_STATE_DIR"
+# A launch without a warm head starts a local Ray with as many logical CPUs as its workers ask
+# for, up to this many per core (session.check_local_fit): a laptop runs more workers than it has
+# cores. The warm head is given that many by default, so it takes every run a cold start takes.
+LOCAL_OVERSUBSCRIPTION = 4
+# On SIGTERM, `ray start --block` first drains its node, for up to this many seconds (default 30),
+# so that a cluster can move work elsewhere. A warm head has nowhere to move it, and Ray Train's
+# detached coordinator keeps the node busy: `launcher down` waited the whole 30 s. Off for the head.
+DRAIN_ENV = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
 # Ray's token authentication: on for the head we start (its token is Ray's
 # default, ~/.ray/auth_token); a driver connecting to an explicit address must
 # say so, as Ray never turns it on by itself for one.
@@ -46,6 +54,12 @@ def _reachable(address: str) -> bool:
             return True
     except (OSError, ValueError):
         return False
+
+
+def _has_token() -> bool:
+    """Whether Ray's authentication token is at hand where Ray looks for it."""
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
+    return bool(os.environ.get("RAY_AUTH_TOKEN", "").strip()) or os.path.isfile(path)
 
 
 def running_head() -> dict | None:
@@ -81,14 +95,21 @@ def up(num_cpus: int | None = None, port: int = 6390, timeout_s: float = 60.0,
     state = running_head()
     if state:
         return {**state, "already_running": True}
-    cpus = num_cpus or os.cpu_count() or 1
+    cpus = num_cpus or default_cpus()
     note = note or (lambda message: None)
-    note(f"starting a local Ray head at 127.0.0.1:{port} with {cpus} CPUs")
+    note(f"starting a local Ray head at 127.0.0.1:{port} with {cpus} logical CPUs"
+         + ("" if num_cpus else f" ({LOCAL_OVERSUBSCRIPTION} per core: the most a run without it may ask for)"))
     os.makedirs(os.path.dirname(state_file()), exist_ok=True)
     log_path = os.path.join(os.path.dirname(state_file()), "local-head.log")
     cmd = [_ray_cli(), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
            f"--num-cpus={cpus}", "--include-dashboard=false", "--disable-usage-stats"]
-    env = {**os.environ, AUTH_ENV: os.environ.get(AUTH_ENV, "token")}
+    env = {**os.environ, AUTH_ENV: os.environ.get(AUTH_ENV, "token"), DRAIN_ENV: os.environ.get(DRAIN_ENV, "0")}
+    if env[AUTH_ENV] == "token" and not _has_token():
+        # A first local ray.init() makes one; `ray start` only refuses to start without it.
+        note("making Ray's authentication token (~/.ray/auth_token), as a first local Ray would")
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            subprocess.run([_ray_cli(), "get-auth-token", "--generate"], env=env, timeout=60,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     address = f"127.0.0.1:{port}"
@@ -103,10 +124,36 @@ def up(num_cpus: int | None = None, port: int = 6390, timeout_s: float = 60.0,
         time.sleep(0.2)
     note("warming it up with an empty Ray Train run (about 6 s on 2 cores)")
     _warm_up(address, env, 120.0)
-    state = {"address": address, "num_cpus": cpus, "pid": proc.pid, "auth_mode": env[AUTH_ENV]}
+    state = {"address": address, "num_cpus": cpus, "pid": proc.pid, "auth_mode": env[AUTH_ENV],
+             "drain": env[DRAIN_ENV]}
     with open(state_file(), "w", encoding="utf-8") as f:
         json.dump(state, f)
     return state
+
+
+def default_cpus(cores: int | None = None) -> int:
+    """The head's logical CPUs unless ``--num-cpus`` says otherwise: as many as a launch without
+    it may give its own local Ray, so every run that starts cold also fits on the head (Ray
+    places workers by logical CPUs; on either Ray, the workers share the machine's cores)."""
+    return LOCAL_OVERSUBSCRIPTION * (cores or os.cpu_count() or 1)
+
+
+def fit_hint(cpus_asked: float) -> str | None:
+    """The fix to name when a run does not fit on the Ray this process is connected to, if that
+    is the warm head (None otherwise): a head started with fewer CPUs than the run asks for."""
+    ray = sys.modules.get("ray")  # never import Ray for this: a process that has not cannot be connected
+    head = running_head()
+    if ray is None or head is None or not ray.is_initialized():
+        return None
+    try:  # Ray names the head's GCS by this machine's IP, not the loopback address it was given
+        if ray.get_runtime_context().gcs_address.rpartition(":")[2] != head["address"].rpartition(":")[2]:
+            return None
+    except Exception:  # noqa: BLE001 - only the hint's wording is at stake
+        return None
+    need = max(int(-(-cpus_asked // 1)), 1)
+    return (f"the warm local Ray (`launcher up`) has {head.get('num_cpus')} CPUs: `launcher down` (a run then "
+            f"starts its own Ray, sized to it), or `launcher down` then `launcher up --num-cpus {need}`; "
+            "or lower --workers")
 
 
 # A first job on the new head: a one-worker Ray Train run that does nothing. It returns
@@ -141,19 +188,35 @@ def _warm_up(address: str, env: dict, timeout_s: float) -> None:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
-def down(timeout_s: float = 30.0) -> bool:
-    """Stop the head recorded by ``up``; returns whether one was running."""
+def down(timeout_s: float = 40.0, note: Callable[[str], None] | None = None) -> bool:
+    """Stop the head recorded by ``up``; returns whether one was running. ``note`` hears what
+    it waits for."""
     state = running_head()
     with contextlib.suppress(FileNotFoundError):
         os.remove(state_file())
     if state is None:
         return False
+    note = note or (lambda message: None)
+    note(f"stopping the warm local Ray at {state['address']} (pid {state['pid']})"
+         + ("" if state.get("drain") == "0" else "; Ray drains its node first, up to 30 s"))
     with contextlib.suppress(ProcessLookupError):
         os.kill(int(state["pid"]), signal.SIGTERM)
     deadline = time.time() + timeout_s
-    while _reachable(state["address"]) and time.time() < deadline:
+    while (_reachable(state["address"]) or _alive(int(state["pid"]))) and time.time() < deadline:
         time.sleep(0.2)
     _forget_default_address(state["address"])
+    return True
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (the head's `ray start`, which stops the head's processes
+    before it exits)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
     return True
 
 

@@ -25,7 +25,7 @@ from launcher.driver import localhead, trainer
 from launcher.driver.reaper import Reaper
 from launcher.errors import Unreachable, UserError
 
-LOCAL_OVERSUBSCRIPTION = 4  # a local Ray runs up to this many worker CPUs per core
+LOCAL_OVERSUBSCRIPTION = localhead.LOCAL_OVERSUBSCRIPTION  # a local Ray runs up to this many worker CPUs per core
 
 # Raylet settings for a launch's own local Ray: by default the raylet starts one idle worker
 # process per CPU when the first driver connects. On 2 cores those two starts landed on the
@@ -288,4 +288,5 @@ def check_fits(nodes: list[NodeResources], workers: int, cpus_per_worker: float,
     raise UserError(
         f"cannot place {workers} workers of {shape} each: the Ray cluster has {len(nodes)} node(s) with "
         f"{cpus:g} CPUs and {gpus:g} GPUs in all, room for {can}",
-        "lower --workers, --cpus-per-worker or --gpus-per-worker, or add nodes")
+        localhead.fit_hint(workers * cpus_per_worker)
+        or "lower --workers, --cpus-per-worker or --gpus-per-worker, or add nodes")
