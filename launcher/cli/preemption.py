@@ -94,7 +94,11 @@ def _demo(args: argparse.Namespace) -> int:
         raise UserError(f"--boot-s must be 0 or more, got {args.boot_s:g}")
     if args.preempt_after_s is not None and args.preempt_after_s < 0:
         raise UserError(f"--preempt-after-s must be 0 or more, got {args.preempt_after_s:g}")
-    note = lambda text: print(text, file=sys.stderr, flush=True)  # noqa: E731
+
+    def note(text: str) -> None:  # one write per line: the lab's threads note too, and print() writes twice
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
     spec, program = demo_spec(args)  # checked before the lab starts; its address is filled in once it is up
     nodes = max(2, spec.workers)
     note(f"starting a local Ray cluster: a head and {nodes} worker nodes from Ray's autoscaler, each with a fake "

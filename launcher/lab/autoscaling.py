@@ -18,8 +18,10 @@ autoscaler asked the provider for, and when each node was up).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +29,7 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import psutil
 
@@ -60,7 +62,10 @@ class AutoscalingLab:
         self.nodes: list[LabNode] = []
         self.events: list[dict[str, Any]] = []
         self.id = uuid.uuid4().hex[:12]
-        self._dir = tempfile.mkdtemp(prefix="launcher-lab-")
+        # Everything of the lab on disk, Ray's session and its note of the current cluster included
+        # (``ray start --temp-dir``): a plain ``ray.init()`` afterwards must not find the lab.
+        self._dir = os.path.join(_short_temp_root(), f"launcher-lab-{self.id}")
+        os.makedirs(self._dir, mode=0o700)
         self._events_file = os.path.join(self._dir, "provider-events.jsonl")
         self._control_file = os.path.join(self._dir, "control.json")
         self._seen: set[str] = set()
@@ -121,8 +126,10 @@ class AutoscalingLab:
         ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
         try:
             subprocess.run([ray_cli, "start", "--head", f"--port={self.port}", "--num-cpus=0",
-                            f"--autoscaling-config={path}", "--include-dashboard=false", "--disable-usage-stats"],
+                            f"--autoscaling-config={path}", "--include-dashboard=false", "--disable-usage-stats",
+                            f"--temp-dir={self._dir}"],
                            env=env, check=True, capture_output=True, text=True, timeout=120)
+            self.note(f"lab: Ray head at {self.address}, its files in {self._dir} (removed when the lab stops)")
             ray.init(address=f"{ip}:{self.port}", log_to_driver=False, logging_level="ERROR")
             self._stop.clear()
             self._attacher = threading.Thread(target=self._attach_loop, name="lab-attach", daemon=True)
@@ -135,15 +142,21 @@ class AutoscalingLab:
         return self
 
     def __exit__(self, *exc) -> None:
+        """Stop every process of the lab and remove its files, a Ctrl-C meanwhile included (it
+        is honoured once the lab is gone)."""
         import ray
 
-        self._stop.set()
-        if self._attacher is not None:
-            self._attacher.join(timeout=5)
-        for n in list(self.nodes):
-            self._stop_watcher(n)
-        ray.shutdown()
-        _kill(lambda env: env.get(LAB_ENV) == self.id)
+        with _interrupts_held() as interrupted:
+            self._stop.set()
+            if self._attacher is not None:
+                self._attacher.join(timeout=5)
+            for n in list(self.nodes):
+                self._stop_watcher(n)
+            ray.shutdown()
+            _kill(lambda env: env.get(LAB_ENV) == self.id)
+            shutil.rmtree(self._dir, ignore_errors=True)
+        if interrupted():
+            raise KeyboardInterrupt
 
     @property
     def address(self) -> str:
@@ -168,11 +181,11 @@ class AutoscalingLab:
     def _attach(self, node_id: str) -> None:
         metadata = FakeMetadataServer().start()
         stop = threading.Event()
-        lab_node = LabNode(_NodeRef(node_id), metadata, stop, threading.Thread())
+        lab_node = LabNode(_NodeRef(node_id), metadata, stop, threading.Thread(), name=self._name(node_id))
 
         def log(text: str) -> None:
             lab_node.log.append(text)
-            self.note(f"watcher on node {node_id[:8]}: {text}")
+            self.note(f"watcher on {lab_node.name}: {text}")
 
         drain = node_drainer(self.address, node_id, log)
         watcher = Watcher(metadata.host, drain, log, self.notice_s, self.margin_s, stop, poll_timeout_s=30)
@@ -181,6 +194,12 @@ class AutoscalingLab:
         with self._lock:
             self.nodes.append(lab_node)
         self._event("node added", lab_node)
+
+    def _name(self, node_id: str) -> str:
+        """'worker N': the provider numbers its nodes in the order it starts them (the last digits
+        of their fake ids), so a replacement has a new number; any other id, by arrival."""
+        tail = node_id.lstrip("f")
+        return f"worker {int(tail)}" if tail.isdigit() else f"worker {len(self._seen)}"
 
     def wait_for_nodes(self, count: int, timeout_s: float = 300) -> None:
         end = time.time() + timeout_s
@@ -199,7 +218,7 @@ class AutoscalingLab:
 
     def _event(self, what: str, n: LabNode, **extra: Any) -> None:
         self.events.append({"event": what, "node": n.node_id, "time": time.time(), **extra})
-        self.note(f"lab: {what}: node {n.node_id[:8]}")
+        self.note(f"lab: {what}: {n.label}")
 
     def provider_events(self) -> list[dict[str, Any]]:
         """What the autoscaler asked the provider for, and when (see launcher.lab.provider)."""
@@ -241,7 +260,7 @@ class AutoscalingLab:
                 self._event("node draining", n, deadline=deadline)
                 return deadline
             time.sleep(0.1)
-        raise TimeoutError(f"node {n.node_id[:8]} was not drained within {timeout_s:g}s; watcher log: {n.log}")
+        raise TimeoutError(f"{n.label} was not drained within {timeout_s:g}s; watcher log: {n.log}")
 
     def preempt(self, index: int = 0, before_removal: Callable[[], None] | None = None) -> LabNode:
         """Notice, then the node is deleted once the drain deadline has passed; the autoscaler
@@ -265,17 +284,47 @@ class AutoscalingLab:
         return n
 
 
+def _short_temp_root() -> str:
+    """Where the lab keeps its files: the temp folder, or /tmp where that path is long. Ray's
+    sockets live under the session folder, and a Unix socket's path may not pass 107 bytes
+    (macOS's temp folder is about 50; Ray itself defaults to /tmp/ray for that reason)."""
+    root = tempfile.gettempdir()
+    return root if len(root) <= 20 or not os.path.isdir("/tmp") else "/tmp"
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[Callable[[], bool]]:
+    """Meanwhile a Ctrl-C is noted instead of raised (in the main thread), so a second Ctrl-C
+    does not cut the clean-up short; the caller raises it afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    seen = threading.Event()
+    previous = signal.signal(signal.SIGINT, lambda *_: seen.set())
+    try:
+        yield seen.is_set
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _kill(match: Callable[[dict[str, str]], bool]) -> int:
-    """SIGKILL every process of this user whose environment ``match``es; returns how many."""
-    killed = 0
+    """SIGKILL every process of this user whose environment ``match``es; returns how many.
+
+    They are all stopped (SIGSTOP) before any is killed, as a deleted VM's processes vanish
+    together: killed one by one, a node's agent saw its raylet die first and published Ray's
+    "Raylet is terminated. Termination is unexpected" with 20 lines of log to the demo's output."""
     me = os.getpid()
+    found = []
     for proc in psutil.process_iter(["pid"]):
         if proc.pid == me:
             continue
         try:
             if match(proc.environ()):
-                proc.send_signal(signal.SIGKILL)
-                killed += 1
+                proc.send_signal(signal.SIGSTOP)
+                found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
             continue
-    return killed
+    for proc in found:
+        with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied, OSError):
+            proc.send_signal(signal.SIGKILL)
+    return len(found)

@@ -14,6 +14,7 @@ from typing import Any, Callable, TextIO
 
 from launcher.driver.script import run_script
 from launcher.lab.metadata import FakeMetadataServer
+from launcher.preemption.drain import short_node_id
 from launcher.storage import Storage
 from launcher.storage.checkpoint import complete_checkpoints
 
@@ -25,10 +26,17 @@ class LabNode:
     stop: threading.Event
     thread: threading.Thread
     log: list[str] = field(default_factory=list)
+    name: str = ""                 # what the lab calls it in its lines ("worker 2")
 
     @property
     def node_id(self) -> str:
         return self.node.node_id
+
+    @property
+    def label(self) -> str:
+        """Its name and its Ray node id, short: 'worker 2 (Ray node ffff...00002)'."""
+        short = short_node_id(self.node_id)
+        return f"{self.name} (Ray node {short})" if self.name else f"Ray node {short}"
 
 
 def run_in_background(spec, note: Callable[[str], None] | None = None, program=None,

@@ -24,6 +24,17 @@ from launcher.preemption.watcher import (DEADLINE_MARGIN_S, NOTICE_S, NotOnGCE, 
 DRAIN_REASON = "DRAIN_NODE_REASON_PREEMPTION"
 
 
+def short_node_id(node_id: str) -> str:
+    """A node id short enough to read and long enough to tell nodes apart: its first 12 hex
+    digits, or, for an id that starts with a run of f's (Ray's fake multi-node provider, which
+    the preemption lab uses, numbers its nodes at the end of such an id), the few f's and the
+    number after them: ``ffff...00002``."""
+    rest = node_id.lstrip("f")
+    if len(node_id) - len(rest) >= 8 and rest:
+        return f"ffff...{rest}"
+    return f"{node_id[:12]}..."
+
+
 def gcs_client(address: str):
     return _ray.GcsClient(address=_ray.canonicalize_bootstrap_address(address))
 
@@ -77,14 +88,14 @@ def node_drainer(address: str, node_id: str | None, log: Callable[[str], None]) 
     """The ``on_notice`` action: drain this machine's Ray node (found once, up front)."""
     client = gcs_client(address)
     node = node_id or own_node_id(client)
-    log(f"Ray node {node[:12]}... at {address} will be drained on a notice")
+    log(f"Ray node {short_node_id(node)} (of the Ray cluster at {address}) will be drained on a notice")
 
     def act(deadline_s: float) -> str:
         accepted, why = drain_node(client, node, deadline_s, "GCE preemption notice (instance/preempted=TRUE)")
         left = deadline_s - time.time()
         if accepted:
-            return f"drained Ray node {node[:12]}... with reason PREEMPTION, deadline in {left:.1f}s"
-        return f"drain of Ray node {node[:12]}... was rejected: {why}"
+            return f"drained Ray node {short_node_id(node)} with reason PREEMPTION, deadline in {left:.1f}s"
+        return f"drain of Ray node {short_node_id(node)} was rejected: {why}"
 
     return act
 
