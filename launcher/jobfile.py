@@ -625,7 +625,7 @@ def _from_custom_job(spec: CustomJobSpec, out: JobFile, where: str) -> None:
         out.env = {e.name: e.value for e in package.env}
         if package.executorImageUri != "(gcloud flag)":
             out.note(f"{where}workerPoolSpecs[0].pythonPackageSpec.executorImageUri is not used: the ranks run in "
-                     f"the nodes' own environment ({_environment()})")
+                     f"the nodes' own environment ({_environment(package.executorImageUri)})")
     if spec.baseOutputDirectory is not None:
         _run_folder(spec.baseOutputDirectory.outputUriPrefix, f"{where}baseOutputDirectory.outputUriPrefix", out)
     s = spec.scheduling
@@ -724,10 +724,32 @@ def duration_s(text: str, where: str) -> float:
     return float(match.group(1))
 
 
-def _environment() -> str:
+# Vertex AI's prebuilt training images, by the framework their name starts with
+# (us-docker.pkg.dev/vertex-ai/training/pytorch-cpu.2-4.py310, tf-gpu.2-17.py310, ...).
+_IMAGE_FRAMEWORKS = {"pytorch": ("torch", "PyTorch"), "tf": ("tensorflow", "TensorFlow"),
+                     "tf2": ("tensorflow", "TensorFlow"), "tensorflow": ("tensorflow", "TensorFlow"),
+                     "sklearn": ("scikit-learn", "scikit-learn"), "scikit-learn": ("scikit-learn", "scikit-learn"),
+                     "xgboost": ("xgboost", "XGBoost")}
+
+
+def _environment(image: str | None = None) -> str:
+    """What the nodes run, named for the framework ``image`` asks for (PyTorch for a
+    ``pytorch-cpu`` image), with the version the image's name carries where it differs;
+    for an image of no known framework, the frameworks installed here."""
     py = f"Python {sys.version_info.major}.{sys.version_info.minor}"
-    tf = _installed("tensorflow")
-    return py + (f", TensorFlow {tf}" if tf else "")
+    name = (image or "").rstrip("/").rpartition("/")[2].split(":")[0].lower()
+    for prefix, (dist, shown) in _IMAGE_FRAMEWORKS.items():
+        match = re.match(rf"{re.escape(prefix)}(?:-[a-z0-9]+)?\.(\d+)-(\d+)", name)
+        if match:
+            have = _installed(dist)
+            if have is None:
+                return f"{py}, no {shown} installed; the image has {shown} {match[1]}.{match[2]}"
+            wanted = f"{match[1]}.{match[2]}"
+            same = have == wanted or have.startswith(wanted + ".")
+            return f"{py}, {shown} {have}" + ("" if same else f"; the image has {shown} {wanted}")
+    found = [f"{shown} {_installed(dist)}" for dist, shown in (("torch", "PyTorch"), ("tensorflow", "TensorFlow"))
+             if _installed(dist)]
+    return ", ".join([py] + found)
 
 
 def _installed(dist: str) -> str | None:

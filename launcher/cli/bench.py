@@ -93,7 +93,9 @@ def add_parsers(sub) -> None:
                     help="destination (folder or gs://BUCKET/PREFIX; repeatable; default: a local temp folder)")
     ck.add_argument("--emulator", action="store_true",
                     help="also measure against a Cloud Storage emulator started on loopback")
-    ck.add_argument("--repeats", type=int, default=3)
+    ck.add_argument("--repeats", type=int, default=3,
+                    help="a save and a restore per repeat, to each destination; the table shows the median and "
+                    "the slowest (default 3)")
     ck.add_argument("--model", choices=("resnet50", "resnet18"), default="resnet50")
     ck.add_argument("--out", default="./bench-results", help=out_help)
 
@@ -105,13 +107,16 @@ def add_parsers(sub) -> None:
     st.add_argument("--out", default="./bench-results", help=out_help)
 
     ov = bench_sub.add_parser("overhead", help="1-epoch job under launcher (cold, warm), torchrun and horovodrun")
-    ov.add_argument("--repeats", type=int, default=3)
-    ov.add_argument("--workers", type=int, default=2)
+    ov.add_argument("--repeats", type=int, default=3,
+                    help="rounds of the variants (launcher cold, launcher warm, torchrun, horovodrun), one run of "
+                    "each per round, alternating; the table shows each one's median, min and max (default 3)")
+    ov.add_argument("--workers", type=int, default=2, help="worker processes of every run (default 2)")
     ov.add_argument("--workload", default="digits-mlp",
                     help="a built-in workload, FILE.py:NAME or module:NAME (a workload or a training function)")
-    ov.add_argument("--epochs", type=int, default=1)
+    ov.add_argument("--epochs", type=int, default=1, help="epochs of every run (default 1)")
     ov.add_argument("--data", default=None, help="--data for the workload")
-    ov.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
+    ov.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                    help="a workload parameter, as `launcher run --param` (repeatable)")
     ov.add_argument("--out", default="./bench-results", help=out_help)
     _add_preemption_parser(bench_sub)
 

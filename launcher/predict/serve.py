@@ -41,6 +41,8 @@ import os
 import re
 import signal
 import socket
+import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -356,17 +358,21 @@ def _duration(seconds: float) -> str:
 
 
 def serve(ref: ModelRef, options: ServeOptions = ServeOptions(), *, address: str | None = None,
-          verbose: bool = False, ready=None) -> int:
+          verbose: bool = False, ready=None, note=None) -> int:
     """Serve ``ref``: on this machine until stopped (then returns 0), or deployed on the
-    cluster at ``address`` (returns 0 at once). ``ready(url, access_log)`` is called once it
-    answers. Exit-code rule: a stop (Ctrl-C, SIGTERM, ``--stop``) once the server has
-    answered is how a server ends, 0; a stop before that raises KeyboardInterrupt (130)."""
+    cluster at ``address`` (returns 0 at once). ``ready(url, access_log)`` is called as soon as
+    the server answers (here: its first answer to /healthz; on a cluster: once Ray Serve reports
+    the application running). Exit-code rule: a stop (Ctrl-C, SIGTERM, ``--stop``) once
+    ``ready`` was called is how a server ends: it is stopped, ``note`` says so (default: a line
+    on stderr) and this returns 0; a stop before that raises KeyboardInterrupt (130)."""
     options.check()
+    note = note or (lambda text: print(text, file=sys.stderr, flush=True))
     host = "0.0.0.0" if options.public else "127.0.0.1"
     joined = bool(address or os.environ.get("RAY_ADDRESS"))
     if not joined:
         _check_port(host, options.port)
     access_log = None if joined else _access_log(ref, options.port)
+    url = f"http://{'127.0.0.1' if not options.public else host}:{options.port}"
     serving = False
     try:
         with session.connect(address, workers=options.replicas, cpus_per_worker=0.5, verbose=verbose):
@@ -376,9 +382,8 @@ def serve(ref: ModelRef, options: ServeOptions = ServeOptions(), *, address: str
                 logging.getLogger("ray.serve").setLevel(logging.WARNING)
             ray_serve.start(http_options={"host": host, "port": options.port})
             app = deployment(options).bind(ref, options.max_instances, access_log)
-            ray_serve.run(app, name=APP, route_prefix="/")
+            _deployed(lambda: ray_serve.run(app, name=APP, route_prefix="/"), None if joined else options.port)
             serving = True
-            url = f"http://{'127.0.0.1' if not options.public else host}:{options.port}"
             try:
                 if not joined:
                     _write_entry({"pid": os.getpid(), "port": options.port, "url": url, "model": ref.uri,
@@ -389,6 +394,9 @@ def serve(ref: ModelRef, options: ServeOptions = ServeOptions(), *, address: str
                     return 0
                 while True:
                     signal.pause()  # Ctrl-C (and SIGTERM, turned into it) ends it
+            except KeyboardInterrupt:
+                note(f"stopping the model server at {url}")
+                raise
             finally:
                 if not joined:
                     _remove(_entry_path(options.port))
@@ -397,7 +405,51 @@ def serve(ref: ModelRef, options: ServeOptions = ServeOptions(), *, address: str
     except KeyboardInterrupt:
         if not serving:
             raise
+        note(f"stopped the model server at {url}")
     return 0
+
+
+def _deployed(deploy, port: int | None, poll_s: float = 0.2) -> None:
+    """Deploy (``deploy``: Ray Serve's ``run``) and return as soon as the server answers.
+
+    Ray Serve's ``run`` returns once its controller reports the application RUNNING, which
+    came about 6 s after the server first answered /healthz on 2 cores: a server that answers
+    is up, so for a server on this machine (on ``port``) that first answer is the sign. ``run``
+    goes on in a thread meanwhile; its error, if it fails first, is raised here."""
+    done: dict[str, BaseException | None] = {}
+
+    def run() -> None:
+        try:
+            deploy()
+            done["error"] = None
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            done["error"] = exc
+
+    thread = threading.Thread(target=run, name="serve-deploy", daemon=True)
+    thread.start()
+    while True:
+        thread.join(poll_s)
+        if "error" in done:
+            if done["error"] is not None:
+                raise done["error"]
+            return
+        if port is not None and _answers(port):
+            return
+
+
+def _answers(port: int) -> bool:
+    """Whether the server on this machine's ``port`` answers /healthz with 200 (straight to
+    loopback: no proxy from the environment in between)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        conn.request("GET", "/healthz")
+        return conn.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
 
 
 def _run_name(ref: ModelRef) -> str | None:
