@@ -18,7 +18,7 @@ import datetime as _dt
 import os
 from dataclasses import dataclass
 
-from launcher.errors import UserError
+from launcher.errors import Unreachable, UserError
 
 ENDPOINT_ENV = "LAUNCHER_COMPUTE_ENDPOINT"
 PREEMPTED = "compute.instances.preempted"
@@ -224,3 +224,6 @@ def _or_none(call):
                         "roles/compute.viewer") from None
     except gexc.GoogleAPIError as exc:
         raise UserError(f"Compute Engine API error: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from None
+    except OSError as exc:  # requests' ConnectionError and friends: no answer at all
+        raise Unreachable(f"the Compute Engine API did not answer ({type(exc).__name__})",
+                          "check the network (or LAUNCHER_COMPUTE_ENDPOINT, when set)") from None

@@ -359,3 +359,15 @@ def test_preflight_says_when_this_environment_cannot_run_rays_gcp_provider(monke
     check = preflight._local_client_check()
     assert (check.status, check.what) == (FAIL, "googleapiclient cannot be imported here, and Ray's GCP provider "
                                                 "(`ray up`) imports it")
+
+
+def test_cluster_down_says_when_it_cannot_look_for_left_vms(tmp_path, monkeypatch, capsys):
+    log = fake_ray(tmp_path, monkeypatch)
+    path = cluster_file(tmp_path, cluster_name="demo")
+    monkeypatch.setenv(ENDPOINT_ENV, "http://127.0.0.1:9")  # nothing listens there
+    assert main(["cluster", "down", path]) == 0  # `ray down` itself succeeded
+    assert open(log).read() == f"down -y {path}\n"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["warning: could not look for VMs labelled ray-cluster-name=demo in us-central1-a left after "
+                   "`ray down` (the Compute Engine API did not answer (ConnectionError)); check with: gcloud compute "
+                   f"instances list --project {PROJECT} --filter labels.ray-cluster-name=demo"]

@@ -20,7 +20,7 @@ import launcher
 from cluster.spec import ClusterSpec
 from launcher import __version__, schema
 from launcher.cli.options import EXIT_FAILED, EXIT_OK, Parser
-from launcher.errors import UserError
+from launcher.errors import LauncherError, UserError
 
 PROJECT_ENVS = ("GOOGLE_CLOUD_PROJECT", "CLOUDSDK_CORE_PROJECT")
 
@@ -167,7 +167,7 @@ def _delete_left_vms(project: str, zone: str, name: str, where: str) -> None:
 
     try:
         left = delete_left_vms(Compute(project), zone, name)
-    except UserError as exc:
+    except LauncherError as exc:  # no credentials, no permission, no answer: say so, `ray down` has run
         print(f"warning: could not look for VMs {where} left after `ray down` ({exc.what}); check with: "
               f"gcloud compute instances list --project {project} --filter labels.ray-cluster-name={name}",
               file=sys.stderr)
