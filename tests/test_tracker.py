@@ -97,6 +97,16 @@ def test_a_launch_stopped_inside_its_first_epoch_reports_the_rate_it_trained_at(
     summary = tracker.summary(RunStatus.CANCELLED)
     assert summary.steps_completed == 10
     assert summary.samples_per_s == pytest.approx(10 * 32 * 2 / 2.0)  # batch 32 per worker, 2 workers
+    # The next step checkpoint was stored, its report cut off: the group trained that far too.
+    folder = tracker.log.storage.path("r", "checkpoint_000020")
+    os.makedirs(folder)
+    write_manifest(folder, Manifest(epoch=0, step_in_epoch=20, global_step=20, world_size=2, framework="torch",
+                                    backend="native", workload="digits-mlp", batch_size=32, seed=0,
+                                    metrics={"train_loss": 1.5, "time": t0 + 4}))
+    tracker.reconcile(complete_checkpoints(tracker.log.storage, "r"))
+    summary = tracker.summary(RunStatus.CANCELLED)
+    assert summary.steps_completed == 20 and summary.samples_per_s == pytest.approx(20 * 64 / 4.0)
+    assert [(r["kind"], r["global_step"]) for r in rows(tracker)] == [("step", 10), ("step", 20)]
 
 
 def test_the_rate_counts_a_cut_off_epoch_at_the_epochs_own_samples_per_step(tmp_path):

@@ -222,25 +222,29 @@ class Tracker:
             if manifest.created < self.started or manifest.global_step in self.recorded_steps:
                 continue  # an earlier launch's, or one whose report came
             m = checkpoint_report(manifest)
-            if m["kind"] == "epoch":
-                self._recovered_epoch(m)
+            self._recovered(m)
             self._record(m)
         if found and found[-1][0].global_step > int((self.last or {}).get("global_step", -1)):
             manifest, path = found[-1]
             self.last = checkpoint_report(manifest)
             self.checkpoint = self.log.storage.to_uri(path)
 
-    def _recovered_epoch(self, m: dict[str, Any]) -> None:
-        """An epoch whose report was cut off, from its checkpoint: counted, and shown as it would have been."""
-        self.samples += int(m.get("samples", 0))
-        self.train_time += float(m.get("train_time_s", 0.0))
+    def _recovered(self, m: dict[str, Any]) -> None:
+        """A checkpoint whose report was cut off, from its manifest: an epoch is counted and shown as
+        it would have been; the last worker group's training reached its step (for the rate)."""
         span = self.spans.get(self.attempts[-1]) if self.attempts else None  # the last group's
         step, when = int(m["global_step"]), m.get("time")
-        if span and span[0] < step and isinstance(when, (int, float)):
-            # its steps are counted now: not again as a cut-off epoch's (the board's view)
-            span[:] = [step, float(when), max(span[2], step), max(span[3] or 0.0, float(when))]
-        self.progress.note(f"{format_epoch(m, self.spec.epochs, self.elapsed())}  "
-                           "(from its checkpoint: the report was cut off)")
+        if span and isinstance(when, (int, float)):
+            if m["kind"] == "epoch" and span[0] < step:
+                # its steps are counted with the epoch's: not again as a cut-off epoch's (the board's view)
+                span[:] = [step, float(when), max(span[2], step), max(span[3] or 0.0, float(when))]
+            elif step > span[2]:
+                span[2], span[3] = step, float(when)
+        if m["kind"] == "epoch":
+            self.samples += int(m.get("samples", 0))
+            self.train_time += float(m.get("train_time_s", 0.0))
+            self.progress.note(f"{format_epoch(m, self.spec.epochs, self.elapsed())}  "
+                               "(from its checkpoint: the report was cut off)")
 
     def interruptions(self) -> list[Interruption]:
         out = []
