@@ -12,6 +12,8 @@ then rather than guess from timing. The points:
 - ``export``: rank 0, the final checkpoint written, before exporting the model;
 - ``step-checkpoint``: rank 0, its first step checkpoint (``--checkpoint-every-steps``)
   of the launch reported to Ray Train: a stop now resumes from that mid-epoch step;
+- ``setup``: the driver, inside the timed one-off set-up phase (where a first
+  ``--backend horovod`` run builds Horovod): a slow set-up, for the start-up profile;
 - ``tune-trials``: a ``launcher tune`` driver, at the end of Ray Tune's first step
   that leaves a trial made but not started: a signal now ends the search (once
   the pause is over) before that trial starts.
