@@ -66,6 +66,7 @@ def test_missing_horovod_is_one_line_saying_how_to_build(monkeypatch, capsys, tm
 
     from launcher.backends import horovod
 
+    monkeypatch.setattr(horovod, "installed", lambda: False)
     monkeypatch.setattr(horovod, "probe", functools.lru_cache(lambda framework: "Horovod is not installed"))
     # an installed copy of the launcher has no install script at hand: refused in one line
     monkeypatch.setattr(horovod, "INSTALL_SCRIPT", str(tmp_path / "no-such-script"))
@@ -81,6 +82,7 @@ def test_a_first_horovod_run_builds_it_and_a_failed_build_is_refused_in_a_line(m
 
     from launcher.backends import horovod
 
+    monkeypatch.setattr(horovod, "installed", lambda: False)
     monkeypatch.setattr(horovod, "probe", functools.lru_cache(lambda framework: "Horovod is not installed"))
     script = tmp_path / "install-horovod"  # a real build step that fails the way a missing compiler does
     script.write_text("#!/bin/sh\necho \"install-horovod: g++ not found\" >&2\necho \"$1\" > \"$(dirname \"$0\")/asked\"\n"
