@@ -276,3 +276,57 @@ def test_a_requirement_that_cannot_be_installed_is_one_line_before_training(tmp_
     assert done.returncode == 2, done.stderr[-3000:]
     assert err[-1].startswith("error: the dependencies from requirements.txt could not be installed"), err
     assert "trained" not in done.stdout + done.stderr
+
+
+REPORTING_TASK = '''
+import argparse, os
+import hypertune
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--epochs", type=int, default=3)
+parser.add_argument("--job-dir")
+args = parser.parse_args()
+tuner = hypertune.HyperTune()
+for epoch in range(1, args.epochs + 1):
+    print(f"training epoch {epoch}", flush=True)
+    tuner.report_hyperparameter_tuning_metric(hyperparameter_metric_tag="accuracy", metric_value=0.5 + epoch / 10,
+                                              global_step=10 * epoch)
+    tuner.report_hyperparameter_tuning_metric(hyperparameter_metric_tag="loss", metric_value=1.0 / epoch,
+                                              global_step=10 * epoch)
+'''
+
+
+@pytest.mark.integration
+def test_package_and_job_file_runs_keep_stdout_for_the_summary_and_list_their_epochs(tmp_path):
+    pkg = package(tmp_path, {"trainer/__init__.py": "", "trainer/task.py": REPORTING_TASK})
+    storage = str(tmp_path / "runs")
+    # --package with --json: stdout is one JSON object; the ranks' lines are progress, on stderr
+    done = subprocess.run([sys.executable, "-m", "launcher", "run", "--package", pkg, "--module", "trainer.task",
+                           "--workers", "2", "--storage", storage, "--name", "pkg", "--json", "--", "--epochs", "3"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    assert summary["status"] == "succeeded" and summary["epochs_completed"] == 3, summary
+    assert summary["metrics"] == pytest.approx({"accuracy": 0.8, "loss": 1 / 3})  # both tags, not the last only
+    for r in range(2):
+        assert f"[rank {r}] training epoch 3" in done.stderr, done.stderr[-3000:]
+    # a job file (--config), without --json: stdout holds the summary alone, no rank's line
+    job = tmp_path / "job.yaml"
+    job.write_text(f"trainingInput:\n  scaleTier: BASIC\n  packageUris: [{pkg}]\n  pythonModule: trainer.task\n"
+                   f"  args: [--epochs, '4']\n  jobDir: {storage}/job\n")
+    done = subprocess.run([sys.executable, "-m", "launcher", "run", "--config", str(job)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("run job: succeeded") and "[rank" not in done.stdout, done.stdout
+    assert "[rank 0] training epoch 4" in done.stderr
+    assert "epochs 4 (by its reports)" in done.stdout
+    # `launcher runs`: each with the epochs it trained and its reported metrics
+    runs = subprocess.run([sys.executable, "-m", "launcher", "runs", "--storage", storage, "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=60)
+    rows = {r["name"]: r for r in json.loads(runs.stdout)}
+    assert (rows["pkg"]["epochs"], rows["job"]["epochs"]) == (3, 4), rows
+    assert rows["job"]["metrics"] == pytest.approx({"accuracy": 0.9, "loss": 0.25})
+    table = subprocess.run([sys.executable, "-m", "launcher", "runs", "--storage", storage], cwd=ROOT,
+                           capture_output=True, text=True, timeout=60).stdout
+    line = next(x for x in table.splitlines() if x.startswith("job "))
+    assert line.split()[3] == "4" and "loss 0.2500  accuracy 0.9000" in line, table
