@@ -35,6 +35,7 @@ registers it like any other state: ``session.register(loader=stateful_loader)``.
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import time
@@ -279,8 +280,6 @@ class TorchSession(UserSession):
         """Training state alive in this process that no checkpoint holds: optimizers, LR
         schedulers and enabled GradScalers that were not registered (an optimizer given to
         ``prepare`` counts as registered when what ``prepare`` returned for it is)."""
-        import gc
-
         import torch
 
         kinds = ((torch.optim.Optimizer, "optimizer", "its moments and step counts start afresh", "optimizer"),

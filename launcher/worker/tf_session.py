@@ -37,6 +37,7 @@ model in Keras' format (``model.keras``) with its weights (``model.weights.npz``
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import json
 import os
 import shutil
@@ -146,8 +147,6 @@ class TFSession(UserSession):
     def unregistered(self) -> list[str]:
         """Keras optimizers alive in this process that no checkpoint holds (an optimizer given to
         :meth:`optimizer` counts as registered when what it returned is)."""
-        import gc
-
         from workloads.tf_models import keras
 
         kinds = tuple(k for k in (keras().optimizers.Optimizer,
@@ -262,12 +261,15 @@ class TFSession(UserSession):
             batch = tf.nest.map_structure(zeros, self._data.source.element_spec)
             from workloads.tf_models import keras
 
-            x, y, weights = keras().utils.unpack_x_y_sample_weight(batch)
+            x, y, _ = keras().utils.unpack_x_y_sample_weight(batch)
             with self.scope():
                 predicted = model(x, training=False)
-                model.compiled_loss(y, predicted, weights, regularization_losses=model.losses)
-                model.compiled_metrics.update_state(y, predicted, weights)
-                model.reset_metrics()
+                # What the first train step would do, less the update: a metric variable
+                # synchronised on read cannot be added to outside the replicas' context.
+                model.compiled_loss.build(predicted)
+                metrics = model.compiled_metrics
+                conform = getattr(metrics, "_conform_to_outputs", None)
+                metrics.build(predicted, conform(predicted, y) if conform else y)
         except Exception as exc:  # noqa: BLE001 - say it, train on: only the epoch's figures suffer
             self._metric_arrays = None
             if self.rank == 0:
@@ -276,10 +278,9 @@ class TFSession(UserSession):
 
     def _restore_keras_metrics(self, arrays: list[np.ndarray]) -> None:
         """Give the model's metric variables the values saved with the checkpoint. Under a
-        multi-worker strategy a metric variable is summed over the workers when read, and the
-        saved value is that sum: each worker takes its share, so that the sum is the saved one."""
-        import tensorflow as tf
-
+        multi-worker strategy the saved value is the sum over the workers (a metric variable is
+        synchronised on read), and TensorFlow's assign in the cross-replica context gives each
+        replica its share of it, so that the sum read next is the saved one."""
         variables = self._keras_metric_variables()
         if len(variables) != len(arrays):
             if self.rank == 0:
@@ -288,10 +289,6 @@ class TFSession(UserSession):
                       flush=True)
             return
         for var, value in zip(variables, arrays):
-            if isinstance(var, tf.distribute.DistributedValues) and var.aggregation == tf.VariableAggregation.SUM:
-                local = max(1, len(getattr(var, "values", ())) or 1)
-                workers = max(1, self.strategy.num_replicas_in_sync // local)
-                value = value / workers
             var.assign(value)
 
     def export_model(self, directory: str) -> str | None:
