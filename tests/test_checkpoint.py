@@ -173,3 +173,12 @@ def test_which_checkpoints_rays_list_names():
     assert _ray.snapshot_names(json.dumps({"new": [{"path": "/runs/r/checkpoint_c/"}]}), names) == ["checkpoint_c"]
     assert _ray.snapshot_names(json.dumps({"x": "checkpoint_ab"}), names) == []
     assert _ray.snapshot_names("{cut", names) == names
+
+
+def test_where_a_run_resumes_counts_epochs_from_one_as_the_progress_line_does():
+    from launcher.storage.checkpoint import resume_point
+
+    assert resume_point({"epoch": 0, "step": 30}, 4) == "after step 30, in epoch 1/4"   # mid-epoch, the first
+    assert resume_point({"epoch": 1, "step": 50}, 4) == "after step 50, in epoch 2/4"   # at the end of the first
+    assert resume_point({"epoch": 4, "step": 200}, 4) == "after step 200: all 4 epochs are done"
+    assert resume_point({"epoch": 2, "step": 7}, None) == "after step 7, in epoch 3"

@@ -229,6 +229,15 @@ def ragged(session):
             session.step(loss=0.0)
 
 
+@workloads.training_function(epochs=2, batch_size=4)
+def loader_in_loop(session):
+    model = session.prepare(torch.nn.Linear(1, 1))
+    session.register(model=model)
+    for epoch in session.epochs():
+        for x, y in session.loader([(torch.zeros(1), torch.zeros(1))] * 8):  # loader_in_loop fails here
+            session.step(loss=0.0)
+
+
 @workloads.training_function(epochs=1, batch_size=4)
 def raises(session):
     model = session.prepare(torch.nn.Linear(1, 1))
@@ -245,6 +254,8 @@ def raises(session):
     ("no_model", ["`session.epochs()` at", "before any model was registered", "session.register(model="]),
     ("ragged", ["the default collate cannot batch the items of Ragged", "collate_fn="]),
     ("raises", ["KeyError in raises(session) at", "missing"]),
+    ("loader_in_loop", ["runs again in the next epoch", "make the training loader once, before `for epoch in "
+                        "session.epochs():`"]),
 ])
 def test_a_broken_function_fails_naming_the_users_line(ray_local, capsys, elsewhere, tmp_path, name, needles):
     path = write(elsewhere, BROKEN, "broken.py")
