@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -150,7 +151,7 @@ def fit_hint(cpus_asked: float) -> str | None:
             return None
     except Exception:  # noqa: BLE001 - only the hint's wording is at stake
         return None
-    need = max(int(-(-cpus_asked // 1)), 1)
+    need = max(math.ceil(cpus_asked), 1)
     return (f"the warm local Ray (`launcher up`) has {head.get('num_cpus')} CPUs: `launcher down` (a run then "
             f"starts its own Ray, sized to it), or `launcher down` then `launcher up --num-cpus {need}`; "
             "or lower --workers")
@@ -210,7 +211,13 @@ def down(timeout_s: float = 40.0, note: Callable[[str], None] | None = None) -> 
 
 def _alive(pid: int) -> bool:
     """Whether ``pid`` still runs (the head's `ray start`, which stops the head's processes
-    before it exits)."""
+    before it exits). Where this process started the head (``launcher bench overhead`` calls
+    ``up`` and ``down``), it is a child that stays a zombie until reaped: reaped here."""
+    try:
+        exited, _ = os.waitpid(pid, os.WNOHANG)
+        return exited == 0
+    except ChildProcessError:  # not ours: another process started the head
+        pass
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
