@@ -149,7 +149,7 @@ def test_a_signal_at_each_moment_stops_the_launch_and_the_run_loses_nothing(stor
     launch = Launch(*args_to(final), "--profile-startup")
     assert launch.finish() == 0, launch.stderr[-4000:]
     done = launch.summary()
-    assert f"resumed from epoch {trained}" in launch.stderr
+    assert f"resumed after step {trained * STEPS_PER_EPOCH}, in epoch {final}/{final}" in launch.stderr
     assert "start-up profile:" in launch.stderr and "time to first step (from process start)" in launch.stderr
     assert done["startup"]["time_to_first_step_s"] > done["startup"]["phases"]["Ray start or connect"]
     assert done["status"] == "succeeded" and done["resumed_from"]["epoch"] == trained, done
