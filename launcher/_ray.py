@@ -77,6 +77,9 @@ PRIVATE: dict[str, tuple[str, str]] = {
                               "the lab's node provider subclasses it (boot delay, stock-outs)"),
     "FAKE_HEAD_NODE_ID": ("ray.autoscaler._private.fake_multi_node.node_provider:FAKE_HEAD_NODE_ID",
                           "the head's node id in a fake multi-node cluster (the lab never preempts it)"),
+    # The `ray up` rehearsal: Ray's own GCP node provider (and its bootstrap), run against a local Compute API.
+    "GCPNodeProvider": ("ray.autoscaler._private.gcp.node_provider:GCPNodeProvider",
+                        "the rehearsal creates, lists and terminates VMs with the provider `ray up` uses"),
     # A replacement asked for on a notice goes through the coordinator Ray Train's own requests use.
     "DefaultAutoscalingCoordinator": ("ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator:"
                                       "DefaultAutoscalingCoordinator",

@@ -1,0 +1,247 @@
+"""Compute Engine's rules for a VM, as the rehearsal's local Compute API applies them.
+
+:func:`check_insert` reads an ``instances.insert`` body the way Compute
+Engine does before it creates anything, and returns the first rule the body
+breaks as a :class:`Refusal` (its HTTP status, a short rule name and a
+message in Compute Engine's words), or None. Every hardware fact comes from
+:mod:`cluster.machines`, the table the cluster file and preflight read, so the
+rehearsal cannot agree with the cluster file by holding its own copy.
+
+The rules: the VM name (at most 63 characters, GCE's pattern), its labels,
+the machine type, guest accelerators (only on N1, only in the counts and
+vCPU/memory shapes Compute Engine offers, never on a type with built-in GPUs),
+onHostMaintenance TERMINATE for any VM with a GPU, the Spot/preemptible
+scheduling fields, the boot disk type per machine series, gVNIC where a
+series needs it, and GPU quotas (per region and ``GPUS_ALL_REGIONS``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from cluster import machines
+
+NAME_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
+LABEL_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
+ALL_REGIONS = "GPUS_ALL_REGIONS"
+# Predefined machine type names per series (the name alone is enough to know it exists).
+PREDEFINED_RE = re.compile(r"^[a-z][a-z0-9]*-(standard|highmem|highcpu|megamem|ultramem)-\d+$")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why Compute Engine refuses a request: HTTP status, rule name, message."""
+
+    status: int
+    rule: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Gpus:
+    """The GPUs a VM asks for: model, count, and whether the machine type brings them."""
+
+    accelerator: str
+    count: int
+    bundled: bool
+
+
+def last_part(url: str) -> str:
+    """``zones/us-central1-a/machineTypes/n1-standard-8`` -> ``n1-standard-8``."""
+    return url.rstrip("/").rsplit("/", 1)[-1]
+
+
+def check_insert(body: Mapping, zone: str, in_use: Iterable[Gpus], region_of_use: Iterable[str] = (),
+                 quotas: Mapping[str, float] | None = None) -> Refusal | None:
+    """The first rule ``body`` (an instances.insert body) breaks in ``zone``, or None.
+
+    ``in_use`` are the GPUs of the VMs that hold quota now, ``region_of_use`` their regions (same
+    order); ``quotas`` maps a quota metric (NVIDIA_L4_GPUS, GPUS_ALL_REGIONS) to its limit, a
+    metric missing from it has no limit.
+    """
+    machine = last_part(str(body.get("machineType", "")))
+    for check in (lambda: _name(body), lambda: _labels(body), lambda: _machine_type(machine, body, zone),
+                  lambda: _accelerators(machine, body), lambda: _scheduling(machine, body),
+                  lambda: _disks(machine, body, zone), lambda: _network(machine, body)):
+        refusal = check()
+        if refusal:
+            return refusal
+    gpus = gpus_of(body)
+    if gpus and quotas:
+        return _quota(gpus, zone_region(zone), list(in_use), list(region_of_use), quotas)
+    return None
+
+
+def gpus_of(body: Mapping) -> Gpus | None:
+    """The GPUs a (valid) insert body asks for, None for a VM without."""
+    machine = last_part(str(body.get("machineType", "")))
+    built_in = machines.GPU_MACHINES.get(machine)
+    if built_in:
+        return Gpus(built_in.accelerator, built_in.gpus, True)
+    guests = body.get("guestAccelerators") or []
+    if guests:
+        return Gpus(last_part(guests[0].get("acceleratorType", "")),
+                    sum(int(g.get("acceleratorCount", 0)) for g in guests), False)
+    return None
+
+
+def zone_region(zone: str) -> str:
+    return zone.rsplit("-", 1)[0]
+
+
+def _invalid(rule: str, field: str, message: str) -> Refusal:
+    return Refusal(400, rule, f"Invalid value for field 'resource.{field}': {message}")
+
+
+def _name(body: Mapping) -> Refusal | None:
+    name = str(body.get("name", ""))
+    if not NAME_RE.match(name):
+        return _invalid("instance name", "name",
+                        f"'{name}' ({len(name)} characters). Must be a match of regex "
+                        f"'{NAME_RE.pattern[1:-1]}': lowercase letters, digits and hyphens, at most 63 characters")
+    return None
+
+
+def _labels(body: Mapping) -> Refusal | None:
+    for key, value in (body.get("labels") or {}).items():
+        if not (LABEL_RE.match(str(key)) and key and key[0].isalpha()) or not LABEL_RE.match(str(value)):
+            return _invalid("label", f"labels.{key}",
+                            f"'{value}'. Label keys and values take at most 63 lowercase letters, digits, "
+                            "'-' and '_' (a key starts with a letter)")
+    return None
+
+
+def _machine_type(machine: str, body: Mapping, zone: str) -> Refusal | None:
+    url = str(body.get("machineType", ""))
+    if "/zones/" in "/" + url and f"zones/{zone}/" not in url:
+        return _invalid("machine type", "machineType", f"'{url}' names another zone than the request's {zone}")
+    if not known_machine_type(machine):
+        return _invalid("machine type", "machineType",
+                        f"Machine type with name '{machine}' does not exist in zone '{zone}'")
+    return None
+
+
+def known_machine_type(machine: str) -> bool:
+    """A type the table knows (built-in GPUs) or a predefined name of a known series."""
+    if machine in machines.GPU_MACHINES:
+        return True
+    series = machines.machine_series(machine)
+    if series in ("a2", "a3", "a4", "g2"):
+        return False
+    return series in machines.DISK_TYPES and bool(PREDEFINED_RE.match(machine))
+
+
+def _accelerators(machine: str, body: Mapping) -> Refusal | None:
+    guests = body.get("guestAccelerators") or []
+    if not guests:
+        return None
+    if machine in machines.GPU_MACHINES:
+        own = machines.GPU_MACHINES[machine]
+        return _invalid("built-in GPUs", "guestAccelerators",
+                        f"machine type {machine} comes with {own.gpus} x {own.accelerator}; "
+                        "accelerator-optimized types take no guestAccelerators")
+    for guest in guests:
+        refusal = _one_accelerator(machine, last_part(str(guest.get("acceleratorType", ""))),
+                                   int(guest.get("acceleratorCount", 0)))
+        if refusal:
+            return refusal
+    return None
+
+
+def _one_accelerator(machine: str, name: str, count: int) -> Refusal | None:
+    acc = machines.ACCELERATORS.get(name)
+    if acc is None or acc.retired or acc.bundled:
+        why = acc.retired if acc and acc.retired else (
+            f"{name} comes only built into {'/'.join(s.upper() for s in acc.series)} machine types"
+            if acc else f"Accelerator type '{name}' does not exist")
+        return _invalid("accelerator type", "guestAccelerators[0].acceleratorType", why)
+    if machines.machine_series(machine) not in acc.series:
+        return _invalid("accelerators only on N1", "guestAccelerators",
+                        f"{name} attaches only to N1 machine types, not {machine}")
+    problem = machines.n1_shape_problem(name, count, machines.machine_vcpus(machine),
+                                        machines.machine_memory_gb(machine))
+    if problem:
+        return _invalid("N1 GPU shape", "guestAccelerators", problem)
+    return None
+
+
+def _scheduling(machine: str, body: Mapping) -> Refusal | None:
+    scheduling = body.get("scheduling") or {}
+    model = scheduling.get("provisioningModel", "STANDARD")
+    preemptible = bool(scheduling.get("preemptible")) or model == "SPOT"
+    if model not in ("STANDARD", "SPOT"):
+        return _invalid("Spot fields", "scheduling.provisioningModel", f"'{model}' (STANDARD or SPOT)")
+    action = scheduling.get("instanceTerminationAction")
+    if action is not None and action not in ("STOP", "DELETE"):
+        return _invalid("Spot fields", "scheduling.instanceTerminationAction", f"'{action}' (STOP or DELETE)")
+    if action is not None and not preemptible and "maxRunDuration" not in scheduling:
+        return _invalid("Spot fields", "scheduling.instanceTerminationAction",
+                        "is set only for Spot VMs (provisioningModel SPOT) or with maxRunDuration")
+    if preemptible and (scheduling.get("automaticRestart") is not False
+                        or scheduling.get("onHostMaintenance") != "TERMINATE"):
+        return _invalid("Spot fields", "scheduling",
+                        "Spot and preemptible VMs need automaticRestart false and onHostMaintenance TERMINATE")
+    gpu = machines.GPU_MACHINES.get(machine)
+    if gpu and gpu.spot_only and not preemptible:
+        return _invalid("Spot only", "scheduling.provisioningModel",
+                        f"{machine} is offered only as a Spot VM (provisioningModel SPOT)")
+    if gpus_of(body) and scheduling.get("onHostMaintenance", "MIGRATE") != "TERMINATE":
+        return _invalid("TERMINATE for GPUs", "scheduling.onHostMaintenance",
+                        "Instances with guest accelerators do not support live migration: "
+                        "set onHostMaintenance TERMINATE")
+    return None
+
+
+def _disks(machine: str, body: Mapping, zone: str) -> Refusal | None:
+    allowed = machines.disk_types(machine)
+    for i, disk in enumerate(body.get("disks") or []):
+        url = str((disk.get("initializeParams") or {}).get("diskType") or "pd-standard")
+        if "/zones/" in "/" + url and f"zones/{zone}/" not in url:
+            return _invalid("disk type", f"disks[{i}].initializeParams.diskType",
+                            f"'{url}' names another zone than the request's {zone}")
+        kind = last_part(url)
+        if kind not in allowed:
+            return _invalid("disk type", f"disks[{i}].initializeParams.diskType",
+                            f"[{kind}] disk type cannot be used by [{machine}] machine type "
+                            f"(it takes {', '.join(allowed)})")
+    return None
+
+
+def _network(machine: str, body: Mapping) -> Refusal | None:
+    if machines.machine_series(machine) not in machines.GVNIC_SERIES:
+        return None
+    nics = body.get("networkInterfaces") or [{}]
+    if any(nic.get("nicType") != "GVNIC" for nic in nics):
+        return _invalid("gVNIC", "networkInterfaces[0].nicType",
+                        f"{machine} needs the gVNIC network interface (nicType GVNIC)")
+    return None
+
+
+def _quota(gpus: Gpus, region: str, in_use: list[Gpus], regions: list[str],
+           quotas: Mapping[str, float]) -> Refusal | None:
+    metric = machines.ACCELERATORS[gpus.accelerator].quota
+    here = sum(g.count for g, r in zip(in_use, regions) if r == region
+               and machines.ACCELERATORS[g.accelerator].quota == metric)
+    everywhere = sum(g.count for g in in_use)
+    for name, used, where in ((metric, here, f"in region {region}"), (ALL_REGIONS, everywhere, "globally")):
+        if name in quotas and used + gpus.count > quotas[name]:
+            return Refusal(403, "quota", f"Quota '{name}' exceeded. Limit: {float(quotas[name])} {where} "
+                                         f"({used:g} in use, {gpus.count} asked for)")
+    return None
+
+
+def describe(body: dict) -> str:
+    """What an insert asks for, in a few words: type, GPUs, boot disk, provisioning."""
+    parts = [last_part(str(body.get("machineType", "?")))]
+    gpus = gpus_of(body) if body.get("machineType") else None
+    if gpus:
+        parts.append(f"{gpus.count} x {gpus.accelerator}" + (" (built in)" if gpus.bundled else ""))
+    for disk in body.get("disks") or []:
+        parts.append(last_part(str((disk.get("initializeParams") or {}).get("diskType") or "pd-standard (default)")))
+    scheduling = body.get("scheduling") or {}
+    if scheduling.get("provisioningModel") == "SPOT" or scheduling.get("preemptible"):
+        parts.append(f"{scheduling.get('provisioningModel', 'preemptible')}"
+                     f"/{scheduling.get('instanceTerminationAction', '-')}")
+    return ", ".join(parts)
