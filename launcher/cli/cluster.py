@@ -1,9 +1,11 @@
-"""``launcher cluster ...``: Compute Engine cluster files, preflight, up/down and preemption history.
+"""``launcher cluster ...``: Compute Engine cluster files, preflight, up/down, rehearsal, preemption history.
 
 Ray stays the provisioner: ``cluster up`` runs the preflight and then Ray's own
 ``ray up``; ``cluster down`` runs ``ray down`` and then deletes the cluster's
 VMs it left (stopped ones: Ray's provider stops rather than deletes with
 ``cache_stopped_nodes``, and preempted workers are stopped by Compute Engine).
+``cluster rehearse`` runs Ray's GCP provider against a local Compute Engine API
+(:mod:`launcher.lab.rehearsal`).
 Everything else is a library call into :mod:`cluster`.
 """
 
@@ -50,6 +52,13 @@ def add_parsers(sub) -> None:
     down.add_argument("cluster_file")
     down.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
 
+    rh = actions.add_parser("rehearse", help="rehearse `ray up`/`ray down` of a cluster file: Ray's GCP provider "
+                            "against a local Compute Engine API that checks each request (no cloud needed)")
+    rh.add_argument("cluster_file")
+    rh.add_argument("--quota", action="append", default=[], metavar="METRIC=N",
+                    help="a quota of the local API, e.g. NVIDIA_T4_GPUS=4 or GPUS_ALL_REGIONS=0 (repeatable; "
+                         "default: no limits)")
+
     pe = actions.add_parser("preemptions", help="list the preemptions of a cluster's VMs, with times")
     pe.add_argument("--project", help="project id (default: GOOGLE_CLOUD_PROJECT)")
     pe.add_argument("--zone", required=True)
@@ -58,7 +67,7 @@ def add_parsers(sub) -> None:
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
-    return {"config": _config, "preflight": _preflight, "up": _up, "down": _down,
+    return {"config": _config, "preflight": _preflight, "up": _up, "down": _down, "rehearse": _rehearse,
             "preemptions": _preemptions}[args.cluster_command](args)
 
 
@@ -178,6 +187,30 @@ def _delete_left_vms(project: str, zone: str, name: str, where: str) -> None:
     print(f"deleting {len(left)} VM(s) {where} that `ray down` left (their boot disks go with them):")
     for vm in left:
         print(f"  {vm.name} ({vm.status})")
+
+
+def _rehearse(args: argparse.Namespace) -> int:
+    from launcher.lab.rehearsal import refusal_error, rehearse
+
+    config = schema.load_yaml(args.cluster_file, "cluster file")
+    report = rehearse(config, parse_quotas(args.quota))
+    if report.refused:
+        raise refusal_error(args.cluster_file, report)
+    return EXIT_OK
+
+
+def parse_quotas(values: list[str]) -> dict[str, float]:
+    """``["NVIDIA_T4_GPUS=4", ...]`` -> ``{"NVIDIA_T4_GPUS": 4.0}``."""
+    quotas = {}
+    for value in values:
+        metric, _, limit = value.partition("=")
+        try:
+            quotas[metric.strip().upper()] = float(limit)
+        except ValueError:
+            raise UserError(f"--quota {value}: not METRIC=N", "write e.g. --quota NVIDIA_T4_GPUS=4") from None
+        if not metric.strip() or quotas[metric.strip().upper()] < 0:
+            raise UserError(f"--quota {value}: not METRIC=N", "write e.g. --quota NVIDIA_T4_GPUS=4") from None
+    return quotas
 
 
 def _preemptions(args: argparse.Namespace) -> int:

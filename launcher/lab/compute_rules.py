@@ -97,10 +97,11 @@ def _invalid(rule: str, field: str, message: str) -> Refusal:
 
 def _name(body: Mapping) -> Refusal | None:
     name = str(body.get("name", ""))
+    if len(name) > 63:
+        return _invalid("instance name", "name", f"'{name}' is {len(name)} characters; the most is 63")
     if not NAME_RE.match(name):
-        return _invalid("instance name", "name",
-                        f"'{name}' ({len(name)} characters). Must be a match of regex "
-                        f"'{NAME_RE.pattern[1:-1]}': lowercase letters, digits and hyphens, at most 63 characters")
+        return _invalid("instance name", "name", f"'{name}'. Must be a match of regex '{NAME_RE.pattern[1:-1]}' "
+                                                 "(lowercase letters, digits and hyphens, a letter first)")
     return None
 
 
