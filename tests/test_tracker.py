@@ -17,7 +17,7 @@ from launcher.spec import JobSpec
 from launcher.storage import Storage, complete_checkpoints
 from launcher.storage.checkpoint import Manifest, write_manifest
 from launcher.storage.runlog import RunLog, read_jsonl
-from launcher.summary import Report, RunStatus
+from launcher.summary import Report, Restart, RunStatus
 
 STEPS = 23  # steps per epoch
 
@@ -85,6 +85,24 @@ def test_epochs_whose_reports_were_cut_off_get_their_rows_from_their_checkpoints
     later, _ = new_tracker(tmp_path, started=time.time() + 1)
     later.reconcile(complete_checkpoints(storage, "r"))
     assert len(rows(later)) == 11
+
+
+def test_a_lost_groups_cut_off_report_is_logged_in_step_order_when_the_next_group_starts(tmp_path):
+    # Group a1 reports epochs 1-2 and stores 3, then its node is lost with the report of 3.
+    tracker, out = new_tracker(tmp_path)
+    storage = tracker.log.storage
+    t0 = time.time()
+    for epoch in (1, 2):
+        report = epoch_report(epoch, t0 + epoch)
+        tracker.handle(Report(t0 + epoch, dict(report), store_checkpoint(storage, report)))
+    store_checkpoint(storage, epoch_report(3, t0 + 3))
+    tracker.handle(Restart(t0 + 4, "failure", "ActorDiedError"))
+    report = epoch_report(4, t0 + 6, attempt="a2", restored_from={"epoch": 3, "step": 3 * STEPS})
+    tracker.handle(Report(t0 + 6, dict(report), store_checkpoint(storage, report)))
+    assert [r["epoch"] for r in rows(tracker)] == [1, 2, 3, 4]  # 3 before the new group's 4, not after
+    assert [r.get("from_checkpoint") for r in rows(tracker)] == [None, None, 1, None]
+    tracker.reconcile(complete_checkpoints(storage, "r"))  # the launch's end: nothing more to add
+    assert len(rows(tracker)) == 4 and tracker.summary(RunStatus.SUCCEEDED).epochs_completed == 4
 
 
 def test_a_launch_stopped_inside_its_first_epoch_reports_the_rate_it_trained_at(tmp_path):

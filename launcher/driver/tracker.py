@@ -23,7 +23,7 @@ from typing import Any, Callable
 from launcher.driver import startup
 from launcher.driver.progress import Progress, format_epoch
 from launcher.spec import JobSpec
-from launcher.storage.checkpoint import Manifest, resume_point
+from launcher.storage.checkpoint import Manifest, complete_checkpoints, resume_point
 from launcher.storage.runlog import RunLog
 from launcher.summary import (Attempt, Event, Failure, Interruption, Preempting, Report, Restart,
                               RunStatus, RunSummary, pick_metrics)
@@ -188,6 +188,7 @@ class Tracker:
                 self.progress.note(f"resumed {resume_point(self.resumed_from, self.spec.epochs)}")
         else:
             back = m.get("restored_from") or {"epoch": 0, "step": 0}
+            self._catch_up(int(back["step"]))  # the failed group's checkpoints whose reports were lost
             self.progress.note(f"restarted from the latest checkpoint: {resume_point(back, self.spec.epochs)}")
         self.attempts.append(m.get("attempt"))
 
@@ -210,21 +211,32 @@ class Tracker:
                                     attempt=str(a.get("attempt") or "")) for a in board]
         self.lost = lost_work(self.attempt_log, self.checkpoint_times)
 
-    def reconcile(self, found: list[tuple[Manifest, str]]) -> None:
+    def _catch_up(self, upto: int) -> None:
+        """A restarted group resumes from step ``upto``: the checkpoints the failed group stored up to
+        there whose reports died with it get their rows now, before the new group's (in step order)."""
+        try:
+            found = complete_checkpoints(self.log.storage, self.spec.name)
+        except OSError:
+            return  # storage that does not answer now: the launch's end tries again
+        self.reconcile([(m, p) for m, p in found if m.global_step <= upto], settle=False)
+
+    def reconcile(self, found: list[tuple[Manifest, str]], settle: bool = True) -> None:
         """Trust storage over the reports: checkpoints can land after the last report was seen.
 
         Ctrl-C aborts Ray Train's controller, and with it the reports it had not passed on,
-        while the workers go on storing checkpoints for a moment. Each checkpoint this launch
-        stored without a metrics row gets one now, from its manifest (which holds the report's
-        numbers), with its progress line; the run then stands at the newest. ``found``: the
-        run's complete checkpoints, oldest first, listed before any is pruned."""
+        while the workers go on storing checkpoints for a moment (a lost node takes its reports
+        along the same way). Each checkpoint this launch stored past the last metrics row gets
+        its row now, from its manifest (which holds the report's numbers), with its progress
+        line; ``settle``: the run then stands at the newest. ``found``: the run's complete
+        checkpoints, oldest first (at the launch's end: listed before any is pruned)."""
+        after = max(self.recorded_steps, default=-1)  # rows stay in step order: none before the last
         for manifest, path in found:
-            if manifest.created < self.started or manifest.global_step in self.recorded_steps:
+            if manifest.created < self.started or manifest.global_step <= after:
                 continue  # an earlier launch's, or one whose report came
             m = checkpoint_report(manifest)
             self._recovered(m)
             self._record(m)
-        if found and found[-1][0].global_step > int((self.last or {}).get("global_step", -1)):
+        if settle and found and found[-1][0].global_step > int((self.last or {}).get("global_step", -1)):
             manifest, path = found[-1]
             self.last = checkpoint_report(manifest)
             self.checkpoint = self.log.storage.to_uri(path)
