@@ -255,3 +255,15 @@ def test_fewer_training_samples_than_workers_is_refused(capsys, tmp_path):
     code, _, err = run_cli(capsys, "run", "--workload", "resnet18-synthetic", "--param", "num_samples=1",
                            "--workers", "2", "--storage", str(tmp_path / "runs"))
     assert_one_line_error(code, err, "has 1 training sample(s) for 2 workers", "use fewer --workers")
+
+
+def test_the_summary_says_a_one_off_set_up_apart_from_the_wall_time():
+    from launcher.cli.run import format_summary
+    from launcher.summary import RunStatus, RunSummary
+
+    s = RunSummary(name="h", status=RunStatus.SUCCEEDED, workload="digits-mlp", framework="torch",
+                   backend="horovod", workers=2, epochs=1, epochs_completed=1, samples_per_s=2635.0,
+                   wall_s=29.4, setup_s=561.0)
+    assert "  2,635 samples/s, wall 29.4s (+ 561.0s of one-off set-up: see --profile-startup)" in format_summary(s)
+    s.setup_s = 0.0
+    assert "  2,635 samples/s, wall 29.4s\n" in format_summary(s)
