@@ -1,0 +1,217 @@
+"""The `ray up` rehearsal (launcher.lab.rehearsal, launcher.lab.compute_api, launcher cluster rehearse).
+
+Ray's real GCP node provider and bootstrap, through the real Google API
+client, against the local Compute Engine API: every generated GPU family
+rehearses clean and leaves nothing behind; hand-broken files are refused by
+the rule they break, with exit 2 and one line. No Ray cluster is started (the
+provider is plain Python). The rules read cluster/machines.py: a test changes
+the table and the API's verdict changes with it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+import yaml
+
+from cluster import machines
+from cluster.config import ray_cluster_config
+from cluster.spec import ClusterSpec
+from launcher.cli.main import main
+from launcher.lab.compute_api import ComputeAPI
+from launcher.lab.compute_filter import matches
+from launcher.lab.rehearsal import rehearse
+
+BASE = {"project": "my-project", "source_dir": "/home/me/launcher"}
+
+
+def build(**values) -> dict:
+    return ray_cluster_config(ClusterSpec.from_mapping({**BASE, **values}).validated(), "0.1.0")
+
+
+def worker(config: dict) -> dict:
+    return next(t for name, t in config["available_node_types"].items() if name != config["head_node_type"])
+
+
+def quietly(config: dict, **kwargs):
+    lines: list[str] = []
+    report = rehearse(config, say=lines.append, **kwargs)
+    return report, "\n".join(lines)
+
+
+# name -> the spec, and the GPUs each worker insert must carry
+FAMILIES = {
+    "n1-t4": ({"worker_machine_type": "n1-standard-8", "accelerator_type": "nvidia-tesla-t4", "min_workers": 1},
+              "1 x nvidia-tesla-t4"),
+    "g2-standard-24": ({"worker_machine_type": "g2-standard-24"}, "2 x nvidia-l4 (built in)"),
+    "a2-highgpu-1g": ({"worker_machine_type": "a2-highgpu-1g"}, "1 x nvidia-tesla-a100 (built in)"),
+    "a3-highgpu-8g": ({"worker_machine_type": "a3-highgpu-8g"}, "8 x nvidia-h100-80gb (built in)"),
+    "spot-stop": ({"accelerator_type": "nvidia-tesla-t4", "provisioning": "spot", "termination_action": "STOP"},
+                  "SPOT/STOP"),
+}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_every_gpu_family_rehearses_clean_and_leaves_nothing(family):
+    values, gpus = FAMILIES[family]
+    config = build(**values)
+    report, out = quietly(config)
+    assert report.refused == [], out
+    inserts = [c for c in report.calls if c.verb == "insert"]
+    workers = max(int(worker(config).get("min_workers") or 0), 1)
+    assert len(inserts) == 1 + workers
+    assert all(gpus in c.detail for c in inserts[1:]), out
+    assert report.left == [] and "left in the API at the end: nothing" in out
+    assert not any(c.refusal for c in report.calls if c.verb in ("delete", "stop", "setLabels")), out
+
+
+def test_bootstrap_runs_as_ray_up_does():
+    report, out = quietly(build(worker_machine_type="g2-standard-8"))
+    verbs = [c.verb for c in report.calls]
+    for call in ("cloudresourcemanager.projects.get", "iam.serviceAccounts.create",
+                 "cloudresourcemanager.projects.setIamPolicy", "projects.setCommonInstanceMetadata",
+                 "subnetworks.list"):
+        assert call in verbs, out
+    assert verbs.index("subnetworks.list") < verbs.index("insert")
+
+
+def test_spot_with_stop_is_stopped_by_ray_down_then_deleted():
+    config = build(accelerator_type="nvidia-tesla-t4", provisioning="spot", termination_action="STOP")
+    assert config["provider"]["cache_stopped_nodes"] is True
+    report, out = quietly(config, bootstrap=False)
+    assert len(report.stopped_by_down) == 3 and report.left == []
+    assert [c.verb for c in report.calls].count("stop") == 3
+    assert [c.verb for c in report.calls].count("delete") == 3
+    assert "`ray down` stopped 3 VM(s) instead of deleting them" in out
+
+
+def g2_with_guest_accelerators(config):
+    worker(config)["node_config"]["guestAccelerators"] = [{"acceleratorType": "nvidia-l4", "acceleratorCount": 2}]
+
+
+def g2_on_pd_standard(config):
+    worker(config)["node_config"]["disks"][0]["initializeParams"]["diskType"] = "zones/us-central1-a/diskTypes/pd-standard"
+
+
+def gpu_without_terminate(config):
+    del worker(config)["node_config"]["scheduling"]["onHostMaintenance"]
+
+
+def forty_character_name(config):
+    config["cluster_name"] = "a-forty-character-cluster-name-abcdefghi"
+
+
+def t4_on_n2(config):
+    node = worker(config)["node_config"]
+    node["machineType"] = "n2-standard-8"
+    node["guestAccelerators"] = [{"acceleratorType": "nvidia-tesla-t4", "acceleratorCount": 1}]
+
+
+def v100_on_too_many_vcpus(config):
+    node = worker(config)["node_config"]
+    node["machineType"] = "n1-standard-16"
+    node["guestAccelerators"] = [{"acceleratorType": "nvidia-tesla-v100", "acceleratorCount": 1}]
+
+
+BROKEN = [
+    ("g2-standard-24", g2_with_guest_accelerators, {}, "built-in GPUs", "comes with 2 x nvidia-l4"),
+    ("g2-standard-24", g2_on_pd_standard, {}, "disk type", "[pd-standard] disk type cannot be used"),
+    ("n1-t4", gpu_without_terminate, {}, "TERMINATE for GPUs", "onHostMaintenance TERMINATE"),
+    ("g2-standard-24", forty_character_name, {}, "instance name", "is 66 characters; the most is 63"),
+    ("n1-t4", t4_on_n2, {}, "accelerators only on N1", "attaches only to N1"),
+    ("n1-t4", v100_on_too_many_vcpus, {}, "N1 GPU shape", "at most 12 vCPUs"),
+    ("n1-t4", None, {"NVIDIA_T4_GPUS": 0}, "quota", "Quota 'NVIDIA_T4_GPUS' exceeded"),
+    ("g2-standard-24", None, {"GPUS_ALL_REGIONS": 2}, "quota", "Quota 'GPUS_ALL_REGIONS' exceeded"),
+]
+
+
+@pytest.mark.parametrize("family, breaks, quotas, rule, message", BROKEN,
+                         ids=[b[1].__name__ if b[1] else f"quota-{next(iter(b[2]))}" for b in BROKEN])
+def test_a_broken_file_is_refused_naming_the_rule(family, breaks, quotas, rule, message):
+    config = build(**FAMILIES[family][0])
+    if breaks:
+        breaks(config)
+    report, out = quietly(config, quotas=quotas, bootstrap=False)
+    assert report.refused, out
+    assert report.refused[0].refusal.rule == rule, out
+    assert message in report.refused[0].refusal.message, out
+    assert f"refused [{rule}]" in out
+    assert report.left == []
+
+
+def test_a_quota_counts_what_is_running_not_just_one_request():
+    config = build(worker_machine_type="g2-standard-24")  # 2 workers x 2 L4
+    report, _ = quietly(config, quotas={"NVIDIA_L4_GPUS": 4}, bootstrap=False)
+    assert report.refused == []
+    report, out = quietly(config, quotas={"NVIDIA_L4_GPUS": 3}, bootstrap=False)
+    assert [c.refusal.rule for c in report.refused] == ["quota"], out
+    assert "(2 in use, 2 asked for)" in report.refused[0].refusal.message
+
+
+def test_the_rules_are_the_machine_table(monkeypatch):
+    config = build(worker_machine_type="g2-standard-24")
+    g2_on_pd_standard(config)
+    assert quietly(copy.deepcopy(config), bootstrap=False)[0].refused
+    monkeypatch.setitem(machines.DISK_TYPES, "g2", ("pd-balanced", "pd-ssd", "pd-standard"))
+    assert quietly(config, bootstrap=False)[0].refused == []
+
+
+def test_a_refusal_is_compute_engines_error_body():
+    body = {"name": "vm-1", "machineType": "zones/us-central1-a/machineTypes/g2-standard-8",
+            "guestAccelerators": [{"acceleratorType": "nvidia-l4", "acceleratorCount": 1}]}
+    with ComputeAPI("p") as api:
+        request = urllib.request.Request(f"{api.url}/compute/v1/projects/p/zones/us-central1-a/instances",
+                                         data=json.dumps(body).encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=10)
+        assert refused.value.code == 400
+        error = json.loads(refused.value.read())["error"]
+        assert error["code"] == 400 and "[rule: built-in GPUs]" in error["message"]
+        assert error["errors"][0]["reason"] == "invalid"
+        assert api.instances == {}
+
+
+def test_the_client_is_pointed_back_after_the_rehearsal():
+    from googleapiclient import discovery
+
+    before = discovery.build
+    quietly(build(), bootstrap=False)
+    assert discovery.build is before
+
+
+def test_filters_as_rays_provider_writes_them():
+    vm = {"status": "RUNNING", "labels": {"ray-cluster-name": "c", "ray-node-kind": "worker"}}
+    ray_filter = ("((labels.ray-node-kind = worker)) AND ((status = RUNNING) OR (status = STAGING)) "
+                  "AND (labels.ray-cluster-name = c) AND (NOT labels.tpu_cores:*)")
+    assert matches(ray_filter, vm)
+    assert not matches(ray_filter.replace("= c)", "= d)"), vm)
+    assert not matches("(status = TERMINATED) OR (status = SUSPENDED)", vm)
+    assert matches("labels.ray-cluster-name = c", vm) and matches("", vm)
+
+
+def test_cli_clean_and_refused(tmp_path, capsys):
+    good = tmp_path / "good.yaml"
+    good.write_text(yaml.safe_dump(build(worker_machine_type="a2-highgpu-1g")))
+    assert main(["cluster", "rehearse", str(good)]) == 0
+    assert "0 refused" in capsys.readouterr().out
+
+    broken = build(worker_machine_type="g2-standard-24")
+    g2_on_pd_standard(broken)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(broken))
+    assert main(["cluster", "rehearse", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {bad}: Compute Engine would refuse it: [disk type]")
+    assert "Traceback" not in err[0]
+
+    assert main(["cluster", "rehearse", str(good), "--quota", "lots"]) == 2
+    assert "--quota lots: not METRIC=N" in capsys.readouterr().err
+    not_gcp = tmp_path / "aws.yaml"
+    not_gcp.write_text("cluster_name: x\nprovider: {type: aws}\n")
+    assert main(["cluster", "rehearse", str(not_gcp)]) == 2
+    assert "the rehearsal runs Ray's GCP provider" in capsys.readouterr().err
