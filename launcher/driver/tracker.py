@@ -255,7 +255,8 @@ class Tracker:
         if m["kind"] == "epoch":
             self.samples += int(m.get("samples", 0))
             self.train_time += float(m.get("train_time_s", 0.0))
-            self.progress.note(f"{format_epoch(m, self.spec.epochs, self.elapsed())}  "
+            at = float(when) - self.started - self.setup_s if isinstance(when, (int, float)) else self.elapsed()
+            self.progress.note(f"{format_epoch(m, self.spec.epochs, at)}  "
                                "(from its checkpoint: the report was cut off)")
 
     def interruptions(self) -> list[Interruption]:
