@@ -217,7 +217,7 @@ def headline(metrics: dict[str, float], most: int = HEADLINE) -> dict[str, float
         return next((n for n in names if n in metrics), None) or next((n for n in metrics if like(n)), None)
 
     picked = [n for n in (first(LOSS_NAMES, lambda n: n.endswith("loss")),
-                          first(ACCURACY_NAMES, lambda n: "acc" in n)) if n is not None]
+                          first(ACCURACY_NAMES, lambda n: "acc" in n and not n.endswith("loss"))) if n is not None]
     picked += [n for n in metrics if n not in picked and not n.endswith("loss")]
     picked += [n for n in metrics if n not in picked]
     return {n: metrics[n] for n in picked[:most]}
