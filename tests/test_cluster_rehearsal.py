@@ -51,7 +51,7 @@ FAMILIES = {
     "a2-highgpu-1g": ({"worker_machine_type": "a2-highgpu-1g"}, "1 x nvidia-tesla-a100 (built in)"),
     "a3-highgpu-8g": ({"worker_machine_type": "a3-highgpu-8g"}, "8 x nvidia-h100-80gb (built in)"),
     "spot-stop": ({"accelerator_type": "nvidia-tesla-t4", "provisioning": "spot", "termination_action": "STOP"},
-                  "SPOT/STOP"),
+                  "SPOT (on preemption: STOP)"),
 }
 
 
@@ -94,7 +94,8 @@ def g2_with_guest_accelerators(config):
 
 
 def g2_on_pd_standard(config):
-    worker(config)["node_config"]["disks"][0]["initializeParams"]["diskType"] = "zones/us-central1-a/diskTypes/pd-standard"
+    disk = worker(config)["node_config"]["disks"][0]["initializeParams"]
+    disk["diskType"] = "zones/us-central1-a/diskTypes/pd-standard"
 
 
 def gpu_without_terminate(config):
@@ -126,11 +127,13 @@ BROKEN = [
     ("n1-t4", v100_on_too_many_vcpus, {}, "N1 GPU shape", "at most 12 vCPUs"),
     ("n1-t4", None, {"NVIDIA_T4_GPUS": 0}, "quota", "Quota 'NVIDIA_T4_GPUS' exceeded"),
     ("g2-standard-24", None, {"GPUS_ALL_REGIONS": 2}, "quota", "Quota 'GPUS_ALL_REGIONS' exceeded"),
+    ("spot-stop", None, {"NVIDIA_T4_GPUS": 8, "PREEMPTIBLE_NVIDIA_T4_GPUS": 1}, "quota",
+     "Quota 'PREEMPTIBLE_NVIDIA_T4_GPUS' exceeded"),
 ]
 
 
 @pytest.mark.parametrize("family, breaks, quotas, rule, message", BROKEN,
-                         ids=[b[1].__name__ if b[1] else f"quota-{next(iter(b[2]))}" for b in BROKEN])
+                         ids=[b[1].__name__ if b[1] else f"quota-{list(b[2])[-1]}" for b in BROKEN])
 def test_a_broken_file_is_refused_naming_the_rule(family, breaks, quotas, rule, message):
     config = build(**FAMILIES[family][0])
     if breaks:

@@ -46,6 +46,7 @@ class Gpus:
     accelerator: str
     count: int
     bundled: bool
+    preemptible: bool = False  # Spot or preemptible: PREEMPTIBLE_ quota, where the project has it
 
 
 def last_part(url: str) -> str:
@@ -77,14 +78,23 @@ def check_insert(body: Mapping, zone: str, in_use: Iterable[Gpus], region_of_use
 def gpus_of(body: Mapping) -> Gpus | None:
     """The GPUs a (valid) insert body asks for, None for a VM without."""
     machine = last_part(str(body.get("machineType", "")))
+    scheduling = body.get("scheduling") or {}
+    preemptible = bool(scheduling.get("preemptible")) or scheduling.get("provisioningModel") == "SPOT"
     built_in = machines.GPU_MACHINES.get(machine)
     if built_in:
-        return Gpus(built_in.accelerator, built_in.gpus, True)
+        return Gpus(built_in.accelerator, built_in.gpus, True, preemptible)
     guests = body.get("guestAccelerators") or []
     if guests:
         return Gpus(last_part(guests[0].get("acceleratorType", "")),
-                    sum(int(g.get("acceleratorCount", 0)) for g in guests), False)
+                    sum(int(g.get("acceleratorCount", 0)) for g in guests), False, preemptible)
     return None
+
+
+def quota_metric(gpus: Gpus, quotas: Mapping[str, float]) -> str:
+    """The regional quota GPUs count against: PREEMPTIBLE_<metric> for Spot and preemptible VMs
+    where the project has that quota, else the GPU model's own."""
+    metric = machines.ACCELERATORS[gpus.accelerator].quota
+    return f"PREEMPTIBLE_{metric}" if gpus.preemptible and f"PREEMPTIBLE_{metric}" in quotas else metric
 
 
 def zone_region(zone: str) -> str:
@@ -222,9 +232,8 @@ def _network(machine: str, body: Mapping) -> Refusal | None:
 
 def _quota(gpus: Gpus, region: str, in_use: list[Gpus], regions: list[str],
            quotas: Mapping[str, float]) -> Refusal | None:
-    metric = machines.ACCELERATORS[gpus.accelerator].quota
-    here = sum(g.count for g, r in zip(in_use, regions) if r == region
-               and machines.ACCELERATORS[g.accelerator].quota == metric)
+    metric = quota_metric(gpus, quotas)
+    here = sum(g.count for g, r in zip(in_use, regions) if r == region and quota_metric(g, quotas) == metric)
     everywhere = sum(g.count for g in in_use)
     for name, used, where in ((metric, here, f"in region {region}"), (ALL_REGIONS, everywhere, "globally")):
         if name in quotas and used + gpus.count > quotas[name]:
@@ -242,7 +251,8 @@ def describe(body: dict) -> str:
     for disk in body.get("disks") or []:
         parts.append(last_part(str((disk.get("initializeParams") or {}).get("diskType") or "pd-standard (default)")))
     scheduling = body.get("scheduling") or {}
-    if scheduling.get("provisioningModel") == "SPOT" or scheduling.get("preemptible"):
-        parts.append(f"{scheduling.get('provisioningModel', 'preemptible')}"
-                     f"/{scheduling.get('instanceTerminationAction', '-')}")
+    if scheduling.get("provisioningModel") == "SPOT":
+        parts.append(f"SPOT (on preemption: {scheduling.get('instanceTerminationAction', 'STOP')})")
+    elif scheduling.get("preemptible"):
+        parts.append("preemptible")
     return ", ".join(parts)
