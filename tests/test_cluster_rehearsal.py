@@ -84,9 +84,14 @@ def test_spot_with_stop_is_stopped_by_ray_down_then_deleted():
     assert config["provider"]["cache_stopped_nodes"] is True
     report, out = quietly(config, bootstrap=False)
     assert len(report.stopped_by_down) == 3 and report.left == []
-    assert [c.verb for c in report.calls].count("stop") == 3
-    assert [c.verb for c in report.calls].count("delete") == 3
+    verbs = [c.verb for c in report.calls]
+    # `ray down` stops the three; a second `ray up` starts those same three (no new insert), and
+    # `ray down` stops them again; `launcher cluster down` deletes them.
+    assert (verbs.count("insert"), verbs.count("stop"), verbs.count("start"), verbs.count("delete")) == (3, 6, 3, 3)
+    started = {c.target for c in report.calls if c.verb == "start"}
+    assert started == set(report.stopped_by_down)
     assert "`ray down` stopped 3 VM(s) instead of deleting them" in out
+    assert "the second `ray up` started 3 stopped VM(s)" in out
 
 
 def g2_with_guest_accelerators(config):

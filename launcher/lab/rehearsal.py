@@ -6,8 +6,10 @@ Ray's ``bootstrap_gcp`` (project, service account and IAM roles, the SSH key
 in the project's metadata, the subnet), the head, the min_workers of every
 worker type (one VM of a type without min_workers, as the autoscaler would
 launch on demand) with the node configs the file has, the node list, then
-teardown as ``ray down`` does it, then what ``launcher cluster down`` does
-after it (it deletes the VMs ``ray down`` left stopped). The provider and the
+teardown as ``ray down`` does it; with ``cache_stopped_nodes`` (which stops
+instead of deleting) a second ``ray up`` and ``ray down``, to show the stopped
+VMs started again; then what ``launcher cluster down`` does after it (it
+deletes the VMs ``ray down`` left stopped). The provider and the
 Google API client are the real ones; only the server is local
 (:class:`launcher.lab.compute_api.ComputeAPI`), and it checks every request
 by Compute Engine's rules.
@@ -108,7 +110,13 @@ def rehearse(config: dict, quotas: dict[str, float] | None = None, bootstrap: bo
                 config = _ray.resolve("GCPNodeProvider").bootstrap_config(config)
         provider = _ray.resolve("GCPNodeProvider")(config["provider"], config["cluster_name"])
         _up(config, provider, phase)
-        _down(config, provider, phase, report)
+        _ray_down(config, provider, phase)
+        if config["provider"].get("cache_stopped_nodes"):
+            say("`ray up` again (Ray's provider starts the VMs it stopped instead of creating new ones):")
+            _up(config, provider, phase)
+            _ray_down(config, provider, phase)
+        report.stopped_by_down = sorted(n for n, i in api.instances.items() if i["status"] == STOPPED)
+        _cluster_down(config, phase, report)
     report.calls = api.calls
     say(summary(report, api))
     return report
@@ -166,7 +174,7 @@ def _create(provider, config: dict, type_name: str, kind: str, count: int) -> No
         provider.set_node_tags(name, {TAG_RAY_NODE_STATUS: STATUS_UP_TO_DATE})
 
 
-def _down(config: dict, provider, phase: _Phases, report: Report) -> None:
+def _ray_down(config: dict, provider, phase: _Phases) -> None:
     stop = bool(config["provider"].get("cache_stopped_nodes"))
     with phase("`ray down`" + (" (cache_stopped_nodes: Ray's provider stops VMs instead of deleting them)"
                                if stop else "")):
@@ -174,7 +182,9 @@ def _down(config: dict, provider, phase: _Phases, report: Report) -> None:
             nodes = provider.non_terminated_nodes({TAG_RAY_NODE_KIND: kind})
             if nodes:
                 provider.terminate_nodes(nodes)
-    report.stopped_by_down = [n for n, i in phase.api.instances.items() if i["status"] == STOPPED]
+
+
+def _cluster_down(config: dict, phase: _Phases, report: Report) -> None:
     with phase("`launcher cluster down` after it (deletes the VMs `ray down` left, stopped ones too)"):
         provider_config = config["provider"]
         delete_left_vms(Compute(provider_config["project_id"], endpoint=phase.api.url),
@@ -197,6 +207,9 @@ def summary(report: Report, api: ComputeAPI) -> str:
     refused = report.refused
     lines = [f"summary: {len(report.calls)} requests; {len(inserts) - len([c for c in inserts if c.refusal])} "
              f"VM inserts accepted, {len(refused)} refused"]
+    started = [c for c in report.calls if c.verb == "start" and not c.refusal]
+    if started:
+        lines.append(f"  the second `ray up` started {len(started)} stopped VM(s) instead of inserting new ones")
     if report.stopped_by_down:
         lines.append(f"  `ray down` stopped {len(report.stopped_by_down)} VM(s) instead of deleting them "
                      f"(cache_stopped_nodes); `launcher cluster down` deleted them")
