@@ -111,6 +111,10 @@ def forty_character_name(config):
     config["cluster_name"] = "a-forty-character-cluster-name-abcdefghi"
 
 
+def fifty_character_name(config):  # Ray's own check stops it before a request is sent
+    config["cluster_name"] = "a-fifty-character-cluster-name-abcdefghijklmnopqrs"
+
+
 def t4_on_n2(config):
     node = worker(config)["node_config"]
     node["machineType"] = "n2-standard-8"
@@ -128,6 +132,7 @@ BROKEN = [
     ("g2-standard-24", g2_on_pd_standard, {}, "disk type", "[pd-standard] disk type cannot be used"),
     ("n1-t4", gpu_without_terminate, {}, "TERMINATE for GPUs", "onHostMaintenance TERMINATE"),
     ("g2-standard-24", forty_character_name, {}, "instance name", "is 66 characters; the most is 63"),
+    ("g2-standard-24", fifty_character_name, {}, "instance name", "Ray refused to name the VM"),
     ("n1-t4", t4_on_n2, {}, "accelerators only on N1", "attaches only to N1"),
     ("n1-t4", v100_on_too_many_vcpus, {}, "N1 GPU shape", "at most 12 vCPUs"),
     ("n1-t4", None, {"NVIDIA_T4_GPUS": 0}, "quota", "Quota 'NVIDIA_T4_GPUS' exceeded"),

@@ -52,6 +52,7 @@ from launcher.lab.compute_rules import Refusal
 
 # Where each Google API the provider builds lives on the local server (the paths Google's use).
 SERVICES = {"compute": "compute/v1/", "cloudresourcemanager": "cloudresourcemanager/", "iam": "iam/"}
+NOT_SENT = "(not sent)"  # the target of an insert Ray's provider refused to send
 TOKEN = "rehearsal-token"  # sent as a bearer token to 127.0.0.1 only; not a credential
 FIXES = {
     "instance name": "Ray names VMs ray-CLUSTER-worker-XXXXXXXX-compute: keep cluster_name to 35 characters "
@@ -134,15 +135,22 @@ class _Phases:
         try:
             yield
         except AssertionError as exc:  # Ray's own check of a VM name's length, before any request
-            self.api.calls.append(Call("insert", "(not sent)", Refusal(
-                400, "instance name", f"Ray refused to name the VM: {exc}")))
-        except Exception as exc:  # noqa: BLE001  the API's refusal, already in its calls
-            if not self.api.calls[self.seen:] or not self.api.calls[-1].refusal:
+            self.api.calls.append(Call("insert", NOT_SENT, Refusal(400, "instance name", _name_assertion(exc))))
+        except Exception:  # noqa: BLE001  the API refused a request (it is in its calls): go on
+            if not (self.api.calls[self.seen:] and self.api.calls[-1].refusal):
                 raise
-            del exc
         for call in self.api.calls[self.seen:]:
             self.say("  " + format_call(call))
         self.seen = len(self.api.calls)
+
+
+def _name_assertion(exc: AssertionError) -> str:
+    """Ray's provider asserts its name label leaves room for the VM name's suffix (55 characters)."""
+    what = exc.args[0] if exc.args else None
+    if isinstance(what, tuple) and len(what) == 2:
+        return (f"Ray refused to name the VM before sending it: the name label '{what[0]}' is {what[1]} "
+                "characters, Ray's GCP provider takes at most 55")
+    return f"Ray refused to name the VM before sending it: {exc}"
 
 
 def _up(config: dict, provider, phase: _Phases) -> None:
@@ -222,9 +230,11 @@ def summary(report: Report, api: ComputeAPI) -> str:
 
 def refusal_error(source: str, report: Report) -> UserError:
     """The one line the CLI ends with when Compute Engine would refuse a request of the file."""
-    first = report.refused[0].refusal
+    call = report.refused[0]
+    first = call.refusal
+    who = "Ray's GCP provider" if call.target == NOT_SENT else "Compute Engine"
     more = f" (and {len(report.refused) - 1} more)" if len(report.refused) > 1 else ""
-    return UserError(f"{source}: Compute Engine would refuse it: [{first.rule}] {first.message}{more}",
+    return UserError(f"{source}: {who} would refuse it: [{first.rule}] {first.message}{more}",
                      FIXES.get(first.rule, "regenerate the file with launcher cluster config"))
 
 
