@@ -270,6 +270,58 @@ def test_a_broken_function_fails_naming_the_users_line(ray_local, capsys, elsewh
         assert needle in summary["error"], summary["error"]
 
 
+SEEN = '''
+import json
+import os
+
+import torch
+import workloads
+
+
+@workloads.training_function(epochs=2, batch_size=4)
+def seen(session):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer = session.prepare(model, optimizer)
+    session.register(model=model, optimizer=optimizer)
+    loader = session.loader([torch.tensor([float(i)]) for i in range(64)])
+    out = os.path.join(session.params["log"], f"{os.getpid()}-{session.rank}.jsonl")
+    for epoch in session.epochs():
+        for x in loader:
+            loss = model(x / 64).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            with open(out, "a") as f:  # before session.step, where a held rank 0 stops
+                f.write(json.dumps({"epoch": epoch, "step": session.global_step + 1, "world": session.world_size,
+                                    "items": x.squeeze(-1).int().tolist()}) + "\\n")
+            session.step(loss=loss)
+'''
+
+
+@pytest.mark.integration
+def test_a_run_resumed_on_fewer_workers_continues_at_the_same_sample(tmp_path):
+    """Stopped after 3 steps on 2 workers (24 of 64 samples), resumed on 1: the epoch goes on
+    at the 25th sample of the run's global order; each epoch trains every sample once."""
+    path = write(tmp_path / "code", SEEN, "seen.py")
+    log = tmp_path / "seen"
+    log.mkdir()
+    args = ["--workload", f"{path}:seen", "--storage", str(tmp_path / "runs"), "--param", f"log={log}",
+            "--checkpoint-every-steps", "3", "--name", "shrunk"]
+    stopped = stop_after_step_checkpoint(args + ["--workers", "2"], tmp_path)
+    assert stopped["status"] == "cancelled", stopped
+    resumed = finish(launch(args + ["--workers", "1"]))
+    assert resumed["resumed_from"] == {"epoch": 0, "step": 3}, resumed
+    assert resumed["status"] == "succeeded" and resumed["steps_completed"] == 3 + 40 // 4 + 64 // 4, resumed
+    records = [json.loads(line) for f in sorted(log.iterdir()) for line in f.read_text().splitlines()]
+    kept = [r for r in records if r["world"] == 1 or r["step"] <= 3]  # steps after the checkpoint are lost work
+    for epoch in (0, 1):
+        items = [i for r in kept if r["epoch"] == epoch for i in r["items"]]
+        assert sorted(items) == list(range(64)), (epoch, sorted(items))  # nothing repeated, nothing skipped
+    assert {r["world"] for r in kept if r["epoch"] == 0} == {1, 2}
+
+
 UNREGISTERED = '''
 import torch
 import workloads

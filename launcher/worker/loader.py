@@ -1,10 +1,10 @@
 """The training session's data loader: the user's map-style dataset in the launcher's order.
 
 :class:`ResumableLoader` is a plain ``torch.utils.data.DataLoader`` driven by
-:class:`BatchOrder`, a batch sampler whose order is a pure function of seed, epoch and
-rank (the managed loop's order). The training loader counts the batches it hands out:
-that count is the position a checkpoint saves, and a resumed epoch starts the sampler
-there. Errors a user's code causes here say where, in one line (:func:`user_line`).
+:class:`BatchOrder`, a batch sampler in the run's order (:mod:`launcher.worker.order`: one
+order over the whole data set, each global batch split over the ranks). The training loader
+counts the batches it hands out and the samples they used (the cursor): that is the
+position a checkpoint saves, and a resumed epoch starts the sampler there. Errors a user's code causes here say where, in one line (:func:`user_line`).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from launcher.worker.loop import epoch_order
+from launcher.worker.order import GlobalOrder
 
 _LAUNCHER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SKIP_DIRS = (_LAUNCHER_DIR, os.path.dirname(os.__file__))
@@ -60,31 +61,70 @@ def _to_device(batch: Any, device) -> Any:
 
 
 class BatchOrder:
-    """A batch sampler: rank's shard of ``n`` items in the launcher's order, batch by batch,
-    starting at the batch the session says (the resumed position). For evaluation
-    (``train`` False) the shards cover every item once, in order."""
+    """A batch sampler over ``n`` items, starting at the batch the session says (a resumed
+    position). The training loader of a whole dataset follows the run's :class:`GlobalOrder`
+    (one order over all items; each global batch split over the ranks of the moment), so a
+    run resumed on another number of workers continues at the same sample. A dataset that is
+    this rank's share already (``shard`` False) is visited in an order drawn from (seed,
+    epoch, rank). For evaluation (``train`` False) the shards cover every item once, in order."""
 
     def __init__(self, session: Any, n: int, batch_size: int, train: bool, shuffle: bool,
                  drop_last: bool, shard: bool = True) -> None:
         from workloads.base import shard_indices
 
         self.session, self.batch_size, self.train, self.shuffle = session, batch_size, train, shuffle
-        self.indices = shard_indices(n, session.rank, session.world, equal=train) if shard else np.arange(n)
         self.drop_last = drop_last
-        self.start = 0
+        self.order = GlobalOrder(n, session.spec.seed, shuffle, batch_size, drop_last) if train and shard else None
+        if self.order is None:
+            self.indices = shard_indices(n, session.rank, session.world, equal=train) if shard else np.arange(n)
+        self.start = 0     # the batch the next iteration starts at
+        self.first = 0     # global order: the batch of the epoch that first_cursor stands at
+        self.first_cursor = 0
+
+    @property
+    def is_global(self) -> bool:
+        return self.order is not None
+
+    def resume_at(self, batches: int, cursor: int | None) -> None:
+        """A resumed epoch: ``batches`` steps done (in whatever layout), ``cursor`` samples used."""
+        if self.order is not None:
+            self.first = batches
+            self.first_cursor = self.order.cursor_after(0, self.session.world, batches) if cursor is None else cursor
+
+    def epoch_over(self) -> None:
+        self.first = self.first_cursor = 0
 
     def __len__(self) -> int:
+        if self.order is not None:
+            return self.first + self.order.batches_left(self.first_cursor, self.session.world)
         n = len(self.indices)
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
+    def epoch_length(self) -> int:
+        """Batches in a whole epoch at this worker count."""
+        return self.order.batches_left(0, self.session.world) if self.order is not None else len(self)
+
+    def cursor_at(self, batch: int) -> int | None:
+        """Samples of the epoch used once ``batch`` batches are done (global order only)."""
+        if self.order is None:
+            return None
+        return self.order.cursor_after(self.first_cursor, self.session.world, batch - self.first)
+
     def __iter__(self) -> Iterator[list[int]]:
+        s = self.session
+        if self.order is not None:
+            for gb in self.order.global_batches(s.pos.epoch, self.cursor_at(self.start), s.world):
+                yield GlobalOrder.share(gb, s.rank, s.world).tolist()
+            return
         idx = self.indices
         if self.shuffle:
-            idx = idx[epoch_order(self.session.spec.seed, self.session.pos.epoch, self.session.rank, len(idx))]
+            idx = idx[epoch_order(s.spec.seed, s.pos.epoch, s.rank, len(idx))]
         for b in range(self.start, len(self)):
             yield idx[b * self.batch_size:(b + 1) * self.batch_size].tolist()
 
     def size_of(self, b: int) -> int:
+        if self.order is not None:
+            return (self.cursor_at(b + 1) - self.cursor_at(b)) // self.session.world
         return min(self.batch_size, len(self.indices) - b * self.batch_size)
 
 

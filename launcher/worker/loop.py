@@ -154,10 +154,12 @@ class Session(abc.ABC):
         total = self.sum_over_ranks(sizes)
         return {name_of(r): int(total[r]) for r in range(self.world)}
 
-    def restored(self, pos: Position, manifest) -> None:
-        """Take the position of a restored checkpoint written by ``manifest``'s run layout."""
+    def restored(self, pos: Position, manifest, across_layouts: bool = False) -> None:
+        """Take the position of a restored checkpoint written by ``manifest``'s run layout.
+        ``across_layouts``: the caller can continue a mid-epoch position at another worker
+        count or batch size (a saved cursor in the global order) and decides itself."""
         same_layout = manifest.world_size == self.world and manifest.batch_size == self.spec.batch_size
-        if pos.step_in_epoch and not same_layout:
+        if pos.step_in_epoch and not same_layout and not across_layouts:
             # The shards and batches differ, so the mid-epoch position has no exact
             # equivalent: redo the whole epoch rather than skip unseen samples.
             pos.step_in_epoch = 0

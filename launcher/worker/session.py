@@ -102,7 +102,8 @@ class TorchSession(UserSession):
         self.model_name: str | None = None
         self._saved: dict[str, Any] = {}       # states read from the checkpoint, until registered
         self._rng: dict[str, Any] | None = None
-        self._resume_batches = 0
+        self._resume: tuple[int, int | None] | None = None  # a resumed epoch's (batches, cursor)
+        self._layout_changed = False  # the checkpoint was written by another worker count or batch size
         self._train_loader: ResumableLoader | None = None
         self._watched = False  # an optimizer is registered, whose steps mark the state updated
         self.boundary = True   # the last counted step ended with an optimizer step
@@ -230,7 +231,7 @@ class TorchSession(UserSession):
         made.made_at = user_line()
         if train:
             self._train_loader = made
-            self.steps_per_epoch = len(order)
+            self.steps_per_epoch = order.epoch_length()
         return made
 
     def _as_metric(self, value: Any) -> Any:
@@ -244,11 +245,27 @@ class TorchSession(UserSession):
     def _epoch_done(self) -> None:
         if self._train_loader is not None:
             self._train_loader.batches = 0
+            self._train_loader.order.epoch_over()
 
     def _loader_start(self, loader: ResumableLoader) -> int:
         """The batch the training loader starts at: the resumed position once, then 0."""
-        start, self._resume_batches = self._resume_batches, 0
-        return start
+        if self._resume is None:
+            return 0
+        (batches, cursor), self._resume = self._resume, None
+        loader.order.resume_at(batches, cursor)
+        return batches
+
+    def _settle_position(self) -> None:
+        """A checkpoint of another layout (worker count, batch size) resumed mid-epoch: the
+        training loader continues at the saved cursor in the global order; without one (no
+        loader yet, a dataset sharded by the user, a checkpoint without a cursor) the epoch is
+        done again from its start, as no position in other shards matches."""
+        if not (self._layout_changed and self.pos.step_in_epoch):
+            return
+        loader = self._train_loader
+        if loader is not None and loader.order.is_global and self._resume and self._resume[1] is not None:
+            return
+        self.pos.step_in_epoch, self._resume = 0, None
 
     # -- the loop --------------------------------------------------------------------------
     def _begin(self) -> None:
@@ -263,6 +280,7 @@ class TorchSession(UserSession):
             names = ", ".join(sorted(self._saved))
             raise SessionError(f"`session.epochs()` at {user_line()}: the checkpoint holds {names}, which this "
                                "run did not register; register the same objects as the run that wrote it")
+        self._settle_position()
         if self._rng is not None:
             _set_rng_states(self._rng)
             self._rng = None
@@ -338,7 +356,9 @@ class TorchSession(UserSession):
 
         torch.save(self.model().state_dict(), os.path.join(directory, TORCH_MODEL_FILE))
         state = {name: obj.state_dict() for name, obj in self.objects.items() if name != self.model_name}
-        state["_launcher"] = {"batches": batches, "model": self.model_name}
+        loader = self._train_loader
+        cursor = loader.order.cursor_at(batches) if loader is not None and batches else None
+        state["_launcher"] = {"batches": batches, "model": self.model_name, "cursor": cursor}
         torch.save(state, os.path.join(directory, STATE_FILE))
 
     def can_salvage(self) -> bool:
@@ -366,8 +386,9 @@ class TorchSession(UserSession):
         self._saved[info.get("model") or "model"] = torch.load(os.path.join(directory, TORCH_MODEL_FILE),
                                                                map_location="cpu")
         pos = Position(manifest.epoch, manifest.step_in_epoch, manifest.global_step)
-        self.restored(pos, manifest)
+        self.restored(pos, manifest, across_layouts=True)
         same_layout = manifest.world_size == self.world and manifest.batch_size == self.spec.batch_size
+        self._layout_changed = not same_layout
         rng_file = os.path.join(directory, torch_rng_file(self.rank))
         if same_layout and os.path.isfile(rng_file):
             mine = torch.load(rng_file, weights_only=False)
@@ -376,7 +397,9 @@ class TorchSession(UserSession):
             self._rng = mine["rng"]
             if self.pos.step_in_epoch:
                 self._carried = mine["epoch"]
-        self._resume_batches = int(info.get("batches", 0)) if self.pos.step_in_epoch else 0
+        if self.pos.step_in_epoch:
+            cursor = info.get("cursor")
+            self._resume = (int(info.get("batches", 0)), None if cursor is None else int(cursor))
 
 class _NoOptimizer:
     """An optimizer with no state, for :meth:`TorchSession.prepare` without one."""

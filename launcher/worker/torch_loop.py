@@ -11,8 +11,9 @@ session's, so the managed loop and a user's loop keep one set of guarantees.
 
 Nothing is read back from the device per step: the losses add up on the device
 and are read when a report needs them (a checkpoint, the epoch's end). The
-workload's shard is read a batch per call (``__getitems__``), in the order the
-session's loader gives (a pure function of seed, epoch and rank).
+workload's training split is read a batch per call (``__getitems__``), in the order the
+session's loader gives (:mod:`launcher.worker.order`: one order over the whole split, a pure
+function of seed and epoch, each global batch split over the ranks).
 """
 
 from __future__ import annotations
@@ -83,12 +84,14 @@ def train_workload(session, workload) -> None:
     """Train ``workload`` for the run's epochs with the session (see the module docstring)."""
     spec, params = session.spec, session.spec.params
     data = local_data(spec.data)  # gs:// data: this node's verified copy
-    train = workload.load(data, "train", session.rank, session.world, params)
+    # The whole training split on every rank: the session's global order splits each global
+    # batch over the ranks, so a run resumed on another worker count continues at its sample.
+    train = workload.load(data, "train", 0, 1, params)
     test = workload.load(data, "test", session.rank, session.world, params)
     module = workload.torch_model(params)
     optimizer = workload.torch_optimizer(module.parameters(), spec.lr, params)
     model, optimizer = session.prepare(module, optimizer)
-    loader = session.loader(SplitDataset(train), spec.batch_size, shard=False, collate_fn=as_tensors)
+    loader = session.loader(SplitDataset(train), spec.batch_size, collate_fn=as_tensors)
     accumulate = spec.accumulation
     steps = spec.epochs * -(-len(loader) // accumulate)
     scheduler = workload.torch_scheduler(optimizer, steps, params)

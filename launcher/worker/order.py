@@ -1,0 +1,67 @@
+"""The training data's sample order: one order over the whole data set, whatever the worker count.
+
+An epoch visits the ``n`` samples in a permutation drawn from ``(seed, epoch)`` alone (or in
+their own order, unshuffled). It is cut into *global batches* of ``batch_size x world``
+samples, and each rank takes its strided share of every global batch (``batch[rank::world]``,
+as the Keras session does), so a global batch holds the same samples on any backend. Where an
+epoch stands is a *cursor*: the samples of the epoch consumed so far. A checkpoint saves it,
+and a run resumed on another number of workers continues at the same sample, with global
+batches of its own size: nothing repeated, nothing skipped.
+
+Every rank takes the same number of samples from each global batch, as synchronous training
+needs: an epoch's last global batch holds a multiple of ``world`` samples, so at most
+``world - 1`` samples at the epoch's end wait for the next epoch's order (the same rule the
+per-rank shards of :func:`workloads.base.shard_indices` follow). With ``drop_last`` the epoch
+ends at its last full global batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Iterator
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class GlobalOrder:
+    """The order of ``n`` samples, epoch by epoch (see the module docstring)."""
+
+    n: int
+    seed: int
+    shuffle: bool = True
+    batch_size: int = 1      # per worker: a global batch is batch_size x world
+    drop_last: bool = False
+
+    def permutation(self, epoch: int) -> np.ndarray:
+        """The epoch's order of all ``n`` samples: a pure function of (seed, epoch)."""
+        if not self.shuffle:
+            return np.arange(self.n)
+        return np.random.default_rng([self.seed, epoch, 0x5A17]).permutation(self.n)
+
+    def end(self, cursor: int, world: int) -> int:
+        """Where an epoch continued from ``cursor`` on ``world`` workers ends."""
+        left = max(0, self.n - cursor)
+        span = self.batch_size * world
+        usable = left // span * span if self.drop_last else left - left % world
+        return cursor + usable
+
+    def batches_left(self, cursor: int, world: int) -> int:
+        """Global batches from ``cursor`` to the epoch's end on ``world`` workers."""
+        return math.ceil((self.end(cursor, world) - cursor) / (self.batch_size * world))
+
+    def cursor_after(self, cursor: int, world: int, batches: int) -> int:
+        """The cursor ``batches`` global batches after ``cursor``."""
+        return min(cursor + batches * self.batch_size * world, self.end(cursor, world))
+
+    def global_batches(self, epoch: int, cursor: int, world: int) -> Iterator[np.ndarray]:
+        """The epoch's global batches from ``cursor`` on, each the samples' indices."""
+        order, span, end = self.permutation(epoch), self.batch_size * world, self.end(cursor, world)
+        for start in range(cursor, end, span):
+            yield order[start:min(start + span, end)]
+
+    @staticmethod
+    def share(global_batch: np.ndarray, rank: int, world: int) -> np.ndarray:
+        """Rank's share of a global batch: every world-th sample from its rank on."""
+        return global_batch[rank::world]
