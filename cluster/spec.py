@@ -122,6 +122,7 @@ class ClusterSpec:
             raise UserError(f"zone {self.zone} is not in region {region}",
                             f"use --region {m.group(1)} or a zone of {region}")
         _check_name(self.cluster_name)
+        self = _split_gpus(self)
         _check_workers(self)
         _check_choices(self)
         for machine in (self.head_machine_type, self.worker_machine_type):
@@ -194,6 +195,30 @@ def expand_scope(scope: str) -> str:
     if not scope:
         raise UserError("an empty scope was given", "list scopes separated by commas, e.g. devstorage.read_write")
     return scope if scope.startswith("https://") else SCOPE_PREFIX + scope
+
+
+def _split_gpus(spec: "ClusterSpec") -> "ClusterSpec":
+    """A machine type written the launcher's way, ``MACHINE+ACCELERATORxN`` (as --machine-type
+    and job files take it), as the machine type alone and ``--accelerator`` / ``--accelerator-count``;
+    a GPU named twice, differently, is refused."""
+    for field, flag, head in (("worker_machine_type", "--worker-machine-type", False),
+                              ("head_machine_type", "--head-machine-type", True)):
+        text = getattr(spec, field)
+        if "+" not in text:
+            continue
+        parsed = machines.parse(text, flag)
+        spec = dataclasses.replace(spec, **{field: parsed.machine})
+        if parsed.machine in machines.GPU_MACHINES:
+            continue  # the GPUs are the type's own
+        given = (spec.accelerator_type, spec.accelerator_count or 1)
+        if spec.accelerator_type and given != (parsed.accelerator, parsed.count):
+            raise UserError(f"{flag} {text} and --accelerator {spec.accelerator_type} "
+                            f"(count {spec.accelerator_count or 1}) name different GPUs", "give them one way")
+        if head != (spec.max_workers == 0):
+            raise UserError(f"{flag} {text}: GPUs go on the workers (on the head only with --max-workers 0)",
+                            f"give the GPUs with {'--worker-machine-type' if head else '--head-machine-type'}")
+        spec = dataclasses.replace(spec, accelerator_type=parsed.accelerator, accelerator_count=parsed.count)
+    return spec
 
 
 def _check_name(name: str) -> None:

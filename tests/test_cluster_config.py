@@ -510,3 +510,17 @@ def test_what_stopped_vms_a_cluster_can_leave_is_said():
     assert "plain `ray down` stops every VM" in " ".join(stopped_vm_notes(stop))
     spot = ClusterSpec.from_mapping({**BASE, "provisioning": "spot"}).validated()
     assert stopped_vm_notes(spot) == [] and "Preemptible" not in to_yaml(build(), spot, VERSION)
+
+
+def test_a_machine_type_written_with_its_gpus_is_split_into_the_type_and_accelerator(capsys):
+    from cluster.spec import ClusterSpec
+
+    spec = ClusterSpec(project="p", worker_machine_type="n1-standard-8+nvidia-tesla-t4x2").validated()
+    assert (spec.worker_machine_type, spec.accelerator_type, spec.accelerator_count) == \
+        ("n1-standard-8", "nvidia-tesla-t4", 2)
+    assert ClusterSpec(project="p", worker_machine_type="g2-standard-24+nvidia-l4x2").validated().node_gpus(False) == 2
+    with pytest.raises(UserError, match="name different GPUs"):
+        ClusterSpec(project="p", worker_machine_type="n1-standard-8+nvidia-tesla-t4",
+                    accelerator_type="nvidia-l4").validated()
+    with pytest.raises(UserError, match="GPUs go on the workers"):
+        ClusterSpec(project="p", head_machine_type="n1-standard-8+nvidia-tesla-t4").validated()
