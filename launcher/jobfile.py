@@ -17,8 +17,11 @@ ranks, GPUs, storage, name, time limit, machine types), the trainer package
 and its arguments, a hyperparameter search in AI Platform's form, and notes:
 one line for each key the launcher reads but does differently (parameter
 servers are not started: the ranks synchronise by allreduce). Keys that
-cannot work here (containers, TPUs) are refused with one line saying why, and
-an unknown key names the closest valid one. The files' own spelling is kept:
+cannot work here (TPUs, AI Platform's container keys) are refused with one line saying
+why, and an unknown key names the closest valid one. A Vertex pool's ``containerSpec``
+(imageUri, command, args, env) is a program of its own: each rank runs the command in
+that image, on a cluster whose nodes can start it (Ray's runtime_env ``image_uri``,
+see :func:`launcher.driver.program.from_container`). The files' own spelling is kept:
 each block below is declared with :mod:`launcher.schema`, the project's one
 way of checking specs.
 """
@@ -50,11 +53,13 @@ SCALE_TIERS = {
 SCALE_TIER_NAMES = ("BASIC", "BASIC_GPU", "BASIC_TPU", "STANDARD_1", "PREMIUM_1", "CUSTOM")
 ARCHIVE_SUFFIXES = (".tar.gz", ".whl")
 WHY_NO_PS = "the ranks synchronise by allreduce (Horovod or Ray Train's own), which needs no parameter server"
-WHY_NO_CONTAINER = "the launcher runs Python packages on the cluster's own nodes, not containers"
+WHY_NO_CONTAINER = "AI Platform's container keys are not read: containers run from a Vertex AI CustomJob's " \
+    "containerSpec"
 WHY_NO_TPU = "the launcher trains on CPUs and NVIDIA GPUs"
 # A key's help says what becomes of it: "noted: WHY" (one line, then the run goes on) or
 # "refused: WHY; HOW TO FIX" (one line, exit 2); see :func:`_declared`.
-REFUSE_CONTAINER = f"refused: {WHY_NO_CONTAINER}; give packageUris and pythonModule instead"
+REFUSE_CONTAINER = f"refused: {WHY_NO_CONTAINER}; write the job as a CustomJob whose workerPoolSpecs have a " \
+    "containerSpec (imageUri, command, args), or give packageUris and pythonModule"
 REFUSE_TPU = f"refused: {WHY_NO_TPU}; use an NVIDIA GPU type, e.g. NVIDIA_TESLA_T4"
 REFUSE_KEYS = "refused: customer-managed encryption keys are Compute Engine's and Cloud Storage's to set; remove it"
 REFUSE_SHELL = "refused: interactive shells into the ranks are not offered; remove it"
@@ -163,6 +168,16 @@ class EnvVar:
 
 
 @dataclass(frozen=True)
+class ContainerSpec:
+    imageUri: str = option(cli=False, help="the image each rank runs in (Ray's runtime_env image_uri: the nodes "
+                           "need podman, the image Ray and Python as the nodes have them)")
+    command: tuple[str, ...] = _key((), help="what each rank runs in the image (required here: the image's "
+                                    "ENTRYPOINT is not read), e.g. [python, -m, trainer.task]")
+    args: tuple[str, ...] = _key((), help="the command's arguments")
+    env: tuple[EnvVar, ...] = _key((), help="environment variables of every rank")
+
+
+@dataclass(frozen=True)
 class DiskSpec:
     bootDiskType: str | None = _key(help=NOTE_DISKS)
     bootDiskSizeGb: int | None = _key(help=NOTE_DISKS)
@@ -173,7 +188,8 @@ class WorkerPoolSpec:
     machineSpec: MachineSpec | None = _key(help="the pool's VMs")
     replicaCount: int = _key(0, ge=0, help="replicas in the pool")
     pythonPackageSpec: PythonPackageSpec | None = _key(help="the trainer package")
-    containerSpec: dict | None = _key(help=REFUSE_CONTAINER)
+    containerSpec: ContainerSpec | None = _key(help="the image and command each rank runs (instead of "
+                                               "pythonPackageSpec), on a cluster whose nodes have podman")
     diskSpec: DiskSpec | None = _key(help="the boot disk (noted: the cluster file sets it)")
     nfsMounts: tuple[dict, ...] | None = _key(help="refused: NFS mounts are not made; the ranks read data from Cloud Storage or local paths; give the data as gs:// URIs")
 
@@ -305,6 +321,8 @@ class JobFile:
     module: str | None = None
     args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
+    image: str | None = None                    # a containerSpec's imageUri: the ranks run ``command`` in it
+    command: tuple[str, ...] = ()
     hyperparameters: Hyperparameters | None = None
     notes: list[str] = field(default_factory=list)
     machines: dict[str, str] = field(default_factory=dict)   # "primary", "workers" -> MACHINE[+ACCELxN]
@@ -421,7 +439,8 @@ _POOL_KEYS = {"machine-type": ("machineSpec", "machineType"), "replica-count": (
               "executor-image-uri": ("pythonPackageSpec", "executorImageUri"),
               "python-module": ("pythonPackageSpec", "pythonModule"),
               "disk-type": ("diskSpec", "bootDiskType"), "disk-size": ("diskSpec", "bootDiskSizeGb")}
-_POOL_REFUSED = {"container-image-uri": WHY_NO_CONTAINER,
+_POOL_REFUSED = {"container-image-uri": "give the image in a CustomJob file's containerSpec (imageUri, command, "
+                                        "args) with --config instead",
                  "local-package-path": "give the package with --package DIR (or a built sdist or wheel) instead",
                  "script": "give the script with --script FILE instead",
                  "requirements": "declare them in the package's setup.py (install_requires) instead",
@@ -590,6 +609,7 @@ def _from_custom_job(spec: CustomJobSpec, out: JobFile, where: str) -> None:
         raise UserError(f"{source}: {where}workerPoolSpecs[0].replicaCount is {primary.replicaCount}: pool 0 is "
                         "the primary replica, exactly 1", "put the other replicas in workerPoolSpecs[1]")
     package: PythonPackageSpec | None = None
+    container: ContainerSpec | None = None
     for i, pool in enumerate(pools):
         at = f"{where}workerPoolSpecs[{i}]"
         if pool.machineSpec is not None and pool.machineSpec.acceleratorType \
@@ -602,7 +622,18 @@ def _from_custom_job(spec: CustomJobSpec, out: JobFile, where: str) -> None:
                                                 "ring), with no reduction server")
                 out.note(f"{at} ({names[i]}, {pool.replicaCount}) is not started: {why}")
             continue
+        if pool.containerSpec is not None and pool.pythonPackageSpec is not None:
+            raise UserError(f"{source}: {at} has both containerSpec and pythonPackageSpec: a pool runs one program",
+                            "keep containerSpec (the image's command) or pythonPackageSpec (a trainer package)")
+        if pool.containerSpec is not None:
+            if package is not None or (container is not None and pool.containerSpec != container):
+                raise UserError(f"{source}: {at}.containerSpec differs from workerPoolSpecs[0]'s program: every rank "
+                                "runs the same program here", "give pool 1 the same containerSpec as pool 0")
+            container = pool.containerSpec
         if pool.pythonPackageSpec is not None:
+            if container is not None:
+                raise UserError(f"{source}: {at}.pythonPackageSpec differs from workerPoolSpecs[0]'s containerSpec: "
+                                "every rank runs the same program here", "give pool 1 the same containerSpec as pool 0")
             if package is not None and _program(pool.pythonPackageSpec) != _program(package):
                 raise UserError(f"{source}: {at}.pythonPackageSpec differs from workerPoolSpecs[0]'s: every rank "
                                 "runs the same program here", "give pool 1 the same package, module and args")
@@ -626,6 +657,8 @@ def _from_custom_job(spec: CustomJobSpec, out: JobFile, where: str) -> None:
         if package.executorImageUri != "(gcloud flag)":
             out.note(f"{where}workerPoolSpecs[0].pythonPackageSpec.executorImageUri is not used: the ranks run in "
                      f"the nodes' own environment ({_environment(package.executorImageUri)})")
+    if container is not None:
+        _container(container, f"{where}workerPoolSpecs[0].containerSpec", out)
     if spec.baseOutputDirectory is not None:
         _run_folder(spec.baseOutputDirectory.outputUriPrefix, f"{where}baseOutputDirectory.outputUriPrefix", out)
     s = spec.scheduling
@@ -640,6 +673,19 @@ def _from_custom_job(spec: CustomJobSpec, out: JobFile, where: str) -> None:
             out.note(f"{where}scheduling.strategy {s.strategy}: Spot VMs are the cluster's workers "
                      "(`launcher cluster config --provisioning spot`); the run checkpoints on each preemption "
                      "notice and resumes")
+
+
+def _container(spec: ContainerSpec, at: str, out: JobFile) -> None:
+    """The image, its command and args, and the env, as the run's program (each rank runs
+    ``command + args`` in the image; see :func:`launcher.driver.program.from_container`)."""
+    if not spec.imageUri.strip():
+        raise UserError(f"{out.source}: {at}.imageUri is empty", "name the image, e.g. us-docker.pkg.dev/P/R/trainer:1")
+    if not spec.command:
+        raise UserError(f"{out.source}: {at}.command is missing: the image's ENTRYPOINT and CMD are not read here "
+                        "(Ray starts the image with its own entrypoint)",
+                        "give the command each rank runs, e.g. command: [python, -m, trainer.task]")
+    out.image, out.command, out.args = spec.imageUri.strip(), spec.command, spec.args
+    out.env = {e.name: e.value for e in spec.env}
 
 
 def _program(p: PythonPackageSpec) -> tuple:
@@ -780,7 +826,7 @@ def _lenient(value: Any, key: str | None = None) -> Any:
     if isinstance(value, dict):
         return {k: _lenient(v, k) for k, v in value.items()}
     if isinstance(value, list):
-        if key in ("args", "packageUris", "containerArgs", "containerCommand"):
+        if key in ("args", "command", "packageUris", "containerArgs", "containerCommand"):
             return [str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v for v in value]
         return [_lenient(v) for v in value]
     if key in _INT64 and isinstance(value, str) and value.strip().isdigit():

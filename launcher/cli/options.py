@@ -109,8 +109,12 @@ def program_from_args(args: argparse.Namespace, *, tuning: bool = False):
     from launcher.driver.program import from_flags
 
     job_file(args, tuning=tuning)
-    program = from_flags(args.script, args.package, args.module)
     job = getattr(args, "_job_file", None)
+    if job is not None and job.image and not (args.script or args.package or args.module):
+        from launcher.driver.program import from_container
+
+        return from_container(job.image, job.command, job.env)  # its args are args.program_args already
+    program = from_flags(args.script, args.package, args.module)
     if program is not None and job is not None and job.env:
         program = dataclasses.replace(program, env=tuple(sorted(job.env.items())))
     if program is None and args.program_args:

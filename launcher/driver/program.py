@@ -19,6 +19,12 @@ A built package (an sdist or a wheel, a local file or a ``gs://`` object; see
 inside the archive (it is whole, it holds the module, the module's imports), and
 shipped as a small folder holding the archives; each node installs them into its
 overlay environment, with what they declare, and runs the module from there.
+
+A Vertex AI ``containerSpec`` (:func:`from_container`) ships nothing: each rank runs the
+container's command and args in its image, which Ray starts for the ranks alone (Ray
+Train's ``worker_runtime_env`` ``{"image_uri": IMAGE}``; Ray starts images with podman on
+the node). Where that cannot happen (a local Ray without podman) :func:`check_container`
+says in one line what would have run.
 """
 
 from __future__ import annotations
@@ -27,6 +33,8 @@ import ast
 import importlib.util
 import os
 import re
+import shlex
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -54,6 +62,8 @@ class Program:
     archives: tuple[str, ...] = ()  # built packages in folder (file names, in install order); () for a folder
     packages: tuple[str, ...] = field(default=(), compare=False)  # where those came from (paths, gs:// URIs)
     env: tuple[tuple[str, str], ...] = ()  # variables every rank gets (a Vertex pythonPackageSpec's env)
+    image: str | None = None        # kind "command": the image the ranks run in (a containerSpec's imageUri)
+    argv: tuple[str, ...] = ()      # kind "command": what each rank runs in it, before the run's args
 
     @property
     def label(self) -> str:
@@ -61,29 +71,47 @@ class Program:
         packages ``module:trainer.task (trainer-0.1.tar.gz)`` (by file name: a run may continue
         from the same archive fetched from elsewhere)."""
         label = f"{self.kind}:{self.target}"
+        if self.image:
+            return f"container:{self.image} ({shlex.join(self.argv)})"
         return f"{label} ({', '.join(self.archives)})" if self.archives else label
 
     def command(self, folder: str | None = None) -> list[str]:
         """The command a worker runs in ``folder`` (default: the driver's folder)."""
+        if self.image:
+            return list(self.argv)
         if self.kind == "module":
             return [sys.executable, "-m", self.target]
         return [sys.executable, os.path.join(folder or self.folder, self.target)]
 
     def runtime_env(self) -> dict[str, Any]:
-        """``working_dir`` (+ excludes): the folder, on every node."""
+        """``working_dir`` (+ excludes): the folder, on every node (a container: nothing, its
+        code is in the image)."""
         from launcher.driver import code
 
+        if self.image:
+            return {}
         return {"working_dir": self.folder, "excludes": list(code.EXCLUDES)}
+
+    def worker_runtime_env(self) -> dict[str, Any]:
+        """The ranks' own runtime environment (Ray Train's ``RunConfig.worker_runtime_env``):
+        a container's image, for the ranks alone. The run's controller and mailbox stay in the
+        node's environment, where the launcher's code is; Ray allows ``image_uri`` only with
+        ``env_vars`` and ``config``."""
+        return {"image_uri": self.image} if self.image else {}
 
     def to_config(self, shipped: bool) -> dict[str, Any]:
         """What a worker needs to find and start the program (see launcher.worker.script)."""
         return {"kind": self.kind, "target": self.target, "folder": self.folder, "shipped": shipped,
                 "requirements": list(self.requirements), "archives": list(self.archives),
                 "env_key": env_key(list(self.requirements), self.folder) if self.requirements else None,
-                "pip_env": pip_env()}  # the nodes' pip takes the driver's index options
+                "pip_env": pip_env(),  # the nodes' pip takes the driver's index options
+                **({"command": list(self.argv), "image": self.image} if self.image else {})}
 
     def to_argv(self) -> list[str]:
         """The flags that name this program, for a command run in the shipped folder."""
+        if self.image:
+            raise UserError(f"a containerSpec job ({self.image}) is not sent with `launcher submit` yet",
+                            "copy the job file to the cluster's head and run `launcher run --config FILE` there")
         if self.archives:
             return ["--package", ",".join(self.archives), "--module", self.target]
         if self.kind == "module":
@@ -110,6 +138,39 @@ def from_flags(script: str | None, package: str | None, module: str | None) -> P
                             "for example --package . --module trainer.task")
         return from_package(package, module)
     return None
+
+
+def from_container(image: str, command: tuple[str, ...], env: dict[str, str] | None = None) -> Program:
+    """A Vertex AI containerSpec as the run's program: each rank runs ``command`` (then the
+    run's args) in ``image``. Nothing is shipped; its folder is an empty one here (the ranks
+    run in the image's working directory)."""
+    folder = os.path.join(tempfile.gettempdir(), "launcher-container")
+    os.makedirs(folder, exist_ok=True)
+    return Program("command", folder, os.path.basename(command[0]), env=tuple(sorted((env or {}).items())),
+                   image=image, argv=tuple(command))
+
+
+def check_container(program: Program, args: list[str] | tuple[str, ...], spec) -> None:
+    """UserError (one line: what would run, why not here) when the ranks would run on this
+    machine (a local Ray, or the warm head) and it has no podman, which Ray starts images with.
+    On a cluster (``--address``, RAY_ADDRESS, a submitted job) the nodes decide; nothing here
+    can see whether they have podman or the image (see docs/guides/job-files.md)."""
+    from launcher.driver import session
+
+    if not program.image:
+        return
+    joining = bool(spec.address or os.environ.get("RAY_ADDRESS")) or session.in_ray_job()
+    if joining or shutil.which("podman"):
+        return
+    names = [name for name, _ in program.env] + ["CLUSTER_SPEC"] + \
+        (["TF_CONFIG"] if spec.framework == "tensorflow" else []) + \
+        ["AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR"]
+    docker = " (docker is, but Ray starts images with podman)" if shutil.which("docker") else ""
+    raise UserError(f"container job: would run image {program.image}: {shlex.join([*program.argv, *args])} on "
+                    f"{spec.workers} rank(s), env {', '.join(names)}; not on this machine: a local Ray, and no "
+                    f"podman on PATH{docker}",
+                    "run it on a cluster whose nodes have podman and the image (--address, or from the head); "
+                    "see docs/guides/job-files.md")
 
 
 def from_script(path: str) -> Program:

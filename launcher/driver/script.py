@@ -94,6 +94,8 @@ def is_shipped(program: Program, address: str | None) -> bool:
     """Whether the program's folder goes with Ray's runtime environment: always for a
     package or a folder with dependencies, and for a script when joining a cluster (on
     this machine a script runs where it is)."""
+    if program.image:  # a container's code is in its image
+        return False
     joining = bool(address or os.environ.get("RAY_ADDRESS")) or session.in_ray_job()
     return program.kind == "module" or bool(program.requirements) or joining
 
@@ -117,8 +119,11 @@ def run_script(spec, program: Program, args: list[str], *, job_dir: bool = True,
     """
     from launcher.driver import code
 
+    from launcher.driver.program import check_container
+
     started = time.time()
     out = out or sys.stderr
+    check_container(program, args, spec)  # a container on a machine that cannot start it: one line, nothing started
     progress = Progress(0, stream=progress_out or sys.stderr)
     setup_s = check_backend(spec)
     spec = dataclasses.replace(spec, workload=program.label)
@@ -215,8 +220,7 @@ def _run(spec, program: Program, program_config: dict[str, Any], args: list[str]
               "sink": sink, "env": {**gcs.worker_env(), **dict(program.env)}, "notice_s": NOTICE_S,
               "trial_id": trial_id, "omp_threads": os.environ.get("OMP_NUM_THREADS")}
     trainer.apply_ray_train_env(fixed=True)  # a program's group never shrinks
-    run_config = trainer.run_config(spec, storage, max_failures=spec.max_failures,
-                                    callbacks=[channel.forwarder, channel.states])
+    run_config = ranks_run_config(spec, program, storage, [channel.forwarder, channel.states])
     ray_trainer = backends.get(spec.backend).script_trainer(spec, script_worker, config,
                                                             trainer.scaling_config(spec, elastic=False), run_config)
     outcome = Outcome(out)
@@ -251,6 +255,15 @@ def _run(spec, program: Program, program_config: dict[str, Any], args: list[str]
         channel.close()
         ray.kill(sink)
     return _finish(spec, program, fitted, outcome, restarts, log, progress, started, setup_s)
+
+
+def ranks_run_config(spec, program: Program, storage, callbacks: list):
+    """Ray Train's RunConfig for a program's run; a container's ranks run in its image
+    (``worker_runtime_env``: the ranks alone, see Program.worker_runtime_env)."""
+    run_config = trainer.run_config(spec, storage, max_failures=spec.max_failures, callbacks=callbacks)
+    if program.image:
+        run_config.worker_runtime_env = program.worker_runtime_env()
+    return run_config
 
 
 def run_reports(log, outcome: Outcome) -> list[dict[str, Any]]:

@@ -88,6 +88,8 @@ def _holds(folder: str, program: dict[str, Any]) -> bool:
 
 def command(program: dict[str, Any], folder: str, args: list[str], python: str | None = None) -> list[str]:
     python = python or sys.executable
+    if program["kind"] == "command":  # a containerSpec's command, run as given in its image
+        return [*program["command"], *args]
     if program["kind"] == "module":
         return [python, "-m", program["target"], *args]
     return [python, os.path.join(folder, program["target"]), *args]
@@ -179,8 +181,7 @@ def script_worker(config: dict[str, Any]) -> None:
         python, _ = deps.ensure(program["requirements"], program["env_key"], folder, pip_environ=program.get("pip_env"))
     args = list(config["args"]) + (["--job-dir", config["job_dir"]] if config.get("job_dir") else [])
     proc = subprocess.Popen(command(program, folder, args, python), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL, env=env, cwd=folder if program.get("shipped") else
-                            (config["cwd"] if os.path.isdir(config["cwd"]) else folder),
+                            stdin=subprocess.DEVNULL, env=env, cwd=_cwd(program, folder, config["cwd"]),
                             preexec_fn=_die_with_parent)
     sink.put.remote({"rank": rank, "attempt": attempt, "started": time.time(), "address": addresses[rank]})
     lines: list[str] = []
@@ -232,6 +233,16 @@ def script_worker(config: dict[str, Any]) -> None:
         _hold(rank, deadline_s)
     if status != 0:
         raise ScriptFailed(rank, status)
+
+
+def _cwd(program: dict[str, Any], folder: str, driver_cwd: str) -> str | None:
+    """Where the program starts: its shipped folder; a container's command in the image's own
+    working directory (None: the worker's); else the driver's folder where this node has it."""
+    if program["kind"] == "command":
+        return None
+    if program.get("shipped"):
+        return folder
+    return driver_cwd if os.path.isdir(driver_cwd) else folder
 
 
 def _pass_on_notice(proc, info, notice_path: str) -> float:
