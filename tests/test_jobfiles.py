@@ -5,6 +5,7 @@ line before anything starts, and the files run and tune the example trainer pack
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import re
@@ -55,7 +56,11 @@ BASES = {
                                                                                       "maxValue": 0.1}}]},
                "trialJobSpec": {"workerPoolSpecs": [POOL0]}},
 }
-ROOTS = {"aip": jobfile.AipJob, "custom": jobfile.CustomJob, "tuning": jobfile.TuningJob}
+CONTAINER = {"imageUri": "us-docker.pkg.dev/p/r/trainer:1", "command": ["python", "-m", "trainer.task"]}
+BASES["container"] = {"displayName": "job", "jobSpec": {"workerPoolSpecs": [
+    {"machineSpec": {"machineType": "n1-standard-4"}, "replicaCount": 1, "containerSpec": CONTAINER}]}}
+ROOTS = {"aip": jobfile.AipJob, "custom": jobfile.CustomJob, "tuning": jobfile.TuningJob,
+         "container": jobfile.CustomJob}
 CUSTOM = {"trainingInput.scaleTier": "CUSTOM", "trainingInput.masterType": "n1-standard-4"}
 POOL1 = {"jobSpec.workerPoolSpecs[1]": {**POOL0, "replicaCount": 2}}
 T4 = {"acceleratorType": "NVIDIA_TESLA_T4", "acceleratorCount": 2}
@@ -73,9 +78,9 @@ ROWS = [
      {"trainingInput.scaleTier": "CUSTOM"}),
     ("aip", "trainingInput.masterConfig.acceleratorConfig", {"type": "NVIDIA_TESLA_T4", "count": 2},
      ("field", "gpus_per_worker", 2.0), CUSTOM),
-    ("aip", "trainingInput.masterConfig.imageUri", "gcr.io/p/i", ("refused", "not containers"), CUSTOM),
-    ("aip", "trainingInput.masterConfig.containerCommand", ["python"], ("refused", "not containers"), CUSTOM),
-    ("aip", "trainingInput.masterConfig.containerArgs", ["-m"], ("refused", "not containers"), CUSTOM),
+    ("aip", "trainingInput.masterConfig.imageUri", "gcr.io/p/i", ("refused", "CustomJob's containerSpec"), CUSTOM),
+    ("aip", "trainingInput.masterConfig.containerCommand", ["python"], ("refused", "CustomJob's containerSpec"), CUSTOM),
+    ("aip", "trainingInput.masterConfig.containerArgs", ["-m"], ("refused", "CustomJob's containerSpec"), CUSTOM),
     ("aip", "trainingInput.masterConfig.tpuTfVersion", "2.12", ("refused", "NVIDIA GPUs"), CUSTOM),
     ("aip", "trainingInput.masterConfig.diskConfig", {"bootDiskSizeGb": 200}, ("note", "disks"), CUSTOM),
     ("aip", "trainingInput.workerType", "n1-standard-8", ("field", "machine_type", "n1-standard-8"),
@@ -131,8 +136,16 @@ ROWS = [
      {}),
     ("custom", "jobSpec.workerPoolSpecs[0].pythonPackageSpec.env", [{"name": "MODE", "value": "fast"}],
      ("program", "env", {"MODE": "fast"}), {}),
-    ("custom", "jobSpec.workerPoolSpecs[0].containerSpec", {"imageUri": "gcr.io/p/i"}, ("refused", "not containers"),
-     {}),
+    ("custom", "jobSpec.workerPoolSpecs[0].containerSpec", CONTAINER,
+     ("refused", "both containerSpec and pythonPackageSpec"), {}),
+    ("container", "jobSpec.workerPoolSpecs[0].containerSpec.imageUri", "gcr.io/p/other:2",
+     ("program", "image", "gcr.io/p/other:2"), {}),
+    ("container", "jobSpec.workerPoolSpecs[0].containerSpec.command", ["bash", "-c", "train"],
+     ("program", "command", ("bash", "-c", "train")), {}),
+    ("container", "jobSpec.workerPoolSpecs[0].containerSpec.args", ["--epochs", 3],
+     ("program", "args", ("--epochs", "3")), {}),
+    ("container", "jobSpec.workerPoolSpecs[0].containerSpec.env", [{"name": "MODE", "value": "fast"}],
+     ("program", "env", {"MODE": "fast"}), {}),
     ("custom", "jobSpec.workerPoolSpecs[0].diskSpec", {"bootDiskType": "pd-ssd", "bootDiskSizeGb": "200"},
      ("note", "disks"), {}),
     ("custom", "jobSpec.workerPoolSpecs[0].nfsMounts", [{"server": "s", "path": "/p", "mountPoint": "m"}],
@@ -295,7 +308,8 @@ def test_each_key_is_used_or_refused_by_name(base, path, value, outcome, extra):
         assert after.fields.get(outcome[1]) == outcome[2], after.fields
         assert before.fields.get(outcome[1]) != outcome[2]
     elif kind == "program":
-        got = {"package": after.package, "module": after.module, "args": after.args, "env": after.env}[outcome[1]]
+        got = {"package": after.package, "module": after.module, "args": after.args, "env": after.env,
+               "image": after.image, "command": after.command}[outcome[1]]
         assert got == outcome[2]
     else:  # hp
         hp = after.hyperparameters
@@ -346,7 +360,11 @@ def test_gclouds_worker_pool_spec_flags():
     ("trainingInput:\n  scaleTier: CUSTOM\n", "masterType is missing: scaleTier CUSTOM needs it"),
     ("trainingInput:\n  packageUris: [trainer.zip]\n  pythonModule: trainer.task\n", "not an sdist or wheel"),
     ("workerPoolSpecs:\n- replicaCount: 2\n", "workerPoolSpecs[0].replicaCount is 2: pool 0 is the primary"),
-    ("workerPoolSpecs:\n- replicaCount: 1\n  containerSpec: {imageUri: gcr.io/p/i}\n", "containerSpec is not"),
+    ("workerPoolSpecs:\n- replicaCount: 1\n  containerSpec: {imageUri: gcr.io/p/i}\n",
+     "containerSpec.command is missing: the image's ENTRYPOINT and CMD are not read here"),
+    ("workerPoolSpecs:\n- replicaCount: 1\n  containerSpec: {imageUri: gcr.io/p/i, command: [python]}\n"
+     "  pythonPackageSpec: {executorImageUri: x, packageUris: [t-1.tar.gz], pythonModule: trainer.task}\n",
+     "workerPoolSpecs[0] has both containerSpec and pythonPackageSpec"),
     ("jobSpec:\n  workerPoolSpecs:\n  - replicaCount: 1\n  scheduling: {timeout: soon}\n", "'soon' is not a duration"),
 ])
 def test_bad_job_files_are_one_line_and_exit_2_before_anything_starts(tmp_path, capsys, text, message):
@@ -448,3 +466,118 @@ def test_a_vertex_custom_job_with_two_pools_on_spot_runs_and_stops_at_its_timeou
     assert summary["steps_completed"] > 0, summary
     assert time.time() - started < 90
     assert "scheduling.strategy SPOT" in captured.err and "executorImageUri is not used" in captured.err
+
+
+# -- containerSpec: the image's command is the run's program (issue 43, part 4) ----------------
+
+CONTAINER_JOB = """\
+displayName: images
+jobSpec:
+  workerPoolSpecs:
+  - machineSpec: {machineType: n1-standard-4}
+    replicaCount: 1
+    containerSpec: &c
+      imageUri: us-docker.pkg.dev/p/r/trainer:1
+      command: [python, -m, trainer.task]
+      args: [--epochs, 3]
+      env: [{name: MODE, value: fast}]
+  - machineSpec: {machineType: n1-standard-4}
+    replicaCount: 2
+    containerSpec: *c
+"""
+
+
+def _container_args(tmp_path, *extra: str):
+    from launcher.cli.main import build_parser
+
+    path = tmp_path / "job.yaml"
+    path.write_text(CONTAINER_JOB)
+    return build_parser().parse_args(["run", "--config", str(path), "--storage", str(tmp_path / "runs"), *extra])
+
+
+def test_a_container_job_file_is_the_run_it_describes(tmp_path, capsys):
+    from launcher.cli.options import program_from_args, program_spec, wants_job_dir
+    from launcher.worker.script import command
+
+    job = jobfile.read(yaml.safe_load(CONTAINER_JOB), "job.yaml")
+    assert (job.image, job.command, job.args, job.env) == (
+        "us-docker.pkg.dev/p/r/trainer:1", ("python", "-m", "trainer.task"), ("--epochs", "3"), {"MODE": "fast"})
+    assert job.fields["workers"] == 3 and job.notes == []
+
+    args = _container_args(tmp_path)
+    program = program_from_args(args)
+    spec = program_spec(args, program)
+    assert (spec.workers, spec.name) == (3, "images")
+    assert program.image == "us-docker.pkg.dev/p/r/trainer:1" and dict(program.env) == {"MODE": "fast"}
+    assert args.program_args == ["--epochs", "3"] and not wants_job_dir(args, program)  # Vertex passes no --job-dir
+    # What each rank starts: the container's command, then its args (see launcher.worker.script).
+    assert command(program.to_config(shipped=False), "/nowhere", args.program_args) == \
+        ["python", "-m", "trainer.task", "--epochs", "3"]
+    assert program.label == "container:us-docker.pkg.dev/p/r/trainer:1 (python -m trainer.task)"
+
+
+def test_a_container_job_here_is_one_line_and_exit_2_before_anything_starts(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    (tmp_path / "bin").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))  # this machine as a laptop: no podman, no docker
+    path = tmp_path / "job.yaml"
+    path.write_text(CONTAINER_JOB)
+    started = time.time()
+    code = main(["run", "--config", str(path), "--storage", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if not line.startswith("note:")]
+    assert code == 2 and len(lines) == 1, err
+    assert ("would run image us-docker.pkg.dev/p/r/trainer:1: python -m trainer.task --epochs 3 on 3 rank(s), "
+            "env MODE, CLUSTER_SPEC, AIP_MODEL_DIR" in lines[0]), err
+    assert "no podman on PATH" in lines[0] and "Traceback" not in err
+    assert time.time() - started < 10
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_container_job_goes_on_where_podman_or_a_cluster_is(tmp_path, monkeypatch):
+    from launcher.cli.options import program_from_args, program_spec
+    from launcher.driver.program import check_container
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    args = _container_args(tmp_path)
+    program = program_from_args(args)
+    spec = program_spec(args, program)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(UserError):
+        check_container(program, args.program_args, spec)
+    check_container(program, args.program_args, spec.merged({"address": "10.0.0.2:6379"}))  # the nodes decide
+    podman = tmp_path / "podman"
+    podman.write_text("#!/bin/sh\n")
+    podman.chmod(0o755)
+    check_container(program, args.program_args, spec)  # a local Ray that can start the image
+
+
+def test_a_cluster_runs_the_ranks_in_the_image(tmp_path):
+    """The RunConfig the driver builds for a container's ranks carries the image as their
+    runtime_env, in a form Ray accepts; the job itself ships the launcher's code, not a folder."""
+    from ray.runtime_env import RuntimeEnv
+    from ray.train.v2._internal.execution.worker_group.worker_group import WorkerGroup
+
+    from launcher.cli.options import program_from_args, program_spec
+    from launcher.driver import code
+    from launcher.driver.script import is_shipped, ranks_run_config
+    from launcher.storage.store import Storage
+
+    args = _container_args(tmp_path, "--address", "10.0.0.2:6379")
+    program = program_from_args(args)
+    spec = program_spec(args, program)
+    run_config = ranks_run_config(spec, program, Storage.resolve(str(tmp_path / "runs")), [])
+    assert run_config.worker_runtime_env == {"image_uri": "us-docker.pkg.dev/p/r/trainer:1"}
+    RuntimeEnv(**WorkerGroup._get_worker_runtime_env(run_config.worker_runtime_env))  # Ray's own check passes
+    assert not is_shipped(program, spec.address)
+    job_env = code.runtime_env(None, True, program.runtime_env() or None)
+    assert "working_dir" not in job_env and job_env["py_modules"] == code.launcher_modules()
+
+    package = dataclasses.replace(program, image=None, argv=(), kind="module", target="trainer.task")
+    assert ranks_run_config(spec, package, Storage.resolve(str(tmp_path / "runs")), []).worker_runtime_env == {}
+
+
+def test_the_container_keys_help_says_what_they_do():
+    helps = {f.name: f.help for f in schema.fields(jobfile.WorkerPoolSpec)}
+    assert not helps["containerSpec"].startswith("refused") and "podman" in helps["containerSpec"]
+    assert all(not f.help.startswith(("refused", "noted")) for f in schema.fields(jobfile.ContainerSpec))
