@@ -85,7 +85,7 @@ def ray_cluster_config(spec: ClusterSpec, version: str) -> dict[str, Any]:
         "rsync_exclude": list(RSYNC_EXCLUDE),
         "rsync_filter": [".gitignore"],
         "initialization_commands": [],
-        "setup_commands": python_commands(),
+        "setup_commands": python_commands() + container_commands(spec.container_images),
         "head_setup_commands": _install_commands(spec, version, gpu=spec.node_gpus(head=True) > 0, head=True),
         "worker_setup_commands": _install_commands(spec, version, gpu=spec.node_gpus(head=False) > 0, head=False),
         "head_start_ray_commands": _head_start(),
@@ -254,6 +254,24 @@ def python_commands() -> list[str]:
         "grep -qs launcher-venv ~/.bashrc || { { echo 'export PATH=$HOME/launcher-venv/bin:$PATH'; "
         "cat ~/.bashrc 2>/dev/null; } > ~/.bashrc.launcher && mv ~/.bashrc.launcher ~/.bashrc; }",
     ]
+
+
+def container_commands(images: tuple[str, ...]) -> list[str]:
+    """Every node, for job files' containerSpec images: podman (Ray's runtime_env ``image_uri``
+    starts a rank's image with it), a login to each Google registry with the VM's own token
+    (short-lived: taken when the node is set up), and each image pulled, so a rank's first start
+    does not wait for the pull and a missing image fails `ray up`, not the run."""
+    if not images:
+        return []
+    apt = "sudo DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -qq"
+    commands = [f"command -v podman > /dev/null || {{ {apt} update && {apt} install -y podman; }}"]
+    hosts = sorted({image.split("/")[0] for image in images if "/" in image})
+    for host in hosts:
+        if host.endswith(("-docker.pkg.dev", "gcr.io")):
+            commands.append(f"gcloud auth print-access-token | podman login --username oauth2accesstoken "
+                            f"--password-stdin {host}")
+    commands += [f"podman pull --quiet {image}" for image in images]
+    return commands
 
 
 def _install_commands(spec: ClusterSpec, version: str, gpu: bool, head: bool) -> list[str]:

@@ -77,6 +77,9 @@ class ClusterSpec:
     subnetwork: str | None = option(None, help="subnetwork of the region")
     idle_timeout_minutes: int = option(5, help="minutes before an idle worker above min is removed")
     horovod: bool = option(False, help="build Horovod on every node")
+    container_images: tuple[str, ...] = option((), flag="--container-image", help="comma-separated images that job "
+                                               "files' containerSpec runs: podman is installed and each image "
+                                               "pulled on every node (Ray starts the ranks' images with podman)")
     install: str | None = option(None, help="command that installs this launcher on each node (default: copy this "
                                  "project to ~/launcher and pip install it)")
     # the local project folder copied to nodes (filled in by the CLI)
@@ -125,6 +128,7 @@ class ClusterSpec:
         self = _split_gpus(self)
         _check_workers(self)
         _check_choices(self)
+        _check_images(self.container_images)
         for machine in (self.head_machine_type, self.worker_machine_type):
             machines.check_gpu_machine(machine)
             machine_vcpus(machine)  # raises when the count cannot be known
@@ -239,6 +243,17 @@ def _check_workers(spec: ClusterSpec) -> None:
     if spec.min_workers > spec.max_workers:
         raise UserError(f"min_workers ({spec.min_workers}) is above max_workers ({spec.max_workers})",
                         "raise --max-workers or lower --min-workers")
+
+
+IMAGE_RE = re.compile(r"^[a-z0-9][a-z0-9._/-]*(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[0-9a-f]{64})?$")
+
+
+def _check_images(images: tuple[str, ...]) -> None:
+    """Each --container-image is an image reference (it goes into the nodes' shell commands)."""
+    for image in images:
+        if not IMAGE_RE.match(image):
+            raise UserError(f"--container-image {image!r} is not an image reference",
+                            "write it like us-docker.pkg.dev/PROJECT/REPO/IMAGE:TAG")
 
 
 def _check_choices(spec: ClusterSpec) -> None:

@@ -524,3 +524,25 @@ def test_a_machine_type_written_with_its_gpus_is_split_into_the_type_and_acceler
                     accelerator_type="nvidia-l4").validated()
     with pytest.raises(UserError, match="GPUs go on the workers"):
         ClusterSpec(project="p", head_machine_type="n1-standard-8+nvidia-tesla-t4").validated()
+
+
+def test_container_images_get_podman_and_are_pulled_on_every_node(capsys):
+    """Job files' containerSpec images (issue 43, part 4): Ray starts a rank's image with podman,
+    so every node gets podman, a login to Google's registries with the VM's token, and the
+    images pulled while it is set up."""
+    plain = build()["setup_commands"]
+    config = checked(build(container_images=["us-docker.pkg.dev/p/r/trainer:1", "rayproject/ray:2.60.0-py311"]))
+    setup = config["setup_commands"]
+    assert setup[:len(plain)] == plain and not any("podman" in c for c in plain)
+    extra = setup[len(plain):]
+    assert extra[0].startswith("command -v podman > /dev/null || ") and "install -y podman" in extra[0]
+    assert extra[1:] == ["gcloud auth print-access-token | podman login --username oauth2accesstoken "
+                         "--password-stdin us-docker.pkg.dev",
+                         "podman pull --quiet us-docker.pkg.dev/p/r/trainer:1",
+                         "podman pull --quiet rayproject/ray:2.60.0-py311"]
+    with pytest.raises(UserError, match="is not an image reference"):
+        build(container_images=["x; rm -rf /"])
+    assert main(["cluster", "config", "--project", "p1", "--container-image", "gcr.io/p/a:1,gcr.io/p/b:2"]) == 0
+    setup = yaml.safe_load(capsys.readouterr().out)["setup_commands"]
+    assert [c for c in setup if c.startswith("podman pull")] == ["podman pull --quiet gcr.io/p/a:1",
+                                                                 "podman pull --quiet gcr.io/p/b:2"]
