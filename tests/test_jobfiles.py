@@ -527,9 +527,9 @@ def test_a_container_job_here_is_one_line_and_exit_2_before_anything_starts(tmp_
     err = capsys.readouterr().err
     lines = [line for line in err.strip().splitlines() if not line.startswith("note:")]
     assert code == 2 and len(lines) == 1, err
-    assert ("would run image us-docker.pkg.dev/p/r/trainer:1: python -m trainer.task --epochs 3 on 3 rank(s), "
-            "env MODE, CLUSTER_SPEC, AIP_MODEL_DIR" in lines[0]), err
-    assert "no podman on PATH" in lines[0] and "Traceback" not in err
+    assert ("container job: 3 rank(s) would each run python -m trainer.task --epochs 3 in image "
+            "us-docker.pkg.dev/p/r/trainer:1, with env MODE, CLUSTER_SPEC, AIP_MODEL_DIR" in lines[0]), err
+    assert "no podman on PATH" in lines[0] and "--container-image" in lines[0] and "Traceback" not in err
     assert time.time() - started < 10
     assert not (tmp_path / "runs").exists()
 

@@ -166,11 +166,11 @@ def check_container(program: Program, args: list[str] | tuple[str, ...], spec) -
         (["TF_CONFIG"] if spec.framework == "tensorflow" else []) + \
         ["AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR"]
     docker = " (docker is, but Ray starts images with podman)" if shutil.which("docker") else ""
-    raise UserError(f"container job: would run image {program.image}: {shlex.join([*program.argv, *args])} on "
-                    f"{spec.workers} rank(s), env {', '.join(names)}; not on this machine: a local Ray, and no "
-                    f"podman on PATH{docker}",
-                    "run it on a cluster whose nodes have podman and the image (--address, or from the head); "
-                    "see docs/guides/job-files.md")
+    raise UserError(f"container job: {spec.workers} rank(s) would each run {shlex.join([*program.argv, *args])} "
+                    f"in image {program.image}, with env {', '.join(names)}; not on this machine: a local Ray, "
+                    f"and no podman on PATH to start the image{docker}",
+                    "run it on a cluster whose nodes have podman and the image (`launcher cluster config "
+                    "--container-image IMAGE`), with --address or on its head")
 
 
 def from_script(path: str) -> Program:
