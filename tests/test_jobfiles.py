@@ -569,9 +569,13 @@ def test_a_cluster_runs_the_ranks_in_the_image(tmp_path):
     run_config = ranks_run_config(spec, program, Storage.resolve(str(tmp_path / "runs")), [])
     assert run_config.worker_runtime_env == {"image_uri": "us-docker.pkg.dev/p/r/trainer:1"}
     RuntimeEnv(**WorkerGroup._get_worker_runtime_env(run_config.worker_runtime_env))  # Ray's own check passes
-    assert not is_shipped(program, spec.address)
-    job_env = code.runtime_env(None, True, program.runtime_env() or None)
-    assert "working_dir" not in job_env and job_env["py_modules"] == code.launcher_modules()
+    # The job ships the launcher's code (Ray puts it on the PYTHONPATH it passes into the image),
+    # on a cluster and on this machine, and no folder of the user's.
+    assert is_shipped(program, spec.address) and is_shipped(program, None)
+    for joining in (True, False):
+        job_env = code.runtime_env(None, joining, program.runtime_env())
+        assert "working_dir" not in job_env and job_env["py_modules"] == code.launcher_modules()
+        RuntimeEnv(**job_env)
 
     package = dataclasses.replace(program, image=None, argv=(), kind="module", target="trainer.task")
     assert ranks_run_config(spec, package, Storage.resolve(str(tmp_path / "runs")), []).worker_runtime_env == {}

@@ -84,12 +84,13 @@ class Program:
         return [sys.executable, os.path.join(folder or self.folder, self.target)]
 
     def runtime_env(self) -> dict[str, Any]:
-        """``working_dir`` (+ excludes): the folder, on every node (a container: nothing, its
-        code is in the image)."""
+        """``working_dir`` (+ excludes): the folder, on every node. A container's program is in
+        its image: only the launcher's own packages go (``py_modules``, on this machine too), for
+        the rank's wrapper that Ray starts in the image (see :meth:`worker_runtime_env`)."""
         from launcher.driver import code
 
         if self.image:
-            return {}
+            return {"py_modules": code.launcher_modules(), "excludes": ["__pycache__/", "*.pyc"]}
         return {"working_dir": self.folder, "excludes": list(code.EXCLUDES)}
 
     def worker_runtime_env(self) -> dict[str, Any]:
@@ -142,8 +143,8 @@ def from_flags(script: str | None, package: str | None, module: str | None) -> P
 
 def from_container(image: str, command: tuple[str, ...], env: dict[str, str] | None = None) -> Program:
     """A Vertex AI containerSpec as the run's program: each rank runs ``command`` (then the
-    run's args) in ``image``. Nothing is shipped; its folder is an empty one here (the ranks
-    run in the image's working directory)."""
+    run's args) in ``image``. No folder of the user's is shipped; its folder is an empty one
+    here (the ranks run in the image's working directory)."""
     folder = os.path.join(tempfile.gettempdir(), "launcher-container")
     os.makedirs(folder, exist_ok=True)
     return Program("command", folder, os.path.basename(command[0]), env=tuple(sorted((env or {}).items())),

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
 from launcher.driver import placement, runpath, session, startup, trainer
-from launcher.driver.program import Program
+from launcher.driver.program import Program, check_container
 from launcher.driver.progress import Progress
 from launcher.errors import UserError
 from launcher.storage import gcs
@@ -94,8 +94,8 @@ def is_shipped(program: Program, address: str | None) -> bool:
     """Whether the program's folder goes with Ray's runtime environment: always for a
     package or a folder with dependencies, and for a script when joining a cluster (on
     this machine a script runs where it is)."""
-    if program.image:  # a container's code is in its image
-        return False
+    if program.image:  # the launcher's own code, for the ranks in the image (Program.runtime_env)
+        return True
     joining = bool(address or os.environ.get("RAY_ADDRESS")) or session.in_ray_job()
     return program.kind == "module" or bool(program.requirements) or joining
 
@@ -118,8 +118,6 @@ def run_script(spec, program: Program, args: list[str], *, job_dir: bool = True,
         Unreachable: the Ray cluster named by --address does not answer.
     """
     from launcher.driver import code
-
-    from launcher.driver.program import check_container
 
     started = time.time()
     out = out or sys.stderr
