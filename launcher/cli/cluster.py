@@ -58,6 +58,10 @@ def add_parsers(sub) -> None:
     rh.add_argument("--quota", action="append", default=[], metavar="METRIC=N",
                     help="a quota of the local API, e.g. NVIDIA_T4_GPUS=4 or GPUS_ALL_REGIONS=0 (repeatable; "
                          "default: no limits)")
+    rh.add_argument("--up", action="store_true",
+                    help="the whole path on this machine: the real `ray up` over SSH to a loopback sshd (the head "
+                         "VM), setup commands and ray start, a 1-epoch run checkpointing to the Cloud Storage "
+                         "emulator, `ray status`, `ray down` (a few minutes; needs openssh-server and rsync)")
 
     pe = actions.add_parser("preemptions", help="list the preemptions of a cluster's VMs, with times")
     pe.add_argument("--project", help="project id (default: GOOGLE_CLOUD_PROJECT)")
@@ -193,9 +197,33 @@ def _rehearse(args: argparse.Namespace) -> int:
     from launcher.lab.rehearsal import refusal_error, rehearse
 
     config = schema.load_yaml(args.cluster_file, "cluster file")
+    if args.up:
+        return _rehearse_up(config, parse_quotas(args.quota))
     report = rehearse(config, parse_quotas(args.quota))
     if report.refused:
         raise refusal_error(args.cluster_file, report)
+    return EXIT_OK
+
+
+def _rehearse_up(config: dict, quotas: dict[str, float]) -> int:
+    import tempfile
+
+    from launcher.lab.gcs_emulator import Emulator
+    from launcher.lab.ray_up import rehearse_up
+    from launcher.storage import gcs
+
+    with tempfile.TemporaryDirectory(prefix="launcher-rehearsal-gcs-") as folder:
+        emulator = Emulator(folder).start()
+        try:
+            os.environ["STORAGE_EMULATOR_HOST"] = emulator.url  # this process's client, for the bucket
+            gcs.client().create_bucket("launcher-rehearsal")
+            print(f"Cloud Storage emulator at {emulator.url}, bucket gs://launcher-rehearsal", flush=True)
+            report = rehearse_up(config, emulator.url, "launcher-rehearsal", quotas,
+                                 say=lambda line: print(line, flush=True))
+        finally:
+            emulator.stop()
+    if not report.ok:
+        raise LauncherError("the rehearsal's run or teardown did not end clean (see the summary above)")
     return EXIT_OK
 
 

@@ -23,8 +23,10 @@ the rehearsal's copy of the file gets Ray's ``credentials_token`` credentials
 bootstrap writes its SSH key pair under ``~/.ssh``: during the rehearsal HOME
 is a temporary folder, removed afterwards.
 
-Not rehearsed (only a real project shows them): SSH to the VMs, the setup
-and ``ray start`` commands, images, NVIDIA drivers, real quotas and stock.
+Not rehearsed here: SSH to the VMs, the setup and ``ray start`` commands
+(:mod:`launcher.lab.ray_up`, ``launcher cluster rehearse --up``, runs the real
+``ray up`` over SSH to this machine for those); images, NVIDIA drivers, real
+quotas and stock (only a real project shows them).
 """
 
 from __future__ import annotations
