@@ -346,7 +346,8 @@ def test_gclouds_worker_pool_spec_flags():
     assert job.fields == {"workers": 3, "gpus_per_worker": 1.0, "machine_type": "n1-standard-8+nvidia-tesla-t4x1",
                           "primary_machine_type": "n1-standard-4"}
     assert job.module == "trainer.task"
-    for bad, words in (("machine-typ=n1", "did you mean machine-type?"), ("container-image-uri=x", "containers"),
+    for bad, words in (("machine-typ=n1", "did you mean machine-type?"),
+                       ("container-image-uri=x", "CustomJob file's containerSpec"),
                        ("replica-count", "not KEY=VALUE")):
         with pytest.raises(UserError) as err:
             jobfile.worker_pool_flags([bad])

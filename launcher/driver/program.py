@@ -40,7 +40,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher.driver import archives
+from launcher.driver import archives, session
 from launcher.errors import UserError
 from launcher.storage.uri import URI_LIKE
 from launcher.worker.deps import WORKING_DIR_VAR, env_key, pip_env  # WORKING_DIR_VAR: the node's copy of the folder
@@ -156,8 +156,6 @@ def check_container(program: Program, args: list[str] | tuple[str, ...], spec) -
     machine (a local Ray, or the warm head) and it has no podman, which Ray starts images with.
     On a cluster (``--address``, RAY_ADDRESS, a submitted job) the nodes decide; nothing here
     can see whether they have podman or the image (see docs/guides/job-files.md)."""
-    from launcher.driver import session
-
     if not program.image:
         return
     joining = bool(spec.address or os.environ.get("RAY_ADDRESS")) or session.in_ray_job()
