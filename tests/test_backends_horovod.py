@@ -235,13 +235,13 @@ def test_ring_ranks_follow_node_placement_on_a_two_node_cluster(tmp_path):
         cluster.shutdown()
     assert res.returncode == 0, res.stdout + res.stderr
     seen = {}
-    for line in res.stdout.splitlines():
+    for line in res.stderr.splitlines():  # each rank's lines go to stderr, the summary to stdout
         prefix, _, rest = line.partition(" RANKS ")
         if rest:
             info = json.loads(rest)
             assert prefix == f"[rank {info['rank']}]"
             seen[info["rank"]] = info
-    assert sorted(seen) == [0, 1, 2, 3], res.stdout
+    assert sorted(seen) == [0, 1, 2, 3], res.stderr
     nodes = [seen[r]["node"] for r in range(4)]
     assert len(set(nodes)) == 2 and all(nodes.count(n) == 2 for n in nodes)
     for r, info in seen.items():

@@ -53,7 +53,7 @@ def test_the_loader_resumes_at_the_exact_batch(comm):
     assert sorted(sum(whole, [])) == list(range(30)) and whole != [list(range(i, min(i + 4, 30)))
                                                                   for i in range(0, 30, 4)]  # shuffled
     resumed = session(comm)
-    resumed._resume_batches = 3  # as a checkpoint after 3 batches of this epoch restores it
+    resumed._resume = (3, None)  # as a checkpoint after 3 batches of this epoch restores it
     loader = resumed.loader(list(range(30)), batch_size=4)
     assert [b.tolist() for b in loader] == whole[3:]
     assert [b.tolist() for b in loader] == whole  # the next pass starts at its beginning
@@ -86,7 +86,8 @@ def test_a_checkpoint_round_trips_every_registered_state_and_the_rng(comm, tmp_p
 
     restored = session(comm)
     restored.restore(str(tmp_path))
-    assert (restored.pos.step_in_epoch, restored.pos.global_step, restored._resume_batches) == (3, 3, 3)
+    # 3 batches of 4 done: the epoch's cursor in the global order is at its 12th sample.
+    assert (restored.pos.step_in_epoch, restored.pos.global_step, restored._resume) == (3, 3, (3, 12))
     fresh_model, fresh_optimizer, fresh_scheduler = build()
     restored.register(model=fresh_model, optimizer=fresh_optimizer, scheduler=fresh_scheduler)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh_model.state_dict().values()))
@@ -116,7 +117,7 @@ def test_a_checkpoint_of_the_managed_loop_before_the_session_restores(comm, tmp_
                                            backend="native", workload="digits-mlp", batch_size=4, seed=0))
     s = session(comm)
     s.restore(str(tmp_path))
-    assert (s.pos.epoch, s.pos.step_in_epoch, s.pos.global_step, s._resume_batches) == (1, 5, 12, 5)
+    assert (s.pos.epoch, s.pos.step_in_epoch, s.pos.global_step, s._resume) == (1, 5, 12, (5, None))
     fresh_model, fresh_optimizer, _ = build()
     s.register(model=fresh_model, optimizer=fresh_optimizer)
     assert fresh_optimizer.state_dict()["state"][0]["step"] == 1

@@ -63,6 +63,8 @@ MIN_BODY_BYTES = 1 << 20
 VERTEX_PATH = re.compile(r"^/v1/models/[^/]+:predict$")
 PREDICT_PATHS = ("/", "/predict")
 GET_PATHS = ("/healthz", "/metrics")
+# Sent by `launcher serve`'s own readiness check, which the counters and access log leave out.
+PROBE_HEADER = "X-Launcher-Readiness"
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,8 @@ class Endpoint:
         started = time.perf_counter()
         response, instances = await self.answer(request)
         seconds = time.perf_counter() - started
+        if request.headers.get(PROBE_HEADER):
+            return response  # `launcher serve` asking whether it is up: not a client's request
         self.codes[response.status_code] = self.codes.get(response.status_code, 0) + 1
         self.latency.observe(seconds)
         if self._log is not None:
@@ -444,7 +448,7 @@ def _answers(port: int) -> bool:
 
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
     try:
-        conn.request("GET", "/healthz")
+        conn.request("GET", "/healthz", headers={PROBE_HEADER: "1"})
         return conn.getresponse().status == 200
     except (OSError, http.client.HTTPException):
         return False
