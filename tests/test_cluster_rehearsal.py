@@ -228,3 +228,82 @@ def test_cli_clean_and_refused(tmp_path, capsys):
     not_gcp.write_text("cluster_name: x\nprovider: {type: aws}\n")
     assert main(["cluster", "rehearse", str(not_gcp)]) == 2
     assert "the rehearsal runs Ray's GCP provider" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_ray_up_over_ssh_trains_and_ray_down_leaves_nothing(gcs_emulator, bucket):
+    """The real `ray up` over real SSH to a loopback sshd (the head VM is this machine): setup and
+    start commands, a 1-epoch run checkpointing to the emulator, `ray status`, `ray down`; nothing left."""
+    import time
+
+    import launcher
+    from launcher.cli.cluster import project_source_dir
+    from launcher.lab.ray_up import rehearse_up
+    from launcher.lab.sshd import missing_tools
+
+    missing = missing_tools()
+    if missing:
+        pytest.skip(f"the ray up rehearsal needs {', '.join(missing)} (CI installs openssh-server and rsync)")
+    config = ray_cluster_config(ClusterSpec.from_mapping({
+        "project": "my-project", "cluster_name": "rehearse-up", "source_dir": project_source_dir()}).validated(),
+        launcher.__version__)
+    lines: list[str] = []
+    start = time.monotonic()
+    report = rehearse_up(config, gcs_emulator.url, bucket, workers=2, say=lines.append, timeout_s=170)
+    took = time.monotonic() - start
+    text = "\n".join(lines)
+    assert report.job_status == "SUCCEEDED", text
+    assert any("/checkpoint_" in name and name.endswith("/manifest.json") for name in report.checkpoints), text
+    inserts = [c for c in report.calls if c.verb == "insert"]
+    assert [c.refusal for c in inserts] == [None] and "-head-" in inserts[0].target, text
+    assert any(c.verb == "delete" and c.target == inserts[0].target for c in report.calls), text
+    assert report.left == [] and report.ray_left == [], text
+    assert "Active:" in text and "ray_head" in text, text  # `ray status` from the head's autoscaler
+    assert took < 180, f"{took:.0f} s\n{text}"
+
+
+def test_the_up_rehearsals_copy_says_what_it_skips(tmp_path):
+    """The copy `ray up` runs: SSH through the loopback sshd, workers simulated, free ports for the head,
+    and each setup command run, checked (pinned pip installs) or skipped with the reason."""
+    from launcher.lab.ray_up import up_copy
+    from launcher.lab.sshd import LoopbackSSHD
+
+    sshd = LoopbackSSHD(str(tmp_path), {"HOME": str(tmp_path)})
+    config = build(min_workers=2, accelerator_type="nvidia-tesla-t4")
+    ports = {"gcs": 1001, "object_manager": 1002, "dashboard": 1003, "client": 1004, "agent": 1005}
+    copy_, said = up_copy(config, sshd, ports)
+    assert copy_["auth"] == {"ssh_user": sshd.user, "ssh_proxy_command": sshd.proxy_command}
+    assert str(sshd.port) in sshd.proxy_command
+    assert worker(copy_)["min_workers"] == 0 and worker(config)["min_workers"] == 2
+    fate = dict(said)
+    assert all(fate[c] == "ran" for c in config["setup_commands"])  # uv, the venv, .bashrc: their own checks
+    install, version_check, google = config["head_setup_commands"]
+    assert fate[install].startswith("skipped") and fate[version_check] == "ran"
+    assert fate[google].startswith("checked only")
+    assert copy_["head_setup_commands"][2].startswith("pip install --dry-run --no-index")
+    start = copy_["head_start_ray_commands"][-1]
+    assert "--port=1001" in start and "--object-manager-port=1002" in start and "--dashboard-port=1003" in start
+    assert "--ray-client-server-port=1004" in start and "6379" not in start and "8076" not in start
+    assert copy_["head_start_ray_commands"][0] == "ray stop"  # runs for real, inside sshd's PID namespace
+    assert "worker_setup_commands" in copy_ and copy_["worker_setup_commands"] == config["worker_setup_commands"]
+
+
+def test_the_loopback_api_makes_the_head_this_machine_and_installs_the_metadata_keys(tmp_path):
+    from launcher.lab.ray_up import LoopbackAPI
+    from launcher.lab.sshd import LoopbackSSHD, authorized_keys
+
+    sshd = LoopbackSSHD(str(tmp_path), {"HOME": str(tmp_path)})
+    api = LoopbackAPI("my-project", sshd)
+    keys = f"ubuntu:ssh-rsa AAAA ubuntu\n{sshd.user}:ssh-rsa BBBB {sshd.user}"
+    api.answer("POST", "/compute/v1/projects/my-project/setCommonInstanceMetadata", {},
+               {"items": [{"key": "ssh-keys", "value": keys}]})
+    assert open(sshd.keys_file).read() == "ssh-rsa BBBB " + sshd.user + "\n"
+    assert authorized_keys([{"key": "ssh-keys", "value": keys}], "ubuntu") == ["ssh-rsa AAAA ubuntu"]
+    zone = "/compute/v1/projects/my-project/zones/us-central1-a/instances"
+    for name, kind in (("ray-x-head-1-compute", "head"), ("ray-x-worker-1-compute", "worker")):
+        api.answer("POST", zone, {}, {"name": name, "machineType": "zones/us-central1-a/machineTypes/n1-standard-4",
+                                      "labels": {"ray-node-type": kind}})
+    nics = {n: i["networkInterfaces"][0] for n, i in api.instances.items()}
+    assert nics["ray-x-head-1-compute"]["networkIP"] == "127.0.0.1"
+    assert nics["ray-x-head-1-compute"]["accessConfigs"][0]["natIP"] == "127.0.0.1"
+    assert nics["ray-x-worker-1-compute"]["networkIP"] != "127.0.0.1"  # a worker is never this machine

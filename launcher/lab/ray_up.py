@@ -50,6 +50,7 @@ from launcher.lab.sshd import LoopbackSSHD, free_port
 HEAD_LABEL = ("ray-node-type", "head")  # the label Ray's GCP provider gives the head VM (TAG_RAY_NODE_KIND)
 LOOPBACK = "127.0.0.1"
 RUN_NAME = "rehearsal"
+KEEP = "LAUNCHER_REHEARSAL_KEEP"  # set: the rehearsal's folder stays (to read its logs)
 
 # Setup commands the rehearsal does not run as they are: (test, what it runs instead, why).
 SKIPPED = "skipped"
@@ -133,9 +134,9 @@ def up_copy(config: dict, sshd: LoopbackSSHD, ports: dict[str, int]) -> tuple[di
     """The cluster file as the rehearsal's ``ray up`` runs it, and what happens to each setup command.
 
     Changed: SSH (this machine's user, through ``auth.ssh_proxy_command`` to sshd's port, since Ray's SSH
-    runner dials port 22), the placeholder token, min_workers 0 (workers stay simulated), free ports and
-    node IP 127.0.0.1 for ``ray start --head`` (other Rays on this machine keep theirs), and the setup
-    commands in :data:`SKIPS`. Initialization, setup and start commands otherwise run as written.
+    runner dials port 22), the placeholder token, min_workers 0 (workers stay simulated), free ports for
+    ``ray start --head`` (other Rays on this machine keep theirs), and the setup commands in :data:`SKIPS`.
+    Initialization, setup and start commands otherwise run as written. (File mounts: :func:`snapshot_mounts`.)
     """
     config = _rehearsal_copy(config)
     config["auth"] = {"ssh_user": sshd.user, "ssh_proxy_command": sshd.proxy_command}
@@ -155,13 +156,35 @@ def up_copy(config: dict, sshd: LoopbackSSHD, ports: dict[str, int]) -> tuple[di
     return config, said
 
 
+def snapshot_mounts(config: dict, folder: str) -> list[tuple[str, str]]:
+    """Point each local folder of ``file_mounts`` at a copy of what rsync sends from it.
+
+    ``ray up`` first hashes every file under each mount (``hash_runtime_conf``), ignoring rsync_exclude and
+    .gitignore: with the project's .venv under the checkout that is gigabytes read on every ``ray up``. The
+    copy, made by rsync with the file's own excludes and filters, is what the head receives either way.
+    Returns (remote path, source) for each copied mount.
+    """
+    filters = [a for x in config.get("rsync_exclude") or [] for a in ("--exclude", x)]
+    filters += [a for f in config.get("rsync_filter") or [] for a in ("--filter", f"dir-merge,- {f}")]
+    copied = []
+    for n, (remote, local) in enumerate(sorted((config.get("file_mounts") or {}).items())):
+        if not os.path.isdir(os.path.expanduser(local)):
+            continue
+        target = os.path.join(folder, str(n))
+        subprocess.run(["rsync", "-a", *filters, os.path.expanduser(local).rstrip("/") + "/", target + "/"],
+                       check=True, capture_output=True)
+        config["file_mounts"][remote] = target
+        copied.append((remote, local))
+    return copied
+
+
 def _head_start(command: str, ports: dict[str, int]) -> str:
     if "ray start" not in command:
         return command
     command = re.sub(r"--port[= ]\d+", f"--port={ports['gcs']}", command)
     command = re.sub(r"--object-manager-port[= ]\d+", f"--object-manager-port={ports['object_manager']}", command)
     extra = {"--dashboard-port": ports["dashboard"], "--ray-client-server-port": ports["client"],
-             "--dashboard-agent-listen-port": ports["agent"], "--node-ip-address": LOOPBACK}
+             "--dashboard-agent-listen-port": ports["agent"]}
     return command + "".join(f" {flag}={value}" for flag, value in extra.items() if flag not in command)
 
 
@@ -324,22 +347,32 @@ def rehearse_up(config: dict, emulator_url: str, bucket: str, quotas: dict[str, 
     report = UpReport()
     root = tempfile.mkdtemp(prefix="lrh-", dir="/tmp")  # short: Ray's socket paths live under it
     try:
-        paths = {k: os.path.join(root, k) for k in ("sshd", "site", "laptop", "vm", "logs", "tmp")}
+        paths = {k: os.path.join(root, k) for k in ("sshd", "site", "laptop", "vm", "logs", "tmp", "mounts")}
         for path in paths.values():
             os.makedirs(path, exist_ok=True)
         ray_tmp = root  # RAY_TMPDIR: Ray's sessions and ray_current_cluster under root/ray
         prepare_vm_home(paths["vm"])
-        sshd = LoopbackSSHD(paths["sshd"], {"HOME": paths["vm"], "PYTHONPATH": paths["site"],
+        # PYTHONPATH on the head: the sitecustomize, then ~/launcher (the project `ray up` synced there), which
+        # stands in for the skipped `pip install ~/launcher` (the venv is shared; its own install may be elsewhere)
+        head_path = os.pathsep.join([paths["site"], os.path.join(paths["vm"], "launcher")])
+        sshd = LoopbackSSHD(paths["sshd"], {"HOME": paths["vm"], "PYTHONPATH": head_path,
                                             "RAY_TMPDIR": ray_tmp, "RAY_USAGE_STATS_ENABLED": "0"})
         api = LoopbackAPI(_rehearsal_copy(config)["provider"]["project_id"], sshd, quotas)
         with api:
             write_sitecustomize(paths["site"], api.url)
             with sshd:
-                _up_run_down(config, api, sshd, paths, ray_tmp, report, emulator_url, bucket, workers, say,
-                             timeout_s)
+                try:
+                    _up_run_down(config, api, sshd, paths, ray_tmp, report, emulator_url, bucket, workers, say,
+                                 timeout_s)
+                except RehearsalFailed:
+                    say(f"   sshd's log ends: {sshd.log_tail()}")
+                    raise
             report.calls = api.calls
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        if os.environ.get(KEEP):
+            say(f"kept the rehearsal's folder (logs, the VM's home, Ray's sessions): {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
     say(up_summary(report))
     return report
 
@@ -347,10 +380,8 @@ def rehearse_up(config: dict, emulator_url: str, bucket: str, quotas: dict[str, 
 def _up_run_down(config, api, sshd, paths, ray_tmp, report, emulator_url, bucket, workers, say, timeout_s):
     ports = {k: free_port() for k in ("gcs", "object_manager", "dashboard", "client", "agent")}
     config, report.commands = up_copy(config, sshd, ports)
-    cluster_file = os.path.join(paths["laptop"], "cluster.yaml")
-    with open(cluster_file, "w", encoding="utf-8") as f:
-        yaml.safe_dump(config, f, sort_keys=False)
-    python_path = os.pathsep.join(p for p in (paths["site"], os.environ.get("PYTHONPATH")) if p)
+    # this side's commands import the launcher this process runs (the venv's editable install may point elsewhere)
+    python_path = os.pathsep.join(p for p in (paths["site"], _source_root(), os.environ.get("PYTHONPATH")) if p)
     # TMPDIR: where `ray up` caches the bootstrapped file (ray exec and ray down read it), removed with the rest
     env = {**os.environ, "HOME": paths["laptop"], "PYTHONPATH": python_path, "RAY_TMPDIR": ray_tmp,
            "TMPDIR": paths["tmp"],
@@ -361,6 +392,12 @@ def _up_run_down(config, api, sshd, paths, ray_tmp, report, emulator_url, bucket
     stages = _Stages(api, report, say, paths["logs"])
     say(f"rehearsing `ray up` of cluster {config['cluster_name']!r} on this machine: local Compute Engine API at "
         f"{api.url}; the head VM is {sshd.user}@127.0.0.1 through sshd on port {sshd.port} (own PID namespace)")
+    for remote, local in snapshot_mounts(config, paths["mounts"]):
+        say(f"file mount {remote}: a copy of {local} as rsync sends it (.gitignore and rsync_exclude applied; "
+            "`ray up` would otherwise hash every file under it first, .venv included)")
+    cluster_file = os.path.join(paths["laptop"], "cluster.yaml")
+    with open(cluster_file, "w", encoding="utf-8") as f:
+        yaml.safe_dump(config, f, sort_keys=False)
     up = False
     try:
         with stages.stage("`ray up -y` (Ray's CLI: bootstrap, the head's insert, SSH, file mounts, "
@@ -375,9 +412,8 @@ def _up_run_down(config, api, sshd, paths, ray_tmp, report, emulator_url, bucket
             stages.run("ray-status", [ray, "exec", cluster_file, "ray status"], env, timeout_s, _after("Autoscaler"))
         with stages.stage(f"`launcher submit --follow` to {dashboard}: digits-mlp, 1 epoch, {workers} workers, "
                           f"checkpoints to gs://{bucket}/{RUN_NAME} (the Cloud Storage emulator)"):
-            launcher = os.path.join(os.path.dirname(sys.executable), "launcher")
             out = stages.run("launcher-submit", [
-                launcher, "submit", "--address", dashboard, "--workload", "digits-mlp", "--epochs", "1",
+                sys.executable, "-m", "launcher", "submit", "--address", dashboard, "--workload", "digits-mlp", "--epochs", "1",
                 "--workers", str(workers), "--storage", f"gs://{bucket}/{RUN_NAME}", "--name", RUN_NAME,
                 "--follow"], env, timeout_s, _summary_line)
             ended = re.findall(r"^job \S+: (\w+)\s*$", out, re.MULTILINE)
@@ -402,6 +438,12 @@ def _down(stages, ray, cluster_file, env, timeout_s, api, ray_tmp, report, say) 
             report.ray_left = ray_processes(ray_tmp)
             say(f"   left in the API: {', '.join(report.left) or 'nothing'}; Ray processes of the rehearsal "
                 f"left: {len(report.ray_left) or 'none'}")
+
+
+def _source_root() -> str:
+    import launcher
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(launcher.__file__)))
 
 
 def _after(marker: str) -> Callable[[str], bool]:
