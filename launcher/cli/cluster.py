@@ -17,6 +17,7 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 
 import launcher
 from cluster.spec import ClusterSpec
@@ -206,17 +207,13 @@ def _rehearse(args: argparse.Namespace) -> int:
 
 
 def _rehearse_up(config: dict, quotas: dict[str, float]) -> int:
-    import tempfile
-
     from launcher.lab.gcs_emulator import Emulator
-    from launcher.lab.ray_up import rehearse_up
-    from launcher.storage import gcs
+    from launcher.lab.ray_up import create_bucket, rehearse_up
 
     with tempfile.TemporaryDirectory(prefix="launcher-rehearsal-gcs-") as folder:
         emulator = Emulator(folder).start()
         try:
-            os.environ["STORAGE_EMULATOR_HOST"] = emulator.url  # this process's client, for the bucket
-            gcs.client().create_bucket("launcher-rehearsal")
+            create_bucket(emulator.url, "launcher-rehearsal")
             print(f"Cloud Storage emulator at {emulator.url}, bucket gs://launcher-rehearsal", flush=True)
             report = rehearse_up(config, emulator.url, "launcher-rehearsal", quotas,
                                  say=lambda line: print(line, flush=True))

@@ -441,9 +441,8 @@ def _down(stages, ray, cluster_file, env, timeout_s, api, ray_tmp, report, say) 
 
 
 def _source_root() -> str:
-    import launcher
-
-    return os.path.dirname(os.path.dirname(os.path.abspath(launcher.__file__)))
+    """The folder this launcher is imported from (the checkout: launcher/lab/ray_up.py is three down)."""
+    return os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _after(marker: str) -> Callable[[str], bool]:
@@ -477,13 +476,22 @@ def _wait_dashboard(url: str, timeout_s: float) -> None:
             time.sleep(0.5)
 
 
-def checkpoints(emulator_url: str, bucket: str, prefix: str) -> list[str]:
-    """The checkpoint objects under gs://BUCKET/PREFIX in the emulator."""
+def _emulator_client(emulator_url: str):
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import storage
 
-    client = storage.Client(project="rehearsal", credentials=AnonymousCredentials(),
-                            client_options={"api_endpoint": emulator_url})
+    return storage.Client(project="rehearsal", credentials=AnonymousCredentials(),
+                          client_options={"api_endpoint": emulator_url})
+
+
+def create_bucket(emulator_url: str, bucket: str) -> None:
+    """A bucket in the Cloud Storage emulator at ``emulator_url`` for the rehearsal's run."""
+    _emulator_client(emulator_url).create_bucket(bucket)
+
+
+def checkpoints(emulator_url: str, bucket: str, prefix: str) -> list[str]:
+    """The checkpoint objects under gs://BUCKET/PREFIX in the emulator."""
+    client = _emulator_client(emulator_url)
     return sorted(b.name for b in client.list_blobs(bucket, prefix=prefix + "/") if "checkpoint" in b.name)
 
 
