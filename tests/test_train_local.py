@@ -280,6 +280,9 @@ def test_warm_local_head_is_used_until_down(storage, tmp_path):
         too_big = subprocess.run([sys.executable, "-m", "launcher", "run", "--storage", storage, "--workers", "3"],
                                  cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert too_big.returncode == 2 and "room for 2" in too_big.stderr
+        error = [line for line in too_big.stderr.splitlines() if line.startswith("error:")]
+        assert len(error) == 1, too_big.stderr  # one line, naming what helps
+        assert "`launcher down`" in error[0] and "launcher up --num-cpus 3" in error[0], error[0]
     finally:
         down = subprocess.run([sys.executable, "-m", "launcher", "down"], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=120)

@@ -60,6 +60,31 @@ def test_tf_loop_gives_each_sample_to_one_rank_once_per_epoch():
     assert seen[0] | seen[1] <= everything and len(seen[0] | seen[1]) == 1438
 
 
+def test_tf_loop_resumed_on_one_worker_goes_on_at_the_sample_two_workers_stopped_at():
+    """Two workers stopped after 10 steps (640 samples of the epoch's global order), resumed on
+    one: it trains the 798 samples left, once each; nothing of the first 640 again."""
+    from launcher.worker.tf_loop import TFTraining
+
+    spec = JobSpec(framework="tensorflow", workers=2, epochs=1, preemption_check_steps=0).validated()
+    first = []
+    for rank in range(2):
+        training = TFTraining(spec, RecordingComm(rank, 2))
+        first += [training.train.x[idx] for step, idx in training.batches() if step < 10]
+    stopped = TFTraining(spec, RecordingComm(0, 2))
+    cursor = stopped.cursor_at(10)
+    assert cursor == 640
+
+    alone = TFTraining(spec, RecordingComm(0, 1))
+    alone.pos.step_in_epoch = 10
+    alone.resume_epoch_at(10, cursor)
+    assert alone.steps_per_epoch == 10 + -(-(1438 - 640) // spec.batch_size)
+    alone.step = alone.comm.train_step(None, None, None)
+    alone.run_epoch()
+    rows = [r.tobytes() for batch in first + alone.comm.batches for r in batch]
+    everything = {r.tobytes() for r in workloads.get("digits-mlp").load(None, "train", 0, 1, {}).x}
+    assert len(rows) == len(set(rows)) == 1438 and set(rows) == everything  # nothing twice, nothing skipped
+
+
 @pytest.mark.integration
 def test_tf_run_learns_resumes_and_exports_a_saved_model(ray_local, capsys, storage):
     common = ["--framework", "tensorflow", "--storage", storage, "--seed", "3"]

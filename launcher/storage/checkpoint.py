@@ -31,7 +31,10 @@ class Manifest:
 
     ``epoch`` counts completed epochs; ``step_in_epoch`` counts the steps done
     in the epoch under way (0 at an epoch boundary); ``global_step`` counts
-    optimizer steps since the run began.
+    optimizer steps since the run began; ``cursor``, mid-epoch, the samples of the
+    epoch used so far in the run's global order (:mod:`launcher.worker.order`), which a
+    run on another worker count continues from (None: no global order, or an older
+    checkpoint).
     """
 
     epoch: int
@@ -47,6 +50,7 @@ class Manifest:
     files: dict[str, int] = field(default_factory=dict)  # name -> size in bytes
     created: float = field(default_factory=time.time)
     format: int = FORMAT_VERSION
+    cursor: int | None = None
 
     @property
     def position(self) -> dict[str, int]:

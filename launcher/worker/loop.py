@@ -28,7 +28,7 @@ import shutil
 import tempfile
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -38,6 +38,7 @@ from launcher.spec import JobSpec
 from launcher.storage import Storage
 from launcher.storage.checkpoint import MANIFEST, Manifest, complete_checkpoints, newest_complete, write_manifest
 from launcher.storage.datacache import local_data
+from launcher.worker.order import GlobalOrder
 
 RESERVE_MIN_S = 1.5  # stop training at least this long before the drain deadline
 SALVAGE_WAIT_S = 5.0  # after a collective failed: how long to look for the node that went
@@ -138,14 +139,17 @@ class Session(abc.ABC):
 
 
     # -- position and checkpoints ----------------------------------------------------------
-    def write_manifest(self, directory: str, metrics: dict[str, Any], others: dict[str, int] | None = None) -> None:
+    def write_manifest(self, directory: str, metrics: dict[str, Any], others: dict[str, int] | None = None,
+                       cursor: int | None = None) -> None:
         """The manifest of the checkpoint in ``directory`` (last: it marks the folder complete).
-        ``others``: files the other ranks write into the same checkpoint, with their sizes."""
+        ``others``: files the other ranks write into the same checkpoint, with their sizes;
+        ``cursor``: mid-epoch, the samples of the epoch used in the global order."""
         s = self.spec
         write_manifest(directory, Manifest(
             epoch=self.pos.epoch, step_in_epoch=self.pos.step_in_epoch, global_step=self.pos.global_step,
             world_size=self.world, framework=s.framework, backend=s.backend, workload=s.workload,
-            batch_size=s.batch_size, seed=s.seed, metrics=metrics), others)
+            batch_size=s.batch_size, seed=s.seed, metrics=metrics,
+            cursor=cursor if self.pos.step_in_epoch else None), others)
 
     def sizes_over_ranks(self, name_of: Any, size: int) -> dict[str, int]:
         """Each rank's file ``name_of(rank)`` and its size, on every rank (a collective)."""
@@ -402,9 +406,13 @@ class Training(Session):
         super().__init__(spec, comm)
         self.workload = workloads.get(spec.workload)
         data = local_data(spec.data)  # gs:// data: this node's verified copy
-        self.train = self.workload.load(data, "train", self.rank, self.world, spec.params)
+        # The whole training split on every rank, in the run's global order: each global batch
+        # is split over the ranks, so a run resumed on another worker count continues at its sample.
+        self.train = self.workload.load(data, "train", 0, 1, spec.params)
         self.test = self.workload.load(data, "test", self.rank, self.world, spec.params)
-        self.steps_per_epoch = math.ceil(len(self.train) / spec.batch_size)
+        self.order = GlobalOrder(len(self.train), spec.seed, True, spec.batch_size)
+        self.first = self.first_cursor = 0  # a resumed epoch: its step and cursor at the resume
+        self.steps_per_epoch = self.order.batches_left(0, self.world)
 
     # -- what each framework provides ----------------------------------------------------
     @abc.abstractmethod
@@ -451,9 +459,29 @@ class Training(Session):
         while self.pos.epoch < self.spec.epochs:
             stats = self.run_epoch()
             self.pos.epoch, self.pos.step_in_epoch = self.pos.epoch + 1, 0
+            self.resume_epoch_at(0, 0)
             last = self.pos.epoch == self.spec.epochs
             extra = {"weights_sha256": self.weights_digest()} if last and self.rank == 0 else {}
             self.send({"kind": "epoch", **stats, **self.evaluate(), **extra})
+
+    # -- the sample order ----------------------------------------------------------------------
+    def resume_epoch_at(self, step: int, cursor: int | None) -> None:
+        """The epoch under way continues after ``step`` steps, ``cursor`` samples of its order
+        used (None: as many as those steps took at this worker count)."""
+        self.first = step
+        self.first_cursor = self.order.cursor_after(0, self.world, step) if cursor is None else cursor
+        self.steps_per_epoch = self.first + self.order.batches_left(self.first_cursor, self.world)
+
+    def cursor_at(self, step: int) -> int:
+        """Samples of the epoch used once ``step`` steps are done."""
+        return self.order.cursor_after(self.first_cursor, self.world, step - self.first)
+
+    def batches(self) -> Iterator[tuple[int, np.ndarray]]:
+        """(step, this rank's sample indices) for the steps left in the epoch under way."""
+        step = self.pos.step_in_epoch
+        for gb in self.order.global_batches(self.pos.epoch, self.cursor_at(step), self.world):
+            yield step, GlobalOrder.share(gb, self.rank, self.world)
+            step += 1
 
     # -- after each step ---------------------------------------------------------------------
     def stepped(self, i: int, value: float, step_started: float, boundary: bool = True) -> None:

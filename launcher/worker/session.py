@@ -310,7 +310,8 @@ class TorchSession(UserSession):
         found: dict[int, str] = {}
         for obj in gc.get_objects():
             for kind, what, why, name in kinds:
-                if not isinstance(obj, kind) or id(obj) in registered or id(obj) in found:
+                # type(), not isinstance: a proxy's __class__ can run code (and warn) when asked
+                if not issubclass(type(obj), kind) or id(obj) in registered or id(obj) in found:
                     continue
                 if id(self._stand_ins.get(id(obj))) in registered:
                     continue
@@ -339,8 +340,8 @@ class TorchSession(UserSession):
         if self.rank != 0:
             return
         loader = self._train_loader
-        self._save_state(directory, loader.batches if loader is not None else 0)
-        self.write_manifest(directory, metrics, others)
+        cursor = self._save_state(directory, loader.batches if loader is not None else 0)
+        self.write_manifest(directory, metrics, others, cursor=cursor)
 
     def _save_rng(self, directory: str) -> str:
         """Each rank's RNG streams and its share of the epoch's metrics so far (a resumed epoch
@@ -351,15 +352,17 @@ class TorchSession(UserSession):
         torch.save({"rng": _rng_states(), "epoch": self._epoch_so_far()}, rng)
         return rng
 
-    def _save_state(self, directory: str, batches: int) -> None:
+    def _save_state(self, directory: str, batches: int) -> int | None:
+        """Rank 0's files: the model, every other registered state, the loader's position;
+        returns the epoch's cursor in the global order after ``batches`` (None without one)."""
         import torch
 
         torch.save(self.model().state_dict(), os.path.join(directory, TORCH_MODEL_FILE))
         state = {name: obj.state_dict() for name, obj in self.objects.items() if name != self.model_name}
         loader = self._train_loader
-        cursor = loader.order.cursor_at(batches) if loader is not None and batches else None
-        state["_launcher"] = {"batches": batches, "model": self.model_name, "cursor": cursor}
+        state["_launcher"] = {"batches": batches, "model": self.model_name}
         torch.save(state, os.path.join(directory, STATE_FILE))
+        return loader.order.cursor_at(batches) if loader is not None and batches else None
 
     def can_salvage(self) -> bool:
         return (bool(self.rank_nodes) and self._watched and self.model_name is not None and self.trained
@@ -367,8 +370,8 @@ class TorchSession(UserSession):
 
     def save_alone(self, directory: str, metrics: dict[str, Any]) -> bool:
         self._save_rng(directory)
-        self._save_state(directory, self._counted_batches if self.pos.step_in_epoch else 0)
-        self.write_manifest(directory, metrics)
+        cursor = self._save_state(directory, self._counted_batches if self.pos.step_in_epoch else 0)
+        self.write_manifest(directory, metrics, cursor=cursor)
         return True
 
     def restore(self, directory: str) -> None:
@@ -398,8 +401,7 @@ class TorchSession(UserSession):
             if self.pos.step_in_epoch:
                 self._carried = mine["epoch"]
         if self.pos.step_in_epoch:
-            cursor = info.get("cursor")
-            self._resume = (int(info.get("batches", 0)), None if cursor is None else int(cursor))
+            self._resume = (int(info.get("batches", 0)), manifest.cursor)
 
 class _NoOptimizer:
     """An optimizer with no state, for :meth:`TorchSession.prepare` without one."""

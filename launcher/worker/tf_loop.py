@@ -30,7 +30,7 @@ from launcher.storage.checkpoint import read_manifest
 from launcher.worker.formats import TF_MODEL_FILE as MODEL_FILE
 from launcher.worker.formats import TF_OPTIMIZER_FILE as OPTIMIZER_FILE
 from launcher.worker.formats import arrays_digest, load_arrays, save_arrays
-from launcher.worker.loop import Position, Training, epoch_order
+from launcher.worker.loop import Position, Training
 
 EVAL_BATCH = 512
 
@@ -131,27 +131,29 @@ class TFTraining(Training):
         self.model.set_weights(load_arrays(os.path.join(directory, MODEL_FILE)))
         for var, value in zip(self.optimizer.variables, load_arrays(os.path.join(directory, OPTIMIZER_FILE))):
             var.assign(value)
-        self.restored(Position(manifest.epoch, manifest.step_in_epoch, manifest.global_step), manifest)
+        # With a cursor, a mid-epoch checkpoint of any worker count continues at its sample.
+        self.restored(Position(manifest.epoch, manifest.step_in_epoch, manifest.global_step), manifest,
+                      across_layouts=manifest.cursor is not None)
+        if self.pos.step_in_epoch:
+            self.resume_epoch_at(self.pos.step_in_epoch, manifest.cursor)
 
     def save(self, directory: str, metrics: dict[str, Any]) -> None:
         if self.rank != 0:
             return
         save_arrays(os.path.join(directory, MODEL_FILE), self.model.get_weights())
         save_arrays(os.path.join(directory, OPTIMIZER_FILE), [v.numpy() for v in self.optimizer.variables])
-        self.write_manifest(directory, metrics)
+        self.write_manifest(directory, metrics, cursor=self.cursor_at(self.pos.step_in_epoch))
 
     def sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
         return self.comm.allreduce_sum(values)
 
     # -- training -----------------------------------------------------------------------
     def run_epoch(self) -> dict[str, float]:
-        s, step = self.spec, self.step
-        order = epoch_order(s.seed, self.pos.epoch, self.rank, len(self.train))
+        step = self.step
         loss_sum, count = 0.0, 0
         start = time.perf_counter()
-        for i in range(self.pos.step_in_epoch, self.steps_per_epoch):
+        for i, idx in self.batches():
             step_started = time.perf_counter()
-            idx = order[i * s.batch_size:(i + 1) * s.batch_size]
             value = float(step(*self.train.take(idx)))
             if not math.isfinite(value):
                 raise self.diverged(value)

@@ -155,7 +155,7 @@ class TFSession(UserSession):
         gc.collect()
         found = {}
         for obj in gc.get_objects():
-            if (isinstance(obj, kinds) and id(obj) not in registered
+            if (issubclass(type(obj), kinds) and id(obj) not in registered
                     and id(self._stand_ins.get(id(obj))) not in registered):
                 found[id(obj)] = (f"the optimizer {type(obj).__name__} is not registered (its slots and "
                                   "iteration count start afresh; session.register(optimizer=...) keeps it)")
