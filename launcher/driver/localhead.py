@@ -23,6 +23,7 @@ from typing import Callable
 
 from launcher.driver.trainer import PREEMPTION_WATCHER_ENV, ray_train_env
 from launcher.errors import UserError
+from launcher.storage.runs import pid_alive
 
 STATE_ENV = "LAUNCHER_STATE_DIR"
 # A launch without a warm head starts a local Ray with as many logical CPUs as its workers ask
@@ -218,13 +219,7 @@ def _alive(pid: int) -> bool:
         return exited == 0
     except ChildProcessError:  # not ours: another process started the head
         pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    return pid_alive(pid)
 
 
 def _forget_default_address(address: str) -> None:
