@@ -191,6 +191,9 @@ def resolve(name: str) -> Any:
     if name not in _resolved:
         target, _ = PRIVATE[name]
         module, _, attribute = target.partition(":")
+        # Ray itself first: some of its private modules (runtime_env.packaging) import `ray` half
+        # way through, which fails as a circular import when they are the first Ray module loaded.
+        importlib.import_module(module.partition(".")[0])
         _resolved[name] = getattr(importlib.import_module(module), attribute)
     return _resolved[name]
 
