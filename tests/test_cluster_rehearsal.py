@@ -238,7 +238,7 @@ def test_ray_up_over_ssh_trains_and_ray_down_leaves_nothing(gcs_emulator, bucket
 
     import launcher
     from launcher.cli.cluster import project_source_dir
-    from launcher.lab.ray_up import rehearse_up
+    from launcher.lab.ray_up import RehearsalFailed, rehearse_up
     from launcher.lab.sshd import missing_tools
 
     missing = missing_tools()
@@ -249,7 +249,10 @@ def test_ray_up_over_ssh_trains_and_ray_down_leaves_nothing(gcs_emulator, bucket
         launcher.__version__)
     lines: list[str] = []
     start = time.monotonic()
-    report = rehearse_up(config, gcs_emulator.url, bucket, workers=2, say=lines.append, timeout_s=170)
+    try:
+        report = rehearse_up(config, gcs_emulator.url, bucket, workers=2, say=lines.append, timeout_s=170)
+    except RehearsalFailed as exc:  # what the stage printed is the diagnosis: show it
+        pytest.fail(f"{exc}\n" + "\n".join(lines), pytrace=False)
     took = time.monotonic() - start
     text = "\n".join(lines)
     assert report.job_status == "SUCCEEDED", text

@@ -148,6 +148,83 @@ def test_a_server_that_never_answers_is_a_bounded_wait(capsys, monkeypatch):
     one_line_error(code, err, "did not answer within 2s", "LAUNCHER_JOB_TIMEOUT_S", exit_code=1)
 
 
+class _AgentlessJobServer:
+    """A loopback HTTP server that answers the calls Ray's JobSubmissionClient makes for a
+    submission, and refuses the first ``refusals`` submissions as a head whose job agent has
+    not registered yet does (Ray 2.60's job_head: HTTP 500, "No available agent ...")."""
+
+    def __init__(self, refusals: int) -> None:
+        import http.server
+        import ray
+
+        server = self
+        self.refusals, self.posts = refusals, 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def _answer(self, code: int, body) -> None:
+                data = (body if isinstance(body, str) else json.dumps(body)).encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:
+                if self.path == "/api/version":
+                    self._answer(200, {"version": "4", "ray_version": ray.__version__, "ray_commit": "x"})
+                elif self.path == "/api/jobs/":
+                    self._answer(200, [])
+                else:  # /api/packages/...: not there yet, so the client uploads it
+                    self._answer(404, "not found")
+
+            def do_PUT(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self._answer(200, "")
+
+            def do_POST(self) -> None:
+                request = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+                server.posts += 1
+                if server.posts <= server.refusals:
+                    self._answer(500, "No available agent to submit job, please try again later.")
+                else:
+                    self._answer(200, {"submission_id": request["submission_id"], "job_id": None})
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_a_head_whose_job_agent_is_not_up_yet_is_waited_for_then_given_up_on(capsys, monkeypatch, tmp_path):
+    """Right after `ray up` the dashboard answers before the head's job agent registers: the
+    submission waits for it (saying so once) instead of failing; an agent that never comes is one line."""
+    monkeypatch.setattr(submit, "AGENT_RETRY_S", 0.05)
+    argv = ["submit", "--workload", "digits-mlp", "--epochs", "1", "--storage", str(tmp_path / "runs"),
+            "--name", "agentless"]
+    late = _AgentlessJobServer(refusals=3)
+    try:
+        code, out, err = run_cli(capsys, *argv, "--address", late.url)
+    finally:
+        late.close()
+    assert code == 0, err
+    assert late.posts == 4 and out.strip() == "launcher-agentless"
+    assert err.count("waiting for the job agent") == 1
+    never = _AgentlessJobServer(refusals=10**6)
+    monkeypatch.setattr(submit, "AGENT_WAIT_S", 0.5)
+    try:
+        code, out, err = run_cli(capsys, *argv, "--address", never.url)
+    finally:
+        never.close()
+    assert never.posts > 1
+    assert code == 1 and "has had no job agent for" in err and "dashboard_agent.log" in err, err
+    assert "Traceback" not in err
+
+
 # -- against a real Ray head -------------------------------------------------------------
 
 @contextlib.contextmanager

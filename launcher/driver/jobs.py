@@ -47,6 +47,11 @@ def request_timeout_s() -> float:
 FOLLOW_CHECK_S = 10.0  # while following a job's logs, check that its server still answers this often
 # `launcher logs --follow` and `submit --follow` exit like `launcher run` would.
 EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 130}
+# A head just started by `ray up` answers HTTP before its job agent has registered; Ray
+# then refuses a submission with this text after a 10 s wait of its own. Try again this long.
+NO_AGENT = "No available agent to submit job"
+AGENT_WAIT_S = 120.0
+AGENT_RETRY_S = 2.0
 FIX_ADDRESS = ("pass the head's dashboard address, e.g. --address http://127.0.0.1:8265 "
                "(on a `ray up` cluster, `ray dashboard cluster.yaml` tunnels it to localhost)")
 
@@ -261,14 +266,29 @@ def submit(spec, address: str | None, program=None, program_args: list[str] | tu
                             f"wait for it (`launcher logs {j.submission_id} --follow`), stop it, or pass "
                             "another --name")
     taken = {j.submission_id for j in jobs if j.submission_id}
-    for _ in range(5):  # someone may take the id between our look and our submit
+    agent_wait_until = time.monotonic() + AGENT_WAIT_S
+    said_waiting = False
+    clashes = 0
+    while clashes < 5:  # someone may take the id between our look and our submit
         job_id = job_id_for(spec.name, taken)
         try:
             client.submit_job(entrypoint=command, submission_id=job_id, runtime_env=env, metadata=metadata)
         except RuntimeError as exc:
             if "already exists" in str(exc):
                 taken.add(job_id)
+                clashes += 1
                 continue
+            if NO_AGENT in str(exc) and time.monotonic() < agent_wait_until:
+                if not said_waiting:
+                    print(f"waiting for the job agent of the head at {client.get_address()} "
+                          "(a head that just started registers it within a minute)", file=sys.stderr, flush=True)
+                    said_waiting = True
+                time.sleep(AGENT_RETRY_S)
+                continue
+            if NO_AGENT in str(exc):
+                raise Unreachable(f"the Ray job server at {client.get_address()} has had no job agent for "
+                                  f"{AGENT_WAIT_S:.0f} s", "check the head's dashboard_agent log "
+                                  "(/tmp/ray/session_latest/logs/dashboard_agent.log) and `ray status`") from None
             raise UserError(f"the Ray job server at {client.get_address()} refused the job: "
                             f"{_ray_reason(exc)}") from None
         return Submitted(job_id, client.get_address(), spec.name, command)
