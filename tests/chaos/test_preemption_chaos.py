@@ -1,6 +1,6 @@
 """Chaos tests: preemptions on a multi-node Ray cluster on this machine.
 
-One :class:`launcher.lab.autoscaling.AutoscalingLab` serves the module: a head
+One :class:`launcher.lab.autoscaling.AutoscalingLab` serves the chaos package (its conftest): a head
 without CPUs and two 1-CPU worker nodes that Ray's autoscaler brings up (and
 replaces when one is lost), each with a fake GCE metadata server and the real
 watcher draining its node on a notice. Every run trains digits-mlp with 2
@@ -22,6 +22,8 @@ from launcher.storage.checkpoint import complete_checkpoints
 from launcher.storage.runlog import read_jsonl
 from test_user_workloads import SHIPPED, write
 
+from .conftest import normal_state
+
 pytestmark = pytest.mark.chaos
 
 EPOCHS, STEPS_PER_EPOCH, EVERY = 16, 23, 10  # digits: 719 samples per rank, batches of 32
@@ -39,8 +41,9 @@ def spec_for(lab, root: str, name: str, **extra) -> JobSpec:
 
 
 @pytest.fixture(scope="module")
-def reference(lab, runs_root):
+def reference(chaos_lab, runs_root):
     """The uninterrupted run: its final weights are what every preempted run must end with."""
+    lab = normal_state(chaos_lab)
     s = run_in_background(spec_for(lab, runs_root, "reference")).wait()
     assert (s.status, s.steps_completed, s.restarts) == ("succeeded", TOTAL, 0), s
     assert s.weights_sha256
@@ -105,7 +108,6 @@ def test_a_node_reclaimed_before_its_notice_checkpoint_costs_no_step(lab, tmp_pa
                        address=lab.address, keep_checkpoints=10, params={"delay_ms": 80},
                        preemption_check_steps=1000).validated()
 
-    wait_for_free_cpus(2)
     reference = run_in_background(spec("whole")).wait()
     run = run_in_background(spec("short_notice"))
     first = run.wait_for_checkpoint(lambda m: m.global_step > 0)[0].global_step  # the first epoch's end
@@ -148,22 +150,6 @@ def test_truncated_latest_checkpoint_resumes_from_the_previous_good_one(lab, run
     assert s.weights_sha256 == reference.weights_sha256
 
 
-def wait_for_free_cpus(count: int, timeout_s: float = 120) -> None:
-    """Exactly ``count`` worker nodes, all free, first: the previous test's replacement node can
-    still be joining, or a spare the autoscaler launched still be there (it goes once idle), and
-    an elastic run takes what it finds (it then started on 1 worker, and losing the other node
-    cost it nothing: seen in CI)."""
-    import ray
-
-    def ready() -> bool:
-        return ray.cluster_resources().get("CPU", 0) == count and ray.available_resources().get("CPU", 0) == count
-
-    deadline = time.time() + timeout_s
-    while not ready() and time.time() < deadline:
-        time.sleep(0.5)
-    assert ready(), (ray.cluster_resources(), ray.available_resources())
-
-
 def world_sizes(root: str, name: str) -> list[int]:
     """The group's size at each logged report, with repeats folded."""
     sizes = [m["world_size"] for m in read_jsonl(open(os.path.join(root, name, "metrics.jsonl")).read())
@@ -180,7 +166,6 @@ def test_elastic_goes_on_with_the_survivor_and_grows_back_without_losing_a_step(
     spec = JobSpec(workload=workload, epochs=14, checkpoint_every_steps=10, seed=3, storage=root,
                    name="grow_back", address=lab.address, max_failures=3, min_workers=1,
                    params={"delay_ms": 50}, replace_on_notice=False, keep_checkpoints=100).validated()
-    wait_for_free_cpus(2)
     lab.set_delays(boot_s=8.0, stockout_s=0.0)
     try:
         run = run_in_background(spec)
@@ -211,7 +196,6 @@ def test_a_stockout_longer_than_the_run_never_stalls_an_elastic_run(lab, tmp_pat
     root = str(tmp_path / "runs")
     spec = JobSpec(epochs=4, checkpoint_every_steps=10, seed=3, storage=root, name="elastic",
                    address=lab.address, max_failures=3, min_workers=1).validated()
-    wait_for_free_cpus(2)
     lab.set_delays(boot_s=0.0, stockout_s=3600.0)
     run = run_in_background(spec)
     run.wait_for_checkpoint(lambda m: m.global_step >= 30)
