@@ -55,6 +55,8 @@ class JobSpec:
     lr: float | None = option(None, help="learning rate (default: the workload's)")
     seed: int = option(0, help="random seed (default 0): same seed and workers, same result")
     data: str | None = option(None, help="data for workloads that read files: a local path or gs://BUCKET/PREFIX")
+    data_cache_gb: float | None = option(None, help="streamed shard sets (launcher.data.Shards): the most each "
+                                         "node's cache of fetched shards holds, in GiB (default 16)")
     storage: str = option(DEFAULT_STORAGE, help="where runs are kept: a folder or gs://BUCKET/PREFIX "
                           "(default ./runs)")
     name: str | None = option(None, help="run name; an existing name resumes that run")
@@ -232,6 +234,8 @@ class JobSpec:
             raise UserError(f"unknown precision {self.precision!r}", f"valid: {', '.join(PRECISIONS)}")
         if self.grad_clip is not None:
             _positive("grad_clip", self.grad_clip)
+        if self.data_cache_gb is not None:
+            _positive("data_cache_gb", self.data_cache_gb)
         _at_least("grad_accumulation", self.grad_accumulation, 1)
         changed = [n for n, default in (("precision", "fp32"), ("grad_clip", None), ("grad_accumulation", 1))
                    if getattr(self, n) != default]

@@ -81,9 +81,15 @@ def test_an_image_folder_becomes_tar_shards_read_back_in_order(capsys, tmp_path)
     index, samples = read_set(str(out))
     assert index.fields == {"classes": ["cat", "dog", "eel"]}
     assert [s.samples for s in index.shards] == [5, 5, 2]
-    assert [(s["png"], int(s["cls"])) for s in samples] == expected
+    # Written in an order drawn from seed 0: each shard holds several classes, not one.
+    shuffled = [expected[i] for i in np.random.default_rng(0).permutation(len(expected))]
+    assert [(s["png"], int(s["cls"])) for s in samples] == shuffled
+    assert all(len({int(s["cls"]) for s in samples[k:k + 5]}) > 1 for k in (0, 5))
     assert [s["__key__"] for s in samples] == [f"{n:08d}" for n in range(12)]
     assert sorted(os.listdir(out)) == [INDEX, "shard-00000.tar", "shard-00001.tar", "shard-00002.tar"]
+    kept = tmp_path / "kept"
+    assert run_cli(capsys, "data", "shard", str(tmp_path / "images"), str(kept), "--keep-order")[0] == 0
+    assert [(s["png"], int(s["cls"])) for s in read_set(str(kept))[1]] == expected
 
 
 def test_npz_arrays_come_back_with_their_shape_and_dtype(capsys, tmp_path):
@@ -172,7 +178,7 @@ def test_shards_are_cut_by_size(tmp_path):
     assert notes[0].startswith("shard 1/~7: 30 samples, ") and len(notes) == 7
 
     expected = image_folder(tmp_path / "images", per_class=6)
-    made = writer.shard(str(tmp_path / "images"), str(tmp_path / "tars"), shard_mb=4 / 1024)
+    made = writer.shard(str(tmp_path / "images"), str(tmp_path / "tars"), shard_mb=4 / 1024, shuffle_seed=None)
     sizes = [s.bytes for s in made.shards]
     assert len(sizes) > 2 and max(sizes) <= 4 * 1024 + 10240  # within the limit, plus the tar's end padding
     assert [(s["png"], int(s["cls"])) for s in read_set(str(tmp_path / "tars"))[1]] == expected

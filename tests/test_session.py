@@ -273,6 +273,7 @@ def test_a_broken_function_fails_naming_the_users_line(ray_local, capsys, elsewh
 SEEN = '''
 import json
 import os
+import time
 
 import torch
 import workloads
@@ -295,31 +296,54 @@ def seen(session):
             optimizer.step()
             with open(out, "a") as f:  # before session.step, where a held rank 0 stops
                 f.write(json.dumps({"epoch": epoch, "step": session.global_step + 1, "world": session.world_size,
-                                    "items": x.squeeze(-1).int().tolist()}) + "\\n")
+                                    "t": time.time(), "items": x.squeeze(-1).int().tolist()}) + "\\n")
             session.step(loss=loss)
 '''
 
 
+def resized_twice(args: list[str], marks, log) -> list[list[dict]]:
+    """Run ``args`` on 2 workers, stop it after its first step checkpoint (step 3), resume it on 1
+    worker and stop that after its first (step 6), resume on 2 to the end. The sample records
+    the workload wrote (``log``: one JSON line per step and rank, with the time), those of the
+    steps each checkpoint kept: steps after a stop's checkpoint are lost work, trained again."""
+    phases, ends = [], []
+    for folder in ("first", "second"):
+        (marks / folder).mkdir()
+    stopped = stop_after_step_checkpoint(args + ["--workers", "2"], marks / "first")
+    assert stopped["status"] == "cancelled", stopped
+    ends.append(time.time())
+    shrunk = stop_after_step_checkpoint(args + ["--workers", "1"], marks / "second")
+    assert shrunk["status"] == "cancelled" and shrunk["resumed_from"]["step"] == 3, shrunk
+    ends.append(time.time())
+    grown = finish(launch(args + ["--workers", "2"]))
+    assert grown["status"] == "succeeded" and grown["resumed_from"]["step"] == 6, grown
+    records = [json.loads(line) for f in sorted(log.iterdir()) for line in f.read_text().splitlines()]
+    for phase, (after, until, kept_to) in enumerate([(0, ends[0], 3), (ends[0], ends[1], 6), (ends[1], 1e18, 10**9)]):
+        phases.append([r for r in records if after <= r["t"] < until and r["step"] <= kept_to])
+        assert {r["world"] for r in phases[-1]} == {2 if phase != 1 else 1}, phases[-1]
+    return phases
+
+
+def assert_each_sample_once(phases: list[list[dict]], n: int, epochs: int) -> None:
+    kept = [r for phase in phases for r in phase]
+    for epoch in range(epochs):
+        items = [i for r in kept if r["epoch"] == epoch for i in r["items"]]
+        assert sorted(items) == list(range(n)), (epoch, sorted(items))  # nothing repeated, nothing skipped
+
+
 @pytest.mark.integration
-def test_a_run_resumed_on_fewer_workers_continues_at_the_same_sample(tmp_path):
-    """Stopped after 3 steps on 2 workers (24 of 64 samples), resumed on 1: the epoch goes on
-    at the 25th sample of the run's global order; each epoch trains every sample once."""
+def test_a_run_resized_2_1_2_mid_epoch_trains_every_sample_once(tmp_path):
+    """Stopped after 3 steps on 2 workers (24 of 64 samples), resumed on 1 and stopped after 3
+    more (12 samples), resumed on 2: the epoch goes on at the next sample of the run's global
+    order each time; each epoch trains every sample once."""
     path = write(tmp_path / "code", SEEN, "seen.py")
     log = tmp_path / "seen"
     log.mkdir()
     args = ["--workload", f"{path}:seen", "--storage", str(tmp_path / "runs"), "--param", f"log={log}",
-            "--checkpoint-every-steps", "3", "--name", "shrunk"]
-    stopped = stop_after_step_checkpoint(args + ["--workers", "2"], tmp_path)
-    assert stopped["status"] == "cancelled", stopped
-    resumed = finish(launch(args + ["--workers", "1"]))
-    assert resumed["resumed_from"] == {"epoch": 0, "step": 3}, resumed
-    assert resumed["status"] == "succeeded" and resumed["steps_completed"] == 3 + 40 // 4 + 64 // 4, resumed
-    records = [json.loads(line) for f in sorted(log.iterdir()) for line in f.read_text().splitlines()]
-    kept = [r for r in records if r["world"] == 1 or r["step"] <= 3]  # steps after the checkpoint are lost work
-    for epoch in (0, 1):
-        items = [i for r in kept if r["epoch"] == epoch for i in r["items"]]
-        assert sorted(items) == list(range(64)), (epoch, sorted(items))  # nothing repeated, nothing skipped
-    assert {r["world"] for r in kept if r["epoch"] == 0} == {1, 2}
+            "--checkpoint-every-steps", "3", "--name", "resized"]
+    phases = resized_twice(args, tmp_path, log)
+    assert_each_sample_once(phases, 64, 2)
+    assert {r["epoch"] for r in phases[1]} == {0}  # the shrunk group's steps were mid-epoch
 
 
 UNREGISTERED = '''

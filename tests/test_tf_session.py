@@ -39,7 +39,7 @@ def _stream_batches(world: int, rank: int, start: int, take: int) -> list[np.nda
     source = tf.data.Dataset.range(30).shuffle(30, seed=4).batch(6)  # 5 global batches per epoch
     data = EpochData(session, source, None, None, True)
     assert data.steps == 5
-    return [b.numpy() for b in data.stream(start).take(take)]
+    return [b.numpy() for b in data.stream(start // 5, start % 5).take(take)]
 
 
 def test_each_worker_takes_its_share_of_every_global_batch_and_a_resumed_stream_continues_it():
@@ -52,6 +52,46 @@ def test_each_worker_takes_its_share_of_every_global_batch_and_a_resumed_stream_
         full = _stream_batches(2, rank, 0, 15)
         resumed = _stream_batches(2, rank, 7, 8)  # resumed in the middle of the second epoch
         assert all(np.array_equal(a, b) for a, b in zip(full[7:], resumed))
+
+
+def _array_data(world: int, rank: int, n: int = 30):
+    """EpochData of arrays (sample ids and their squares) with global batches of 6."""
+    from launcher.worker.tf_session import EpochData
+
+    session = types.SimpleNamespace(world=world, rank=rank, seed=4, global_batch_size=6)
+    ids = np.arange(n, dtype=np.int64)
+    return EpochData(session, (ids, ids ** 2), None, None, True)
+
+
+def test_arrays_follow_the_global_order_and_a_resize_goes_on_at_the_same_sample():
+    """Arrays given to the session follow the run's global order: 2 workers stop 3 steps into the
+    second epoch, 1 worker resumes at the saved cursor: every sample of that epoch is trained
+    once, none twice; at the same worker count the batches are those of the uninterrupted run."""
+    from launcher.worker.loop import Position
+
+    pair = [_array_data(2, rank) for rank in range(2)]
+    assert pair[0].steps == 5 and pair[0].per_worker_batch == 3
+    uninterrupted = [[x.numpy() for x, _ in d.stream(0, 0).take(10)] for d in pair]
+    for d in pair:  # the labels travel with their samples
+        assert all(np.array_equal(y, x ** 2) for x, y in d.stream(0, 0).take(10).as_numpy_iterator())
+    epoch0 = np.concatenate([b for batches in uninterrupted for b in batches[:5]])
+    assert sorted(epoch0.tolist()) == list(range(30))
+    done = np.concatenate([b for batches in uninterrupted for b in batches[5:8]])  # epoch 1, steps 0-2
+    cursor = pair[0].cursor_at(Position(1, 3, 8))
+    assert cursor == 18 == len(done)
+
+    alone = _array_data(1, 0)
+    assert alone.steps == 5 and alone.per_worker_batch == 6
+    step = alone.resume_epoch_at(1, cursor)
+    assert step == 3  # 12 samples left: 2 batches of 6, so the epoch still ends at its 5th step
+    rest = [x.numpy() for x, _ in alone.stream(1, step).take(alone.steps - step)]
+    assert sorted(np.concatenate([done, *rest]).tolist()) == list(range(30))  # each once: none repeated
+    assert alone.cursor_at(Position(1, 4, 9)) == 24 and alone.size_of(1, 4) == 6
+    # At the same worker count, a resumed stream is the uninterrupted one's continuation.
+    again = _array_data(2, 1)
+    again.resume_epoch_at(1, cursor)
+    resumed = [x.numpy() for x, _ in again.stream(1, 3).take(2)]
+    assert all(np.array_equal(a, b) for a, b in zip(uninterrupted[1][8:10], resumed))
 
 
 KERAS_FUNCTIONS = '''
@@ -116,6 +156,51 @@ def test_keras_fit_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path, backe
     x, y = module.cifar_like(512, 2)
     accuracy = float(np.mean(model.predict(x, verbose=0).argmax(1) == y))
     assert accuracy == pytest.approx(resumed["metrics"]["val_accuracy"], abs=0.02)
+
+
+SEEN_KERAS = '''
+import json
+import os
+import time
+
+import numpy as np
+import tensorflow as tf
+import workloads
+
+
+@workloads.training_function(epochs=2, batch_size=4, framework="tensorflow")
+def seen(session):
+    out = os.path.join(session.params["log"], f"{os.getpid()}-{session.rank}.jsonl")
+
+    def log(ids):  # the ids of the batch this step trains on, as the step runs
+        with open(out, "a") as f:
+            f.write(json.dumps({"epoch": session.epoch, "step": session.global_step + 1, "world": session.world_size,
+                                "t": time.time(), "items": ids.numpy().ravel().astype(int).tolist()}) + "\\n")
+        return ids
+
+    with session.scope():
+        ids = tf.keras.Input((1,))
+        seen_ids = tf.keras.layers.Lambda(lambda t: tf.py_function(log, [t], tf.float32))(ids)
+        model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(tf.reshape(seen_ids, (-1, 1)) / 64.0))
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss="mse")
+    x = np.arange(64, dtype="float32").reshape(-1, 1)
+    session.fit(model, x, np.zeros_like(x))
+'''
+
+
+@pytest.mark.integration
+def test_keras_fit_resized_2_1_2_mid_epoch_trains_every_sample_once(tmp_path):
+    """session.fit on arrays, stopped on 2 workers, resumed on 1 and stopped, resumed on 2: each
+    epoch trains every sample once (the global order's cursor, as in your own torch loop)."""
+    from test_session import assert_each_sample_once, resized_twice
+
+    path = write(tmp_path / "code", SEEN_KERAS, "seen_keras.py")
+    log = tmp_path / "seen"
+    log.mkdir()
+    args = ["--workload", f"{path}:seen", "--storage", str(tmp_path / "runs"), "--param", f"log={log}",
+            "--checkpoint-every-steps", "3", "--name", "resized"]
+    phases = resized_twice(args, tmp_path, log)
+    assert_each_sample_once(phases, 64, 2)
 
 
 REGRESSION = '''

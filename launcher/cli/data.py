@@ -26,6 +26,9 @@ def add_parsers(sub) -> None:
     size.add_argument("--shard-mb", type=float, metavar="MB",
                       help="cut a shard before it passes this many MiB of samples (default 64)")
     size.add_argument("--samples-per-shard", type=int, metavar="N", help="cut a shard every N samples instead")
+    shard.add_argument("--keep-order", action="store_true",
+                       help="write an image folder's files class by class, as listed (default: in a shuffled order, "
+                       "so that every shard holds every class; tables, arrays and JSON lines keep their order)")
 
     index = data_sub.add_parser("index", help="write index.json for shard files already in a folder (local or "
                                 "gs://), counting and hashing each")
@@ -46,6 +49,7 @@ def cmd_data(args: argparse.Namespace) -> int:
 
         sizes = {} if args.shard_mb is None else {"shard_mb": args.shard_mb}
         made = writer.shard(args.input, args.output, kind=args.kind, samples_per_shard=args.samples_per_shard,
+                            shuffle_seed=None if args.keep_order else 0,
                             note=_progress, **sizes)
         print(f"{_summary(made)}: {made.uri} (give this to the training code)")
     elif args.data_command == "index":

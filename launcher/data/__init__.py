@@ -8,8 +8,21 @@ is never read. The modules:
 * :mod:`~launcher.data.formats` reads and writes one shard file of each kind
   (parquet, jsonl, WebDataset tar, TFRecord) and checks a copy against the index;
 * :mod:`~launcher.data.writer` makes a set from local data (``launcher data shard``)
-  or indexes existing shard files (``launcher data index``).
+  or indexes existing shard files (``launcher data index``);
+* :mod:`~launcher.data.cache` keeps a node's fetched shards within ``--data-cache-gb``;
+* :mod:`~launcher.data.dataset` is :class:`Shards`, the set as a dataset of the training
+  session, streamed in the run's global order (``from launcher.data import Shards``).
 
 Only :mod:`launcher.storage` talks to gs://; nothing here imports a heavy library
 when the package is imported.
 """
+
+__all__ = ["Shards"]
+
+
+def __getattr__(name: str):
+    if name == "Shards":  # imported when asked for: it brings numpy and pyarrow
+        from launcher.data.dataset import Shards
+
+        return Shards
+    raise AttributeError(f"module 'launcher.data' has no attribute {name!r}")

@@ -1,7 +1,9 @@
 """Making a shard set: ``launcher data shard`` (local data -> shards + index) and ``launcher data index``.
 
-:func:`shard` reads one local input and writes its samples, in input order, to
-shards of about ``shard_mb`` MiB (or exactly ``samples_per_shard`` samples):
+:func:`shard` reads one local input and writes its samples to shards of about
+``shard_mb`` MiB (or exactly ``samples_per_shard`` samples), in input order but for an
+image folder, whose files go in an order drawn from ``shuffle_seed`` (class folders
+come sorted, and a reader shuffles only within a window of neighbouring samples):
 
 * a folder of class folders (``ROOT/CLASS/FILE``, the ImageFolder and Vertex AI
   layout) -> WebDataset ``tar`` shards, each sample ``KEY.EXT`` (the file) and
@@ -57,7 +59,7 @@ class Input:
 
 
 def shard(input: str, output: str, *, kind: str | None = None, shard_mb: float = 64.0,
-          samples_per_shard: int | None = None, note: Note = None) -> ShardIndex:
+          samples_per_shard: int | None = None, shuffle_seed: int | None = 0, note: Note = None) -> ShardIndex:
     """Write the local data ``input`` as a shard set in ``output`` (a local folder or gs://BUCKET/PREFIX).
 
     Args:
@@ -66,6 +68,10 @@ def shard(input: str, output: str, *, kind: str | None = None, shard_mb: float =
         kind: the shards' kind (default: tar for images, parquet for tables and arrays, jsonl for jsonl).
         shard_mb: cut a shard before it would pass this many MiB (one larger sample makes a shard alone).
         samples_per_shard: cut every this many samples instead.
+        shuffle_seed: an image folder's files are written in an order drawn from this seed, so
+            that each shard holds every class (a reader shuffles only within a window of
+            neighbouring samples); None keeps the folders' order. Tables, arrays and JSON lines
+            keep their rows' order.
         note: called with a line of progress after each shard.
 
     Returns:
@@ -77,7 +83,7 @@ def shard(input: str, output: str, *, kind: str | None = None, shard_mb: float =
         Unreachable: Cloud Storage (or its emulator) did not answer.
     """
     limit = _size_limit(shard_mb, samples_per_shard)
-    source = read_input(input)
+    source = read_input(input, shuffle_seed)
     kind = _output_kind(source, kind)
     storage = Storage.resolve(normalise(output))
     _check_output(storage, source.path)
@@ -127,14 +133,14 @@ def index(folder: str, *, kind: str | None = None, overwrite: bool = False, note
 
 # -- the inputs ---------------------------------------------------------------------------------
 
-def read_input(path: str) -> Input:
+def read_input(path: str, shuffle_seed: int | None = None) -> Input:
     """The input at the local ``path``, checked (UserError: missing, empty or of no known kind)."""
     if "://" in path:
         raise UserError(f"INPUT {path} is not a local path",
                         "download it first (gcloud storage cp -r URI LOCAL_FOLDER), then shard the copy")
     path = os.path.abspath(os.path.expanduser(path))
     if os.path.isdir(path):
-        return _image_input(path)
+        return _image_input(path, shuffle_seed)
     if not os.path.isfile(path):
         raise UserError(f"INPUT {path} does not exist", f"pass {INPUTS}")
     ending = os.path.splitext(path)[1].lower()
@@ -157,7 +163,7 @@ def _files_under(folder: str) -> list[str]:
     return found
 
 
-def _image_input(root: str) -> Input:
+def _image_input(root: str, shuffle_seed: int | None = None) -> Input:
     entries = _visible(os.listdir(root))
     loose = [e for e in entries if not os.path.isdir(os.path.join(root, e))]
     if loose:
@@ -175,6 +181,10 @@ def _image_input(root: str) -> Input:
             raise UserError(f"INPUT {root}: the class folder {name} holds no files",
                             "put its images in, or remove the folder")
         files += [(f, number) for f in found]
+    if shuffle_seed is not None:  # sorted by class, a shard would hold one or two classes
+        import numpy as np
+
+        files = [files[i] for i in np.random.default_rng(shuffle_seed).permutation(len(files))]
     overhead = formats.tar_member_bytes(0) * 2
     nbytes = sum(formats.tar_member_bytes(os.path.getsize(f)) + overhead for f, _ in files)
 

@@ -140,6 +140,22 @@ def fetch_object(uri: str, what: str, note: Callable[[str], None] | None = None)
     return dest
 
 
+def download_object(uri: str, dest: str) -> None:
+    """Download the object ``uri`` to the local file ``dest`` (retried as every Cloud Storage
+    call is). FileNotFoundError when there is no such object; an outage is one line."""
+    from google.api_core import exceptions as gexc
+
+    where = gcs.parse_gs_uri(uri, what="data")
+    blob = gcs.client().bucket(where.bucket).blob(where.prefix)
+    os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+    try:
+        blob.download_to_filename(dest, retry=gcs.retry_policy(), checksum=None)
+    except gexc.NotFound:
+        raise FileNotFoundError(uri) from None
+    except Exception as exc:
+        raise gcs.explain(exc, uri, "download") from None
+
+
 def _download(blob, dest: str) -> None:
     os.makedirs(os.path.dirname(dest), exist_ok=True)
     tmp = f"{dest}.part-{os.getpid()}"

@@ -69,12 +69,18 @@ class BatchOrder:
     epoch, rank). For evaluation (``train`` False) the shards cover every item once, in order."""
 
     def __init__(self, session: Any, n: int, batch_size: int, train: bool, shuffle: bool,
-                 drop_last: bool, shard: bool = True) -> None:
+                 drop_last: bool, shard: bool = True, dataset: Any = None) -> None:
         from workloads.base import shard_indices
 
         self.session, self.batch_size, self.train, self.shuffle = session, batch_size, train, shuffle
         self.drop_last = drop_last
-        self.order = GlobalOrder(n, session.spec.seed, shuffle, batch_size, drop_last) if train and shard else None
+        # A streamed dataset (launcher.data.Shards) has an order of its own and is told what
+        # this rank reads next, so that it fetches those shards ahead.
+        streamed = dataset is not None and callable(getattr(dataset, "upcoming", None))
+        self.plan = dataset.upcoming if streamed else None
+        permute = dataset.permutation if streamed else None
+        self.order = GlobalOrder(n, session.spec.seed, shuffle, batch_size, drop_last, permute) \
+            if train and shard else None
         if self.order is None:
             self.indices = shard_indices(n, session.rank, session.world, equal=train) if shard else np.arange(n)
         self.start = 0     # the batch the next iteration starts at
@@ -113,12 +119,16 @@ class BatchOrder:
     def __iter__(self) -> Iterator[list[int]]:
         s = self.session
         if self.order is not None:
+            if self.plan is not None:
+                self.plan(self.order.rank_indices(s.pos.epoch, self.cursor_at(self.start), s.rank, s.world))
             for gb in self.order.global_batches(s.pos.epoch, self.cursor_at(self.start), s.world):
                 yield GlobalOrder.share(gb, s.rank, s.world).tolist()
             return
         idx = self.indices
         if self.shuffle:
             idx = idx[epoch_order(s.spec.seed, s.pos.epoch, s.rank, len(idx))]
+        if self.plan is not None:
+            self.plan(idx[self.start * self.batch_size:])
         for b in range(self.start, len(self)):
             yield idx[b * self.batch_size:(b + 1) * self.batch_size].tolist()
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -33,9 +33,14 @@ class GlobalOrder:
     shuffle: bool = True
     batch_size: int = 1      # per worker: a global batch is batch_size x world
     drop_last: bool = False
+    # A dataset's own epoch order, ``permute(seed, epoch, shuffle)`` (a streamed shard set reads
+    # shard after shard: launcher.data.Shards.permutation); a pure function of (seed, epoch) too.
+    permute: Callable[[int, int, bool], np.ndarray] | None = dataclasses.field(default=None, compare=False)
 
     def permutation(self, epoch: int) -> np.ndarray:
         """The epoch's order of all ``n`` samples: a pure function of (seed, epoch)."""
+        if self.permute is not None:
+            return self.permute(self.seed, epoch, self.shuffle)
         if not self.shuffle:
             return np.arange(self.n)
         return np.random.default_rng([self.seed, epoch, 0x5A17]).permutation(self.n)
@@ -60,6 +65,12 @@ class GlobalOrder:
         order, span, end = self.permutation(epoch), self.batch_size * world, self.end(cursor, world)
         for start in range(cursor, end, span):
             yield order[start:min(start + span, end)]
+
+    def rank_indices(self, epoch: int, cursor: int, rank: int, world: int) -> np.ndarray:
+        """Every sample ``rank`` reads from ``cursor`` to the epoch's end, in order."""
+        order, span, end = self.permutation(epoch), self.batch_size * world, self.end(cursor, world)
+        mine = [order[start:min(start + span, end)][rank::world] for start in range(cursor, end, span)]
+        return np.concatenate(mine) if mine else np.arange(0)
 
     @staticmethod
     def share(global_batch: np.ndarray, rank: int, world: int) -> np.ndarray:

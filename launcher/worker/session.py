@@ -221,7 +221,7 @@ class TorchSession(UserSession):
             raise SessionError(f"session.loader(...) at {user_line()}: the dataset has {n} item(s) for "
                                f"{self.world} worker(s): a worker would have none; give it more items")
         order = BatchOrder(self, n, int(batch_size or self.spec.batch_size), train, shuffle and train, drop_last,
-                            shard)
+                           shard, dataset)
         if pin_memory is None:
             pin_memory = self.device.type == "cuda"
         if prefetch is None:

@@ -15,12 +15,16 @@ A custom loop iterates ``session.epochs()`` and ``session.dataset(...)`` and cal
 ``session.step(loss=...)`` after each optimizer step, as the torch session does, with the
 model and optimizer registered (``session.register(model=model, optimizer=optimizer)``).
 
-How a resumed run is exact: the training data is one stream, the user's batched dataset
-repeated epoch after epoch (``ds.repeat()``: a deterministic pipeline, e.g. a seeded
-``shuffle``, yields the same batches in every run), so a position is a batch count. A
-resumed run skips that many batches of the stream, and each worker takes its strided share
-of every global batch (``batch[rank::world]``), so the composition of each global batch does
-not depend on the backend. One ``model.fit`` call, over one iterator of that stream, trains
+How a resumed run is exact: arrays given to :meth:`TFSession.fit` or :meth:`TFSession.dataset`
+(``(x, y)``, a dict) follow the run's global order (:mod:`launcher.worker.order`: one order of
+(seed, epoch) over all samples, each global batch split over the ranks, a cursor of the samples
+used), so a run resumed on another number of workers goes on at the same sample. A batched
+``tf.data.Dataset`` of the user's is one stream instead, repeated epoch after epoch
+(``ds.repeat()``: a deterministic pipeline, e.g. a seeded ``shuffle``, yields the same batches
+in every run), so a position is a batch count: a resumed run skips that many batches, and each
+worker takes its strided share of every global batch (``batch[rank::world]``), so the
+composition of each global batch does not depend on the backend. Its batches are cut for one
+worker count, so a resume on another one redoes the interrupted epoch (and says so). One ``model.fit`` call, over one iterator of that stream, trains
 the rest of the run: a seeded shuffle's order depends on how many iterators its dataset has
 made, so a run makes one. Keras is told that the first epoch starts at the resumed step (the
 hook its own ``BackupAndRestore`` uses). Keras' metrics of an interrupted epoch (their variables)
@@ -53,6 +57,7 @@ from launcher.storage.checkpoint import read_manifest
 from launcher.worker.formats import TF_MODEL_FILE, arrays_digest, load_arrays, save_arrays
 from launcher.worker.loader import SessionError, user_line
 from launcher.worker.loop import Position
+from launcher.worker.order import GlobalOrder
 from launcher.worker.usersession import UserSession
 
 STATE_FILE = "tf_state.npz"        # every registered object's variables, rank 0's
@@ -90,6 +95,8 @@ class TFSession(UserSession):
         self._began = False
         self._model_arrays: list[np.ndarray] = []  # the model's variables as the last save read them
         self._stand_ins: dict[int, Any] = {}  # id of an optimizer given to optimizer() -> the one returned
+        self._layout_changed = False  # the checkpoint resumed from had another worker count or batch size
+        self._resume_cursor: int | None = None  # its cursor in the global order, mid-epoch
 
     # -- the run's facts -------------------------------------------------------------------
     @property
@@ -219,7 +226,7 @@ class TFSession(UserSession):
         with open(os.path.join(directory, INDEX_FILE), "w", encoding="utf-8") as f:
             json.dump({"objects": index, "model": self.model_name,
                        "steps_per_epoch": self.steps_per_epoch}, f)
-        self.write_manifest(directory, metrics, others)
+        self.write_manifest(directory, metrics, others, cursor=self._data.cursor_at(self.pos) if self._data else None)
 
     def restore(self, directory: str) -> None:
         """Read the checkpoint's arrays; they are assigned when training begins."""
@@ -231,8 +238,10 @@ class TFSession(UserSession):
             index = json.load(f)
         arrays = load_arrays(os.path.join(directory, STATE_FILE))
         self._saved = {name: arrays[lo:lo + n] for name, (lo, n) in index["objects"].items()}
-        self.restored(Position(manifest.epoch, manifest.step_in_epoch, manifest.global_step), manifest)
+        self.restored(Position(manifest.epoch, manifest.step_in_epoch, manifest.global_step), manifest,
+                      across_layouts=True)  # settled once the data is known (_settle_position)
         same_layout = manifest.world_size == self.world and manifest.batch_size == self.spec.batch_size
+        self._layout_changed, self._resume_cursor = not same_layout, manifest.cursor
         mine = os.path.join(directory, rank_file(self.rank))
         if same_layout and self.pos.step_in_epoch and os.path.isfile(mine):
             with np.load(mine) as f:
@@ -339,7 +348,28 @@ class TFSession(UserSession):
                                "already; give validation data to Keras or iterate it yourself")
         self._data = EpochData(self, data, steps_per_epoch, batch_size, shuffle)
         self.steps_per_epoch = self._data.steps
+        self._settle_position()
         return self._data
+
+    def _settle_position(self) -> None:
+        """A checkpoint of another layout (worker count, batch size) resumed mid-epoch: data in the
+        global order continues at the saved cursor, in this layout's steps; a batched dataset of the
+        user's has no matching position, so its epoch is done again from the start."""
+        pos = self.pos
+        if self._data.order is not None and pos.step_in_epoch:
+            cursor = self._resume_cursor
+            if cursor is None:  # a checkpoint without one: the same layout's steps give it
+                cursor = self._data.order.cursor_after(0, self.world, pos.step_in_epoch) if not self._layout_changed else None
+            if cursor is not None:
+                pos.step_in_epoch = self._data.resume_epoch_at(pos.epoch, cursor)
+                return
+        if self._layout_changed and pos.step_in_epoch:
+            if self.rank == 0:
+                print(f"note: resumed on {self.world} workers from a checkpoint of another layout in the middle of "
+                      f"epoch {pos.epoch + 1}: a batched tf.data.Dataset has no position there, so the epoch starts "
+                      "again (give arrays to session.fit / session.dataset to go on at the same sample)", flush=True)
+            pos.step_in_epoch = 0
+            self._carried = None
 
     def _epoch_ends(self) -> bool:
         return bool(self.steps_per_epoch) and self.pos.step_in_epoch >= self.steps_per_epoch
@@ -394,7 +424,7 @@ class TFSession(UserSession):
         # One model.fit for the rest of the run, over one iterator of the stream from the resumed
         # batch on; the interrupted epoch runs only its steps left (the hook tells Keras where
         # it stands, as Keras' own BackupAndRestore does).
-        history = model.fit(self._data.for_keras(first * n + skip), epochs=self.spec.epochs, initial_epoch=first,
+        history = model.fit(self._data.for_keras(first, skip), epochs=self.spec.epochs, initial_epoch=first,
                             steps_per_epoch=n, callbacks=[hook, *(callbacks or [])], verbose=verbose, **kwargs)
         if self.pos.epoch != self.spec.epochs:
             raise SessionError(f"session.fit at {where}: model.fit stopped after epoch {self.pos.epoch} of "
@@ -459,7 +489,7 @@ class TFSession(UserSession):
         self.pos.step_in_epoch += 1
         self.pos.global_step += 1
         self.trained = True
-        self._samples += self._data.per_worker_batch
+        self._samples += self._data.size_of(self.pos.epoch, self.pos.step_in_epoch - 1)
         self._last_step_at = time.perf_counter()
         self.after_step(self._step_started, epoch_ends=self._epoch_ends(), values=self._keras_results)
         self._step_started = time.perf_counter()
@@ -529,69 +559,165 @@ class _ResumeAt:
 
 
 class EpochData:
-    """The training data as one resumable stream of global batches (see the module docstring)."""
+    """The training data as one resumable stream of this worker's batches (see the module docstring):
+    arrays in the run's global order, or the user's batched dataset repeated."""
 
     def __init__(self, session: TFSession, data: Any, steps_per_epoch: int | None, batch_size: int | None,
                  shuffle: bool) -> None:
         import tensorflow as tf
 
         self.session = session
+        self.order: GlobalOrder | None = None
+        self.arrays: Any = None
+        self.shards: Any = None
+        self.resumed: tuple[int, int, int] | None = None  # (epoch, its first step, cursor there) of a resume
         where = user_line()
         if isinstance(data, tf.data.Dataset):
             if batch_size is not None:
                 raise SessionError(f"batch_size=... at {where} is for arrays: batch the dataset yourself "
                                    "(.batch(session.global_batch_size))")
             source = data
+        elif callable(getattr(data, "upcoming", None)) and callable(getattr(data, "permutation", None)):
+            # A streamed shard set (launcher.data.Shards): its own order, read sample by sample.
+            if steps_per_epoch is not None:
+                raise SessionError(f"steps_per_epoch=... at {where}: a shard set's epoch is all its samples; "
+                                   "leave it out")
+            self.shards = data
+            per_worker = max(1, int(batch_size or session.global_batch_size) // session.world)
+            self.order = GlobalOrder(len(data), session.seed, shuffle, per_worker, permute=data.permutation)
+            steps_per_epoch = self.order.batches_left(0, session.world)
+            source = self._ordered(0, 0)
         elif isinstance(data, (tuple, list, dict, np.ndarray)):
-            n = len(tf.nest.flatten(data)[0])
-            source = tf.data.Dataset.from_tensor_slices(tuple(data) if isinstance(data, list) else data)
-            if shuffle:
-                source = source.shuffle(n, seed=session.seed, reshuffle_each_iteration=True)
-            source = source.batch(int(batch_size or session.global_batch_size))
+            arrays = tf.nest.map_structure(np.asarray, tuple(data) if isinstance(data, list) else data)
+            lengths = {len(a) for a in tf.nest.flatten(arrays)}
+            if len(lengths) != 1:
+                raise SessionError(f"training data at {where}: its arrays have different lengths "
+                                   f"({', '.join(map(str, sorted(lengths)))}); give one row per sample in each")
+            per_worker = max(1, int(batch_size or session.global_batch_size) // session.world)
+            if steps_per_epoch is None:
+                self.arrays = arrays
+                self.order = GlobalOrder(lengths.pop(), session.seed, shuffle, per_worker)
+                steps_per_epoch = self.order.batches_left(0, session.world)
+                source = self._ordered(0, 0)
+            else:  # a fixed number of batches per epoch: the arrays as a repeated, shuffled stream
+                n = lengths.pop()
+                source = tf.data.Dataset.from_tensor_slices(arrays)
+                if shuffle:
+                    source = source.shuffle(n, seed=session.seed, reshuffle_each_iteration=True)
+                source = source.batch(int(batch_size or session.global_batch_size))
         else:
             raise SessionError(f"training data at {where}: a {type(data).__name__} is neither a tf.data.Dataset nor "
                                "arrays; give a batched tf.data.Dataset or (x, y) arrays")
-        cardinality = int(source.cardinality())
-        if steps_per_epoch is None:
-            if cardinality < 0:
-                what = "infinite" if cardinality == tf.data.INFINITE_CARDINALITY else "unknown"
-                raise SessionError(f"training data at {where}: its length is {what}, so an epoch has no end; "
-                                   "pass steps_per_epoch=N (global batches per epoch)")
-            steps_per_epoch = cardinality
+        if self.order is None:
+            cardinality = int(source.cardinality())
+            if steps_per_epoch is None:
+                if cardinality < 0:
+                    what = "infinite" if cardinality == tf.data.INFINITE_CARDINALITY else "unknown"
+                    raise SessionError(f"training data at {where}: its length is {what}, so an epoch has no end; "
+                                       "pass steps_per_epoch=N (global batches per epoch)")
+                steps_per_epoch = cardinality
+            self.repeats = cardinality != tf.data.INFINITE_CARDINALITY
         if steps_per_epoch < 1:
             raise SessionError(f"training data at {where}: an epoch has {steps_per_epoch} batches; give it data")
         self.source, self.steps = source, int(steps_per_epoch)
-        self.repeats = cardinality != tf.data.INFINITE_CARDINALITY
         first = tf.nest.flatten(source.element_spec)[0]
         global_batch = first.shape[0] if first.shape.rank else None
-        self.per_worker_batch = max(1, int(global_batch or session.global_batch_size) // session.world)
+        if self.order is not None:
+            self.per_worker_batch = self.order.batch_size
+        else:
+            self.per_worker_batch = max(1, int(global_batch or session.global_batch_size) // session.world)
         self._iterator = None
 
-    def stream(self, start: int):
-        """This worker's batches from global batch ``start`` of the repeated source on."""
+    # -- the global order (arrays) ---------------------------------------------------------------
+    def resume_epoch_at(self, epoch: int, cursor: int) -> int:
+        """Epoch ``epoch`` goes on at ``cursor`` samples of its order: returns the step (of this
+        layout's epoch of :attr:`steps`) it stands at, so the epoch still ends at :attr:`steps`."""
+        step = self.steps - self.order.batches_left(cursor, self.session.world)
+        self.resumed = (epoch, step, cursor)
+        return step
+
+    def _cursor(self, epoch: int, step: int) -> int:
+        world = self.session.world
+        if self.resumed is not None and self.resumed[0] == epoch and step >= self.resumed[1]:
+            return self.order.cursor_after(self.resumed[2], world, step - self.resumed[1])
+        return self.order.cursor_after(0, world, step)
+
+    def cursor_at(self, pos: Position) -> int | None:
+        """The samples of the epoch used at ``pos`` (global order only; None otherwise)."""
+        return self._cursor(pos.epoch, pos.step_in_epoch) if self.order is not None else None
+
+    def size_of(self, epoch: int, step: int) -> int:
+        """This worker's samples in the epoch's batch ``step``."""
+        if self.order is None:
+            return self.per_worker_batch
+        return (self._cursor(epoch, step + 1) - self._cursor(epoch, step)) // self.session.world
+
+    def _ordered(self, epoch: int, step: int):
+        """This worker's batches of the arrays (or shard set) from ``(epoch, step)`` on, epoch
+        after epoch, in the global order."""
         import tensorflow as tf
 
-        world, rank = self.session.world, self.session.rank
-        ds = self.source.repeat() if self.repeats else self.source
-        if start:
-            ds = ds.skip(start)
-        if world > 1:
-            def share(*parts):
-                mine = tf.nest.map_structure(lambda t: t[rank::world], parts)
-                return mine if len(mine) > 1 else mine[0]
+        s, start = self.session, self._cursor(epoch, step)
+        if self.shards is not None:
+            data = self.shards
+            example = tf.nest.map_structure(np.asarray, data[0])
+            structure = example
 
-            ds = ds.map(share, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+            def rows(mine):
+                items = [tf.nest.flatten(tf.nest.map_structure(np.asarray, data[int(i)])) for i in mine]
+                return tuple(np.stack(column) for column in zip(*items))
+        else:
+            structure = self.arrays
+            flat = [np.asarray(a) for a in tf.nest.flatten(structure)]
+            example = tf.nest.pack_sequence_as(structure, [a[0] for a in flat])
+
+            def rows(mine):
+                return tuple(a[mine] for a in flat)
+
+        def batches():
+            e, cursor = epoch, start
+            while True:
+                if self.shards is not None:
+                    self.shards.upcoming(self.order.rank_indices(e, cursor, s.rank, s.world))
+                for gb in self.order.global_batches(e, cursor, s.world):
+                    yield rows(GlobalOrder.share(gb, s.rank, s.world))
+                e, cursor = e + 1, 0
+
+        signature = tuple(tf.TensorSpec((None, *np.shape(a)), tf.as_dtype(np.asarray(a).dtype))
+                          for a in tf.nest.flatten(example))
+        ds = tf.data.Dataset.from_generator(batches, output_signature=signature)
+        return ds.map(lambda *parts: tf.nest.pack_sequence_as(structure, list(parts)))
+
+    # -- streams ---------------------------------------------------------------------------------
+    def stream(self, epoch: int, step: int):
+        """This worker's batches from ``(epoch, step)`` on."""
+        import tensorflow as tf
+
+        if self.order is not None:
+            ds = self._ordered(epoch, step)
+        else:
+            world, rank = self.session.world, self.session.rank
+            ds = self.source.repeat() if self.repeats else self.source
+            start = epoch * self.steps + step
+            if start:
+                ds = ds.skip(start)
+            if world > 1:
+                def share(*parts):
+                    mine = tf.nest.map_structure(lambda t: t[rank::world], parts)
+                    return mine if len(mine) > 1 else mine[0]
+
+                ds = ds.map(share, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
         options = tf.data.Options()
         options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
         return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
 
-    def for_keras(self, start: int):
+    def for_keras(self, epoch: int, step: int):
         """What ``model.fit`` iterates: the stream, distributed as it is (no re-batching) under a
         multi-worker strategy."""
         strategy = self.session.strategy
         if self.session.world > 1 and hasattr(self.session.comm, "strategy"):
-            return strategy.distribute_datasets_from_function(lambda _: self.stream(start))
-        return self.stream(start)
+            return strategy.distribute_datasets_from_function(lambda _: self.stream(epoch, step))
+        return self.stream(epoch, step)
 
     def __iter__(self) -> Iterator[Any]:
         """The batches left in the epoch under way (inside ``session.epochs()``)."""
@@ -600,10 +726,10 @@ class EpochData:
             raise SessionError(f"iterating the session's dataset at {user_line()} outside "
                                "`for epoch in session.epochs():`; iterate it inside that loop")
         if self._iterator is None:
-            self._iterator = iter(self.for_keras(s.pos.epoch * self.steps + s.pos.step_in_epoch))
+            self._iterator = iter(self.for_keras(s.pos.epoch, s.pos.step_in_epoch))
         for _ in range(s.pos.step_in_epoch, self.steps):
             batch = next(self._iterator)
-            s._samples += self.per_worker_batch
+            s._samples += self.size_of(s.pos.epoch, s.pos.step_in_epoch)
             yield batch
 
     def __len__(self) -> int:

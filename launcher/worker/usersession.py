@@ -11,6 +11,8 @@ model, data and state files through the hooks below.
 
 from __future__ import annotations
 
+import os
+
 import abc
 import math
 import sys
@@ -31,6 +33,8 @@ class UserSession(Session):
     def __init__(self, spec, comm, function: Any = None) -> None:
         super().__init__(spec, comm)
         self.function = function
+        if getattr(spec, "data_cache_gb", None):  # what launcher.data.Shards made in this worker takes
+            os.environ["LAUNCHER_DATA_CACHE_GB"] = str(spec.data_cache_gb)
         self._carried: dict[str, Any] | None = None  # the interrupted epoch's metrics so far
         self._sums: dict[str, Any] = {}        # step metrics of the epoch under way, summed (on the device)
         self._counts: dict[str, int] = {}

@@ -1,0 +1,216 @@
+"""Streamed shard sets (launcher/data: dataset, cache): the epoch order, the node cache and
+its limit, missing shards and outages, and training runs that read a set from the Cloud
+Storage emulator and resume across worker counts.
+
+The fast tests read local sets (nothing to fetch) through the session's batch sampler;
+the integration tests put sets on the emulator and read them through the real cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import types
+
+import numpy as np
+import pytest
+
+from launcher.data import writer
+from launcher.data.cache import ShardCache, limit_bytes
+from launcher.data.dataset import Shards
+from launcher.data.index import ShardError
+from launcher.errors import Unreachable, UserError
+from launcher.worker.loader import BatchOrder
+
+
+def id_set(folder, n: int = 64, per_shard: int = 8, uri: str | None = None) -> str:
+    """A jsonl shard set of ``n`` samples {"id": i, "square": i*i}, ``per_shard`` to a shard,
+    written to ``uri`` (default the folder ``folder/set``)."""
+    os.makedirs(folder, exist_ok=True)
+    source = os.path.join(folder, "ids.jsonl")
+    with open(source, "w", encoding="utf-8") as f:
+        for i in range(n):
+            f.write(json.dumps({"id": i, "square": i * i}) + "\n")
+    return writer.shard(source, uri or os.path.join(folder, "set"), samples_per_shard=per_shard).uri
+
+
+def _session(rank: int, world: int, epoch: int = 0, seed: int = 5):
+    return types.SimpleNamespace(rank=rank, world=world, spec=types.SimpleNamespace(seed=seed),
+                                 pos=types.SimpleNamespace(epoch=epoch))
+
+
+# -- the order (no Ray) ------------------------------------------------------------------------
+
+def test_the_epoch_order_reads_shard_after_shard_and_shuffles_within_a_window(tmp_path):
+    data = Shards(id_set(tmp_path, n=100, per_shard=10), window=15)
+    assert len(data) == 100 and data.window == 15
+    first = data.permutation(3, 0)
+    assert sorted(first.tolist()) == list(range(100))                # each sample once
+    assert np.array_equal(first, data.permutation(3, 0))              # (seed, epoch) alone
+    assert not np.array_equal(first, data.permutation(3, 1))
+    assert not np.array_equal(first, data.permutation(4, 0))
+    assert np.array_equal(data.permutation(3, 0, shuffle=False), np.arange(100))
+    # Shards are read one after another (their order drawn from (seed, epoch) alone, whatever
+    # the window): each window of 15 holds the samples of the same 15 places in that sequence.
+    in_turn = Shards(data.uri, window=1).permutation(3, 0)
+    assert [data.shard_of(int(i)) for i in in_turn[::10]] != list(range(10))  # the shards are shuffled
+    assert all(len({data.shard_of(int(i)) for i in in_turn[k:k + 10]}) == 1 for k in range(0, 100, 10))
+    for start in range(0, 100, 15):
+        assert set(first[start:start + 15].tolist()) == set(in_turn[start:start + 15].tolist())
+        assert len({data.shard_of(int(i)) for i in first[start:start + 15]}) <= 3
+
+
+def test_ranks_split_each_global_batch_and_a_resize_continues_at_the_cursor(tmp_path):
+    """Through the session's batch sampler: 2 ranks read 3 global batches, 1 rank the rest of
+    the epoch from the cursor: every sample once, and each rank was told what it reads."""
+    data = Shards(id_set(tmp_path, n=64, per_shard=8))
+    planned = {}
+    seen = []
+    for rank in range(2):
+        order = BatchOrder(_session(rank, 2), len(data), 4, train=True, shuffle=True, drop_last=False, dataset=data)
+        batches = list(iter(order))
+        assert len(batches) == 8
+        seen += [data[i]["id"] for batch in batches[:3] for i in batch]
+        planned[rank] = data._reader().last_use  # the shards this rank's plan reads
+    cursor = order.cursor_at(3)
+    assert cursor == 24 and len(seen) == 24
+    alone = BatchOrder(_session(0, 1), len(data), 4, train=True, shuffle=True, drop_last=False, dataset=data)
+    alone.resume_at(3, cursor)
+    alone.start = 3
+    seen += [data[i]["id"] for batch in iter(alone) for i in batch]
+    assert sorted(seen) == list(range(64))  # nothing repeated, nothing skipped
+    assert all(planned.values())
+
+
+def test_a_local_set_is_read_where_it_is_and_a_missing_shard_is_named(tmp_path):
+    uri = id_set(tmp_path, n=16, per_shard=4)
+    data = Shards(uri, transform=lambda s: (s["id"], s["square"]))
+    assert [data[i] for i in range(16)] == [(i, i * i) for i in range(16)]
+    assert data._reader().cache.path(0) == os.path.join(uri, "shard-00000.jsonl")  # no copy
+    os.remove(os.path.join(uri, "shard-00003.jsonl"))
+    with pytest.raises(ShardError, match=r"shard-00003\.jsonl of .*set: the file is missing"):
+        Shards(uri)[15]
+
+
+def test_a_cache_limit_below_one_shard_is_refused_in_one_line(tmp_path):
+    with pytest.raises(UserError, match="holds nothing"):
+        limit_bytes(0)
+    assert limit_bytes(0.5) == 2**29
+
+
+# -- streaming from the Cloud Storage emulator ---------------------------------------------------
+
+def _cache_files(cache: ShardCache) -> int:
+    return cache.used_bytes()
+
+
+@pytest.mark.integration
+def test_a_set_four_times_the_cache_streams_within_the_limit(gcs, bucket, tmp_path, monkeypatch):
+    """A set of 16 shards read through a cache that holds 4: every sample of two epochs in
+    the epoch order, the cache's files never over the limit, used shards evicted."""
+    monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "cache"))
+    uri = id_set(tmp_path, n=128, per_shard=8, uri=f"gs://{bucket}/ids")
+    index_bytes = sum(s.bytes for s in Shards(uri).index.shards)
+    limit_gb = (index_bytes / 4) / 2**30
+    data = Shards(uri, cache_gb=limit_gb, window=8)
+    cache = data._reader().cache
+    assert cache.limit == int(index_bytes / 4) and len(data.index.shards) == 16
+    peak = 0
+    for epoch in range(2):
+        order = data.permutation(0, epoch)
+        data.upcoming(order)
+        got = []
+        for i in order:
+            got.append(data[int(i)]["id"])
+            peak = max(peak, _cache_files(cache))
+            assert peak <= cache.limit, (peak, cache.limit, os.listdir(cache.dir))
+        assert got == order.tolist()
+    assert 0 < peak <= cache.limit
+    fetched = [name for name in os.listdir(cache.dir) if name.endswith(".jsonl")]
+    assert len(fetched) <= 4  # the rest were evicted once read
+    data.close()
+    # A cache that cannot hold the shards one window reads at once is refused before any read.
+    with pytest.raises(UserError, match="cannot hold the 3 shards of gs://.* a window of 8 samples reads at once"):
+        Shards(uri, cache_gb=limit_gb / 2, window=8)[0]
+
+
+@pytest.mark.integration
+def test_a_shard_deleted_mid_run_is_one_line_and_an_outage_is_retried_then_one_line(gcs, bucket, tmp_path,
+                                                                                  monkeypatch):
+    monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "cache"))
+    _, client = gcs
+    uri = id_set(tmp_path, n=64, per_shard=8, uri=f"gs://{bucket}/ids")
+    data = Shards(uri, window=1)
+    data.upcoming(range(64))
+    assert data[0]["id"] == 0  # reading shard 0; the next 4 are fetched ahead, shard 7 is not
+    client.bucket(bucket).blob("ids/shard-00007.jsonl").delete()
+    read = []
+    with pytest.raises(ShardError) as missing:
+        for i in range(64):
+            read.append(data[i]["id"])
+    assert read == list(range(56))  # up to the missing shard
+    line = str(missing.value)
+    assert "\n" not in line and "shard-00007.jsonl of gs://" in line and "missing from the bucket" in line, line
+    data.close()
+
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "http://127.0.0.1:9")  # nothing answers there
+    monkeypatch.setenv("LAUNCHER_GCS_RETRY_S", "1")
+    fresh = ShardCache(data.index, 2**30, root=str(tmp_path / "other-cache"))
+    with pytest.raises(Unreachable) as outage:
+        fresh.get(1)
+    line = str(outage.value)
+    assert "\n" not in line and "did not answer" in line and "retried for 1s" in line, line
+
+
+STREAMED = '''
+import json
+import os
+import time
+
+import torch
+import workloads
+from launcher.data import Shards
+
+
+@workloads.training_function(epochs=2, batch_size=4)
+def seen(session):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer = session.prepare(model, optimizer)
+    session.register(model=model, optimizer=optimizer)
+    data = Shards(session.params["data"], transform=lambda s: torch.tensor([float(s["id"])]), window=4)
+    loader = session.loader(data)
+    out = os.path.join(session.params["log"], f"{os.getpid()}-{session.rank}.jsonl")
+    for epoch in session.epochs():
+        for x in loader:
+            loss = model(x / 64).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            with open(out, "a") as f:  # before session.step, where a held rank 0 stops
+                f.write(json.dumps({"epoch": epoch, "step": session.global_step + 1, "world": session.world_size,
+                                    "t": time.time(), "items": x.squeeze(-1).int().tolist()}) + "\\n")
+            session.step(loss=loss)
+'''
+
+
+@pytest.mark.integration
+def test_a_streamed_run_resized_mid_epoch_reads_every_sample_once(gcs, bucket, tmp_path, monkeypatch):
+    """Your own torch loop reads a shard set on the emulator through a cache of a quarter of
+    it: stopped on 2 workers, resumed on 1 and stopped, resumed on 2; each epoch trains every
+    sample once, and no node's cache went over its limit."""
+    from test_session import assert_each_sample_once, resized_twice
+    from test_user_workloads import write
+
+    monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "cache"))
+    uri = id_set(tmp_path / "data", n=64, per_shard=4, uri=f"gs://{bucket}/ids")
+    quarter = sum(s.bytes for s in Shards(uri).index.shards) / 4 / 2**30
+    path = write(tmp_path / "code", STREAMED, "streamed.py")
+    log = tmp_path / "seen"
+    log.mkdir()
+    args = ["--workload", f"{path}:seen", "--storage", str(tmp_path / "runs"), "--param", f"log={log}",
+            "--param", f"data={uri}", "--data-cache-gb", repr(quarter), "--checkpoint-every-steps", "3",
+            "--name", "streamed"]
+    phases = resized_twice(args, tmp_path, log)
+    assert_each_sample_once(phases, 64, 2)
