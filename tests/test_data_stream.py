@@ -214,3 +214,56 @@ def test_a_streamed_run_resized_mid_epoch_reads_every_sample_once(gcs, bucket, t
             "--name", "streamed"]
     phases = resized_twice(args, tmp_path, log)
     assert_each_sample_once(phases, 64, 2)
+
+
+STREAMED_KERAS = '''
+import json
+import os
+
+import numpy as np
+import tensorflow as tf
+import workloads
+from launcher.data import Shards
+
+
+@workloads.training_function(epochs=2, batch_size=4, framework="tensorflow")
+def seen(session):
+    out = os.path.join(session.params["log"], f"{os.getpid()}-{session.rank}.jsonl")
+
+    def log(ids):
+        with open(out, "a") as f:
+            f.write(json.dumps({"epoch": session.epoch, "items": ids.numpy().ravel().astype(int).tolist()}) + "\\n")
+        return ids
+
+    with session.scope():
+        ids = tf.keras.Input((1,))
+        seen_ids = tf.keras.layers.Lambda(lambda t: tf.py_function(log, [t], tf.float32))(ids)
+        model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(tf.reshape(seen_ids, (-1, 1)) / 64.0))
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss="mse")
+    data = Shards(session.params["data"], window=4,
+                  transform=lambda s: (np.float32([s["id"]]), np.float32([s["id"] % 2])))
+    session.fit(model, data)
+'''
+
+
+@pytest.mark.integration
+def test_keras_fit_streams_a_shard_set_and_trains_every_sample_once_per_epoch(gcs, bucket, tmp_path,
+                                                                            monkeypatch):
+    """session.fit on a Shards set on the emulator, 2 workers (MultiWorkerMirroredStrategy): each
+    epoch every sample once, split over the ranks."""
+    from test_session import finish, launch
+    from test_user_workloads import write
+
+    monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "cache"))
+    uri = id_set(tmp_path / "data", n=64, per_shard=4, uri=f"gs://{bucket}/ids")
+    path = write(tmp_path / "code", STREAMED_KERAS, "streamed_keras.py")
+    log = tmp_path / "seen"
+    log.mkdir()
+    summary = finish(launch(["--workload", f"{path}:seen", "--workers", "2", "--storage", str(tmp_path / "runs"),
+                             "--param", f"log={log}", "--param", f"data={uri}", "--name", "keras_streamed"]))
+    assert summary["status"] == "succeeded" and summary["steps_completed"] == 2 * 8, summary
+    records = [json.loads(line) for f in sorted(log.iterdir()) for line in f.read_text().splitlines()]
+    assert {len(r["items"]) for r in records} == {4}
+    for epoch in (0, 1):
+        items = [i for r in records if r["epoch"] == epoch for i in r["items"]]
+        assert sorted(items) == list(range(64)), (epoch, sorted(items))
