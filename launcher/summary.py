@@ -86,6 +86,10 @@ class RunSummary:
     final_workers: int | None = None    # the group's size at the end (elastic runs shrink)
     metrics: dict[str, float] = field(default_factory=dict)
     samples_per_s: float = 0.0
+    # The share of the training time the ranks waited for their next batch (your own loop's
+    # session.loader / session.dataset): their mean, and the rank that waited most; None unmeasured.
+    data_wait_fraction: float | None = None
+    data_wait_max_fraction: float | None = None
     checkpoint: str | None = None
     resumed_from: dict[str, int] | None = None
     restarts: int = 0
@@ -308,6 +312,7 @@ METRIC_KEYS = ("loss", "accuracy", "train_loss")
 BOOKKEEPING = frozenset({
     "kind", "epoch", "step_in_epoch", "global_step", "world_size", "time", "attempt", "restored_from",
     "steps_per_epoch", "startup_marks", "samples", "train_time_s", "samples_per_s", "notice", "held",
+    "data_wait_s", "data_wait_fraction", "data_wait_max_fraction",
     "weights_sha256", "model", "timestamp", "checkpoint_dir_name", "training_iteration",
     "launch", "source", "from_checkpoint",  # what the run log adds to a report
     "trial", "checkpoint_path"})  # a program's hypertune entry's

@@ -98,6 +98,34 @@ def test_a_cache_limit_below_one_shard_is_refused_in_one_line(tmp_path):
     assert limit_bytes(0.5) == 2**29
 
 
+def test_input_wait_is_a_share_of_the_training_time_on_the_line_and_in_the_summary():
+    from launcher.cli.run import format_summary
+    from launcher.driver.progress import format_epoch
+    from launcher.driver.tracker import Tracker
+    from launcher.summary import RunSummary, pick_metrics
+    from launcher.worker.usersession import data_wait
+
+    assert data_wait(np.array([1.0, 3.0]), 10.0) == {"data_wait_s": 2.0, "data_wait_fraction": 0.2,
+                                                     "data_wait_max_fraction": 0.3}
+    assert data_wait(np.array([1.0]), 0.0) == {}
+    epoch = {"epoch": 1, "global_step": 8, "samples_per_s": 100.0, "train_time_s": 10.0, "loss": 0.5,
+             **data_wait(np.array([0.1, 3.0]), 10.0)}
+    line = format_epoch(epoch, 2, 12.0)
+    assert "input wait 16% (slowest rank 30%)  elapsed" in line, line
+    assert "data_wait" not in " ".join(pick_metrics(epoch))  # not a metric of the model
+    assert "slowest" not in format_epoch({**epoch, **data_wait(np.array([1.0, 1.0]), 10.0)}, 2, 12.0)
+    tracker = Tracker.__new__(Tracker)
+    tracker.data_wait = []
+    tracker._note_wait(epoch)
+    tracker._note_wait({**epoch, "train_time_s": 30.0, **data_wait(np.array([0.0, 0.0]), 30.0)})
+    assert tracker.wait_fractions() == (round(1.55 / 40, 4), 0.3)
+    summary = RunSummary(name="r", status="succeeded", workload="w", framework="torch", backend="native",
+                         workers=2, epochs=2, data_wait_fraction=0.0388, data_wait_max_fraction=0.3)
+    assert "input wait 3.9% of training (slowest rank's worst epoch 30.0%)" in format_summary(summary)
+    assert "input wait" not in format_summary(RunSummary(name="r", status="succeeded", workload="w",
+                                                         framework="torch", backend="native", workers=2, epochs=2))
+
+
 # -- streaming from the Cloud Storage emulator ---------------------------------------------------
 
 def _cache_files(cache: ShardCache) -> int:
@@ -214,6 +242,12 @@ def test_a_streamed_run_resized_mid_epoch_reads_every_sample_once(gcs, bucket, t
             "--name", "streamed"]
     phases = resized_twice(args, tmp_path, log)
     assert_each_sample_once(phases, 64, 2)
+    # Each epoch says how much of its training time the ranks waited for their batches.
+    from launcher.storage.runlog import read_jsonl
+
+    epochs = [m for m in read_jsonl((tmp_path / "runs" / "streamed" / "metrics.jsonl").read_text())
+              if m.get("kind") == "epoch"]
+    assert epochs and all(0 < m["data_wait_fraction"] <= m["data_wait_max_fraction"] < 1 for m in epochs), epochs
 
 
 STREAMED_KERAS = '''

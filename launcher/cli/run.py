@@ -130,7 +130,10 @@ def format_summary(s: RunSummary) -> str:
     if s.metrics:
         lines.append("  " + ", ".join(f"{k} {v:.4f}" for k, v in s.metrics.items()))
     rate = f"{s.samples_per_s:,.0f} samples/s, " if s.samples_per_s else ""  # a Ray Train function counts none
-    lines.append(f"  {rate}wall {s.wall_s:.1f}s{format_setup(s)}")
+    wait = "" if s.data_wait_fraction is None else (
+        f"input wait {100 * s.data_wait_fraction:.1f}% of training (slowest rank's worst epoch "
+        f"{100 * (s.data_wait_max_fraction or 0):.1f}%), ")
+    lines.append(f"  {rate}{wait}wall {s.wall_s:.1f}s{format_setup(s)}")
     if s.error:
         lines.append(f"  error: {s.error}")
     lines.append(f"  run log:    {s.run_dir}")

@@ -24,6 +24,10 @@ def format_epoch(m: dict[str, Any], epochs: int, elapsed: float) -> str:
     parts += [f"{k} {v:.4g}" for k, v in others]
     if isinstance(m.get("samples_per_s"), (int, float)):
         parts.append(f"{m['samples_per_s']:,.0f} samples/s")
+    if isinstance(m.get("data_wait_fraction"), (int, float)):
+        parts.append(f"input wait {100 * m['data_wait_fraction']:.0f}%"
+                     + (f" (slowest rank {100 * m['data_wait_max_fraction']:.0f}%)"
+                        if m.get("data_wait_max_fraction", 0) > 1.5 * m["data_wait_fraction"] + 0.01 else ""))
     parts.append(f"elapsed {elapsed:.1f}s")
     return "  ".join(parts)
 

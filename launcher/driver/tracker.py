@@ -53,6 +53,7 @@ class Tracker:
     recoveries: list[float] = field(default_factory=list)
     samples: int = 0
     train_time: float = 0.0
+    data_wait: list[tuple[float, float, float]] = field(default_factory=list)  # per epoch: mean s, max share, time
     log_failed: bool = False
     on_epoch: Callable[[dict[str, Any]], None] | None = None  # e.g. a tuning trial's report to Ray Tune
     plain_reports: int = 0  # reports without the launcher's bookkeeping (a Ray Train function's)
@@ -114,6 +115,7 @@ class Tracker:
         if kind == "epoch":
             self.samples += int(m.get("samples", 0))
             self.train_time += float(m.get("train_time_s", 0.0))
+            self._note_wait(m)
             self.progress.epoch(m, self.elapsed())
         if kind in ("epoch", "step", "preemption"):
             self._record(m)
@@ -148,6 +150,20 @@ class Tracker:
             self.spans[attempt] = [int(step), float(when), int(step), float(when)]
         elif int(step) > span[2]:
             span[2], span[3] = int(step), float(when)
+
+    def _note_wait(self, m: dict[str, Any]) -> None:
+        if isinstance(m.get("data_wait_s"), (int, float)) and float(m.get("train_time_s") or 0) > 0:
+            self.data_wait.append((float(m["data_wait_s"]), float(m.get("data_wait_max_fraction") or 0.0),
+                                   float(m["train_time_s"])))
+
+    def wait_fractions(self) -> tuple[float | None, float | None]:
+        """This launch's input wait as a share of its epochs' training time: the ranks' mean, and
+        the worst epoch's slowest rank."""
+        seconds = sum(t for _, _, t in self.data_wait)
+        if not seconds:
+            return None, None
+        return (round(sum(w for w, _, _ in self.data_wait) / seconds, 4),
+                round(max(f for _, f, _ in self.data_wait), 4))
 
     def samples_per_s(self) -> float:
         """Samples per second of training over what this launch trained: the epochs' own counts,
@@ -278,6 +294,7 @@ class Tracker:
             epochs=self.spec.epochs, epochs_completed=m.get("epoch", 0), steps_completed=m.get("global_step", 0),
             metrics=pick_metrics(m),
             samples_per_s=self.samples_per_s(),
+            data_wait_fraction=self.wait_fractions()[0], data_wait_max_fraction=self.wait_fractions()[1],
             checkpoint=self.checkpoint, resumed_from=self.resumed_from, restarts=len(self.restarts),
             preemptions=sum(1 for r in self.restarts if r.cause == "preemption"),
             preemption_notices=len(self.notices),

@@ -13,6 +13,7 @@ import math
 import os
 import queue
 import threading
+import time
 import traceback
 from typing import Any, Callable, Iterator
 
@@ -196,9 +197,16 @@ class ResumableLoader:
         device = s.device if self.to_device and s.device.type != "cpu" else None
         batches = _Prefetched(self.loader, device) if self.prefetch else (
             _to_device(b, device) if device is not None else b for b in self.loader)
+        batches = iter(batches)
         try:
-            for batch in batches:
+            while True:
+                asked = time.perf_counter()
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
                 if self.order.train:  # counted when handed over: what the training code has seen
+                    s._data_wait += time.perf_counter() - asked  # the input's share of the step
                     s._samples += self.order.size_of(self.batches)
                     self.batches += 1
                 yield batch

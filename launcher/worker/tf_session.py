@@ -728,7 +728,9 @@ class EpochData:
         if self._iterator is None:
             self._iterator = iter(self.for_keras(s.pos.epoch, s.pos.step_in_epoch))
         for _ in range(s.pos.step_in_epoch, self.steps):
+            asked = time.perf_counter()
             batch = next(self._iterator)
+            s._data_wait += time.perf_counter() - asked
             s._samples += self.size_of(s.pos.epoch, s.pos.step_in_epoch)
             yield batch
 

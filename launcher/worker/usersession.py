@@ -11,10 +11,9 @@ model, data and state files through the hooks below.
 
 from __future__ import annotations
 
-import os
-
 import abc
 import math
+import os
 import sys
 import time
 from typing import Any, Iterator
@@ -40,6 +39,7 @@ class UserSession(Session):
         self._counts: dict[str, int] = {}
         self._reported: dict[str, tuple[float, float]] = {}  # report(): value x weight, weight
         self._samples = 0
+        self._data_wait = 0.0   # seconds of the epoch this rank waited for its next batch
         self._epoch_started = 0.0
         self._last_step_at: float | None = None
         self._step_started = 0.0
@@ -147,6 +147,7 @@ class UserSession(Session):
                     self._sums, self._counts = dict(c["sums"]), dict(c["counts"])
                     self._reported = {n: tuple(v) for n, v in c["reported"].items()}
                     self._samples = int(c["samples"])
+                    self._data_wait = float(c.get("data_wait", 0.0))
                     self._epoch_started -= float(c["seconds"])
                 yield self.pos.epoch
                 self._end_epoch()
@@ -206,7 +207,10 @@ class UserSession(Session):
         stepped, reported = sorted(steps), sorted(self._reported)
         vector = np.array([steps[n] for n in stepped] + [self._reported[n][0] for n in reported]
                           + [self._reported[n][1] for n in reported] + [self._samples], dtype=np.float64)
-        total = self.sum_over_ranks(vector)
+        waits = np.zeros(self.world)
+        waits[self.rank] = self._data_wait  # each rank's own, for the slowest rank's share
+        total = self.sum_over_ranks(np.concatenate([vector, waits]))
+        waits, total = total[len(vector):], total[:len(vector)]
         k, r = len(stepped), len(reported)
         means = {n: float(total[i]) / self.world for i, n in enumerate(stepped)}
         means.update({n: float(total[k + i]) / max(float(total[k + r + i]), 1e-300) for i, n in enumerate(reported)})
@@ -218,14 +222,15 @@ class UserSession(Session):
         digest = self.weights_digest() if last else None  # on every rank: it may take collectives
         extra = {"weights_sha256": digest} if last and self.rank == 0 else {}
         self.send({"kind": "epoch", **means, "samples": samples, "train_time_s": seconds,
-                     "samples_per_s": samples / seconds if seconds > 0 else 0.0, **extra})
+                   "samples_per_s": samples / seconds if seconds > 0 else 0.0, **data_wait(waits, seconds), **extra})
         self._sums, self._counts, self._reported, self._samples = {}, {}, {}, 0
+        self._data_wait = 0.0
 
     def _epoch_so_far(self) -> dict[str, Any]:
         """The epoch's running metrics as plain numbers (read from the device now: a checkpoint)."""
         until = self._last_step_at or time.perf_counter()
         return {"sums": {k: float(v) for k, v in self._sums.items()}, "counts": dict(self._counts),
-                "reported": dict(self._reported), "samples": self._samples,
+                "reported": dict(self._reported), "samples": self._samples, "data_wait": self._data_wait,
                 "seconds": until - self._epoch_started if self._epoch_started else 0.0}
 
     def start(self, config: dict[str, Any], started: float) -> None:
@@ -267,3 +272,11 @@ class UserSession(Session):
                                f"{self.pos.epoch} of {self.spec.epochs}: leave the `session.epochs()` loop "
                                "only when it ends")
 
+
+def data_wait(waits: np.ndarray, seconds: float) -> dict[str, float]:
+    """An epoch's input wait: the seconds the ranks waited for their next batch (their mean), and
+    as a share of the epoch's training time, on average and for the rank that waited most."""
+    if seconds <= 0 or not len(waits):
+        return {}
+    return {"data_wait_s": float(np.mean(waits)), "data_wait_fraction": float(np.mean(waits)) / seconds,
+            "data_wait_max_fraction": float(np.max(waits)) / seconds}
