@@ -21,6 +21,8 @@ from launcher.data.dataset import Shards
 from launcher.data.index import ShardError
 from launcher.errors import Unreachable, UserError
 from launcher.worker.loader import BatchOrder
+from test_session import SEEN
+from test_tf_session import SEEN_KERAS
 
 
 def id_set(folder, n: int = 64, per_shard: int = 8, uri: str | None = None) -> str:
@@ -190,94 +192,39 @@ def test_a_shard_deleted_mid_run_is_one_line_and_an_outage_is_retried_then_one_l
     assert "\n" not in line and "did not answer" in line and "retried for 1s" in line, line
 
 
-STREAMED = '''
-import json
-import os
-import time
-
-import torch
-import workloads
-from launcher.data import Shards
-
-
-@workloads.training_function(epochs=2, batch_size=4)
-def seen(session):
-    torch.manual_seed(0)
-    model = torch.nn.Linear(1, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    model, optimizer = session.prepare(model, optimizer)
-    session.register(model=model, optimizer=optimizer)
-    data = Shards(session.params["data"], transform=lambda s: torch.tensor([float(s["id"])]), window=4)
-    loader = session.loader(data)
-    out = os.path.join(session.params["log"], f"{os.getpid()}-{session.rank}.jsonl")
-    for epoch in session.epochs():
-        for x in loader:
-            loss = model(x / 64).pow(2).mean()
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-            with open(out, "a") as f:  # before session.step, where a held rank 0 stops
-                f.write(json.dumps({"epoch": epoch, "step": session.global_step + 1, "world": session.world_size,
-                                    "t": time.time(), "items": x.squeeze(-1).int().tolist()}) + "\\n")
-            session.step(loss=loss)
-'''
+# test_session's SEEN (your own torch loop that logs each step's sample ids), reading a shard set.
+STREAMED = SEEN.replace("import workloads\n", "import workloads\nfrom launcher.data import Shards\n").replace(
+    "loader = session.loader([torch.tensor([float(i)]) for i in range(64)])",
+    "loader = session.loader(Shards(session.params['data'], window=4, "
+    "transform=lambda s: torch.tensor([float(s['id'])])))")
 
 
 @pytest.mark.integration
 def test_a_streamed_run_resized_mid_epoch_reads_every_sample_once(gcs, bucket, tmp_path, monkeypatch):
     """Your own torch loop reads a shard set on the emulator through a cache of a quarter of
-    it: stopped on 2 workers, resumed on 1 and stopped, resumed on 2; each epoch trains every
-    sample once, and no node's cache went over its limit."""
-    from test_session import assert_each_sample_once, resized_twice
-    from test_user_workloads import write
+    it (--data-cache-gb): stopped on 2 workers, resumed on 1 and stopped, resumed on 2; each
+    epoch trains every sample once."""
+    from test_session import assert_each_sample_once, run_resized_twice
 
     monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "cache"))
     uri = id_set(tmp_path / "data", n=64, per_shard=4, uri=f"gs://{bucket}/ids")
     quarter = sum(s.bytes for s in Shards(uri).index.shards) / 4 / 2**30
-    path = write(tmp_path / "code", STREAMED, "streamed.py")
-    log = tmp_path / "seen"
-    log.mkdir()
-    args = ["--workload", f"{path}:seen", "--storage", str(tmp_path / "runs"), "--param", f"log={log}",
-            "--param", f"data={uri}", "--data-cache-gb", repr(quarter), "--checkpoint-every-steps", "3",
-            "--name", "streamed"]
-    phases = resized_twice(args, tmp_path, log)
+    phases = run_resized_twice(tmp_path, STREAMED, "streamed.py", "--param", f"data={uri}",
+                               "--data-cache-gb", repr(quarter))
     assert_each_sample_once(phases, 64, 2)
     # Each epoch says how much of its training time the ranks waited for their batches.
     from launcher.storage.runlog import read_jsonl
 
-    epochs = [m for m in read_jsonl((tmp_path / "runs" / "streamed" / "metrics.jsonl").read_text())
+    epochs = [m for m in read_jsonl((tmp_path / "runs" / "resized" / "metrics.jsonl").read_text())
               if m.get("kind") == "epoch"]
     assert epochs and all(0 < m["data_wait_fraction"] <= m["data_wait_max_fraction"] < 1 for m in epochs), epochs
 
 
-STREAMED_KERAS = '''
-import json
-import os
-
-import numpy as np
-import tensorflow as tf
-import workloads
-from launcher.data import Shards
-
-
-@workloads.training_function(epochs=2, batch_size=4, framework="tensorflow")
-def seen(session):
-    out = os.path.join(session.params["log"], f"{os.getpid()}-{session.rank}.jsonl")
-
-    def log(ids):
-        with open(out, "a") as f:
-            f.write(json.dumps({"epoch": session.epoch, "items": ids.numpy().ravel().astype(int).tolist()}) + "\\n")
-        return ids
-
-    with session.scope():
-        ids = tf.keras.Input((1,))
-        seen_ids = tf.keras.layers.Lambda(lambda t: tf.py_function(log, [t], tf.float32))(ids)
-        model = tf.keras.Model(ids, tf.keras.layers.Dense(1)(tf.reshape(seen_ids, (-1, 1)) / 64.0))
-        model.compile(optimizer=tf.keras.optimizers.SGD(0.01), loss="mse")
-    data = Shards(session.params["data"], window=4,
-                  transform=lambda s: (np.float32([s["id"]]), np.float32([s["id"] % 2])))
-    session.fit(model, data)
-'''
+# test_tf_session's SEEN_KERAS (session.fit logging each step's sample ids), reading a shard set.
+STREAMED_KERAS = SEEN_KERAS.replace("import workloads\n", "import workloads\nfrom launcher.data import Shards\n").replace(
+    "    x = np.arange(64, dtype=\"float32\").reshape(-1, 1)\n    session.fit(model, x, np.zeros_like(x))",
+    "    session.fit(model, Shards(session.params['data'], window=4, "
+    "transform=lambda s: (np.float32([s['id']]), np.float32([0.0]))))")
 
 
 @pytest.mark.integration

@@ -324,6 +324,17 @@ def resized_twice(args: list[str], marks, log) -> list[list[dict]]:
     return phases
 
 
+def run_resized_twice(tmp_path, code: str, filename: str, *flags: str) -> list[list[dict]]:
+    """:func:`resized_twice` of the function ``seen`` in ``code`` (which logs each step's sample
+    ids into ``--param log``), with checkpoints every 3 steps; the run is named ``resized``."""
+    path = write(tmp_path / "code", code, filename)
+    log = tmp_path / "seen"
+    log.mkdir()
+    args = ["--workload", f"{path}:seen", "--storage", str(tmp_path / "runs"), "--param", f"log={log}",
+            "--checkpoint-every-steps", "3", "--name", "resized", *flags]
+    return resized_twice(args, tmp_path, log)
+
+
 def assert_each_sample_once(phases: list[list[dict]], n: int, epochs: int) -> None:
     kept = [r for phase in phases for r in phase]
     for epoch in range(epochs):
@@ -336,12 +347,7 @@ def test_a_run_resized_2_1_2_mid_epoch_trains_every_sample_once(tmp_path):
     """Stopped after 3 steps on 2 workers (24 of 64 samples), resumed on 1 and stopped after 3
     more (12 samples), resumed on 2: the epoch goes on at the next sample of the run's global
     order each time; each epoch trains every sample once."""
-    path = write(tmp_path / "code", SEEN, "seen.py")
-    log = tmp_path / "seen"
-    log.mkdir()
-    args = ["--workload", f"{path}:seen", "--storage", str(tmp_path / "runs"), "--param", f"log={log}",
-            "--checkpoint-every-steps", "3", "--name", "resized"]
-    phases = resized_twice(args, tmp_path, log)
+    phases = run_resized_twice(tmp_path, SEEN, "seen.py")
     assert_each_sample_once(phases, 64, 2)
     assert {r["epoch"] for r in phases[1]} == {0}  # the shrunk group's steps were mid-epoch
 

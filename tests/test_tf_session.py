@@ -192,15 +192,9 @@ def seen(session):
 def test_keras_fit_resized_2_1_2_mid_epoch_trains_every_sample_once(tmp_path):
     """session.fit on arrays, stopped on 2 workers, resumed on 1 and stopped, resumed on 2: each
     epoch trains every sample once (the global order's cursor, as in your own torch loop)."""
-    from test_session import assert_each_sample_once, resized_twice
+    from test_session import assert_each_sample_once, run_resized_twice
 
-    path = write(tmp_path / "code", SEEN_KERAS, "seen_keras.py")
-    log = tmp_path / "seen"
-    log.mkdir()
-    args = ["--workload", f"{path}:seen", "--storage", str(tmp_path / "runs"), "--param", f"log={log}",
-            "--checkpoint-every-steps", "3", "--name", "resized"]
-    phases = resized_twice(args, tmp_path, log)
-    assert_each_sample_once(phases, 64, 2)
+    assert_each_sample_once(run_resized_twice(tmp_path, SEEN_KERAS, "seen_keras.py"), 64, 2)
 
 
 REGRESSION = '''
