@@ -34,7 +34,7 @@ PREEMPTION_BENCH_OWNS = ("workers", "min_workers", "epochs", "name", "storage", 
 def add_parsers(sub) -> None:
     """Add ``bench`` and its benchmarks."""
     bench = sub.add_parser("bench", help="benchmarks (scaling, allreduce, overhead, checkpoint, project, "
-                           "preemption, serve)")
+                           "preemption, serve, input)")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", parser_class=Parser,
                                      required=True)
     out_help = "folder for JSON, CSV and PNG results"
@@ -132,6 +132,7 @@ def add_parsers(sub) -> None:
     sv.add_argument("--max-batch", type=int, default=64, help="the server's --max-batch (default 64)")
     sv.add_argument("--batch-wait-ms", type=float, default=5.0, help="the server's --batch-wait-ms (default 5)")
     sv.add_argument("--out", default="./bench-results", help=out_help)
+    _add_input_parser(bench_sub, out_help)
 
 
 def _add_preemption_parser(bench_sub) -> None:
@@ -157,6 +158,24 @@ def _add_preemption_parser(bench_sub) -> None:
     # What trains: anything `launcher run` takes (digits-mlp by default), less what each strategy sets.
     add_run_flags(b, skip=PREEMPTION_BENCH_OWNS)
     add_program_flags(b)
+
+
+def _add_input_parser(bench_sub, out_help: str) -> None:
+    ip = bench_sub.add_parser("input", help="a streamed shard set's input pipeline alone: samples/s, MB/s, first "
+                              "batch, wait and memory of W reader processes (no model)")
+    ip.add_argument("uri", metavar="URI", help="a shard set (folder or gs://BUCKET/PREFIX with an index.json)")
+    ip.add_argument("--workers", type=int, default=2, help="reader processes, one rank each (default 2)")
+    ip.add_argument("--batch-size", type=int, default=32, help="samples per rank per batch (default 32)")
+    ip.add_argument("--batches", type=int, default=None, help="batches per rank (default: one epoch)")
+    ip.add_argument("--transform", default="none",
+                    help="what each sample goes through: none, decode-image (a WebDataset jpg/png to an array), "
+                    "tensor (a parquet/jsonl row's numbers to a float32 array); default none")
+    ip.add_argument("--compare-local", action="store_true",
+                    help="a gs:// set: also copy it to a local folder and measure it there")
+    ip.add_argument("--step-ms", type=float, default=0.0,
+                    help="each reader sleeps this long per batch, as a training step; the table shows its wait")
+    ip.add_argument("--cache-gb", type=float, default=None, help="the node cache's limit (default --data-cache-gb's)")
+    ip.add_argument("--out", default="./bench-results", help=out_help)
 
 
 def note(text: str) -> None:
@@ -475,9 +494,30 @@ def cmd_bench_preemption(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_input(args: argparse.Namespace) -> int:
+    from benchmarks import input_pipeline, machine
+
+    settings = input_pipeline.Settings(workers=args.workers, batch_size=args.batch_size, batches=args.batches,
+                                       transform=args.transform, step_ms=args.step_ms, cache_gb=args.cache_gb)
+    index = input_pipeline.check(args.uri, settings)  # one line and exit 2 without an index
+    info = machine.describe(1, load_average_before=os.getloadavg())
+    span = f"{args.batches} batches" if args.batches else "one epoch"
+    print(machine.header(info, f"input: {index.uri} ({index.kind}, {index.samples:,} samples, {len(index.shards)} "
+                               f"shards, {index.bytes / 1e6:,.1f} MB), {args.workers} reader(s), batch "
+                               f"{args.batch_size}, {span}, transform {args.transform}"
+                               + (f", {args.step_ms:g} ms step" if args.step_ms else "")), flush=True)
+    rows, per_rank = input_pipeline.run(index.uri, settings, note, compare_local=args.compare_local)
+    info["load_average_after"] = os.getloadavg()
+    print(input_pipeline.format_rows(rows))
+    print("# load average (1, 5, 15 min): before " + " ".join(f"{v:.2f}" for v in info["load_average_before"])
+          + ", after " + " ".join(f"{v:.2f}" for v in info["load_average_after"]))
+    _wrote(input_pipeline.write_results(rows, per_rank, info, settings, args.out))
+    return EXIT_OK if not any(r["failed"] for r in rows) else EXIT_FAILED
+
+
 HANDLERS = {"scaling": cmd_scaling, "allreduce": cmd_allreduce, "project": cmd_project,
             "overhead": cmd_overhead, "checkpoint": cmd_checkpoint, "stall": cmd_stall,
-            "preemption": cmd_bench_preemption, "serve": cmd_serve}
+            "preemption": cmd_bench_preemption, "serve": cmd_serve, "input": cmd_input}
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
