@@ -32,6 +32,7 @@ LIMIT_ENV = "LAUNCHER_DATA_CACHE_GB"
 DEFAULT_LIMIT_GB = 16.0
 LEDGER = ".ledger.json"
 WAIT_S = 0.2
+POLL_S = 0.005  # how often a rank looks for a shard another rank is downloading
 ROOM_WAIT_S = 120.0  # a read waiting this long for room in the cache: the limit is too small
 
 
@@ -187,7 +188,11 @@ class ShardCache:
                             f"{self.index.uri} that the ranks of this node read at once (waited "
                             f"{ROOM_WAIT_S:g} s for room)",
                             "raise --data-cache-gb, or shuffle in a smaller window (Shards(..., window=N))")
-            time.sleep(WAIT_S)  # another rank downloads it, or room is still pinned by others
+            # Another rank downloads it (watch for the file, without the lock), or room is still
+            # pinned by others (ask again in a while).
+            until = time.monotonic() + WAIT_S
+            while time.monotonic() < until and not self.present(n):
+                time.sleep(POLL_S)
         try:
             self._download(n)
         finally:

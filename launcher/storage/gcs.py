@@ -127,7 +127,7 @@ def outage_cause(exc: Exception) -> str:
     retried = f"; retried for {float(os.environ.get(RETRY_ENV, '120')):g}s ({RETRY_ENV} sets it)"
     exc = getattr(exc, "cause", None) or exc  # a RetryError: what the last try met
     text = str(exc).lower()
-    if "refused" in text:
+    if "refused" in text or "could not connect" in text:
         return "connection refused" + retried
     if "timed out" in text or "timeout" in text:
         return "no reply, the connection stayed silent" + retried
