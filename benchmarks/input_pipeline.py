@@ -31,7 +31,9 @@ import time
 from typing import Any, Callable
 
 from benchmarks import results
-from launcher.errors import UserError
+from launcher import UserError
+from launcher.data import ShardCache, ShardIndex, limit_bytes
+from launcher.storage import CACHE_ENV, Storage, cache_root, emulator_host
 
 START_TIMEOUT_S = 120.0   # spawned readers wait this long for each other before reading
 MB = 1e6
@@ -108,7 +110,6 @@ class Settings:
 
 def check(uri: str, settings: Settings):
     """The set's index (UserError: no index there, or a transform that does not read its kind)."""
-    from launcher.data.index import ShardIndex
 
     index = ShardIndex.load(uri)
     kinds = TRANSFORMS[settings.transform][1]
@@ -123,8 +124,8 @@ def check(uri: str, settings: Settings):
 def measure_rank(uri: str, settings: Settings, rank: int = 0, world: int = 1) -> dict:
     """Read rank ``rank`` of ``world``'s share as the session does, timed (see the module docstring).
     Runs in the calling process: the benchmark calls it in each spawned reader."""
-    from launcher.data.dataset import Shards
-    from launcher.worker.order import GlobalOrder
+    from launcher.data import Shards
+    from launcher.worker import GlobalOrder
 
     start = time.perf_counter()
     data = Shards(uri, transform=TRANSFORMS[settings.transform][0], cache_gb=settings.cache_gb)
@@ -171,7 +172,6 @@ def _read(data, indices, settings: Settings, start: float) -> dict:
 def _cache_watch(data, cache_gb: float | None):
     """A view of the node cache the reader fills (the same folder), to sample its size; None for
     a local set, which is read where it is."""
-    from launcher.data.cache import ShardCache, limit_bytes
 
     if not data.index.uri.startswith("gs://"):
         return None
@@ -188,15 +188,13 @@ def _peak_rss_mib() -> float:
 def _reader(uri: str, settings: Settings, rank: int, world: int, cache_root: str | None, barrier, out) -> None:
     """A spawned reader: imports done and cache set before the common start, then one rank measured."""
     try:
-        import launcher.data.dataset  # noqa: F401  (numpy, pyarrow: not part of the timed start)
-        import launcher.data.formats  # noqa: F401
+        from launcher.data import Shards  # noqa: F401  (numpy, pyarrow: not part of the timed start)
         import pyarrow.parquet  # noqa: F401
         if settings.transform == "decode-image":
             import PIL.Image  # noqa: F401
         if cache_root:
-            from launcher.storage import datacache
-
-            os.environ[datacache.CACHE_ENV] = cache_root
+        
+            os.environ[CACHE_ENV] = cache_root
         barrier.wait(START_TIMEOUT_S)
         out.put(measure_rank(uri, settings, rank, world))
     except BaseException as exc:  # reported as the rank's failure, in one line
@@ -251,10 +249,9 @@ def _cold_cache(uri: str):
     if not uri.startswith("gs://"):
         yield None
         return
-    from launcher.storage import datacache
 
-    os.makedirs(datacache.cache_root(), exist_ok=True)
-    root = tempfile.mkdtemp(prefix="bench-input-", dir=datacache.cache_root())
+    os.makedirs(cache_root(), exist_ok=True)
+    root = tempfile.mkdtemp(prefix="bench-input-", dir=cache_root())
     try:
         yield root
     finally:
@@ -265,11 +262,10 @@ def _cold_cache(uri: str):
 
 def source_label(uri: str) -> str:
     """What a set is read from: local files, the Cloud Storage emulator or Cloud Storage."""
-    from launcher.storage import gcs
 
     if not uri.startswith("gs://"):
         return "local"
-    return "emulator" if gcs.emulator_host() else "gcs"
+    return "emulator" if emulator_host() else "gcs"
 
 
 def run(uri: str, settings: Settings, note: Callable[[str], None],
@@ -279,7 +275,6 @@ def run(uri: str, settings: Settings, note: Callable[[str], None],
     Returns:
         One summary row per source, and each source's per-rank results.
     """
-    from launcher.storage import Storage
 
     index = check(uri, settings)
     sources = [(source_label(index.uri), index.uri, None)]

@@ -28,7 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PRODUCT = ("launcher", "workloads", "cluster", "benchmarks")
 # What benchmarks/ may import from: the packages' public exports (their __all__).
 PUBLIC = ("launcher", "launcher.backends", "launcher.driver", "launcher.worker", "launcher.storage",
-          "launcher.lab", "launcher.preemption", "launcher.predict")
+          "launcher.lab", "launcher.preemption", "launcher.predict", "launcher.data")
 
 
 def product_modules() -> dict[str, str]:

@@ -17,12 +17,12 @@ Only :mod:`launcher.storage` talks to gs://; nothing here imports a heavy librar
 when the package is imported.
 """
 
-__all__ = ["Shards"]
+from launcher._lazy import lazy_exports  # noqa: E402
 
-
-def __getattr__(name: str):
-    if name == "Shards":  # imported when asked for: it brings numpy and pyarrow
-        from launcher.data.dataset import Shards
-
-        return Shards
-    raise AttributeError(f"module 'launcher.data' has no attribute {name!r}")
+__all__, __getattr__ = lazy_exports(__name__, {
+    "Shards": "launcher.data.dataset",
+    "ShardIndex": "launcher.data.index",
+    "ShardError": "launcher.data.index",
+    "ShardCache": "launcher.data.cache",
+    "limit_bytes": "launcher.data.cache",
+})

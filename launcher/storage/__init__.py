@@ -20,6 +20,8 @@ _lazy, __getattr__ = lazy_exports(__name__, {
     "read_manifest": "launcher.storage.checkpoint",
     "write_manifest": "launcher.storage.checkpoint",
     "emulator_host": "launcher.storage.gcs",
+    "cache_root": "launcher.storage.datacache",
+    "CACHE_ENV": "launcher.storage.datacache",
     "normalize_storage": "launcher.storage.uri",
 })
 __all__ = ["Storage", *_lazy]

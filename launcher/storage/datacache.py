@@ -20,8 +20,9 @@ from typing import Callable, Iterator
 
 import google_crc32c
 
-from launcher.storage import gcs
 from launcher.errors import UserError
+from launcher.storage import gcs
+from launcher.storage.store import Storage
 
 CACHE_ENV = "LAUNCHER_CACHE"
 CHUNK = 8 * 1024 * 1024
@@ -145,8 +146,6 @@ def download_object(uri: str, dest: str) -> None:
     client (C++: measured 3x the google-cloud-storage client's rate from the emulator), retried
     for ``LAUNCHER_GCS_RETRY_S``. FileNotFoundError when there is no such object; an outage is
     one line (Unreachable)."""
-    from launcher.storage.store import Storage
-
     where = gcs.parse_gs_uri(uri, what="data")
     storage = Storage.resolve(f"gs://{where.bucket}")
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)

@@ -20,4 +20,5 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "TFTraining": "launcher.worker.tf_loop",
     "configure_tensorflow": "launcher.worker.tf_loop",
     "export": "launcher.worker.export",
+    "GlobalOrder": "launcher.worker.order",
 })
