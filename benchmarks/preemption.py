@@ -48,6 +48,45 @@ def goodput(attempts: list[dict[str, Any]]) -> float:
     return useful / wall if wall > 0 else 0.0
 
 
+def sample_accounting(attempts: list[dict[str, Any]], sizes: dict[str, int], records: list[dict[str, Any]],
+                      workers: int) -> dict[str, float]:
+    """Goodput in samples: the samples each attempt trained (its steps x the samples a step of its
+    group size takes, from the run log's epochs), those trained again after a restart (the steps
+    an attempt took after the checkpoint the next one resumed from; with the global order's cursor
+    a resize repeats nothing more), and the samples trained once per second of wall time over what
+    the full group trains per second (its own attempts at full size)."""
+    per_step: dict[int, list[float]] = {}
+    for r in records:
+        if r.get("kind") == "epoch" and r.get("samples") and r.get("steps_per_epoch") and r.get("world_size"):
+            per_step.setdefault(int(r["world_size"]), []).append(float(r["samples"]) / float(r["steps_per_epoch"]))
+    rates = {w: sum(v) / len(v) for w, v in per_step.items()}
+    if not rates or not attempts:
+        return {"samples_trained": 0, "samples_repeated": 0, "goodput_samples": None}
+
+    def rate(world: int) -> float:  # a size no epoch ended at: scaled from the nearest one
+        if world in rates:
+            return rates[world]
+        near = min(rates, key=lambda w: abs(w - world))
+        return rates[near] * world / near
+
+    trained = repeated = full_samples = full_s = 0.0
+    for i, a in enumerate(attempts):
+        steps = max(0, a["last_step"] - a["start_step"])
+        world = sizes.get(a.get("attempt"), workers)
+        trained += steps * rate(world)
+        if i + 1 < len(attempts):
+            redone = max(0, a["last_step"] - max(a["start_step"], attempts[i + 1]["start_step"]))
+            repeated += redone * rate(world)
+        if world == workers and a["last_time"] > a["first_time"]:
+            full_samples += steps * rate(world)
+            full_s += a["last_time"] - a["first_time"]
+    wall = attempts[-1]["last_time"] - attempts[0]["first_time"]
+    full_rate = full_samples / full_s if full_s else 0.0
+    once = trained - repeated
+    return {"samples_trained": round(trained), "samples_repeated": round(repeated),
+            "goodput_samples": round(once / wall / full_rate, 4) if wall > 0 and full_rate > 0 else None}
+
+
 def recoveries(attempts: list[dict[str, Any]], removals: list[float]) -> list[float]:
     """For each removed node, seconds until the next attempt's first step."""
     out = []
@@ -160,7 +199,7 @@ def run_strategy(strategy: str, *, workers: int, min_workers: int, every_s: floa
             "reduced_s": round(reduced_time(attempts, sizes, workers), 1), "wall_s": summary.wall_s,
             "attempts": attempts, "sizes": sizes, "period_s": period(removals),
             "breakdown_s": breakdown(attempts, events), "lab_events": events,
-            "throughput": throughput(records)}
+            "throughput": throughput(records), **sample_accounting(attempts, sizes, records, workers)}
 
 
 def run_program(base, program, program_args: list[str], job_dir: bool, strategy: str, *, workers: int,
@@ -190,6 +229,7 @@ def run_program(base, program, program_args: list[str], job_dir: bool, strategy:
             "restarts": summary.restarts, "steps_lost": None, "time_lost_s": summary.time_lost_s,
             "recovery_s": [r["recovery_s"] for r in restarts if r.get("recovery_s") is not None],
             "goodput": None, "reduced_s": 0.0, "wall_s": summary.wall_s, "attempts": [], "sizes": {},
+            "samples_trained": None, "samples_repeated": None, "goodput_samples": None,
             "period_s": period(removals), "breakdown_s": {}, "lab_events": events, "throughput": []}
 
 
@@ -303,6 +343,10 @@ def format_result(r: dict) -> str:
         lines.append(f"  steps lost {r['steps_lost']}, time lost {r['time_lost_s']:.1f}s, "
                      f"{r['reduced_s']:.0f}s on fewer than {r['workers']} workers")
         lines.append(f"  goodput {_pct(r['goodput'])} (useful step time / wall time), wall {r['wall_s']:.0f}s")
+        if r.get("goodput_samples") is not None:
+            lines.append(f"  goodput in samples {_pct(r['goodput_samples'])} (samples trained once per second / the "
+                         f"full group's samples per second), {r['samples_trained']:,} samples trained, "
+                         f"{r['samples_repeated']:,} of them again")
     else:
         lines.append(f"  goodput {_pct(r['goodput'])} (the uninterrupted run's wall time / this one's), "
                      f"wall {r['wall_s']:.0f}s; the program keeps its steps to itself")
@@ -313,9 +357,13 @@ def format_result(r: dict) -> str:
 
 def format_table(result: dict) -> str:
     """One line per strategy, then each strategy's detail."""
-    rows = [("STRATEGY", "GOODPUT", "STEPS LOST", "NODES REMOVED", "REDUCED", "RECOVERY (mean)")]
+    rows = [("STRATEGY", "GOODPUT", "GOODPUT (SAMPLES)", "REPEATED SAMPLES", "STEPS LOST", "NODES REMOVED", "REDUCED",
+             "RECOVERY (mean)")]
     for r in result["strategies"]:
-        rows.append((r["strategy"], _pct(r["goodput"]), "-" if r["steps_lost"] is None else str(r["steps_lost"]),
+        repeated = r.get("samples_repeated")
+        rows.append((r["strategy"], _pct(r["goodput"]), _pct(r.get("goodput_samples")),
+                     "-" if repeated is None else f"{repeated:,}",
+                     "-" if r["steps_lost"] is None else str(r["steps_lost"]),
                      str(r["nodes_removed"]), f"{r['reduced_s']:.0f}s", _mean(r["recovery_s"])))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     table = "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
@@ -363,7 +411,8 @@ def write_results(result: dict, out_dir: str) -> list[str]:
     for r in strategies:
         row = {k: r.get(k) for k in ("strategy", "workers", "min_workers", "every_s", "boot_s", "notice_s", "steps",
                                      "nodes_removed", "restarts", "steps_lost", "time_lost_s", "reduced_s",
-                                     "goodput", "wall_s")}
+                                     "goodput", "goodput_samples", "samples_trained", "samples_repeated",
+                                     "wall_s")}
         row["recovery_mean_s"] = round(sum(r["recovery_s"]) / len(r["recovery_s"]), 2) if r["recovery_s"] else None
         rows.append(row)
     return results.write(out_dir, "preemption", rows, {"settings": result.get("settings", {}),

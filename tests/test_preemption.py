@@ -172,6 +172,32 @@ def test_bench_goodput_and_recovery():
         "worker set-up (data, model, restore)": 2.0, "-> first step": 5.0}
 
 
+def test_bench_goodput_in_samples_counts_repeated_samples():
+    from benchmarks.preemption import format_table, sample_accounting
+
+    # 2 workers: 64 samples a step (32 each); alone: 32. The first group trained steps 0-60 and was
+    # resumed from step 50 (10 steps = 640 samples again); the single worker went on from 60 to 80
+    # (nothing redone: the next group resumed at its last step), then 2 workers to 100.
+    attempts = [{"attempt": "a", "start_step": 0, "first_time": 0.0, "last_step": 60, "last_time": 30.0},
+                {"attempt": "b", "start_step": 50, "first_time": 40.0, "last_step": 80, "last_time": 70.0},
+                {"attempt": "c", "start_step": 80, "first_time": 75.0, "last_step": 100, "last_time": 85.0}]
+    sizes = {"a": 2, "b": 1, "c": 2}
+    records = [{"kind": "epoch", "samples": 1280, "steps_per_epoch": 20, "world_size": 2},
+               {"kind": "step", "samples": 5, "world_size": 1}]
+    got = sample_accounting(attempts, sizes, records, workers=2)
+    # Alone, a step is scaled from the 2-worker one: 32 samples.
+    assert got["samples_trained"] == 60 * 64 + 30 * 32 + 20 * 64 and got["samples_repeated"] == 10 * 64
+    once = got["samples_trained"] - got["samples_repeated"]
+    full_rate = (60 * 64 + 20 * 64) / (30.0 + 10.0)
+    assert got["goodput_samples"] == pytest.approx(once / 85.0 / full_rate, abs=1e-4)
+    assert sample_accounting(attempts, sizes, [], 2)["goodput_samples"] is None
+    row = {"strategy": "elastic", "goodput": 0.9, "steps_lost": 10, "nodes_removed": 1, "reduced_s": 30.0,
+           "recovery_s": [5.0], "every_s": 60.0, "notice_s": 30.0, "boot_s": 90.0, "status": "succeeded",
+           "restarts": 2, "workers": 2, "time_lost_s": 5.0, "wall_s": 85.0, **got}
+    text = format_table({"strategies": [row]})
+    assert "REPEATED SAMPLES" in text and "640" in text and "goodput in samples" in text, text
+
+
 def test_bench_writes_table_and_plot(tmp_path):
     from benchmarks.preemption import format_table, write_results
 
