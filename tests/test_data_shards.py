@@ -427,7 +427,8 @@ def test_a_set_written_to_and_read_from_the_emulator(gcs, bucket, capsys, tmp_pa
     os.makedirs(copies)
     expected = image_folder(tmp_path / "images")
     uri = f"gs://{bucket}/sets/images"
-    code, out, err = run_cli(capsys, "data", "shard", str(tmp_path / "images"), uri, "--samples-per-shard", "5")
+    code, out, err = run_cli(capsys, "data", "shard", str(tmp_path / "images"), uri, "--samples-per-shard", "5",
+                             "--keep-order")
     assert code == 0, err
     assert out.strip().endswith(f": {uri} (give this to the training code)")
     index, samples = read_set(uri, copies)
