@@ -386,7 +386,10 @@ def _up_run_down(config, api, sshd, paths, ray_tmp, report, emulator_url, bucket
     env = {**os.environ, "HOME": paths["laptop"], "PYTHONPATH": python_path, "RAY_TMPDIR": ray_tmp,
            "TMPDIR": paths["tmp"],
            "RAY_USAGE_STATS_ENABLED": "0", "STORAGE_EMULATOR_HOST": emulator_url}
-    for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS"):
+    # The head VM's Ray runs in sshd's clean environment, with Ray's default authentication; this
+    # side talks to it as a laptop with the defaults does (a token mode set here, e.g. by a warm local
+    # head earlier in this process, would make the job client ask for a token the head never made).
+    for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
         env.pop(name, None)
     ray = os.path.join(os.path.dirname(sys.executable), "ray")
     stages = _Stages(api, report, say, paths["logs"])
