@@ -48,26 +48,20 @@ def goodput(attempts: list[dict[str, Any]]) -> float:
     return useful / wall if wall > 0 else 0.0
 
 
-def sample_accounting(attempts: list[dict[str, Any]], sizes: dict[str, int], records: list[dict[str, Any]],
-                      workers: int) -> dict[str, float]:
-    """Goodput in samples: the samples each attempt trained (its steps x the samples a step of its
-    group size takes, from the run log's epochs), those trained again after a restart (the steps
-    an attempt took after the checkpoint the next one resumed from; with the global order's cursor
-    a resize repeats nothing more), and the samples trained once per second of wall time over what
-    the full group trains per second (its own attempts at full size)."""
-    per_step: dict[int, list[float]] = {}
-    for r in records:
-        if r.get("kind") == "epoch" and r.get("samples") and r.get("steps_per_epoch") and r.get("world_size"):
-            per_step.setdefault(int(r["world_size"]), []).append(float(r["samples"]) / float(r["steps_per_epoch"]))
-    rates = {w: sum(v) / len(v) for w, v in per_step.items()}
-    if not rates or not attempts:
+def sample_accounting(attempts: list[dict[str, Any]], sizes: dict[str, int], workers: int,
+                      batch_size: int) -> dict[str, float]:
+    """Goodput in samples: the samples each attempt trained (its steps x ``batch_size`` x its group
+    size: an epoch's last, smaller batch is counted whole, a small overcount), those trained again
+    after a restart (the steps an attempt took after the checkpoint the next one resumed from;
+    with the global order's cursor a resize repeats nothing more), and the samples trained once
+    per second of wall time over what the full group trains per second (its own attempts at full
+    size). The run log's epoch rows cannot give the samples: after a resize an epoch's row counts
+    only the steps since."""
+    if not attempts:
         return {"samples_trained": 0, "samples_repeated": 0, "goodput_samples": None}
 
-    def rate(world: int) -> float:  # a size no epoch ended at: scaled from the nearest one
-        if world in rates:
-            return rates[world]
-        near = min(rates, key=lambda w: abs(w - world))
-        return rates[near] * world / near
+    def rate(world: int) -> float:
+        return float(batch_size * world)
 
     trained = repeated = full_samples = full_s = 0.0
     for i, a in enumerate(attempts):
@@ -199,7 +193,7 @@ def run_strategy(strategy: str, *, workers: int, min_workers: int, every_s: floa
             "reduced_s": round(reduced_time(attempts, sizes, workers), 1), "wall_s": summary.wall_s,
             "attempts": attempts, "sizes": sizes, "period_s": period(removals),
             "breakdown_s": breakdown(attempts, events), "lab_events": events,
-            "throughput": throughput(records), **sample_accounting(attempts, sizes, records, workers)}
+            "throughput": throughput(records), **sample_accounting(attempts, sizes, workers, int(spec.batch_size))}
 
 
 def run_program(base, program, program_args: list[str], job_dir: bool, strategy: str, *, workers: int,

@@ -182,15 +182,12 @@ def test_bench_goodput_in_samples_counts_repeated_samples():
                 {"attempt": "b", "start_step": 50, "first_time": 40.0, "last_step": 80, "last_time": 70.0},
                 {"attempt": "c", "start_step": 80, "first_time": 75.0, "last_step": 100, "last_time": 85.0}]
     sizes = {"a": 2, "b": 1, "c": 2}
-    records = [{"kind": "epoch", "samples": 1280, "steps_per_epoch": 20, "world_size": 2},
-               {"kind": "step", "samples": 5, "world_size": 1}]
-    got = sample_accounting(attempts, sizes, records, workers=2)
-    # Alone, a step is scaled from the 2-worker one: 32 samples.
+    got = sample_accounting(attempts, sizes, workers=2, batch_size=32)
     assert got["samples_trained"] == 60 * 64 + 30 * 32 + 20 * 64 and got["samples_repeated"] == 10 * 64
     once = got["samples_trained"] - got["samples_repeated"]
     full_rate = (60 * 64 + 20 * 64) / (30.0 + 10.0)
     assert got["goodput_samples"] == pytest.approx(once / 85.0 / full_rate, abs=1e-4)
-    assert sample_accounting(attempts, sizes, [], 2)["goodput_samples"] is None
+    assert sample_accounting([], sizes, 2, 32)["goodput_samples"] is None
     row = {"strategy": "elastic", "goodput": 0.9, "steps_lost": 10, "nodes_removed": 1, "reduced_s": 30.0,
            "recovery_s": [5.0], "every_s": 60.0, "notice_s": 30.0, "boot_s": 90.0, "status": "succeeded",
            "restarts": 2, "workers": 2, "time_lost_s": 5.0, "wall_s": 85.0, **got}
