@@ -226,7 +226,7 @@ class TFSession(UserSession):
         with open(os.path.join(directory, INDEX_FILE), "w", encoding="utf-8") as f:
             json.dump({"objects": index, "model": self.model_name,
                        "steps_per_epoch": self.steps_per_epoch}, f)
-        self.write_manifest(directory, metrics, others, cursor=self._data.cursor_at(self.pos) if self._data else None)
+        self.write_manifest(directory, metrics, others, cursor=self._data.cursor_at(self.pos) if self._data is not None else None)
 
     def restore(self, directory: str) -> None:
         """Read the checkpoint's arrays; they are assigned when training begins."""
