@@ -221,7 +221,8 @@ def test_a_streamed_run_resized_mid_epoch_reads_every_sample_once(gcs, bucket, t
 
 
 # test_tf_session's SEEN_KERAS (session.fit logging each step's sample ids), reading a shard set.
-STREAMED_KERAS = SEEN_KERAS.replace("import workloads\n", "import workloads\nfrom launcher.data import Shards\n").replace(
+STREAMED_KERAS = SEEN_KERAS.replace(
+    "import workloads\n", "import workloads\nfrom launcher.data import Shards\n").replace(
     "    x = np.arange(64, dtype=\"float32\").reshape(-1, 1)\n    session.fit(model, x, np.zeros_like(x))",
     "    session.fit(model, Shards(session.params['data'], window=4, "
     "transform=lambda s: (np.float32([s['id']]), np.float32([0.0]))))")

@@ -60,7 +60,8 @@ class ShardCache:
         if not self.local and biggest > limit:
             raise UserError(f"the data cache's limit ({limit / 2**30:.3g} GiB) is smaller than the largest shard of "
                             f"{index.uri} ({biggest / 2**30:.3g} GiB)",
-                            "raise --data-cache-gb, or write the set with smaller shards (launcher data shard --shard-mb)")
+                            "raise --data-cache-gb, or write the set with smaller shards "
+                            "(launcher data shard --shard-mb)")
         if not self.local:
             os.makedirs(self.dir, exist_ok=True)
 

@@ -24,7 +24,8 @@ used), so a run resumed on another number of workers goes on at the same sample.
 in every run), so a position is a batch count: a resumed run skips that many batches, and each
 worker takes its strided share of every global batch (``batch[rank::world]``), so the
 composition of each global batch does not depend on the backend. Its batches are cut for one
-worker count, so a resume on another one redoes the interrupted epoch (and says so). One ``model.fit`` call, over one iterator of that stream, trains
+worker count, so a resume on another one redoes the interrupted epoch (and says so). One
+``model.fit`` call, over one iterator of that stream, trains
 the rest of the run: a seeded shuffle's order depends on how many iterators its dataset has
 made, so a run makes one. Keras is told that the first epoch starts at the resumed step (the
 hook its own ``BackupAndRestore`` uses). Keras' metrics of an interrupted epoch (their variables)
@@ -226,7 +227,8 @@ class TFSession(UserSession):
         with open(os.path.join(directory, INDEX_FILE), "w", encoding="utf-8") as f:
             json.dump({"objects": index, "model": self.model_name,
                        "steps_per_epoch": self.steps_per_epoch}, f)
-        self.write_manifest(directory, metrics, others, cursor=self._data.cursor_at(self.pos) if self._data is not None else None)
+        cursor = self._data.cursor_at(self.pos) if self._data is not None else None
+        self.write_manifest(directory, metrics, others, cursor=cursor)
 
     def restore(self, directory: str) -> None:
         """Read the checkpoint's arrays; they are assigned when training begins."""
@@ -359,7 +361,8 @@ class TFSession(UserSession):
         if self._data.order is not None and pos.step_in_epoch:
             cursor = self._resume_cursor
             if cursor is None:  # a checkpoint without one: the same layout's steps give it
-                cursor = self._data.order.cursor_after(0, self.world, pos.step_in_epoch) if not self._layout_changed else None
+                cursor = None if self._layout_changed else \
+                    self._data.order.cursor_after(0, self.world, pos.step_in_epoch)
             if cursor is not None:
                 pos.step_in_epoch = self._data.resume_epoch_at(pos.epoch, cursor)
                 return
