@@ -56,6 +56,7 @@ class ShardCache:
         digest = hashlib.sha1(index.uri.encode()).hexdigest()[:16]
         self.dir = os.path.join(root or os.path.join(datacache.cache_root(), "shards"), digest)
         self.pid = os.getpid()
+        self.sizes = {s.name: s.bytes for s in index.shards}
         biggest = max((s.bytes for s in index.shards), default=0)
         if not self.local and biggest > limit:
             raise UserError(f"the data cache's limit ({limit / 2**30:.3g} GiB) is smaller than the largest shard of "
@@ -208,7 +209,7 @@ class ShardCache:
         ahead (most recent) first, this process's before the others'. Fetched ahead, a shard
         holds room no read waits on, so two ranks' prefetches cannot starve each other's reads.
         False when ``need`` cannot fit yet."""
-        reserved = sum(self.index_bytes(name) for name in ledger["reserved"])
+        reserved = sum(self.sizes.get(name, 0) for name in ledger["reserved"])
         present = self._files()
         used = reserved + sum(size for _, _, size in present)
         if used + need <= self.limit:
@@ -229,14 +230,6 @@ class ShardCache:
             for table in ("ahead", "pins"):
                 ledger[table].pop(name.replace("%2F", "/"), None)
         return used + need <= self.limit
-
-    def index_bytes(self, name: str) -> int:
-        return self._sizes().get(name, 0)
-
-    def _sizes(self) -> dict[str, int]:
-        if not hasattr(self, "_size_of"):
-            self._size_of = {s.name: s.bytes for s in self.index.shards}
-        return self._size_of
 
     def _download(self, n: int) -> None:
         info = self.index.shards[n]

@@ -15,8 +15,8 @@
   few shards of its current window decoded in memory.
 
 Every rank reads every shard of the epoch (each global batch is split over the ranks by
-stride), and the ranks of a node share the cache, so a node downloads each shard once per
-epoch. Shard your data so that the shards are shuffled already (``launcher data shard``
+stride), and the ranks of a node share the cache, so a node downloads each shard about once
+per epoch. Shard your data so that the shards are shuffled already (``launcher data shard``
 writes samples in a shuffled order unless told not to): the window mixes neighbouring
 samples only.
 """
