@@ -57,6 +57,9 @@ PRIVATE: dict[str, tuple[str, str]] = {
     "TorchConfigContextManager": ("ray.train.torch.config:TorchConfigContextManager",
                                   "each worker's default CUDA device"),
     # The GCS: draining a node for preemption, and reading the drain state.
+    "StorageContext": ("ray.train.v2._internal.execution.storage:StorageContext",
+                       "persist_current_checkpoint: Ray's own upload of a checkpoint folder, called from a custom "
+                       "checkpoint_upload_fn once a background sharded save has written its files"),
     "GcsClient": ("ray._raylet:GcsClient", "drain a node with reason PREEMPTION and a deadline"),
     "canonicalize_bootstrap_address": ("ray._private.services:canonicalize_bootstrap_address_or_die",
                                        "an address ('auto', host:port) as the GCS client takes it"),
@@ -164,6 +167,14 @@ def snapshot_names(text: str, folders: Iterable[str]) -> list[str]:
         elif isinstance(item, str):
             strings.add(item.rstrip("/"))
     return [f for f in folders if any(s == f or s.endswith("/" + f) for s in strings)]
+
+
+def persist_checkpoint(context, checkpoint, name: str):
+    """Store a worker's checkpoint folder as Ray Train itself would (its pyarrow copy to the run's
+    storage), from a ``checkpoint_upload_fn``; returns the stored checkpoint."""
+    storage = context.get_storage()
+    assert isinstance(storage, resolve("StorageContext")), type(storage)
+    return storage.persist_current_checkpoint(checkpoint, name)
 
 
 def client_connected() -> bool:

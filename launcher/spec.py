@@ -92,6 +92,11 @@ class JobSpec:
     # The managed torch loop's numerics (a training function reads them from its session).
     precision: str = option("fp32", help="fp32 (default), bf16 or fp16: mixed precision by autocast in the managed "
                             "torch loop (fp16 with a checkpointed GradScaler); your own loop: session.autocast()")
+    strategy: str = option("ddp", help="ddp (default): every worker holds the whole model; fsdp: the model, its "
+                           "gradients and optimizer state are sharded over the workers (torch FSDP2; native "
+                           "torch backend), for models larger than one worker")
+    fsdp_offload: bool = option(False, help="fsdp on GPUs: keep the parameters and optimizer state in CPU memory "
+                                "between uses (slower, larger models)")
     grad_clip: float | None = option(None, help="clip the gradients' global norm to this (default: no clipping)")
     grad_accumulation: int = option(1, help="batches whose gradients add up before each optimizer step, any torch "
                                     "backend (default 1)")
@@ -136,6 +141,7 @@ class JobSpec:
         self._check_horovod_options()
         self._check_numerics()
         self._check_upload()
+        self._check_strategy(workload)
         machine_type, primary = self._machine_types()
         try:
             params = workload.resolve_params(self.params)
@@ -247,6 +253,30 @@ class JobSpec:
             raise UserError(f"--grad-accumulation {self.grad_accumulation} and --hvd-backward-passes "
                             f"{self.hvd_backward_passes} disagree", "give one of them (they mean the same)")
 
+    def _check_strategy(self, workload) -> None:
+        """--strategy fsdp: a torch run on the native backend whose code calls session.prepare."""
+        if self.strategy not in STRATEGIES:
+            raise UserError(f"unknown strategy {self.strategy!r}", f"valid: {', '.join(STRATEGIES)}")
+        if self.strategy == "ddp":
+            if self.fsdp_offload:
+                raise UserError("--fsdp-offload applies to --strategy fsdp", "add --strategy fsdp, or drop the option")
+            return
+        if self.framework != "torch":
+            raise UserError("--strategy fsdp shards a PyTorch model (torch FSDP2); TensorFlow runs are data parallel "
+                            "only", "drop --strategy, or train the model in PyTorch")
+        if self.backend != "native":
+            raise UserError(f"--strategy fsdp runs on the native torch backend, not {self.backend}: Horovod's "
+                            "allreduce keeps the whole model on every worker", "drop --backend horovod")
+        if getattr(workload, "kind", None) == workloads.function.RAY_TRAIN:
+            raise UserError(f"{workload.name}(config) is a Ray Train function: it shards its model itself "
+                            "(fully_shard in its own code)", "drop --strategy, or write it as def NAME(session)")
+        if self.precision == "fp16":
+            raise UserError("--precision fp16 with --strategy fsdp: a sharded model's gradients are not scaled by "
+                            "GradScaler", "use --precision bf16 (FSDP2's mixed precision)")
+        if self.fsdp_offload and not self.gpus_per_worker:
+            raise UserError("--fsdp-offload moves a GPU worker's parameters and optimizer state to CPU memory, but "
+                            "the workers have no GPU", "add --gpus-per-worker 1, or drop --fsdp-offload")
+
     @property
     def accumulation(self) -> int:
         """Batches per optimizer step: --grad-accumulation, or Horovod's --hvd-backward-passes."""
@@ -254,6 +284,7 @@ class JobSpec:
 
 
 PRECISIONS = ("fp32", "bf16", "fp16")
+STRATEGIES = ("ddp", "fsdp")
 # Horovod's options and their defaults (which any backend accepts).
 HOROVOD_OPTIONS = {f.name: f.default for f in dataclasses.fields(JobSpec) if f.name.startswith("hvd_")}
 

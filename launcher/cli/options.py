@@ -140,6 +140,10 @@ def wants_job_dir(args: argparse.Namespace, program) -> bool:
 def program_spec(args: argparse.Namespace, program):
     """The validated spec of a program run; its default name says what runs and when."""
     spec = spec_from_args(args)
+    if spec.strategy != "ddp":
+        raise UserError(f"--strategy {spec.strategy} shards a model that session.prepare() is given; a "
+                        f"{'--script' if program.kind == 'script' else '--package'} program shards its own model",
+                        "drop --strategy (call fully_shard in the program), or write it as def NAME(session)")
     job = getattr(args, "_job_file", None)
     raw = schema.load_yaml(args.config, "--config") if getattr(args, "config", None) and job is None else None
     named = (getattr(args, "name", None) or (job is not None and job.fields.get("name"))

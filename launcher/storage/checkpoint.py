@@ -51,6 +51,7 @@ class Manifest:
     created: float = field(default_factory=time.time)
     format: int = FORMAT_VERSION
     cursor: int | None = None
+    strategy: str = "ddp"   # fsdp: the model and optimizers are sharded (DCP files, one set per rank)
 
     @property
     def position(self) -> dict[str, int]:

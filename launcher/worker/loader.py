@@ -84,6 +84,18 @@ class BatchOrder:
             if train and shard else None
         if self.order is None:
             self.indices = shard_indices(n, session.rank, session.world, equal=train) if shard else np.arange(n)
+        # A sharded model (--strategy fsdp) gathers its weights in every forward pass, a collective:
+        # an evaluation shard is cut into the same number of batches on every rank (a batch of a
+        # shorter shard has one item fewer), so that every rank makes the same number of passes.
+        self.even: list[np.ndarray] | None = None
+        if not train and shard and getattr(session, "sharded", False):
+            count = math.ceil(math.ceil(n / session.world) / batch_size)
+            if len(self.indices) < count:
+                raise SessionError(f"session.loader(..., train=False) at {user_line()}: {n} item(s) over "
+                                   f"{session.world} workers in batches of {batch_size}: with --strategy fsdp every "
+                                   "worker makes the same number of forward passes, and a worker would have an "
+                                   "empty batch; give the evaluation set more items or a larger batch size")
+            self.even = np.array_split(self.indices, count)
         self.start = 0     # the batch the next iteration starts at
         self.first = 0     # global order: the batch of the epoch that first_cursor stands at
         self.first_cursor = 0
@@ -104,6 +116,8 @@ class BatchOrder:
     def __len__(self) -> int:
         if self.order is not None:
             return self.first + self.order.batches_left(self.first_cursor, self.session.world)
+        if self.even is not None:
+            return len(self.even)
         n = len(self.indices)
         return n // self.batch_size if self.drop_last else math.ceil(n / self.batch_size)
 
@@ -125,6 +139,9 @@ class BatchOrder:
             for gb in self.order.global_batches(s.pos.epoch, self.cursor_at(self.start), s.world):
                 yield GlobalOrder.share(gb, s.rank, s.world).tolist()
             return
+        if self.even is not None:
+            yield from (b.tolist() for b in self.even[self.start:])
+            return
         idx = self.indices
         if self.shuffle:
             idx = idx[epoch_order(s.spec.seed, s.pos.epoch, s.rank, len(idx))]
@@ -136,6 +153,8 @@ class BatchOrder:
     def size_of(self, b: int) -> int:
         if self.order is not None:
             return (self.cursor_at(b + 1) - self.cursor_at(b)) // self.session.world
+        if self.even is not None:
+            return len(self.even[b])
         return min(self.batch_size, len(self.indices) - b * self.batch_size)
 
 

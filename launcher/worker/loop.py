@@ -20,6 +20,7 @@ last checkpoint, so an announced preemption costs no training steps.
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import hashlib
 import math
@@ -114,6 +115,9 @@ class Session(abc.ABC):
         self.rank_nodes: list[int] = []  # each rank's node (node_key), for the salvage
         self.saved_step = -1     # the step of the last checkpoint this rank saw stored
         self.updated = False     # the model changed since the position was last counted
+        self.background_save = False  # the checkpoint being saved is stored in the background
+        self._checkpoint_dir = contextlib.ExitStack()  # keeps a restored checkpoint's folder while needed
+        self._keep_checkpoint = False
 
     @abc.abstractmethod
     def restore(self, directory: str) -> None:
@@ -126,6 +130,18 @@ class Session(abc.ABC):
     @abc.abstractmethod
     def sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
         """Sum a float64 vector over all ranks."""
+
+    def upload_fn(self) -> Callable | None:
+        """A ``checkpoint_upload_fn`` for the background checkpoint just saved (None: Ray's own)."""
+        return None
+
+    def keep_checkpoint(self) -> None:
+        """Called from :meth:`restore`: the folder is read later (as state is registered), so it
+        stays until :meth:`release_checkpoint`."""
+        self._keep_checkpoint = True
+
+    def release_checkpoint(self) -> None:
+        self._checkpoint_dir.close()
 
     def can_salvage(self) -> bool:
         """Whether :meth:`save_alone` can write the group's state as it stands now: a session that
@@ -140,16 +156,17 @@ class Session(abc.ABC):
 
     # -- position and checkpoints ----------------------------------------------------------
     def write_manifest(self, directory: str, metrics: dict[str, Any], others: dict[str, int] | None = None,
-                       cursor: int | None = None) -> None:
+                       cursor: int | None = None, pos: Position | None = None) -> None:
         """The manifest of the checkpoint in ``directory`` (last: it marks the folder complete).
         ``others``: files the other ranks write into the same checkpoint, with their sizes;
-        ``cursor``: mid-epoch, the samples of the epoch used in the global order."""
-        s = self.spec
+        ``cursor``: mid-epoch, the samples of the epoch used in the global order; ``pos``: the
+        position saved, where it is no longer the session's (a manifest written later)."""
+        s, pos = self.spec, pos or self.pos
         write_manifest(directory, Manifest(
-            epoch=self.pos.epoch, step_in_epoch=self.pos.step_in_epoch, global_step=self.pos.global_step,
+            epoch=pos.epoch, step_in_epoch=pos.step_in_epoch, global_step=pos.global_step,
             world_size=self.world, framework=s.framework, backend=s.backend, workload=s.workload,
-            batch_size=s.batch_size, seed=s.seed, metrics=metrics,
-            cursor=cursor if self.pos.step_in_epoch else None), others)
+            batch_size=s.batch_size, seed=s.seed, metrics=metrics, strategy=s.strategy,
+            cursor=cursor if pos.step_in_epoch else None), others)
 
     def sizes_over_ranks(self, name_of: Any, size: int) -> dict[str, int]:
         """Each rank's file ``name_of(rank)`` and its size, on every rank (a collective)."""
@@ -192,6 +209,7 @@ class Session(abc.ABC):
         background = self.spec.checkpoint_upload == "async" and not final and metrics.get("kind") != "preemption"
         d = tempfile.mkdtemp(prefix="launcher-ckpt-")
         try:
+            self.background_save = background
             self.save(d, {k: v for k, v in metrics.items() if isinstance(v, (int, float))})
             if self.rank == 0 and final:
                 faultpoint.pause("export")
@@ -200,7 +218,8 @@ class Session(abc.ABC):
                 faultpoint.pause("checkpoint")
             mode = ray.train.CheckpointUploadMode.ASYNC if background else ray.train.CheckpointUploadMode.SYNC
             ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d),
-                             checkpoint_upload_mode=mode, delete_local_checkpoint_after_upload=background)
+                             checkpoint_upload_mode=mode, delete_local_checkpoint_after_upload=background,
+                             checkpoint_upload_fn=self.upload_fn() if background else None)
             if not background:
                 self.saved_step = self.pos.global_step
         finally:

@@ -35,6 +35,7 @@ registers it like any other state: ``session.register(loader=stateful_loader)``.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import os
 import random
@@ -43,6 +44,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from launcher import _ray
 from launcher.spec import JobSpec
 from launcher.storage.checkpoint import read_manifest
 from launcher.worker.formats import TORCH_MODEL_FILE, TORCH_OPTIMIZER_FILE, torch_rng_file
@@ -109,6 +111,11 @@ class TorchSession(UserSession):
         self.boundary = True   # the last counted step ended with an optimizer step
         self._counted_batches = 0  # the training loader's batches when the position was last counted
         self._stand_ins: dict[int, Any] = {}  # id of an optimizer given to prepare() -> the one returned
+        self._dcp = None        # --strategy fsdp: the sharded checkpoints' saver and loader (prepare() makes it)
+        self._sharded_dir: str | None = None   # a sharded checkpoint being restored from
+        self._sharded_left: list[str] = []     # its objects not loaded yet (model first, then optimizers)
+        self._sharded_model = "model"
+        self._manifest_after: tuple | None = None  # a sharded save's manifest, written once its shards are
         _seed_all(spec.seed)  # the same initial weights on every rank
 
     # -- the run's facts -------------------------------------------------------------------
@@ -137,11 +144,33 @@ class TorchSession(UserSession):
         return torch.amp.GradScaler(self.device.type, enabled=self.spec.precision == "fp16")
 
     # -- the backend ------------------------------------------------------------------------
-    def prepare(self, model, optimizer=None):
+    @property
+    def strategy(self) -> str:
+        """``--strategy``: ddp (the whole model on every worker) or fsdp (sharded)."""
+        return self.spec.strategy
+
+    @property
+    def sharded(self) -> bool:
+        return self._dcp is not None
+
+    def prepare(self, model, optimizer=None, *, blocks=None):
         """The model on the session's device, wrapped for the backend (DDP, or as it is for
         Horovod), and the optimizer (Horovod's DistributedOptimizer); rank 0's weights on
-        every rank. Returns ``model`` or ``(model, optimizer)`` as given."""
+        every rank. Returns ``model`` or ``(model, optimizer)`` as given.
+
+        With ``--strategy fsdp`` the model is sharded in place with FSDP2 instead
+        (:mod:`launcher.worker.sharded`): each of ``blocks`` (module classes, or modules of
+        the model; default: every child holding a good share of the parameters) and then the
+        whole model; the optimizer, made before, is pointed at the sharded parameters.
+        ``blocks`` is ignored by ddp, so one function runs both ways."""
         module = model.to(self.device)
+        if self.spec.strategy == "fsdp":
+            from launcher.worker import sharded
+
+            sharded.shard(module, optimizer, device=self.device, precision=self.spec.precision,
+                          offload=self.spec.fsdp_offload, blocks=blocks)
+            self._dcp = sharded.Checkpointer()
+            return module if optimizer is None else (module, optimizer)
         wrapped = self.comm.wrap_model(module)
         if optimizer is not None:
             given, optimizer = optimizer, self.comm.wrap_optimizer(optimizer, module)
@@ -187,6 +216,28 @@ class TorchSession(UserSession):
                 # it: no survivors' checkpoint is written from it (see Session.salvage).
                 obj.register_step_post_hook(self._model_updated)
                 self._watched = True
+        self._load_sharded()
+
+    def _load_sharded(self) -> None:
+        """Load the registered objects a sharded checkpoint holds: the model, then (it needs
+        the model's sharding) each optimizer; the last one loaded lets the folder go."""
+        from launcher.worker import sharded
+
+        if not self._sharded_left or self.model_name not in self.objects:
+            return
+        model = self.objects[self.model_name]
+        if not self.sharded:
+            raise SessionError(f"session.register(...) at {user_line()}: the checkpoint was written by a run with "
+                               "--strategy fsdp (its state is sharded), but this run's model was not sharded; "
+                               "resume with --strategy fsdp (any worker count) and call session.prepare()")
+        for name in [n for n in self._sharded_left if n in self.objects]:
+            if name == self._sharded_model:
+                sharded.load_model(self._dcp, model, name, self._sharded_dir)
+            else:
+                sharded.load_optimizer(self._dcp, model, self.objects[name], name, self._sharded_dir)
+            self._sharded_left.remove(name)
+        if not self._sharded_left:
+            self.release_checkpoint()
 
     def _model_updated(self, *_: Any) -> None:
         self.updated = True
@@ -276,8 +327,8 @@ class TorchSession(UserSession):
             raise SessionError(f"`session.epochs()` at {user_line()} before any model was registered: call "
                                "session.register(model=model, optimizer=optimizer, ...) first, so checkpoints "
                                "hold the model and the run can export it")
-        if self._saved:
-            names = ", ".join(sorted(self._saved))
+        if self._saved or self._sharded_left:
+            names = ", ".join(sorted([*self._saved, *self._sharded_left]))
             raise SessionError(f"`session.epochs()` at {user_line()}: the checkpoint holds {names}, which this "
                                "run did not register; register the same objects as the run that wrote it")
         self._settle_position()
@@ -328,6 +379,10 @@ class TorchSession(UserSession):
     def weights_digest(self) -> str:
         from launcher.worker.torch_loop import weights_digest
 
+        if self.sharded:  # the whole weights, gathered on rank 0 (a collective)
+            from launcher.worker.sharded import full_model_state
+
+            return weights_digest(full_model_state(self.model()))
         return weights_digest(self.model().state_dict())
 
     def step(self, *, boundary: bool = True, **metrics: Any) -> None:
@@ -335,6 +390,9 @@ class TorchSession(UserSession):
         super().step(boundary=boundary, **metrics)
 
     def save(self, directory: str, metrics: dict[str, Any]) -> None:
+        if self.sharded:
+            self._save_sharded(directory, metrics, self.background_save)
+            return
         rng = self._save_rng(directory)
         others = self.sizes_over_ranks(torch_rng_file, os.path.getsize(rng))
         if self.rank != 0:
@@ -342,6 +400,66 @@ class TorchSession(UserSession):
         loader = self._train_loader
         cursor = self._save_state(directory, loader.batches if loader is not None else 0)
         self.write_manifest(directory, metrics, others, cursor=cursor)
+
+    def _save_sharded(self, directory: str, metrics: dict[str, Any], background: bool) -> None:
+        """Every rank writes its shards of the model and optimizers (DCP), its RNG file, and rank 0
+        the other states; the manifest, naming every rank's files, is written once the shards are
+        (by :meth:`upload_fn` for a ``background`` save). The final checkpoint holds the whole
+        model too (``model.pt``, gathered on rank 0), for the export and ``launcher predict``."""
+        import torch
+
+        from launcher.worker import sharded
+
+        model = self.model()
+        states = {self.model_name: sharded.model_state(model)}
+        for name, obj in self.objects.items():
+            if isinstance(obj, torch.optim.Optimizer):
+                states[name] = sharded.optimizer_state(model, obj)
+        self._dcp.save(states, directory, background)
+        rng = self._save_rng(directory)
+        others = self.sizes_over_ranks(torch_rng_file, os.path.getsize(rng))
+        final = self.pos.epoch >= self.spec.epochs and not self.pos.step_in_epoch
+        whole = sharded.full_model_state(model) if final else None
+        if self.rank != 0:
+            return
+        if whole is not None:
+            torch.save(whole, os.path.join(directory, TORCH_MODEL_FILE))
+        loader = self._train_loader
+        batches = loader.batches if loader is not None else 0
+        state = {name: obj.state_dict() for name, obj in self.objects.items() if name not in states}
+        state["_launcher"] = {"batches": batches, "model": self.model_name, "sharded": sorted(states)}
+        torch.save(state, os.path.join(directory, STATE_FILE))
+        cursor = loader.order.cursor_at(batches) if loader is not None and batches else None
+        self._manifest_after = (directory, metrics, others, cursor, dataclasses.replace(self.pos))
+        if not background:
+            self._write_sharded_manifest()
+
+    def _write_sharded_manifest(self, after: tuple | None = None) -> None:
+        """The manifest of a sharded save (``after``: a background one's, kept by its upload)."""
+        from launcher.worker.sharded import shard_files
+
+        if after is None:
+            after, self._manifest_after = self._manifest_after, None
+        directory, metrics, others, cursor, pos = after
+        self.write_manifest(directory, metrics, {**others, **shard_files(directory)}, cursor=cursor, pos=pos)
+
+    def upload_fn(self):
+        """For a background sharded save: what Ray's upload thread runs. It waits until this
+        rank's shards are written, then (rank 0) writes the manifest, then stores the folder."""
+        if not self.sharded or self._dcp.pending is None:
+            return None
+        import ray.train
+
+        written, manifest = self._dcp.pending, self._manifest_after
+        self._manifest_after = None  # this checkpoint's, whatever the next save does meanwhile
+
+        def upload(checkpoint, name: str):
+            written.result()  # this rank's shards are in the folder (and rank 0's metadata)
+            if manifest is not None:
+                self._write_sharded_manifest(manifest)
+            return _ray.persist_checkpoint(ray.train.get_context(), checkpoint, name)
+
+        return upload
 
     def _save_rng(self, directory: str) -> str:
         """Each rank's RNG streams and its share of the epoch's metrics so far (a resumed epoch
@@ -365,6 +483,8 @@ class TorchSession(UserSession):
         return loader.order.cursor_at(batches) if loader is not None and batches else None
 
     def can_salvage(self) -> bool:
+        if self.sharded:  # no rank holds the whole state: the last complete checkpoint stands
+            return False
         return (bool(self.rank_nodes) and self._watched and self.model_name is not None and self.trained
                 and self.boundary and not self.updated)
 
@@ -386,8 +506,17 @@ class TorchSession(UserSession):
             state["_launcher"] = {"batches": manifest.step_in_epoch}  # its steps were batches
         info = state.pop("_launcher", {})
         self._saved = state
-        self._saved[info.get("model") or "model"] = torch.load(os.path.join(directory, TORCH_MODEL_FILE),
-                                                               map_location="cpu")
+        if info.get("sharded"):  # loaded as the model and optimizers are registered (sharded like them)
+            self._sharded_dir, self._sharded_left = directory, list(info["sharded"])
+            self._sharded_model = info.get("model") or "model"
+            self.keep_checkpoint()
+        else:
+            if self.spec.strategy == "fsdp":
+                raise SessionError(f"the checkpoint at step {manifest.global_step} was written with --strategy "
+                                   "ddp (the whole model on each worker), not sharded; resume it with --strategy ddp, "
+                                   "or start a new run (a new --name) with --strategy fsdp")
+            self._saved[info.get("model") or "model"] = torch.load(os.path.join(directory, TORCH_MODEL_FILE),
+                                                                   map_location="cpu")
         pos = Position(manifest.epoch, manifest.step_in_epoch, manifest.global_step)
         self.restored(pos, manifest, across_layouts=True)
         same_layout = manifest.world_size == self.world and manifest.batch_size == self.spec.batch_size

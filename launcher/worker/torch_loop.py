@@ -157,6 +157,13 @@ def evaluate(session, workload, module, loader) -> None:
         for x, y in loader:
             outputs.append(module(x).float())
             labels.append(y)
+        if session.sharded and outputs:
+            # Each forward pass of a sharded model gathers its weights (a collective): a rank with
+            # fewer test batches makes as many passes as the others, on a batch it has seen.
+            counts = np.zeros(session.world)
+            counts[session.rank] = len(outputs)
+            for _ in range(int(session.sum_over_ranks(counts).max()) - len(outputs)):
+                module(x)
     module.train()
     if outputs:
         metrics = workload.torch_metrics(torch.cat(outputs), torch.cat(labels), session.spec.params)

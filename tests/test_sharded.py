@@ -1,0 +1,213 @@
+"""Sharded training (``--strategy fsdp``): FSDP2 models, DCP checkpoints, resuming on another
+worker count, the exported whole model.
+
+The fast tests check the refusals (one line each), how a model is cut into blocks, and the
+checkpoint files (a DCP folder written by one process: the sizes its metadata gives, and the
+export to one file that loads into the model's own class). The integration tests train
+examples/char_lm.py sharded over 2 workers, stop it with Ctrl-C right after a mid-epoch
+checkpoint and resume it on 2 (the same final weights as the uninterrupted run) and on 3
+workers (from the same step, the same global batches, losses within float tolerance), and
+predict with the managed loop's exported model of a sharded run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from launcher.errors import UserError
+from launcher.spec import JobSpec
+from test_session import CHAR_LM, epoch_records, finish, launch, stop_after_step_checkpoint, topics_file
+
+
+# -- refusals -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("fields,needles", [
+    ({"backend": "horovod"}, ["native torch backend, not horovod", "drop --backend horovod"]),
+    ({"framework": "tensorflow"}, ["shards a PyTorch model", "TensorFlow runs are data parallel"]),
+    ({"precision": "fp16"}, ["fp16", "use --precision bf16"]),
+    ({"fsdp_offload": True}, ["workers have no GPU", "--gpus-per-worker"]),
+    ({"strategy": "zero3"}, ["unknown strategy 'zero3'", "valid: ddp, fsdp"]),
+])
+def test_a_strategy_that_cannot_run_is_refused_in_one_line(fields, needles):
+    fields = {"strategy": "fsdp", **fields}
+    with pytest.raises(UserError) as caught:
+        JobSpec(**fields).validated()
+    text = str(caught.value)
+    for needle in needles:
+        assert needle in text, text
+
+
+def test_offload_without_fsdp_is_refused():
+    with pytest.raises(UserError, match="applies to --strategy fsdp"):
+        JobSpec(fsdp_offload=True).validated()
+
+
+def test_fsdp_with_horovod_on_the_command_line_exits_2_before_ray(capsys):
+    from launcher.cli.main import main
+
+    assert main(["run", "--strategy", "fsdp", "--backend", "horovod"]) == 2
+    err = capsys.readouterr().err
+    assert "native torch backend, not horovod" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) <= 2, err
+
+
+def test_a_script_program_is_not_sharded_by_the_launcher(capsys, tmp_path):
+    from launcher.cli.main import main
+
+    script = tmp_path / "train.py"
+    script.write_text("print('hi')\n")
+    assert main(["run", "--script", str(script), "--strategy", "fsdp"]) == 2
+    assert "shards its own model" in capsys.readouterr().err
+
+
+# -- blocks -------------------------------------------------------------------------------------
+
+def small_gpt():
+    import torch.nn as nn
+
+    class Block(nn.Module):
+        def __init__(self, d):
+            super().__init__()
+            self.norm, self.mlp = nn.LayerNorm(d), nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+        def forward(self, x):
+            return x + self.mlp(self.norm(x))
+
+    class GPT(nn.Module):
+        def __init__(self, d=32, layers=4, vocab=50):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, d)
+            self.blocks = nn.ModuleList(Block(d) for _ in range(layers))
+            self.norm, self.head = nn.LayerNorm(d), nn.Linear(d, vocab)
+
+        def forward(self, x):
+            x = self.embed(x)
+            for b in self.blocks:
+                x = b(x)
+            return self.head(self.norm(x))
+
+    return GPT(), Block
+
+
+def test_the_default_blocks_are_the_transformer_blocks_and_the_large_leaves():
+    from launcher.worker.sharded import default_blocks
+
+    model, Block = small_gpt()
+    chosen = default_blocks(model)
+    assert [b for b in chosen if isinstance(b, Block)] == list(model.blocks)  # each block, not the list
+    assert model.embed in chosen and model.head in chosen
+    assert model.norm not in chosen and model not in chosen  # a tiny norm stays with the root
+
+
+def test_named_blocks_take_classes_or_modules_and_refuse_strangers():
+    import torch.nn as nn
+
+    from launcher.worker.loader import SessionError
+    from launcher.worker.sharded import named_blocks
+
+    model, Block = small_gpt()
+    assert named_blocks(model, [Block]) == list(model.blocks)
+    assert named_blocks(model, [model.head, Block]) == [model.head, *model.blocks]
+    with pytest.raises(SessionError, match="has no Conv2d module"):
+        named_blocks(model, [nn.Conv2d])
+    with pytest.raises(SessionError, match="not a submodule"):
+        named_blocks(model, [nn.Linear(2, 2)])
+    with pytest.raises(SessionError, match="neither a module class nor a module"):
+        named_blocks(model, ["blocks"])
+
+
+# -- checkpoint files ---------------------------------------------------------------------------
+
+def test_a_dcp_folder_lists_its_files_and_exports_one_model_file(tmp_path):
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from launcher.worker.sharded import METADATA, export_file, shard_files
+
+    model, _ = small_gpt()
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.zeros(2, 3, dtype=torch.long)).sum().backward()
+    optimizer.step()
+    folder = str(tmp_path / "ckpt")
+    dcp.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()},
+             storage_writer=dcp.FileSystemWriter(folder, thread_count=1), no_dist=True)
+
+    files = shard_files(folder)
+    on_disk = {n: os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder)}
+    assert files == on_disk and METADATA in files and len(files) >= 2
+
+    out = export_file(folder, "model", str(tmp_path / "model.pt"))
+    state = torch.load(out)
+    fresh, _ = small_gpt()
+    fresh.load_state_dict(state)  # the user's own class takes it
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], tensor), name
+
+
+# -- training -----------------------------------------------------------------------------------
+
+@pytest.mark.integration
+def test_char_lm_sharded_resumes_exactly_on_2_and_from_the_same_step_on_3(tmp_path):
+    storage = str(tmp_path / "runs")
+    data = topics_file(tmp_path / "data")
+    # A global batch of 12 samples: 6 on each of 2 workers, 4 on each of 3.
+    base = ["--workload", CHAR_LM, "--data", data, "--storage", storage, "--strategy", "fsdp",
+            "--epochs", "2", "--checkpoint-every-steps", "5", "--param", "max_chars=20000"]
+    two = base + ["--workers", "2", "--batch-size", "6"]
+
+    for marks in ("m1", "m2"):
+        (tmp_path / marks).mkdir()
+    whole = finish(launch(two + ["--name", "whole"]))
+    assert whole["status"] == "succeeded", whole
+    steps = whole["steps_completed"]
+    ckpt = whole["checkpoint"]
+    manifest = json.load(open(os.path.join(ckpt, "manifest.json")))
+    assert manifest["strategy"] == "fsdp"
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(manifest["files"]), manifest["files"]
+
+    stopped = stop_after_step_checkpoint(two + ["--name", "same"], tmp_path / "m1")
+    assert stopped["status"] == "cancelled" and stopped["steps_completed"] < steps, stopped
+    resumed = finish(launch(two + ["--name", "same"]))
+    assert resumed["resumed_from"] == {"epoch": 0, "step": 5}, resumed
+    assert resumed["status"] == "succeeded" and resumed["steps_completed"] == steps
+    assert resumed["weights_sha256"] == whole["weights_sha256"]
+
+    # This one stores its step checkpoints in the background (DCP's asynchronous save).
+    stopped = stop_after_step_checkpoint(two + ["--name", "grown", "--checkpoint-upload", "async"], tmp_path / "m2")
+    assert stopped["status"] == "cancelled", stopped
+    three = finish(launch(base + ["--workers", "3", "--batch-size", "4", "--name", "grown"]))
+    assert three["resumed_from"] == {"epoch": 0, "step": 5}, three
+    assert three["status"] == "succeeded" and three["steps_completed"] == steps, three
+    expected, got = epoch_records(storage, "whole", ["val_loss"]), epoch_records(storage, "grown", ["val_loss"])
+    for epoch, values in expected.items():  # the same samples in the same global batches: float error only
+        assert got[epoch]["val_loss"] == pytest.approx(values["val_loss"], rel=2e-3), (epoch, got, expected)
+
+
+@pytest.mark.integration
+def test_a_sharded_managed_run_exports_one_model_that_predicts(ray_local, tmp_path, capsys):
+    from launcher import JobSpec, run
+    from launcher.cli.main import main
+    import workloads
+
+    storage = str(tmp_path / "runs")
+    spec = JobSpec(workload="digits-mlp", epochs=2, workers=2, storage=storage, strategy="fsdp",
+                   name="digits_fsdp").validated()
+    summary = run(spec, show_progress=False)
+    assert summary.status == "succeeded", summary.error
+    assert summary.metrics["accuracy"] > 0.8, summary.metrics  # it learned (10 classes)
+
+    split = workloads.get("digits-mlp").load(None, "test", 0, 1, {})
+    folder = tmp_path / "in"
+    folder.mkdir()
+    np.save(folder / "test.npy", split.x * 16.0)
+    out = str(tmp_path / "preds")
+    code = main(["predict", "--model", os.path.join(storage, spec.name), "--input", str(folder), "--output", out])
+    assert code == 0, capsys.readouterr().err[-2000:]
+    rows = [json.loads(line) for name in sorted(os.listdir(out)) if not name.startswith("_")
+            for line in open(os.path.join(out, name))]
+    predicted = np.array([r["prediction"] for r in sorted(rows, key=lambda r: r["row"])])
+    assert np.mean(predicted == split.y) == pytest.approx(summary.metrics["accuracy"], abs=1e-6)
