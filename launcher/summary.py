@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any, Iterable, Mapping, Union
 
 
 class RunStatus(str, enum.Enum):
@@ -90,6 +90,12 @@ class RunSummary:
     # session.loader / session.dataset): their mean, and the rank that waited most; None unmeasured.
     data_wait_fraction: float | None = None
     data_wait_max_fraction: float | None = None
+    # Each worker's peak memory in MiB, by rank, the largest its epoch reports gave (see
+    # peak_memory): the resident set and, where torch used CUDA, GPU memory; None/empty unmeasured.
+    peak_rss_mb_max: float | None = None
+    peak_rss_mb_ranks: list[float] = field(default_factory=list)
+    peak_gpu_mb_max: float | None = None
+    peak_gpu_mb_ranks: list[float] = field(default_factory=list)
     checkpoint: str | None = None
     resumed_from: dict[str, int] | None = None
     restarts: int = 0
@@ -313,6 +319,7 @@ BOOKKEEPING = frozenset({
     "kind", "epoch", "step_in_epoch", "global_step", "world_size", "time", "attempt", "restored_from",
     "steps_per_epoch", "startup_marks", "samples", "train_time_s", "samples_per_s", "notice", "held",
     "data_wait_s", "data_wait_fraction", "data_wait_max_fraction",
+    "peak_rss_mb_max", "peak_rss_mb_ranks", "peak_gpu_mb_max", "peak_gpu_mb_ranks",
     "weights_sha256", "model", "timestamp", "checkpoint_dir_name", "training_iteration",
     "launch", "source", "from_checkpoint",  # what the run log adds to a report
     "trial", "checkpoint_path"})  # a program's hypertune entry's
@@ -346,3 +353,48 @@ def program_epochs(entries: list[dict[str, Any]]) -> int:
         return int(max(epochs))
     return len({e.get("global_step") if e.get("global_step") is not None else ("at", e.get("timestamp"))
                 for e in entries})
+
+
+# The memory a report or a summary gives, each as NAME_max (MiB, the largest of the ranks) and
+# NAME_ranks (MiB, by rank): the workers' resident sets, and their GPU memory.
+MEMORY = ("peak_rss_mb", "peak_gpu_mb")
+MEMORY_RANKS_SHOWN = 8  # more ranks than this: the largest and the mean, not each
+
+
+def peak_memory(reports: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Each rank's peak memory over ``reports`` (epoch reports, metrics rows, summaries, or what
+    this returned before): per rank the largest figure any gave, and the largest of all. A
+    checkpoint's manifest keeps only the largest. Keys with nothing measured are left out."""
+    out: dict[str, Any] = {}
+    for m in reports:
+        for name in MEMORY:
+            top, ranks = m.get(f"{name}_max"), m.get(f"{name}_ranks")
+            if _number(top):
+                out[f"{name}_max"] = max(float(top), out.get(f"{name}_max", 0.0))
+            if isinstance(ranks, list) and ranks:
+                have = out.get(f"{name}_ranks", [])
+                new = [float(v) if _number(v) else 0.0 for v in ranks]
+                out[f"{name}_ranks"] = [max(a, b) for a, b in zip(have, new)] + have[len(new):] + new[len(have):]
+                out[f"{name}_max"] = max(out[f"{name}_ranks"] + [out.get(f"{name}_max", 0.0)])
+    return out
+
+
+def format_memory(m: Mapping[str, Any]) -> str:
+    """"peak memory per rank: RSS 412 / 430 MB, GPU 1,024 / 1,020 MB" (past
+    :data:`MEMORY_RANKS_SHOWN` ranks: the largest, whose, and the mean); "" when unmeasured."""
+    parts = []
+    for name, label in zip(MEMORY, ("RSS", "GPU")):
+        top, ranks = m.get(f"{name}_max"), m.get(f"{name}_ranks") or []
+        if ranks and len(ranks) <= MEMORY_RANKS_SHOWN:
+            parts.append(f"{label} " + " / ".join(f"{v:,.0f}" for v in ranks) + " MB")
+        elif ranks:
+            worst = max(range(len(ranks)), key=ranks.__getitem__)
+            parts.append(f"{label} max {ranks[worst]:,.0f} MB (rank {worst}), mean "
+                         f"{sum(ranks) / len(ranks):,.0f} MB over {len(ranks)} ranks")
+        elif _number(top):
+            parts.append(f"{label} max {top:,.0f} MB")
+    return "peak memory per rank: " + ", ".join(parts) if parts else ""
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)

@@ -218,6 +218,12 @@ def test_a_streamed_run_resized_mid_epoch_reads_every_sample_once(gcs, bucket, t
     epochs = [m for m in read_jsonl((tmp_path / "runs" / "resized" / "metrics.jsonl").read_text())
               if m.get("kind") == "epoch"]
     assert epochs and all(0 < m["data_wait_fraction"] <= m["data_wait_max_fraction"] < 1 for m in epochs), epochs
+    # and each rank's peak memory (MiB): a worker's RSS, from torch's size up, far below a machine's
+    assert all(len(m["peak_rss_mb_ranks"]) == m["world_size"] and
+               50 < min(m["peak_rss_mb_ranks"]) <= m["peak_rss_mb_max"] < 100_000 for m in epochs), epochs
+    summary = json.loads((tmp_path / "runs" / "resized" / "summary.json").read_text())
+    last = [m["peak_rss_mb_max"] for m in epochs if m["launch"] == summary["launch"]]
+    assert last and summary["peak_rss_mb_max"] == max(last), summary
 
 
 # test_tf_session's SEEN_KERAS (session.fit logging each step's sample ids), reading a shard set.

@@ -221,7 +221,8 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
         lock.refresh()
 
     try:
-        return trainer.fit(ray_trainer, drain, verbose=verbose, abort=channel.abort, limit_s=spec.max_run_s)
+        return trainer.fit(ray_trainer, drain, verbose=verbose, abort=channel.abort, limit_s=spec.max_run_s,
+                           memory=lambda: tracker.memory)
     finally:
         replacements.withdraw()
         tracker.account(channel.attempts())

@@ -20,13 +20,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from launcher.driver import startup
+from launcher.driver import startup, trainer
 from launcher.driver.progress import Progress, format_epoch
 from launcher.spec import JobSpec
 from launcher.storage.checkpoint import Manifest, complete_checkpoints, resume_point
 from launcher.storage.runlog import RunLog
 from launcher.summary import (Attempt, Event, Failure, Interruption, Preempting, Report, Restart,
-                              RunStatus, RunSummary, pick_metrics)
+                              RunStatus, RunSummary, peak_memory, pick_metrics)
 
 
 @dataclass
@@ -54,6 +54,7 @@ class Tracker:
     samples: int = 0
     train_time: float = 0.0
     data_wait: list[tuple[float, float, float]] = field(default_factory=list)  # per epoch: mean s, max share, time
+    memory: dict[str, Any] = field(default_factory=dict)  # each rank's peak memory so far (summary.peak_memory)
     log_failed: bool = False
     on_epoch: Callable[[dict[str, Any]], None] | None = None  # e.g. a tuning trial's report to Ray Tune
     plain_reports: int = 0  # reports without the launcher's bookkeeping (a Ray Train function's)
@@ -116,6 +117,7 @@ class Tracker:
             self.samples += int(m.get("samples", 0))
             self.train_time += float(m.get("train_time_s", 0.0))
             self._note_wait(m)
+            self.memory = peak_memory([self.memory, m])
             self.progress.epoch(m, self.elapsed())
         if kind in ("epoch", "step", "preemption"):
             self._record(m)
@@ -216,6 +218,10 @@ class Tracker:
         self.noted_failure = True
         if self.failed_at is None:
             self.failed_at = event.time
+        killed = trainer.killed_for_memory(event.errors, self.memory)
+        if killed:
+            self.progress.note(f"worker group failed: {killed}")
+            return
         first = min(event.errors)
         self.progress.note(f"worker group failed (rank {first}: {event.errors[first].splitlines()[0]})")
 
@@ -271,6 +277,7 @@ class Tracker:
         if m["kind"] == "epoch":
             self.samples += int(m.get("samples", 0))
             self.train_time += float(m.get("train_time_s", 0.0))
+            self.memory = peak_memory([self.memory, m])
             at = float(when) - self.started - self.setup_s if isinstance(when, (int, float)) else self.elapsed()
             self.progress.note(f"{format_epoch(m, self.spec.epochs, at)}  "
                                "(from its checkpoint: the report was cut off)")
@@ -295,6 +302,7 @@ class Tracker:
             metrics=pick_metrics(m),
             samples_per_s=self.samples_per_s(),
             data_wait_fraction=self.wait_fractions()[0], data_wait_max_fraction=self.wait_fractions()[1],
+            **self.memory,
             checkpoint=self.checkpoint, resumed_from=self.resumed_from, restarts=len(self.restarts),
             preemptions=sum(1 for r in self.restarts if r.cause == "preemption"),
             preemption_notices=len(self.notices),

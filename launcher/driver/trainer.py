@@ -10,6 +10,8 @@ interrupted the same way.
 from __future__ import annotations
 
 import os
+import re
+import sys
 import threading
 import time
 import traceback
@@ -194,11 +196,13 @@ def prepare_trainer(ray_trainer):
 
 
 def fit(trainer, drain: Callable[[], None], *, verbose: bool = False, poll_s: float = POLL_S,
-        abort: Callable[[float], bool] | None = None, limit_s: float | None = None) -> FitOutcome:
+        abort: Callable[[float], bool] | None = None, limit_s: float | None = None,
+        memory: Callable[[], dict[str, Any]] | None = None) -> FitOutcome:
     """``trainer.fit()`` while a thread calls ``drain()`` every ``poll_s`` (and once after).
 
     Ctrl-C (and SIGTERM, which the CLI turns into it) ends the run as CANCELLED;
-    a failure of the workers as FAILED with one line naming the rank and its error.
+    a failure of the workers as FAILED with one line naming the rank and its error (one killed for
+    memory: its memory, from Ray's word and ``memory()``, the workers' peaks so far, and the fix).
     ``abort(timeout_s)`` lets :func:`stop_running` end the run from another thread, as
     CANCELLED too; so does ``limit_s`` (``--max-run-s``) once the fit has run that long.
     """
@@ -239,7 +243,7 @@ def fit(trainer, drain: Callable[[], None], *, verbose: bool = False, poll_s: fl
         else:
             if verbose:
                 traceback.print_exc()
-            outcome.error = describe_failure(exc)
+            outcome.error = describe_failure(exc, memory() if memory is not None else None)
     finally:
         stop.set()
         pumper.join(timeout=30)
@@ -255,8 +259,12 @@ def time_limit_reason(limit_s: float) -> str:
             "the same --name resumes from the last checkpoint")
 
 
-def describe_failure(exc: BaseException) -> str:
-    """One line naming the failing rank and its error, from Ray Train's exception."""
+def describe_failure(exc: BaseException, memory: dict[str, Any] | None = None) -> str:
+    """One line naming the failing rank and its error, from Ray Train's exception; a worker killed
+    for memory first (see :func:`killed_for_memory`), as the others then fail for want of it."""
+    killed = killed_for_memory(exc, memory)
+    if killed:
+        return killed
     failures = getattr(exc, "worker_failures", None)
     if failures:
         rank = min(failures)
@@ -266,3 +274,97 @@ def describe_failure(exc: BaseException) -> str:
         return f"rank {rank}: {type(cause).__name__}: {text[-1] if text else ''}"
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+MEMORY_FIX = "--strategy fsdp to shard the model, more workers, or a smaller --batch-size"
+# Ray's memory monitor killed the worker ("... the node running low on memory. Memory on the node
+# (IP: 10.0.0.5, ID: ...) was 14.80GB used / 15.50GB limit (0.95) ... pid=123, actual memory used=9.10GB";
+# Rays before 2.56: "... where the task (..., pid=123, memory used=9.10GB) was running was 14.80GB / 15.50GB").
+_RAY_OOM = re.compile(r"NODE_OUT_OF_MEMORY|running low on memory|Memory on the node \(IP")
+_NODE_MEMORY = re.compile(r"Memory on the node \(IP: (?P<ip>[^,)\s]+)[^)]*\).*? was (?P<used>[\d.]+) ?GB(?: used)? / "
+                          r"(?P<limit>[\d.]+) ?GB", re.S)
+_TASK_MEMORY = r"pid={pid}, (?:actual )?memory used=([\d.]+) ?GB"
+# Ended by SIGKILL with no error of its own, as the kernel's OOM killer ends a process (Ray cannot
+# tell it from a crash: "Worker unexpectedly exits with a connection error code 2").
+_KILLED = re.compile(r"SIGKILL|signal 9\b|exit (?:code|status):? ?(?:-9|137)\b|exits with a connection error code")
+_NOT_MEMORY = re.compile(r"its node has died|preempt|ray\.kill", re.I)
+_CUDA_OOM = re.compile(r"CUDA out of memory(?:\. Tried to allocate [\d.]+ [KMG]iB)?"
+                       r"(?:\. GPU \d+ has a total capacity of [\d.]+ [KMG]iB)?")
+_NODE_IP = re.compile(r"node_ip='([^']+)'|\tip: (\S+)|\(IP: ([^,)\s]+)")
+_PID = re.compile(r"\bpid[=:] ?(\d+)")
+
+
+def killed_for_memory(error: Any, memory: dict[str, Any] | None = None) -> str | None:
+    """One line for a worker killed for memory: which (rank, node), how much memory (the node's
+    figures from Ray's message, the worker's peak from ``memory``, see
+    :func:`launcher.summary.peak_memory`) and the fix; None when ``error`` says nothing of memory.
+
+    ``error``: Ray Train's exception (its ``worker_failures`` by rank), ``{rank: error}`` (an
+    exception or its text, as a :class:`~launcher.summary.Failure` holds it), or one error.
+    Ray's memory monitor and a CUDA allocation that failed are certain; a worker that died with no
+    error of its own (SIGKILL) is said as what the kernel's OOM killer leaves (Ray cannot tell)."""
+    failures = error if isinstance(error, dict) else getattr(error, "worker_failures", None) or {None: error}
+    said = {rank: _error_text(e) for rank, e in failures.items()}
+    ranked = sorted(said.items(), key=lambda item: -1 if item[0] is None else item[0])
+    for finds, fix in ((_ray_oom, "use"), (_cuda_oom, "use"), (_sigkill, "if memory ran out, use")):
+        for rank, (text, kinds) in ranked:
+            found = finds(text, kinds)
+            if found:
+                return f"{_who(rank, text)} {found}{_peak(rank, memory or {})}; {fix} {MEMORY_FIX}"
+    return None
+
+
+def _error_text(error: Any) -> tuple[str, set[type]]:
+    """An error's text and its causes' (Ray wraps them: RayTaskError.cause, a failed health
+    check's failure), and their types."""
+    texts, kinds, seen = [], set(), set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        texts.append(str(error))
+        kinds.add(type(error))
+        error = (getattr(error, "health_check_failure", None) or getattr(error, "cause", None)
+                 or getattr(error, "__cause__", None)) if isinstance(error, BaseException) else None
+    return "\n".join(texts), kinds
+
+
+def _ray_oom(text: str, kinds: set[type]) -> str | None:
+    exceptions = sys.modules.get("ray.exceptions")  # an error from Ray: Ray is imported
+    if not (_RAY_OOM.search(text) or exceptions and any(issubclass(k, exceptions.OutOfMemoryError) for k in kinds)):
+        return None
+    node = _NODE_MEMORY.search(text)
+    pid = _PID.search(text)
+    own = re.search(_TASK_MEMORY.format(pid=pid.group(1) if pid else r"\d+"), text)
+    return ("was killed by Ray's memory monitor" + (f": its node had {node['used']} of {node['limit']} GB in use"
+                                                     if node else "")
+            + (f", the worker {own.group(1)} GB" if own else ""))
+
+
+def _cuda_oom(text: str, kinds: set[type]) -> str | None:
+    found = _CUDA_OOM.search(text)
+    return f"ran out of GPU memory ({found.group(0)})" if found else None
+
+
+def _sigkill(text: str, kinds: set[type]) -> str | None:
+    if not _KILLED.search(text) or _NOT_MEMORY.search(text):
+        return None
+    return "died with no error of its own, as when the kernel's OOM killer ends it (`dmesg` on the node tells)"
+
+
+def _who(rank: int | None, text: str) -> str:
+    """"rank 1 (node 10.0.0.5)", as far as the error tells."""
+    ip = next((g for m in _NODE_IP.finditer(text) for g in m.groups() if g), None)
+    return ("a worker" if rank is None else f"rank {rank}") + (f" (node {ip})" if ip else "")
+
+
+def _peak(rank: int | None, memory: dict[str, Any]) -> str:
+    """"; its peak RSS 3,120 MB at the last epoch's end" (and GPU memory), where the reports said."""
+    parts, own = [], False
+    for name, label in (("peak_rss_mb", "RSS"), ("peak_gpu_mb", "GPU memory")):
+        ranks = memory.get(f"{name}_ranks") or []
+        mine = rank is not None and rank < len(ranks)
+        value = ranks[rank] if mine else memory.get(f"{name}_max")
+        if isinstance(value, (int, float)) and value > 0:
+            parts.append(f"{label} {value:,.0f} MB")
+            own = own or mine
+    whose = "its" if own else "the workers' largest"
+    return f"; {whose} peak {' and '.join(parts)} at the last epoch's end" if parts else ""

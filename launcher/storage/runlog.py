@@ -111,7 +111,7 @@ class RunLog:
             return
         writer = self._writer()
         step = int(metrics.get("global_step", 0))
-        for key in ("loss", "accuracy", "train_loss", "samples_per_s"):
+        for key in ("loss", "accuracy", "train_loss", "samples_per_s", "peak_rss_mb_max", "peak_gpu_mb_max"):
             if isinstance(metrics.get(key), (int, float)):
                 writer.add_scalar(key, metrics[key], step)
         writer.flush()

@@ -21,7 +21,8 @@ from typing import Any
 from launcher.storage.checkpoint import complete_checkpoints
 from launcher.storage.runlog import read_jsonl
 from launcher.storage.store import Storage
-from launcher.summary import RunStatus, RunSummary, TuningSummary, pick_metrics, program_epochs, program_metrics
+from launcher.summary import (RunStatus, RunSummary, TuningSummary, format_memory, peak_memory, pick_metrics,
+                              program_epochs, program_metrics)
 
 TUNING_FILE = "tuning.json"      # a tuning run's folder holds this (its definition) instead of run.json
 TUNING_SUMMARY = "summary.json"  # and, once a launch ends, its summary
@@ -61,6 +62,11 @@ class RunRow:
     time_lost_s: float = 0.0
     interruptions: list[dict[str, Any]] = field(default_factory=list)
     wall_s: float = 0.0
+    # Each worker's peak memory over the run's epochs, by rank (MiB; see launcher.summary.peak_memory).
+    peak_rss_mb_max: float | None = None
+    peak_rss_mb_ranks: list[float] = field(default_factory=list)
+    peak_gpu_mb_max: float | None = None
+    peak_gpu_mb_ranks: list[float] = field(default_factory=list)
     note: str | None = None
     kind: str = "run"                                 # or "tuning"
     trials: int | None = None                         # a tuning run's
@@ -141,6 +147,8 @@ def describe_run(storage: Storage, name: str) -> RunRow | None:
         time_lost_s=round(sum(e.time_lost_s for e in ends), 1),
         interruptions=[dataclasses.asdict(i) for e in ends for i in e.interruptions],
         wall_s=round(sum(e.wall_s for e in ends), 1),
+        # the epochs' reports: a launch still running, or cut off before its summary, counts too
+        **peak_memory(m for m in lines if m.get("kind") == "epoch"),
     )
 
 
@@ -249,9 +257,12 @@ def format_table(runs: list[RunRow]) -> str:
 
 
 def format_run(run: RunRow) -> str:
-    """One run (``launcher runs NAME``): its row of the table, then the complete checkpoints
-    its folder keeps, oldest first (what --keep-checkpoints left)."""
+    """One run (``launcher runs NAME``): its row of the table, each worker's peak memory, then the
+    complete checkpoints its folder keeps, oldest first (what --keep-checkpoints left)."""
     lines = [format_table([run])]
+    memory = format_memory(vars(run))
+    if memory:
+        lines.append(memory)
     if run.kind != "tuning":
         kept = run.checkpoints
         lines.append(f"checkpoints kept: {len(kept)}" + ("" if kept else " (none complete)"))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import abc
 import math
 import os
+import resource
 import sys
 import time
 from typing import Any, Iterator
@@ -207,10 +208,10 @@ class UserSession(Session):
         stepped, reported = sorted(steps), sorted(self._reported)
         vector = np.array([steps[n] for n in stepped] + [self._reported[n][0] for n in reported]
                           + [self._reported[n][1] for n in reported] + [self._samples], dtype=np.float64)
-        waits = np.zeros(self.world)
-        waits[self.rank] = self._data_wait  # each rank's own, for the slowest rank's share
-        total = self.sum_over_ranks(np.concatenate([vector, waits]))
-        waits, total = total[len(vector):], total[:len(vector)]
+        own = np.zeros((3, self.world))  # each rank's own figures in its slot, for the ranks' max
+        own[:, self.rank] = [self._data_wait, *peak_memory_mb()]
+        total = self.sum_over_ranks(np.concatenate([vector, own.ravel()]))
+        (waits, rss, gpu), total = total[len(vector):].reshape(3, self.world), total[:len(vector)]
         k, r = len(stepped), len(reported)
         means = {n: float(total[i]) / self.world for i, n in enumerate(stepped)}
         means.update({n: float(total[k + i]) / max(float(total[k + r + i]), 1e-300) for i, n in enumerate(reported)})
@@ -222,7 +223,8 @@ class UserSession(Session):
         digest = self.weights_digest() if last else None  # on every rank: it may take collectives
         extra = {"weights_sha256": digest} if last and self.rank == 0 else {}
         self.send({"kind": "epoch", **means, "samples": samples, "train_time_s": seconds,
-                   "samples_per_s": samples / seconds if seconds > 0 else 0.0, **data_wait(waits, seconds), **extra})
+                   "samples_per_s": samples / seconds if seconds > 0 else 0.0, **data_wait(waits, seconds),
+                   **memory_report(rss, gpu), **extra})
         self._sums, self._counts, self._reported, self._samples = {}, {}, {}, 0
         self._data_wait = 0.0
 
@@ -280,3 +282,24 @@ def data_wait(waits: np.ndarray, seconds: float) -> dict[str, float]:
         return {}
     return {"data_wait_s": float(np.mean(waits)), "data_wait_fraction": float(np.mean(waits)) / seconds,
             "data_wait_max_fraction": float(np.max(waits)) / seconds}
+
+
+def peak_memory_mb() -> tuple[float, float]:
+    """This process's peak memory so far, in MiB: its resident set (RSS) and, where torch has
+    set up CUDA, the GPU memory its tensors took (0 without). torch is read only if already
+    imported: a TensorFlow worker never imports it for this."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    gpu = cuda.max_memory_allocated() / 2**20 if cuda is not None and cuda.is_initialized() else 0.0
+    return float(rss), float(gpu)
+
+
+def memory_report(rss: np.ndarray, gpu: np.ndarray) -> dict[str, Any]:
+    """An epoch report's memory: each rank's peak RSS (MiB, by rank) and the largest, and the
+    same for GPU memory where a rank used any; what a worker killed for memory is told by."""
+    out: dict[str, Any] = {"peak_rss_mb_max": round(float(np.max(rss)), 1),
+                           "peak_rss_mb_ranks": [round(float(v), 1) for v in rss]}
+    if np.any(gpu > 0):
+        out.update(peak_gpu_mb_max=round(float(np.max(gpu)), 1), peak_gpu_mb_ranks=[round(float(v), 1) for v in gpu])
+    return out
