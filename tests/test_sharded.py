@@ -211,3 +211,37 @@ def test_a_sharded_managed_run_exports_one_model_that_predicts(ray_local, tmp_pa
             for line in open(os.path.join(out, name))]
     predicted = np.array([r["prediction"] for r in sorted(rows, key=lambda r: r["row"])])
     assert np.mean(predicted == split.y) == pytest.approx(summary.metrics["accuracy"], abs=1e-6)
+
+
+def test_checkpoint_export_joins_a_sharded_checkpoint_and_never_overwrites(tmp_path, capsys, monkeypatch):
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from launcher.cli.main import main
+    from launcher.storage.checkpoint import Manifest, write_manifest
+    from launcher.worker.sharded import shard_files
+    from launcher.worker.session import STATE_FILE
+
+    model, _ = small_gpt()
+    folder = tmp_path / "runs" / "big" / "checkpoint_000001"
+    dcp.save({"net": model.state_dict()}, storage_writer=dcp.FileSystemWriter(str(folder), thread_count=1),
+             no_dist=True)
+    torch.save({"_launcher": {"model": "net", "sharded": ["net"], "batches": 0}}, folder / STATE_FILE)
+    write_manifest(str(folder), Manifest(epoch=1, step_in_epoch=0, global_step=7, world_size=2, framework="torch",
+                                         backend="native", workload="gpt", batch_size=4, seed=0, strategy="fsdp"),
+                   shard_files(str(folder)))
+    monkeypatch.chdir(tmp_path)
+
+    assert main(["checkpoint", "export", "big", "--storage", str(tmp_path / "runs")]) == 0
+    assert "at step 7 (joined from its shards)" in capsys.readouterr().out
+    fresh, _ = small_gpt()
+    fresh.load_state_dict(torch.load(tmp_path / "big_step7.pt"))
+    assert all(torch.equal(fresh.state_dict()[k], v) for k, v in model.state_dict().items())
+
+    assert main(["checkpoint", "export", "big", "--storage", str(tmp_path / "runs")]) == 2
+    assert "exists" in capsys.readouterr().err
+    assert main(["checkpoint", "export", "big", "--storage", str(tmp_path / "runs"), "--step", "3"]) == 2
+    assert "of steps 7" in capsys.readouterr().err
+    os.remove(folder / "__0_0.distcp")  # a shard missing: the checkpoint is not complete, and not used
+    assert main(["checkpoint", "export", "big", "--storage", str(tmp_path / "runs"), "--out", "x.pt"]) == 2
+    assert "no complete checkpoint" in capsys.readouterr().err

@@ -15,13 +15,13 @@ import traceback
 from typing import Sequence
 
 from launcher import __version__
-from launcher.cli import bench, cluster, data, doctor, jobs, local, predict, preemption, run, runs, tune
+from launcher.cli import bench, checkpoint, cluster, data, doctor, jobs, local, predict, preemption, run, runs, tune
 from launcher.cli.options import EXIT_CANCELLED, EXIT_USAGE, Parser
 from launcher.driver import startup
 from launcher.errors import LauncherError
 
 # In the order `launcher --help` lists them.
-GROUPS = (run, tune, predict, runs, local, bench, preemption, data, cluster, jobs, doctor)
+GROUPS = (run, tune, predict, runs, checkpoint, local, bench, preemption, data, cluster, jobs, doctor)
 COMMANDS = {name: handler for group in GROUPS for name, handler in group.COMMANDS.items()}
 # Commands that use the warm local head (`launcher up`) when given no --address.
 WARM_HEAD_USERS = ("run", "tune", "predict", "serve")

@@ -15,7 +15,7 @@ from launcher.cli.options import (EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, add_prog
                                   program_from_args, program_spec, spec_from_args, wants_job_dir)
 from launcher.driver import startup
 from launcher.storage.checkpoint import resume_point
-from launcher.summary import RunStatus, RunSummary
+from launcher.summary import RunStatus, RunSummary, format_memory
 
 
 def add_parsers(sub) -> None:
@@ -134,6 +134,9 @@ def format_summary(s: RunSummary) -> str:
         f"input wait {100 * s.data_wait_fraction:.1f}% of training (slowest rank's worst epoch "
         f"{100 * (s.data_wait_max_fraction or 0):.1f}%), ")
     lines.append(f"  {rate}{wait}wall {s.wall_s:.1f}s{format_setup(s)}")
+    memory = format_memory(vars(s))
+    if memory:
+        lines.append(f"  {memory}")
     if s.error:
         lines.append(f"  error: {s.error}")
     lines.append(f"  run log:    {s.run_dir}")

@@ -245,12 +245,18 @@ class UserSession(Session):
         self.notices = config.get("notices", True)
         chosen = checkpoint_to_resume(config, Storage.resolve(self.spec.storage), self.spec.name)
         if chosen is not None:
-            with ray.train.Checkpoint(chosen[1], filesystem=chosen[0]).as_directory() as d:
-                self.restore(d)
+            checkpoint = ray.train.Checkpoint(chosen[1], filesystem=chosen[0])
+            d = self._checkpoint_dir.enter_context(checkpoint.as_directory())
+            self.restore(d)
+            if not self._keep_checkpoint:  # a sharded checkpoint is read as its state is registered
+                self.release_checkpoint()
         if self.rank == 0:
             self.marks["worker_start"] = started
         self.learn_nodes()
-        self.run_function()
+        try:
+            self.run_function()
+        finally:
+            self.release_checkpoint()
 
     def run_function(self) -> None:
         fn = self.function.fn
