@@ -68,6 +68,7 @@ class Attempt:
     last_time: float
     marks: dict[str, float] = field(default_factory=dict)  # rank 0's start-up milestones
     attempt: str = ""  # the group's id, as its reports (metrics.jsonl) name it
+    notice_checkpoint_s: float | None = None  # how long its checkpoint on a preemption notice took
 
 
 @dataclass
@@ -101,6 +102,7 @@ class RunSummary:
     restarts: int = 0
     preemptions: int = 0
     preemption_notices: int = 0         # checkpoints taken on a notice
+    notice_checkpoint_s: float | None = None  # the longest of them, saved and stored (GCE gives 30 s)
     steps_lost: int = 0
     time_lost_s: float = 0.0
     interruptions: list[Interruption] = field(default_factory=list)

@@ -175,7 +175,8 @@ def format_setup(s: RunSummary) -> str:
 
 
 def format_interruptions(s: RunSummary) -> str:
-    return (f"preemptions {s.preemptions} ({s.preemption_notices} checkpointed on a notice), "
+    took = f" in {s.notice_checkpoint_s:.1f}s" if s.notice_checkpoint_s is not None else ""
+    return (f"preemptions {s.preemptions} ({s.preemption_notices} checkpointed on a notice{took}), "
             f"failures {s.restarts - s.preemptions}; steps lost {s.steps_lost}, time lost {s.time_lost_s:.1f}s")
 
 

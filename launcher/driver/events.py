@@ -148,6 +148,12 @@ class ProgressBoard:
         a = self._attempts.setdefault(attempt, {"start_step": start_step, "first_time": when})
         a["last_step"], a["last_time"] = step, when
 
+    def notice_saved(self, attempt: str, seconds: float) -> None:
+        """Rank 0 stored the checkpoint a preemption notice asked for, in ``seconds``."""
+        a = self._attempts.get(attempt)
+        if a is not None:
+            a["notice_checkpoint_s"] = round(seconds, 3)
+
     def attempts(self) -> list[dict[str, float]]:
         """Attempts in the order they trained their first step."""
         return sorted(({"attempt": k, **v} for k, v in self._attempts.items()), key=lambda a: a["first_time"])

@@ -230,7 +230,8 @@ class Tracker:
         self.attempt_log = [Attempt(start_step=int(a["start_step"]), first_time=a["first_time"],
                                     last_step=int(a["last_step"]), last_time=a["last_time"],
                                     marks=self.attempt_marks.get(a.get("attempt"), {}),
-                                    attempt=str(a.get("attempt") or "")) for a in board]
+                                    attempt=str(a.get("attempt") or ""),
+                                    notice_checkpoint_s=a.get("notice_checkpoint_s")) for a in board]
         self.lost = lost_work(self.attempt_log, self.checkpoint_times)
 
     def _catch_up(self, upto: int) -> None:
@@ -306,6 +307,8 @@ class Tracker:
             checkpoint=self.checkpoint, resumed_from=self.resumed_from, restarts=len(self.restarts),
             preemptions=sum(1 for r in self.restarts if r.cause == "preemption"),
             preemption_notices=len(self.notices),
+            notice_checkpoint_s=max((a.notice_checkpoint_s for a in self.attempt_log
+                                     if a.notice_checkpoint_s is not None), default=None),
             steps_lost=sum(int(i.steps_lost or 0) for i in interruptions),
             time_lost_s=round(sum(float(i.time_lost_s or 0.0) for i in interruptions), 2),
             interruptions=interruptions, attempts=self.attempt_log, recovery_s=self.recoveries,

@@ -263,6 +263,8 @@ class Session(abc.ABC):
             self.hold("the cluster has room for more workers")
         if action:
             self.send({"kind": "preemption", "notice": 1, "held": int(action == "hold"), **values()})
+            if self.board is not None and self.rank == 0:
+                self.board.notice_saved.remote(self.attempt, self.checkpoint_s)
             if action == "hold":
                 self.hold()
         elif every and boundary and self.pos.global_step % every == 0 and not epoch_ends:

@@ -488,6 +488,15 @@ class TorchSession(UserSession):
         return (bool(self.rank_nodes) and self._watched and self.model_name is not None and self.trained
                 and self.boundary and not self.updated)
 
+    def salvage(self, error: BaseException, gone: set[int]) -> str | None:
+        if self.sharded:  # said once, by the rank that would have written it
+            if gone and self.rank == min(set(range(self.world)) - gone, default=-1):
+                print(f"rank {self.rank}: ranks {sorted(gone)} went with their node; a sharded run (--strategy "
+                      "fsdp) has no survivors' checkpoint, as no rank holds the whole state: it resumes from its "
+                      f"last complete checkpoint (step {max(self.saved_step, 0)})", flush=True)
+            return None
+        return super().salvage(error, gone)
+
     def save_alone(self, directory: str, metrics: dict[str, Any]) -> bool:
         self._save_rng(directory)
         cursor = self._save_state(directory, self._counted_batches if self.pos.step_in_epoch else 0)

@@ -92,3 +92,24 @@ def test_a_notice_costs_keras_fit_no_steps(lab, setup):
     assert (s.restarts, s.preemption_notices, s.steps_lost) == (1, 1, 0), s
     assert s.weights_sha256 == reference.weights_sha256
     assert {"loss", "accuracy", "val_accuracy"} <= set(s.metrics), s.metrics
+
+
+def test_a_notice_costs_a_sharded_run_no_steps(lab, setup):
+    """--strategy fsdp: on the notice every rank writes its shards at the agreed step; the group
+    resumes from them (DCP) with the uninterrupted run's weights, and the summary says how long
+    the notice checkpoint took."""
+    def spec(name: str) -> JobSpec:
+        return JobSpec(workload=CHAR_LM, data=setup[0], epochs=2, checkpoint_every_steps=EVERY, seed=5,
+                       storage=setup[1], name=name, address=lab.address, preemption_check_steps=2,
+                       strategy="fsdp").validated()
+
+    reference = run_in_background(spec("sharded_reference")).wait()
+    assert (reference.status, reference.steps_completed) == ("succeeded", 2 * STEPS_PER_EPOCH), reference
+    run = run_in_background(spec("sharded_notice"))
+    run.wait_for_checkpoint(lambda m: m.global_step >= EVERY)
+    lab.preempt(0)
+    s = run.wait()
+    assert s.status == "succeeded" and s.steps_completed == 2 * STEPS_PER_EPOCH, s
+    assert (s.restarts, s.preemption_notices, s.steps_lost) == (1, 1, 0), s
+    assert s.weights_sha256 == reference.weights_sha256
+    assert s.notice_checkpoint_s is not None and 0 < s.notice_checkpoint_s < 30, s.notice_checkpoint_s
