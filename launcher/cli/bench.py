@@ -34,7 +34,7 @@ PREEMPTION_BENCH_OWNS = ("workers", "min_workers", "epochs", "name", "storage", 
 def add_parsers(sub) -> None:
     """Add ``bench`` and its benchmarks."""
     bench = sub.add_parser("bench", help="benchmarks (scaling, allreduce, overhead, checkpoint, project, "
-                           "preemption, serve, input)")
+                           "preemption, serve, input, sharding)")
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", parser_class=Parser,
                                      required=True)
     out_help = "folder for JSON, CSV and PNG results"
@@ -133,6 +133,7 @@ def add_parsers(sub) -> None:
     sv.add_argument("--batch-wait-ms", type=float, default=5.0, help="the server's --batch-wait-ms (default 5)")
     sv.add_argument("--out", default="./bench-results", help=out_help)
     _add_input_parser(bench_sub, out_help)
+    _add_sharding_parser(bench_sub, out_help)
 
 
 def _add_preemption_parser(bench_sub) -> None:
@@ -176,6 +177,26 @@ def _add_input_parser(bench_sub, out_help: str) -> None:
                     help="each reader sleeps this long per batch, as a training step; the table shows its wait")
     ip.add_argument("--cache-gb", type=float, default=None, help="the node cache's limit (default --data-cache-gb's)")
     ip.add_argument("--out", default="./bench-results", help=out_help)
+
+
+def _add_sharding_parser(bench_sub, out_help: str) -> None:
+    sh = bench_sub.add_parser("sharding", help="--strategy fsdp against ddp on examples/gpt.py: state and peak memory "
+                              "per worker, samples/s against torchrun, checkpoint stall with sync and async upload")
+    sh.add_argument("--strategies", default="ddp,fsdp", help="comma-separated: ddp,fsdp (default both)")
+    sh.add_argument("--workers-list", default="1,2,4", help="comma-separated worker counts (default 1,2,4)")
+    sh.add_argument("--steps", type=int, default=12, help="training steps per worker in each run (default 12)")
+    sh.add_argument("--batch-size", type=int, default=8, help="sequences per worker per step (default 8)")
+    sh.add_argument("--d-model", type=int, default=256, help="the model's width (default 256)")
+    sh.add_argument("--layers", type=int, default=4, help="transformer blocks (default 4)")
+    sh.add_argument("--heads", type=int, default=4, help="attention heads, a divisor of --d-model (default 4)")
+    sh.add_argument("--context", type=int, default=64, help="characters per sequence (default 64)")
+    sh.add_argument("--repeats", type=int, default=1, help="launcher/torchrun pairs per strategy and worker count")
+    sh.add_argument("--no-bare", dest="bare", action="store_false", help="skip the torchrun twin of each run")
+    sh.add_argument("--stall", default="ddp,fsdp",
+                    help="strategies whose checkpoint stall is measured (sync and async upload), or none")
+    sh.add_argument("--stall-workers", type=int, default=2, help="workers of the stall runs (default 2)")
+    sh.add_argument("--every", type=int, default=3, help="the stall runs checkpoint every N steps (default 3)")
+    sh.add_argument("--out", default="./bench-results", help=out_help)
 
 
 def note(text: str) -> None:
@@ -515,9 +536,54 @@ def cmd_input(args: argparse.Namespace) -> int:
     return EXIT_OK if not any(r["failed"] for r in rows) else EXIT_FAILED
 
 
+def sharding_settings(args: argparse.Namespace):
+    """``bench sharding``'s flags as :class:`benchmarks.sharding.Settings`; a bad flag is one line (exit 2)."""
+    from benchmarks import sharding
+
+    strategies = _names("--strategies", args.strategies, sharding.STRATEGIES)
+    counts = _ints("--workers-list", args.workers_list)
+    for flag in ("steps", "batch_size", "d_model", "layers", "heads", "context", "repeats", "stall_workers",
+                 "every"):
+        _positive("--" + flag.replace("_", "-"), getattr(args, flag))
+    if args.d_model % args.heads:
+        raise UserError(f"--d-model {args.d_model} is not a multiple of --heads {args.heads}",
+                        "for example --d-model 256 --heads 4")
+    stall = [] if args.stall.strip() == "none" else _names("--stall", args.stall, sharding.STRATEGIES)
+    if stall and args.steps <= args.every:
+        raise UserError(f"--steps {args.steps} leaves no step checkpoint at --every {args.every} (the last step's "
+                        "is the epoch's)", f"raise --steps above {args.every} or lower --every, or --stall none")
+    return sharding.Settings(strategies=tuple(strategies), workers=tuple(counts), d_model=args.d_model,
+                             layers=args.layers, heads=args.heads, context=args.context, batch_size=args.batch_size,
+                             steps=args.steps, repeats=args.repeats, bare=args.bare, stall=tuple(stall),
+                             stall_workers=args.stall_workers, every=args.every)
+
+
+def cmd_sharding(args: argparse.Namespace) -> int:
+    from benchmarks import machine, sharding
+
+    settings = sharding_settings(args)
+    info = machine.describe(sharding.THREADS, load_average_before=os.getloadavg())
+    print(machine.header(info, f"sharding: examples/gpt.py d_model {settings.d_model}, {settings.layers} layers, "
+                               f"context {settings.context}, batch {settings.batch_size}/worker, {settings.steps} "
+                               f"steps/worker; strategies {','.join(settings.strategies)}, workers "
+                               f"{','.join(map(str, settings.workers))}"))
+    print("# load average (1, 5, 15 min) before: " + " ".join(f"{v:.2f}" for v in info["load_average_before"]),
+          flush=True)
+    measured = sharding.run(settings, note)
+    info["load_average_after"] = os.getloadavg()
+    rows = sharding.summarize(measured)
+    checked = sharding.goals(rows)
+    print(sharding.format_rows(rows))
+    print(sharding.format_goals(checked))
+    print("# load average (1, 5, 15 min) after: " + " ".join(f"{v:.2f}" for v in info["load_average_after"]))
+    _wrote(sharding.write_results(rows, checked, measured, info, settings, args.out))
+    return EXIT_OK if rows and not any("failed" in m for m in measured) else EXIT_FAILED
+
+
 HANDLERS = {"scaling": cmd_scaling, "allreduce": cmd_allreduce, "project": cmd_project,
             "overhead": cmd_overhead, "checkpoint": cmd_checkpoint, "stall": cmd_stall,
-            "preemption": cmd_bench_preemption, "serve": cmd_serve, "input": cmd_input}
+            "preemption": cmd_bench_preemption, "serve": cmd_serve, "input": cmd_input,
+            "sharding": cmd_sharding}
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
