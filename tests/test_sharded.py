@@ -245,3 +245,29 @@ def test_checkpoint_export_joins_a_sharded_checkpoint_and_never_overwrites(tmp_p
     os.remove(folder / "__0_0.distcp")  # a shard missing: the checkpoint is not complete, and not used
     assert main(["checkpoint", "export", "big", "--storage", str(tmp_path / "runs"), "--out", "x.pt"]) == 2
     assert "no complete checkpoint" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_a_sharded_run_on_gcs_resumes_and_exports(ray_local, gcs, bucket, capsys, tmp_path, monkeypatch):
+    """gs:// storage: every rank's shards reach the bucket (in the background with async upload),
+    the next launch reads them back as its sharded model is registered, and the export joins them."""
+    import torch
+
+    from launcher.cli.main import main
+
+    root = f"gs://{bucket}/runs"
+    common = ["run", "--json", "--workload", "digits-mlp", "--storage", root, "--name", "sharded_gcs",
+              "--strategy", "fsdp", "--checkpoint-upload", "async", "--checkpoint-every-steps", "10"]
+    assert main([*common, "--epochs", "1"]) == 0
+    first = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert first["status"] == "succeeded", first
+    assert main([*common, "--epochs", "2"]) == 0
+    resumed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert resumed["resumed_from"] == {"epoch": 1, "step": first["steps_completed"]}, resumed
+    assert resumed["status"] == "succeeded" and resumed["metrics"]["accuracy"] > 0.8, resumed
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["checkpoint", "export", "sharded_gcs", "--storage", root, "--out", "digits.pt"]) == 0
+    exported = torch.load(tmp_path / "digits.pt")
+    from workloads import get
+    get("digits-mlp").torch_model({}).load_state_dict(exported)

@@ -87,6 +87,7 @@ def _download(storage: Storage, path: str, work: str) -> str:
     import pyarrow.fs
 
     local = os.path.join(work, "checkpoint")
+    os.makedirs(local)
     pyarrow.fs.copy_files(path, local, source_filesystem=storage.fs,
                           destination_filesystem=pyarrow.fs.LocalFileSystem())
     return local

@@ -111,6 +111,8 @@ def train_workload(session, workload) -> None:
             i = loader.batches  # batches done in this epoch, this one included
             boundary = i % accumulate == 0 or i == len(loader)
             sync = contextlib.nullcontext() if boundary or not hasattr(model, "no_sync") else model.no_sync()
+            if session.sharded:  # FSDP2: reduce-scatter the gradients only on the last batch of a step
+                model.set_requires_gradient_sync(boundary)
             with sync:
                 with session.autocast():
                     loss = workload.torch_loss(model(x), y, params)
