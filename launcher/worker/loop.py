@@ -25,7 +25,9 @@ import dataclasses
 import hashlib
 import math
 import os
+import resource
 import shutil
+import sys
 import tempfile
 import time
 import uuid
@@ -483,7 +485,10 @@ class Training(Session):
             self.resume_epoch_at(0, 0)
             last = self.pos.epoch == self.spec.epochs
             extra = {"weights_sha256": self.weights_digest()} if last and self.rank == 0 else {}
-            self.send({"kind": "epoch", **stats, **self.evaluate(), **extra})
+            own = np.zeros((2, self.world))
+            own[:, self.rank] = peak_memory_mb()
+            rss, gpu = self.sum_over_ranks(own.ravel()).reshape(2, self.world)
+            self.send({"kind": "epoch", **stats, **self.evaluate(), **memory_report(rss, gpu), **extra})
 
     # -- the sample order ----------------------------------------------------------------------
     def resume_epoch_at(self, step: int, cursor: int | None) -> None:
@@ -515,3 +520,24 @@ class Training(Session):
         return FloatingPointError(
             f"training diverged: loss is {value} at epoch {self.pos.epoch + 1}, "
             f"step {self.pos.global_step + 1}; lower --lr (now {self.spec.lr:g})")
+
+
+def peak_memory_mb() -> tuple[float, float]:
+    """This process's peak memory so far, in MiB: its resident set (RSS) and, where torch has
+    set up CUDA, the GPU memory its tensors took (0 without). torch is read only if already
+    imported: a TensorFlow worker never imports it for this."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    gpu = cuda.max_memory_allocated() / 2**20 if cuda is not None and cuda.is_initialized() else 0.0
+    return float(rss), float(gpu)
+
+
+def memory_report(rss: np.ndarray, gpu: np.ndarray) -> dict[str, Any]:
+    """An epoch report's memory: each rank's peak RSS (MiB, by rank) and the largest, and the
+    same for GPU memory where a rank used any; what a worker killed for memory is told by."""
+    out: dict[str, Any] = {"peak_rss_mb_max": round(float(np.max(rss)), 1),
+                           "peak_rss_mb_ranks": [round(float(v), 1) for v in rss]}
+    if np.any(gpu > 0):
+        out.update(peak_gpu_mb_max=round(float(np.max(gpu)), 1), peak_gpu_mb_ranks=[round(float(v), 1) for v in gpu])
+    return out

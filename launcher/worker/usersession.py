@@ -14,7 +14,6 @@ from __future__ import annotations
 import abc
 import math
 import os
-import resource
 import sys
 import time
 from typing import Any, Iterator
@@ -24,7 +23,7 @@ import numpy as np
 from launcher.storage import Storage
 from launcher.storage.datacache import local_data
 from launcher.worker.loader import SessionError, user_line
-from launcher.worker.loop import Session
+from launcher.worker.loop import Session, memory_report, peak_memory_mb
 
 
 class UserSession(Session):
@@ -288,24 +287,3 @@ def data_wait(waits: np.ndarray, seconds: float) -> dict[str, float]:
         return {}
     return {"data_wait_s": float(np.mean(waits)), "data_wait_fraction": float(np.mean(waits)) / seconds,
             "data_wait_max_fraction": float(np.max(waits)) / seconds}
-
-
-def peak_memory_mb() -> tuple[float, float]:
-    """This process's peak memory so far, in MiB: its resident set (RSS) and, where torch has
-    set up CUDA, the GPU memory its tensors took (0 without). torch is read only if already
-    imported: a TensorFlow worker never imports it for this."""
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
-    gpu = cuda.max_memory_allocated() / 2**20 if cuda is not None and cuda.is_initialized() else 0.0
-    return float(rss), float(gpu)
-
-
-def memory_report(rss: np.ndarray, gpu: np.ndarray) -> dict[str, Any]:
-    """An epoch report's memory: each rank's peak RSS (MiB, by rank) and the largest, and the
-    same for GPU memory where a rank used any; what a worker killed for memory is told by."""
-    out: dict[str, Any] = {"peak_rss_mb_max": round(float(np.max(rss)), 1),
-                           "peak_rss_mb_ranks": [round(float(v), 1) for v in rss]}
-    if np.any(gpu > 0):
-        out.update(peak_gpu_mb_max=round(float(np.max(gpu)), 1), peak_gpu_mb_ranks=[round(float(v), 1) for v in gpu])
-    return out
