@@ -23,8 +23,6 @@ mean time over the plain steps' median (training time lost per checkpoint).
 
 from __future__ import annotations
 
-import contextlib
-import io
 import math
 import os
 import statistics
@@ -35,7 +33,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from benchmarks import results, torchrun_session
+from benchmarks import results
 from benchmarks.checkpoint_stall import MODES
 from benchmarks.overhead import Job
 from benchmarks.raywork import failure_reason, last_json, torchrun_port
@@ -90,15 +88,6 @@ def max_chars(steps: int, batch_size: int, workers: int, context: int) -> int:
     return chars
 
 
-def bare_takes_strategy() -> bool:
-    """Whether benchmarks/torchrun_session.py passes ``--strategy`` to its session."""
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage message, when it takes none
-            return getattr(torchrun_session.parse(["--strategy", "fsdp"]), "strategy", None) == "fsdp"
-    except SystemExit:
-        return False
-
-
 def _launcher(args: list[str], workers: int, storage: str, name: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "launcher", "run", *args, "--workers", str(workers), "--cpus-per-worker",
             str(THREADS), "--storage", storage, "--name", name, "--json", *extra]
@@ -134,9 +123,7 @@ def _measure(cmd: list[str], base: dict) -> dict:
 def run(settings: Settings, note: Callable[[str], None]) -> list[dict]:
     """Every (strategy, workers) ``repeats`` times, launcher then torchrun; then the stall runs."""
     measured: list[dict] = []
-    bare = settings.bare and bare_takes_strategy()
-    if settings.bare and not bare:
-        note("torchrun: skipped: benchmarks/torchrun_session.py takes no --strategy yet")
+    bare = settings.bare
     with tempfile.TemporaryDirectory(prefix="launcher-sharding-") as tmp:
         storage = os.path.join(tmp, "runs")
         for strategy in settings.strategies:

@@ -26,6 +26,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=None)
     p.add_argument("--data", default=None)
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp", help="as launcher run's --strategy")
     p.add_argument("--comm", choices=("ddp", "horovod"), default="ddp",
                    help="ddp: torch.distributed from torchrun's env; horovod: under horovodrun")
     return p.parse_args(argv)
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
     comm.setup()
     params = dict(p.split("=", 1) for p in args.param)
     spec = JobSpec(workload=args.workload, workers=comm.world_size, epochs=args.epochs, storage="/tmp",
-                   batch_size=args.batch_size, data=args.data, params=params,
+                   batch_size=args.batch_size, data=args.data, params=params, strategy=args.strategy,
                    backend="horovod" if args.comm == "horovod" else "native",
                    preemption_check_steps=0).validated()
     workload = workloads.get(spec.workload)
