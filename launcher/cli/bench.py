@@ -196,6 +196,8 @@ def _add_sharding_parser(bench_sub, out_help: str) -> None:
                     help="strategies whose checkpoint stall is measured (sync and async upload), or none")
     sh.add_argument("--stall-workers", type=int, default=2, help="workers of the stall runs (default 2)")
     sh.add_argument("--every", type=int, default=3, help="the stall runs checkpoint every N steps (default 3)")
+    sh.add_argument("--resume", action="store_true", help="instead: a small fsdp run stopped on 4 workers and "
+                    "resumed on 2, 3 and 4; its losses against the uninterrupted run's, and its final weights")
     sh.add_argument("--out", default="./bench-results", help=out_help)
 
 
@@ -563,6 +565,8 @@ def cmd_sharding(args: argparse.Namespace) -> int:
 
     settings = sharding_settings(args)
     info = machine.describe(sharding.THREADS, load_average_before=os.getloadavg())
+    if args.resume:
+        return _sharded_resume(info, args.out)
     print(machine.header(info, f"sharding: examples/gpt.py d_model {settings.d_model}, {settings.layers} layers, "
                                f"context {settings.context}, batch {settings.batch_size}/worker, {settings.steps} "
                                f"steps/worker; strategies {','.join(settings.strategies)}, workers "
@@ -578,6 +582,29 @@ def cmd_sharding(args: argparse.Namespace) -> int:
     print("# load average (1, 5, 15 min) after: " + " ".join(f"{v:.2f}" for v in info["load_average_after"]))
     _wrote(sharding.write_results(rows, checked, measured, info, settings, args.out))
     return EXIT_OK if rows and not any("failed" in m for m in measured) else EXIT_FAILED
+
+
+def _sharded_resume(info: dict, out: str) -> int:
+    """``bench sharding --resume``: the trajectories, printed and written as JSON."""
+    import json
+
+    from benchmarks import machine, sharded_resume
+
+    print(machine.header(info, "sharded resume: examples/gpt.py (small), --strategy fsdp, stopped on 4 workers, "
+                               "resumed on 2, 3 and 4"))
+    print("# load average (1, 5, 15 min) before: " + " ".join(f"{v:.2f}" for v in info["load_average_before"]),
+          flush=True)
+    result = sharded_resume.run(note)
+    info["load_average_after"] = os.getloadavg()
+    print(sharded_resume.format_result(result))
+    print("# load average (1, 5, 15 min) after: " + " ".join(f"{v:.2f}" for v in info["load_average_after"]))
+    os.makedirs(out, exist_ok=True)
+    path = os.path.join(out, "sharding-resume.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"machine": info, **result}, f, indent=1, default=str)
+    _wrote([path])
+    ok = all(r["summary"]["status"] == "succeeded" for r in result["resumed"].values())
+    return EXIT_OK if ok else EXIT_FAILED
 
 
 HANDLERS = {"scaling": cmd_scaling, "allreduce": cmd_allreduce, "project": cmd_project,

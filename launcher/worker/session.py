@@ -169,7 +169,7 @@ class TorchSession(UserSession):
 
             sharded.shard(module, optimizer, device=self.device, precision=self.spec.precision,
                           offload=self.spec.fsdp_offload, blocks=blocks)
-            self._dcp = sharded.Checkpointer()
+            self._dcp = sharded.Checkpointer(self.device)
             return module if optimizer is None else (module, optimizer)
         wrapped = self.comm.wrap_model(module)
         if optimizer is not None:

@@ -145,11 +145,19 @@ def state_bytes(model, optimizer=None) -> dict[str, int]:
 class Checkpointer:
     """DCP saves and loads over a gloo group of their own; at most one asynchronous save at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, device) -> None:
         import torch.distributed as dist
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
         self.group = dist.new_group(backend="gloo")  # a collective: every rank makes it in prepare()
         self.pending = None   # the Future of an asynchronous save still writing
+        # An asynchronous save first copies the state (this rank's shards) into CPU memory, then goes
+        # on with training. The stager keeps that copy's buffers from one save to the next: allocating
+        # them anew each time was most of the pause (on 2 CPU ranks, ~11 ms instead of 20-40 ms for
+        # 12 MB a rank). Pinned on a GPU, so that the copy from the device is a fast DMA.
+        gpu = getattr(device, "type", "cpu") == "cuda"
+        self.stager = DefaultStager(StagingOptions(use_pinned_memory=gpu, use_shared_memory=False,
+                                                   use_async_staging=False, use_non_blocking_copy=False))
 
     def wait(self) -> None:
         """Until the asynchronous save under way (if any) has written its files."""
@@ -165,7 +173,9 @@ class Checkpointer:
         self.wait()
         writer = dcp.FileSystemWriter(directory, thread_count=1)
         if background:
-            self.pending = dcp.async_save(states, storage_writer=writer, process_group=self.group)
+            saved = dcp.async_save(states, storage_writer=writer, process_group=self.group,
+                                   async_stager=self.stager)
+            self.pending = getattr(saved, "upload_completion", saved)  # a Future either way
         else:
             dcp.save(states, storage_writer=writer, process_group=self.group)
 
