@@ -25,7 +25,8 @@ import tempfile
 import time
 from typing import Callable
 
-from launcher.faultpoint import ENV, MARK_ENV
+# launcher/faultpoint.py's variables (a test hook, not the public API): pause rank 0 at a named point.
+ENV, MARK_ENV = "LAUNCHER_FAULT_PAUSE", "LAUNCHER_FAULT_MARK"
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GPT = os.path.join(ROOT, "examples", "gpt.py") + ":train"

@@ -9,6 +9,7 @@ JSON/CSV/PNG under ``--out``.
 from __future__ import annotations
 
 import argparse
+import json
 import contextlib
 import os
 import sys
@@ -586,8 +587,6 @@ def cmd_sharding(args: argparse.Namespace) -> int:
 
 def _sharded_resume(info: dict, out: str) -> int:
     """``bench sharding --resume``: the trajectories, printed and written as JSON."""
-    import json
-
     from benchmarks import machine, sharded_resume
 
     print(machine.header(info, "sharded resume: examples/gpt.py (small), --strategy fsdp, stopped on 4 workers, "
