@@ -45,7 +45,7 @@ PARAMS = [
     Param("weight_decay", float, 0.1, "AdamW's weight decay"),
     Param("clip", float, 1.0, "gradient-norm clipping (0: none)"),
     Param("max_chars", int, 0, "read at most this many characters of the text (0: all)"),
-    Param("eval_batches", int, 8, "held-out batches each worker scores per epoch"),
+    Param("eval_batches", int, 8, "held-out batches each worker scores per epoch (0: its whole share once)"),
 ]
 
 
@@ -182,13 +182,15 @@ def train(session) -> None:
                 state = state_bytes(model, optimizer)
             session.step(train_loss=loss)
             clock.tick(session.global_step, session.step_in_epoch == len(loader))
-        val_loss = evaluate(session, model, val_loader, p["eval_batches"])
+        val_loss, scored = evaluate(session, model, val_loader, p["eval_batches"] or len(val_loader))
+        # each rank's loss weighs as many characters as it scored: the mean over all of them
+        session.report(weight=scored, val_loss=val_loss, perplexity=math.exp(min(val_loss, 50.0)))
         mb = {"state_mb": state["total"] / 2**20} if state is not None else {}  # none if resumed at the end
-        session.report(val_loss=val_loss, perplexity=math.exp(min(val_loss, 50.0)), **mb, **clock.metrics())
+        session.report(**mb, **clock.metrics())
 
 
 @torch.no_grad()
-def evaluate(session, model, loader, batches: int) -> float:
+def evaluate(session, model, loader, batches: int) -> tuple[float, int]:
     """Mean next-character loss over exactly ``batches`` batches of this rank's share of the
     held-out text (round it again where it is shorter): under fsdp each forward pass gathers
     the weights from every rank, so every rank must make the same number of them."""
@@ -199,7 +201,7 @@ def evaluate(session, model, loader, batches: int) -> float:
             logits = model(x)
         total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum").item()
         count += y.numel()
-    return total / max(1, count)
+    return total / max(1, count), count
 
 
 def _round(loader):

@@ -316,7 +316,7 @@ class TorchSession(UserSession):
         loader = self._train_loader
         if loader is not None and loader.order.is_global and self._resume and self._resume[1] is not None:
             return
-        self.pos.step_in_epoch, self._resume = 0, None
+        self.pos.step_in_epoch, self._resume, self._carried = 0, None, None
 
     # -- the loop --------------------------------------------------------------------------
     def _begin(self) -> None:
@@ -538,8 +538,33 @@ class TorchSession(UserSession):
             self._rng = mine["rng"]
             if self.pos.step_in_epoch:
                 self._carried = mine["epoch"]
+        elif self.pos.step_in_epoch:
+            self._carried = _epoch_across_layouts(directory, manifest.world_size, self.rank)
         if self.pos.step_in_epoch:
             self._resume = (int(info.get("batches", 0)), manifest.cursor)
+
+def _epoch_across_layouts(directory: str, old_world: int, rank: int) -> dict[str, Any] | None:
+    """The interrupted epoch's metrics so far, for ``rank`` of a group of another size that goes on
+    with it. A rank's step sums are the old ranks' sums averaged, so that each new rank's mean
+    starts at the old steps' mean over all ranks (what the epoch's metric is); the samples go to
+    rank 0 alone, so that their sum over the new ranks is the old ranks'. None without every
+    old rank's file."""
+    import torch
+
+    parts = []
+    for r in range(old_world):
+        path = os.path.join(directory, torch_rng_file(r))
+        saved = torch.load(path, weights_only=False) if os.path.isfile(path) else None
+        if not isinstance(saved, dict) or not saved.get("epoch"):
+            return None
+        parts.append(saved["epoch"])
+    names = set(parts[0]["sums"])
+    return {"sums": {n: sum(p["sums"].get(n, 0.0) for p in parts) / old_world for n in names},
+            "counts": dict(parts[0]["counts"]), "reported": {},
+            "samples": sum(int(p["samples"]) for p in parts) if rank == 0 else 0,
+            "data_wait": sum(float(p.get("data_wait", 0.0)) for p in parts) / old_world,
+            "seconds": max(float(p["seconds"]) for p in parts)}
+
 
 class _NoOptimizer:
     """An optimizer with no state, for :meth:`TorchSession.prepare` without one."""
