@@ -229,3 +229,13 @@ def test_a_sharded_run_on_gcs_resumes_exports_and_predicts(ray_local, gcs, bucke
             for line in open(os.path.join(out, name))]
     predicted = np.array([r["prediction"] for r in sorted(rows, key=lambda r: r["row"])])
     assert np.mean(predicted == split.y) == pytest.approx(resumed["metrics"]["accuracy"], abs=1e-6)
+
+
+def test_a_model_without_parameters_is_refused_before_any_collective():
+    import torch
+
+    from launcher.worker.loader import SessionError
+    from launcher.worker.sharded import shard
+
+    with pytest.raises(SessionError, match="has no parameters, so there is nothing to shard"):
+        shard(torch.nn.ReLU(), None, device=torch.device("cpu"), precision="fp32", offload=False)
