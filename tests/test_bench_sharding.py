@@ -119,7 +119,7 @@ def test_a_bad_flag_is_one_line_and_exit_2(capsys, flags, needle):
 @pytest.mark.integration
 def test_bench_sharding_writes_rows_for_both_strategies(capsys, tmp_path):
     code = main(["bench", "sharding", "--workers-list", "2", "--steps", "5", "--batch-size", "2", "--d-model", "32",
-                 "--layers", "1", "--heads", "2", "--context", "16", "--stall", "fsdp", "--every", "2",
+                 "--layers", "1", "--heads", "2", "--context", "16", "--stall", "none",
                  "--out", str(tmp_path)])
     out, err = capsys.readouterr()
     assert code == 0, err[-3000:]
@@ -127,7 +127,7 @@ def test_bench_sharding_writes_rows_for_both_strategies(capsys, tmp_path):
     assert {(r["strategy"], r["workers"]) for r in rows} == {("ddp", 2), ("fsdp", 2)}
     assert all(r["samples_per_s"] > 0 and r["state_mb"] > 0 for r in rows), rows
     fsdp2 = next(r for r in rows if (r["strategy"], r["workers"]) == ("fsdp", 2))
-    assert fsdp2["state_vs_ddp_share"] < 1.15 and fsdp2["stall_sync_ms"] is not None, fsdp2
+    assert fsdp2["state_vs_ddp_share"] < 1.15, fsdp2  # (the stall runs: tests/test_sharded.py's async save)
     assert "# goals" in out and "load average" in out
     assert all(r["vs_torchrun"] > 0 for r in rows), rows  # each beside its torchrun twin
     assert len(list(csv.DictReader(open(tmp_path / "sharding.csv")))) == 2
