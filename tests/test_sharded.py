@@ -239,3 +239,18 @@ def test_a_model_without_parameters_is_refused_before_any_collective():
 
     with pytest.raises(SessionError, match="has no parameters, so there is nothing to shard"):
         shard(torch.nn.ReLU(), None, device=torch.device("cpu"), precision="fp32", offload=False)
+
+
+def test_resuming_with_the_other_strategy_is_one_line_before_ray(tmp_path, capsys):
+    from launcher.cli.main import main
+    from launcher.storage.checkpoint import Manifest, write_manifest
+
+    folder = tmp_path / "runs" / "mixed" / "checkpoint_000001"
+    folder.mkdir(parents=True)
+    (folder / "model.pt").write_bytes(b"weights")
+    write_manifest(str(folder), Manifest(epoch=1, step_in_epoch=0, global_step=46, world_size=2, framework="torch",
+                                         backend="native", workload="digits-mlp", batch_size=32, seed=0))
+    assert main(["run", "--storage", str(tmp_path / "runs"), "--name", "mixed", "--strategy", "fsdp"]) == 2
+    err = capsys.readouterr().err
+    assert "written with --strategy ddp, not fsdp" in err and "resume with --strategy ddp" in err, err
+    assert "Traceback" not in err and "starting" not in err

@@ -53,7 +53,13 @@ def preflight(spec: JobSpec, progress: Progress) -> tuple[Storage, RunLog, list[
     reason = backend.unavailable_reason(spec.framework)
     if reason:
         raise UserError(f"backend {spec.backend} cannot run {spec.framework} here: {reason}")
-    return storage, log, complete_checkpoints(storage, spec.name)
+    checkpoints = complete_checkpoints(storage, spec.name)
+    if checkpoints and checkpoints[-1][0].strategy != spec.strategy:
+        m = checkpoints[-1][0]
+        raise UserError(f"run {spec.name} resumes from its checkpoint of step {m.global_step}, written with "
+                        f"--strategy {m.strategy}, not {spec.strategy}: a sharded state and a whole one are "
+                        "laid out differently", f"resume with --strategy {m.strategy}, or give a new --name")
+    return storage, log, checkpoints
 
 
 def run(spec: JobSpec, *, verbose: bool = False, show_progress: bool = True,
