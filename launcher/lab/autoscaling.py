@@ -36,7 +36,8 @@ import psutil
 from cluster import config as cluster_config
 from cluster.spec import ClusterSpec
 from launcher import _ray
-from launcher.lab.chaos import LabNode
+from launcher.driver.trainer import INTERRUPTED
+from launcher.lab.chaos import LabNode, stop_background_runs
 from launcher.lab.gcs_emulator import free_port
 from launcher.lab.metadata import FakeMetadataServer
 from launcher.preemption.drain import node_drainer
@@ -152,6 +153,8 @@ class AutoscalingLab:
                 self._attacher.join(timeout=5)
             for n in list(self.nodes):
                 self._stop_watcher(n)
+            if stop_background_runs(INTERRUPTED):
+                self.note("lab: stopped the run that was still going before shutting the cluster down")
             ray.shutdown()
             _kill(lambda env: env.get(LAB_ENV) == self.id)
             shutil.rmtree(self._dir, ignore_errors=True)

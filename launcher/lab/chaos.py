@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
 from launcher.driver.script import run_script
+from launcher.driver.trainer import stop_running
 from launcher.lab.metadata import FakeMetadataServer
 from launcher.preemption.drain import short_node_id
 from launcher.storage import Storage
@@ -39,6 +40,22 @@ class LabNode:
         return f"{self.name} (Ray node {short})" if self.name else f"Ray node {short}"
 
 
+_LIVE: set["BackgroundRun"] = set()  # runs whose thread has not ended
+_LIVE_LOCK = threading.Lock()
+
+
+def stop_background_runs(reason: str, timeout_s: float = 90.0) -> int:
+    """End every background run of this process as Ctrl-C would, and wait for their threads;
+    returns how many were running. Call it before ``ray.shutdown()``: a thread that still uses Ray
+    once its core worker is shut down ends the whole process (exit status 1)."""
+    with _LIVE_LOCK:
+        live = [run for run in _LIVE if run.running]
+    end = time.time() + timeout_s
+    for run in live:
+        run.stop(reason, max(1.0, end - time.time()))
+    return len(live)
+
+
 def run_in_background(spec, note: Callable[[str], None] | None = None, program=None,
                       program_args: list[str] | None = None, job_dir: bool = True,
                       out: TextIO | None = None) -> "BackgroundRun":
@@ -62,8 +79,19 @@ class BackgroundRun:
 
     def start(self) -> "BackgroundRun":
         self.started = time.time()
+        with _LIVE_LOCK:
+            _LIVE.add(self)
         self._thread.start()
         return self
+
+    def stop(self, reason: str, timeout_s: float = 90.0) -> bool:
+        """Abort the run as Ctrl-C would (its status CANCELLED, ``reason`` its error) and wait for
+        its thread; True once it has ended. A run still starting is aborted once its fit begins."""
+        end = time.time() + timeout_s
+        while self.running and time.time() < end:
+            stop_running(reason, timeout_s=max(1.0, end - time.time()))
+            self._thread.join(0.2)
+        return not self.running
 
     def _run(self) -> None:
         try:
@@ -77,6 +105,9 @@ class BackgroundRun:
                                                           progress_out=self.out)
         except BaseException as exc:  # noqa: BLE001 - handed to the caller of wait()
             self.error = exc
+        finally:
+            with _LIVE_LOCK:
+                _LIVE.discard(self)
 
     @property
     def running(self) -> bool:
