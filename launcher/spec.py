@@ -26,7 +26,9 @@ from launcher.schema import option
 from launcher.storage.uri import DEFAULT_STORAGE, normalize_data, normalize_storage
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
-FRAMEWORKS = ("torch", "tensorflow")
+FRAMEWORKS = ("torch", "tensorflow", "xgboost")
+BOOSTING_WORKLOAD = "tabular"  # what --framework xgboost trains when no --workload is given
+BOOSTING_CHECKPOINT_ROUNDS = 10  # a boosting run's checkpoint cadence when none is given
 __all__ = ["JobSpec", "FRAMEWORKS", "HOROVOD_OPTIONS", "check_name", "default_name", "load_spec_file",
            "normalize_data", "normalize_storage"]
 
@@ -43,7 +45,8 @@ class JobSpec:
     workload: str = option(workloads.DEFAULT,
                            help="a built-in workload (see `launcher workloads`; default digits-mlp) or yours: "
                            "FILE.py:NAME or package.module:NAME")
-    framework: str = option("torch", help="torch (default) or tensorflow")
+    framework: str = option("torch", help="torch (default), tensorflow or xgboost (gradient-boosted trees on "
+                            "the tabular workload: a round is a step)")
     backend: str = option("native", help="native (Ray Train's own: torch DDP, TF MultiWorkerMirroredStrategy; "
                           "default) or horovod (see `launcher doctor`)")
     workers: int = option(2, help="number of worker processes (default 2)")
@@ -136,7 +139,12 @@ class JobSpec:
             if isinstance(function, workloads.TrainingFunction) and function.frameworks == ("tensorflow",):
                 # A Keras or TensorFlow function: it needs no --framework.
                 return dataclasses.replace(self, framework="tensorflow").validated(now)
+        if self.framework == "xgboost" and self.workload == workloads.DEFAULT:
+            return dataclasses.replace(self, workload=BOOSTING_WORKLOAD).validated(now)
         workload = self._check_choices()
+        boosting = self._check_boosting(workload)
+        if boosting is not self:
+            return boosting.validated(now)
         self._check_numbers()
         self._check_horovod_options()
         self._check_numerics()
@@ -169,7 +177,7 @@ class JobSpec:
         from launcher import backends  # the registry only; imports no framework
 
         workload = load_workload(self.workload)
-        if self.data is not None and not workload.needs_data and not workloads.is_reference(self.workload):
+        if self.data is not None and not workload.reads_data and not workloads.is_reference(self.workload):
             raise UserError(f"--data {self.data}: workload {workload.name} reads no data files",
                             "drop --data (see `launcher workloads` for the workloads that read files)")
         if self.framework not in FRAMEWORKS:
@@ -186,6 +194,29 @@ class JobSpec:
             raise UserError(f"backend {self.backend} does not support {self.framework}",
                             f"it supports: {', '.join(backend.frameworks)}")
         return workload
+
+    def _check_boosting(self, workload) -> "JobSpec":
+        """--framework xgboost: refuse what a boosting run has no use for, in one line; returns the
+        spec with a boosting run's defaults (a checkpoint every 10 rounds, a notice check every
+        round) where the user gave none, or ``self``."""
+        if self.framework != "xgboost":
+            return self
+        neural = [(name, why) for name, why in (
+            ("epochs", "the rounds are --param num_boost_round=N"),
+            ("batch_size", "each round reads every row"), ("lr", "the learning rate is --param eta=X"),
+            ("precision", None), ("grad_clip", None), ("grad_accumulation", None), ("strategy", None),
+            ("min_workers", "an XGBoost run keeps a fixed group (XGBoost's tracker is set up for a fixed number of workers); a preempted worker is replaced and the run resumes at its last round checkpoint"))
+            if getattr(self, name) not in (_DEFAULTS[name], getattr(workload.defaults, name, None))]
+        if neural:
+            name, why = neural[0]
+            raise UserError(f"{_flag(name)} does not apply to an XGBoost run" + (f": {why}" if why else
+                            ": it trains trees, not a network"), f"drop {_flag(name)}")
+        defaults = {}
+        if self.checkpoint_every_steps is None:
+            defaults["checkpoint_every_steps"] = BOOSTING_CHECKPOINT_ROUNDS
+        if self.preemption_check_steps == _DEFAULTS["preemption_check_steps"]:
+            defaults["preemption_check_steps"] = 1  # a round takes long enough to ask after each
+        return dataclasses.replace(self, **defaults) if defaults else self
 
     def _check_numbers(self) -> None:
         for f in dataclasses.fields(self):
@@ -285,6 +316,7 @@ class JobSpec:
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 STRATEGIES = ("ddp", "fsdp")
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(JobSpec)}
 # Horovod's options and their defaults (which any backend accepts).
 HOROVOD_OPTIONS = {f.name: f.default for f in dataclasses.fields(JobSpec) if f.name.startswith("hvd_")}
 

@@ -17,7 +17,7 @@ from workloads.cifar import DATA_HELP as CIFAR_HELP
 
 def test_registry_lists_all_workloads():
     assert workloads.names() == ["digits-mlp", "mnist-mlp", "mnist-cnn", "cifar10-cnn",
-                                 "resnet18-synthetic", "resnet50-synthetic"]
+                                 "resnet18-synthetic", "resnet50-synthetic", "tabular"]
     with pytest.raises(workloads.UnknownName, match="valid: digits-mlp"):
         workloads.get("nope")
 

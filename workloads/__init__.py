@@ -15,11 +15,13 @@ from workloads.digits import DigitsMLP
 from workloads.mnist import MNIST
 from workloads.registry import Registry, UnknownName
 from workloads.synthetic import SyntheticResNet
+from workloads.tabular import Tabular
 from workloads.tf_models import keras
 from workloads.user import WorkloadError, is_reference, load_reference
 
 REGISTRY: Registry[Workload] = Registry("workload")
-for _w in (DigitsMLP(), MNIST("mlp"), MNIST("cnn"), CifarCNN(), SyntheticResNet(18), SyntheticResNet(50)):
+for _w in (DigitsMLP(), MNIST("mlp"), MNIST("cnn"), CifarCNN(), SyntheticResNet(18), SyntheticResNet(50),
+           Tabular()):
     REGISTRY.register(_w.name, _w)
 
 DEFAULT = "digits-mlp"

@@ -144,9 +144,14 @@ class Workload:
     frameworks: tuple[str, ...] = ("torch", "tensorflow")
     data_help: str | None = None  # what --data must point at; None: needs no files
     params: tuple[Param, ...] = field(default_factory=tuple)
+    data_optional: bool = False  # reads --data when given, and has data of its own without it
 
     @property
     def needs_data(self) -> bool:
+        return self.data_help is not None and not self.data_optional
+
+    @property
+    def reads_data(self) -> bool:
         return self.data_help is not None
 
     # -- parameters -------------------------------------------------------

@@ -137,8 +137,9 @@ def tf_config():
 
 class NativeBackend(Backend):
     name = "native"
-    description = "Ray Train's own: torch DDP (gloo on CPU, nccl on GPU), TF MultiWorkerMirroredStrategy"
-    frameworks = ("torch", "tensorflow")
+    description = ("Ray Train's own: torch DDP (gloo on CPU, nccl on GPU), TF MultiWorkerMirroredStrategy, "
+                   "XGBoost's collective")
+    frameworks = ("torch", "tensorflow", "xgboost")
 
     def trainer(self, spec, train_fn, loop_config, scaling_config, run_config):
         from launcher.backends import raytrain
@@ -147,6 +148,12 @@ class NativeBackend(Backend):
             # Ray's TensorflowTrainer does the same, but importing ray.train.tensorflow
             # imports TensorFlow into the driver (seconds, and C++ log noise) for nothing.
             return raytrain.trainer(train_fn, loop_config, tf_config(), scaling_config, run_config)
+        if spec.framework == "xgboost":
+            # Ray Train's XGBoost backend: XGBoost's tracker on the controller, each worker's
+            # training function inside XGBoost's communicator.
+            from ray.train.xgboost import XGBoostConfig
+
+            return raytrain.trainer(train_fn, loop_config, XGBoostConfig(), scaling_config, run_config)
         # Ray's TorchTrainer with TorchConfig, less torch in the driver and controller (raytrain.py).
         backend = raytrain.TorchProcessGroup(backend="nccl" if spec.gpus_per_worker > 0 else "gloo")
         return raytrain.trainer(train_fn, loop_config, backend, scaling_config, run_config)

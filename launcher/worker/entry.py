@@ -35,6 +35,13 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
         # Before anything imports TensorFlow (a training function's file does): the legacy
         # tf.keras, and TensorFlow's thread pools sized to the worker's CPUs.
         configure_tensorflow(max(1, int(spec.cpus_per_worker)))
+    if spec.framework == "xgboost":
+        from launcher.worker.xgb_loop import BoostingTraining, XGBComm
+
+        comm = XGBComm()
+        comm.setup()
+        BoostingTraining(spec, comm).start(config, started)
+        return
     function = _training_function(spec)
     if function is not None and function.kind == workloads.function.RAY_TRAIN:
         # Written for Ray Train's TorchTrainer: Ray's own API inside, the run's values as config.

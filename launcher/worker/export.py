@@ -5,6 +5,10 @@ dimension: ``torch.export.load(path).module()(x)`` needs none of our code),
 ``state_dict.pt`` (the weights, for ``load_state_dict``) and ``model.json``
 (workload, input shape, classes).
 
+For XGBoost: ``model.bst`` (the booster as Vertex AI's prebuilt XGBoost container loads it:
+``xgboost.Booster(model_file=path)``; UBJSON inside), ``booster.json`` (the same booster in
+XGBoost's JSON) and ``model.json``, describing the features, objective and classes.
+
 For TensorFlow: ``saved_model/`` (TensorFlow's SavedModel format:
 ``tf.saved_model.load(path).serve(x)`` or ``tf_keras.models.load_model``),
 ``model.weights.npz`` and the same ``model.json``. Both take the same input:
@@ -33,8 +37,36 @@ def _describe(spec, workload, shape, files: dict[str, str], directory: str) -> N
 
 def export(spec, checkpoint_dir: str, storage: Storage) -> str:
     """Export the framework's model in ``checkpoint_dir``; returns the model folder's URI."""
-    fn = export_tensorflow if spec.framework == "tensorflow" else export_torch
+    fn = {"tensorflow": export_tensorflow, "xgboost": export_xgboost}.get(spec.framework, export_torch)
     return fn(spec, checkpoint_dir, storage)
+
+
+def export_xgboost(spec, checkpoint_dir: str, storage: Storage) -> str:
+    """The booster in ``checkpoint_dir`` as ``model.bst`` and ``booster.json`` under
+    ``<storage>/<name>/model/``, with a ``model.json`` naming its features; returns the URI."""
+    import xgboost as xgb
+
+    booster = xgb.Booster()
+    with open(os.path.join(checkpoint_dir, "model.ubj"), "rb") as f:
+        booster.load_model(bytearray(f.read()))
+    config = json.loads(booster.save_config())["learner"]
+    objective = config["objective"]["name"]
+    classes = int(config["learner_model_param"].get("num_class", "0") or 0)
+    with tempfile.TemporaryDirectory(prefix="launcher-export-") as d:
+        with open(os.path.join(d, "model.bst"), "wb") as f:
+            f.write(bytes(booster.save_raw("ubj")))
+        booster.save_model(os.path.join(d, "booster.json"))
+        with open(os.path.join(d, "model.json"), "w", encoding="utf-8") as f:
+            json.dump({"workload": spec.workload, "framework": "xgboost", "objective": objective,
+                       "num_classes": classes or (2 if objective.startswith("binary:") else None),
+                       "features": booster.feature_names or [],
+                       "label": spec.params.get("label"), "rounds": booster.num_boosted_rounds(),
+                       "params": spec.params, "data": spec.data,
+                       "files": {"model.bst": "the booster (UBJSON): xgboost.Booster(model_file=p), as Vertex AI's "
+                                              "prebuilt XGBoost container loads it",
+                                 "booster.json": "the same booster in XGBoost's JSON"}}, f, indent=1)
+        storage.upload_dir(d, spec.name, "model")
+    return storage.uri_of(spec.name, "model")
 
 
 def export_torch(spec, checkpoint_dir: str, storage: Storage) -> str:

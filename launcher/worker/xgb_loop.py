@@ -1,0 +1,213 @@
+"""The managed loop for gradient-boosted trees: XGBoost on Ray Train's XGBoost backend.
+
+Ray Train's ``XGBoostConfig`` starts XGBoost's collective tracker and runs every worker's
+training function inside XGBoost's communicator, so ``xgboost.train`` here is distributed
+XGBoost: each worker holds its rows of the table, histograms are summed over the workers,
+and every worker ends each round with the same booster.
+
+A round is a step. The run is one epoch of ``num_boost_round`` steps, and everything the
+launcher promises for steps holds per round: a checkpoint every ``--checkpoint-every-steps``
+rounds (rank 0 writes the booster, UBJSON, then the manifest), resume at the round (the
+booster is loaded and the remaining rounds are trained on top of it; with ``subsample`` 1
+the result is bitwise the booster of an uninterrupted run), and a preemption notice
+checked between rounds (a checkpoint at once, then hold).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import time
+from typing import Any
+
+import numpy as np
+import xgboost as xgb
+
+import workloads
+from launcher.backends.base import Comm
+from launcher.spec import JobSpec
+from launcher.storage import Storage
+from launcher.storage.checkpoint import read_manifest
+from launcher.storage.datacache import local_data
+from launcher.worker.loop import Position, Session, checkpoint_to_resume, memory_report, peak_memory_mb
+
+BOOSTER_FILE = "model.ubj"  # in a checkpoint: the booster after its rounds (XGBoost's UBJSON)
+
+
+class XGBComm(Comm):
+    """Rank and world size from Ray Train, sums through XGBoost's own collective (the
+    communicator Ray Train's XGBoost backend opened around the training function)."""
+
+    def setup(self) -> None:
+        import ray.train
+
+        ctx = ray.train.get_context()
+        self._rank, self._world = ctx.get_world_rank(), ctx.get_world_size()
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        return self._world
+
+    def allreduce_sum(self, values):
+        values = np.asarray(values, dtype=np.float64)
+        if self._world == 1:
+            return values
+        from xgboost import collective
+
+        return np.asarray(collective.allreduce(values, collective.Op.SUM), dtype=np.float64)
+
+
+def _booster_digest(booster) -> str:
+    return hashlib.sha256(bytes(booster.save_raw("ubj"))).hexdigest()
+
+
+class BoostingTraining(Session):
+    """One worker of a boosting run: its rows as DMatrix, the booster, the rounds."""
+
+    def __init__(self, spec: JobSpec, comm) -> None:
+        super().__init__(spec, comm)
+        self.workload = workloads.get(spec.workload)
+        data = local_data(spec.data)
+        params = spec.params
+        train = self.workload.load(data, "train", self.rank, self.world, params)
+        test = self.workload.load(data, "test", self.rank, self.world, params)
+        # The objective and the number of classes from the whole training split, the same on
+        # every rank whatever its rows hold.
+        whole = self.workload.load(data, "train", 0, 1, params)
+        self.params = self.workload.booster_params(whole.y, params, spec.seed)
+        self.is_classifier = self.params["objective"].startswith(("multi:", "binary:"))
+        names = self.workload.feature_names(data, params)
+        self.dtrain = xgb.DMatrix(train.x, label=train.y, feature_names=names)
+        self.dtest = xgb.DMatrix(test.x, label=test.y, feature_names=names)
+        self.test_labels = test.y
+        self.train_rows = len(train)
+        self.rounds = int(params["num_boost_round"])
+        self.steps_per_epoch = self.rounds
+        self.booster = None
+        self.evals_log: dict[str, dict[str, list[float]]] = {}
+
+    # -- checkpoints ----------------------------------------------------------------------------
+    def restore(self, directory: str) -> None:
+        manifest = read_manifest(directory)
+        if manifest.framework != "xgboost":
+            raise RuntimeError(f"checkpoint {directory} was written by {manifest.framework}, not xgboost")
+        booster = xgb.Booster()
+        with open(os.path.join(directory, BOOSTER_FILE), "rb") as f:
+            booster.load_model(bytearray(f.read()))
+        self.booster = booster
+        # A round's position means the same at any worker count: the booster is the whole model.
+        self.restored(Position(manifest.epoch, manifest.step_in_epoch, manifest.global_step), manifest,
+                      across_layouts=True)
+
+    def save(self, directory: str, metrics: dict[str, Any]) -> None:
+        if self.rank != 0:
+            return
+        with open(os.path.join(directory, BOOSTER_FILE), "wb") as f:
+            f.write(bytes(self.booster.save_raw("ubj")))
+        self.write_manifest(directory, metrics)
+
+    def sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
+        return self.comm.allreduce_sum(values)
+
+    def weights_digest(self) -> str:
+        return _booster_digest(self.booster)
+
+    # -- the loop -------------------------------------------------------------------------------
+    def start(self, config: dict[str, Any], started: float) -> None:
+        import ray.train
+
+        self.board = config.get("board")
+        self.notices = config.get("notices", True)
+        model_ready = time.time()
+        chosen = checkpoint_to_resume(config, Storage.resolve(self.spec.storage), self.spec.name)
+        if chosen is not None:
+            with ray.train.Checkpoint(chosen[1], filesystem=chosen[0]).as_directory() as d:
+                self.restore(d)
+        if self.rank == 0:
+            self.marks.update(worker_start=started, model_ready=model_ready, worker_ready=time.time())
+        self.fit()
+
+    def fit(self) -> None:
+        done = self.pos.global_step
+        if self.pos.epoch >= 1 or done >= self.rounds:
+            self.pos.epoch, self.pos.step_in_epoch = 1, 0
+            self.send({"kind": "done", **self.evaluate()}, checkpoint=False)
+            return
+        started = time.perf_counter()
+        booster = xgb.train(self.params, self.dtrain, num_boost_round=self.rounds - done, xgb_model=self.booster,
+                            evals=[(self.dtrain, "train"), (self.dtest, "test")], verbose_eval=False,
+                            callbacks=[Rounds(self)])
+        took = time.perf_counter() - started
+        self.booster = booster
+        self.pos.epoch, self.pos.step_in_epoch = 1, 0
+        rows = self.sum_over_ranks(np.array([self.train_rows * (self.rounds - done)], dtype=np.float64))[0]
+        own = np.zeros((2, self.world))
+        own[:, self.rank] = peak_memory_mb()
+        rss, gpu = self.sum_over_ranks(own.ravel()).reshape(2, self.world)
+        extra = {"weights_sha256": self.weights_digest()} if self.rank == 0 else {}
+        self.send({"kind": "epoch", "train_loss": self._last("train"), "samples": int(rows),
+                   "train_time_s": took, "samples_per_s": rows / took if took > 0 else 0.0,
+                   **self.evaluate(), **memory_report(rss, gpu), **extra})
+
+    def round_done(self, booster, evals_log: dict, round_started: float) -> None:
+        """After each round (the callback): the position, then progress, notices and checkpoints."""
+        self.booster, self.evals_log = booster, evals_log
+        self.pos.step_in_epoch += 1
+        self.pos.global_step += 1
+        self.after_step(round_started, epoch_ends=self.pos.global_step >= self.rounds, values=self.round_metrics)
+
+    # -- metrics ----------------------------------------------------------------------------------
+    def _last(self, name: str) -> float:
+        """The last value of the first metric XGBoost logged for eval set ``name``."""
+        logged = self.evals_log.get(name) or {}
+        for values in logged.values():
+            return float(values[-1])
+        return float("nan")
+
+    def round_metrics(self) -> dict[str, float]:
+        out = {"train_loss": self._last("train"), "loss": self._last("test")}
+        for name, logged in self.evals_log.items():
+            for metric, values in logged.items():
+                out[f"{name}_{metric}"] = float(values[-1])
+        return out
+
+    def evaluate(self) -> dict[str, float]:
+        """The test split's metrics (XGBoost sums them over the workers) and, for a classifier,
+        its accuracy over every rank's rows."""
+        if self.booster is None:
+            return {}
+        text = self.booster.eval(self.dtest, "test")  # "[0]\ttest-mlogloss:0.1234"
+        out: dict[str, float] = {}
+        for item in text.split("\t")[1:]:
+            metric, _, value = item.partition(":")
+            out[metric.replace("-", "_")] = float(value)
+        if out:
+            out["loss"] = next(iter(out.values()))
+        if self.is_classifier:
+            scores = self.booster.predict(self.dtest)
+            predicted = scores.argmax(1) if scores.ndim == 2 else (scores > 0.5).astype(np.int64)
+            hits = self.sum_over_ranks(np.array([float((predicted == self.test_labels).sum()),
+                                                 float(len(self.test_labels))]))
+            out["accuracy"] = float(hits[0] / max(1.0, hits[1]))
+        return out
+
+
+class Rounds(xgb.callback.TrainingCallback):
+    """XGBoost's training callback that hands every round to the session."""
+
+    def __init__(self, session: BoostingTraining) -> None:
+        super().__init__()
+        self.session = session
+        self.started = time.perf_counter()
+
+    def before_iteration(self, model, epoch, evals_log) -> bool:
+        self.started = time.perf_counter()
+        return False
+
+    def after_iteration(self, model, epoch, evals_log) -> bool:
+        self.session.round_done(model, evals_log, self.started)
+        return False

@@ -1,0 +1,174 @@
+"""--framework xgboost: the tabular workload on Ray Train's XGBoost backend.
+
+Fast tier: the spec's refusals and defaults, the table reader's one-line errors, the objective
+chosen from the labels. Integration: distributed XGBoost on 2 workers learns, a run stopped
+after a round checkpoint resumes at that round and ends with the very booster of an
+uninterrupted run, and the exported model.bst loads in plain XGBoost.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+
+import numpy as np
+import pytest
+
+import workloads
+from launcher.errors import UserError
+from launcher.spec import JobSpec
+from test_session import finish, launch, stop_after_step_checkpoint
+from test_user_workloads import run_cli
+from workloads.tabular import Tabular, read_table
+
+TABULAR = Tabular()
+
+
+def diabetes_csv(folder) -> str:
+    """scikit-learn's bundled diabetes table (442 rows, 10 features, a real-valued target) as a CSV."""
+    import sklearn
+
+    base = os.path.join(os.path.dirname(sklearn.__file__), "datasets", "data")
+    with gzip.open(os.path.join(base, "diabetes_data_raw.csv.gz"), "rt") as f:
+        x = np.loadtxt(f)
+    with gzip.open(os.path.join(base, "diabetes_target.csv.gz"), "rt") as f:
+        y = np.loadtxt(f)
+    os.makedirs(folder, exist_ok=True)
+    path = os.path.join(str(folder), "diabetes.csv")
+    names = ["age", "sex", "bmi", "bp", "s1", "s2", "s3", "s4", "s5", "s6"]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(",".join(names + ["progression"]) + "\n")
+        for row, target in zip(x, y):
+            f.write(",".join(f"{v:g}" for v in row) + f",{target:g}\n")
+    return path
+
+
+# -- the spec ---------------------------------------------------------------------------------------
+
+def test_xgboost_trains_the_tabular_workload_with_round_checkpoints_by_default():
+    spec = JobSpec(framework="xgboost").validated()
+    assert (spec.workload, spec.epochs, spec.checkpoint_every_steps, spec.preemption_check_steps) == \
+        ("tabular", 1, 10, 1)
+    assert spec.params["num_boost_round"] == 50
+    given = JobSpec(framework="xgboost", checkpoint_every_steps=5, preemption_check_steps=3).validated()
+    assert (given.checkpoint_every_steps, given.preemption_check_steps) == (5, 3)
+    assert given.validated() == given  # a validated spec validates to itself
+
+
+@pytest.mark.parametrize("changes, needle", [
+    ({"epochs": 3}, "--param num_boost_round"),
+    ({"lr": 0.1}, "--param eta"),
+    ({"strategy": "fsdp"}, "not a network"),
+    ({"precision": "bf16"}, "not a network"),
+    ({"min_workers": 1}, "fixed group"),
+    ({"backend": "horovod"}, "does not support xgboost"),
+    ({"params": {"tree_method": "exact"}}, "no exact method"),
+    ({"params": {"depth": 3}}, "has no parameter 'depth'"),
+])
+def test_what_a_boosting_run_cannot_take_is_refused(changes, needle):
+    with pytest.raises(UserError, match=needle):
+        JobSpec(framework="xgboost", **changes).validated()
+
+
+def test_the_tabular_workload_is_refused_for_torch():
+    with pytest.raises(UserError, match="use --framework xgboost"):
+        JobSpec(workload="tabular").validated()
+
+
+# -- the table ----------------------------------------------------------------------------------------
+
+def test_without_data_the_table_is_the_digits_and_splits_cover_every_row():
+    params = TABULAR.resolve_params({})
+    x, y, names = read_table(None, "label")
+    assert x.shape == (1797, 64) and len(names) == 64 and set(np.unique(y)) == set(range(10))
+    test = [TABULAR.load(None, "test", r, 3, params) for r in range(3)]
+    train = [TABULAR.load(None, "train", r, 3, params) for r in range(3)]
+    assert sum(len(s) for s in test) == 359 and sum(len(s) for s in train) == 1797 - 359
+    rows = {tuple(row) for s in train + test for row in np.c_[s.x, s.y]}
+    assert len(rows) == len({tuple(row) for row in np.c_[x, y]})  # every row once
+    assert TABULAR.booster_params(y, params, 7)["objective"] == "multi:softprob"
+    assert TABULAR.booster_params(y, params, 7)["num_class"] == 10
+
+
+def test_csv_and_a_parquet_folder_read_alike(tmp_path):
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    path = diabetes_csv(tmp_path)
+    x, y, names = read_table(path, "progression")
+    assert x.shape == (442, 10) and names[:3] == ["age", "sex", "bmi"] and y.dtype.kind in "if"
+    folder = tmp_path / "parquet"
+    folder.mkdir()
+    table = pacsv.read_csv(path)
+    pq.write_table(table.slice(0, 200), str(folder / "part-0.parquet"))
+    pq.write_table(table.slice(200), str(folder / "part-1.parquet"))
+    x2, y2, names2 = read_table(str(folder), "progression")
+    assert names2 == names and np.array_equal(x2, x) and np.array_equal(y2, y)
+    params = TABULAR.resolve_params({"label": "progression"})
+    assert TABULAR.booster_params(y, params, 0)["objective"] == "reg:squarederror"
+    binary = (y > np.median(y)).astype(np.int64)
+    assert TABULAR.booster_params(binary, params, 0)["objective"] == "binary:logistic"
+
+
+@pytest.mark.parametrize("content, label, needle", [
+    ("a,b,target\n1,2,0\n3,4,1\n", "label", "has no label column 'label' (its columns: a, b, target)"),
+    ("a,colour,label\n1,red,0\n3,blue,1\n", "label", "feature column 'colour' is string, not numeric (e.g. 'red')"),
+    ("a,label\n1,0\n2,\n", "label", "the label column 'label' has 1 empty value"),
+])
+def test_a_bad_table_is_one_line_before_any_worker_starts(capsys, tmp_path, content, label, needle):
+    path = tmp_path / "table.csv"
+    path.write_text(content)
+    code, _, err = run_cli(capsys, "run", "--framework", "xgboost", "--data", str(path), "--param",
+                           f"label={label}", "--storage", str(tmp_path / "runs"))
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and needle in lines[0], err
+    assert not (tmp_path / "runs" / "ray").exists()
+
+
+def test_a_missing_data_file_and_a_folder_without_tables_are_one_line(capsys, tmp_path):
+    for data, needle in ((tmp_path / "nothing.csv", "does not exist"), (tmp_path, "holds no")):
+        code, _, err = run_cli(capsys, "run", "--framework", "xgboost", "--data", str(data),
+                               "--storage", str(tmp_path / "runs"))
+        assert code == 2 and needle in err and err.count("\n") == 1, err
+
+
+def test_workloads_lists_tabular_with_its_xgboost_params(capsys):
+    code, out, _ = run_cli(capsys, "workloads", "--json")
+    assert code == 0
+    tabular = next(w for w in json.loads(out) if w["name"] == "tabular")
+    assert tabular["frameworks"] == ["xgboost"] and {"num_boost_round", "eta", "max_depth"} <= set(tabular["params"])
+
+
+# -- training (a real local Ray, real processes) ------------------------------------------------------
+
+@pytest.mark.integration
+def test_xgboost_on_2_workers_learns_resumes_at_the_round_and_exports_a_booster(tmp_path):
+    import xgboost as xgb
+
+    storage = str(tmp_path / "runs")
+    data = diabetes_csv(tmp_path / "data")
+    args = ["--framework", "xgboost", "--data", data, "--param", "label=progression", "--param",
+            "num_boost_round=30", "--param", "max_depth=3", "--param", "eta=0.1", "--checkpoint-every-steps",
+            "8", "--storage", storage]
+    whole = finish(launch(args + ["--name", "whole"]))
+    assert whole["status"] == "succeeded" and whole["steps_completed"] == 30, whole
+    m = whole["metrics"]
+    # It learned: the target's spread is about 77; predicting the mean scores an rmse of that.
+    assert m["test_rmse"] < 65 and m["train_loss"] < 50, m
+
+    stopped = stop_after_step_checkpoint(args + ["--name", "stopped"], tmp_path)
+    assert stopped["status"] == "cancelled" and stopped["steps_completed"] < 30, stopped
+    resumed = finish(launch(args + ["--name", "stopped"]))
+    assert resumed["resumed_from"] == {"epoch": 0, "step": 8}, resumed
+    assert resumed["weights_sha256"] == whole["weights_sha256"]  # the very booster, bitwise
+
+    model = os.path.join(storage, "whole", "model")
+    described = json.load(open(os.path.join(model, "model.json")))
+    assert described["objective"] == "reg:squarederror" and described["features"][:2] == ["age", "sex"]
+    booster = xgb.Booster(model_file=os.path.join(model, "model.bst"))
+    assert booster.num_boosted_rounds() == 30
+    x, _, names = read_table(data, "progression")
+    again = xgb.Booster(model_file=os.path.join(storage, "stopped", "model", "booster.json"))
+    rows = xgb.DMatrix(x[:20], feature_names=names)
+    assert np.array_equal(booster.predict(rows), again.predict(rows))
