@@ -15,6 +15,8 @@ def test_doctor_reports_every_framework_and_backend(capsys):
     assert {"torch", "tensorflow", "native/torch", "horovod/torch", "horovod/tensorflow"} <= set(checks)
     assert checks["torch"]["usable"] and checks["torch"]["detail"].startswith("torch 2.")
     assert checks["native/torch"]["usable"]
+    assert checks["xgboost"]["detail"].startswith("xgboost 3.") and checks["native/xgboost"]["usable"]
+    assert checks["scikit-learn"]["usable"] and checks["scikit-learn"]["detail"].startswith("scikit-learn 1.")
     if importlib.util.find_spec("horovod") is None:
         assert not checks["horovod/torch"]["usable"]
         assert "scripts/install-horovod" in checks["horovod/torch"]["detail"]

@@ -17,14 +17,18 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
-FRAMEWORKS = ("torch", "tensorflow")
+FRAMEWORKS = ("torch", "tensorflow", "xgboost", "scikit-learn")
 SETUP_HINT = "run scripts/setup-env (or pip install -e .) to install the pinned dependencies"
 # How to import each framework the way the launcher does (TF: legacy tf.keras).
 FRAMEWORK_PROBES = {
     "torch": ("import torch; print(torch.__version__)", {}),
     "tensorflow": ("import tensorflow as tf, tf_keras; print(tf.__version__)",
                    {"TF_USE_LEGACY_KERAS": "1", "TF_CPP_MIN_LOG_LEVEL": "3"}),
+    "xgboost": ("import xgboost; print(xgboost.__version__)", {}),
+    # scikit-learn: not a --framework of its own; trainer packages (Vertex AI's sklearn containers) use it.
+    "scikit-learn": ("import sklearn; print(sklearn.__version__)", {}),
 }
+TRAINING_FRAMEWORKS = ("torch", "tensorflow", "xgboost")  # those a backend trains (--framework)
 
 
 @dataclass
@@ -88,7 +92,7 @@ def diagnose() -> list[Check]:
             w.result()
     checks = [Check("framework", f, ok, detail) for f, (ok, detail) in fw.items()]
     for backend in backends.REGISTRY:
-        checks.extend(backend_check(backend, f, fw[f]) for f in FRAMEWORKS)
+        checks.extend(backend_check(backend, f, fw[f]) for f in TRAINING_FRAMEWORKS)
     return checks
 
 

@@ -122,7 +122,9 @@ def format_summary(s: RunSummary) -> str:
     if s.note:
         lines.append(f"  {s.note}")
     lines.append(f"  {s.workload} / {s.framework} / {s.backend}, {s.workers} workers")
-    lines.append(f"  epochs {s.epochs_completed}/{s.epochs}, steps {s.steps_completed}"
+    done = (f"rounds {s.steps_completed}" if s.framework == "xgboost"
+            else f"epochs {s.epochs_completed}/{s.epochs}, steps {s.steps_completed}")
+    lines.append(f"  {done}"
                  + (f", resumed {resume_point(s.resumed_from, s.epochs)}" if s.resumed_from else "")
                  + (f", {s.restarts} restart(s)" if s.restarts else ""))
     if s.restarts or s.preemption_notices:

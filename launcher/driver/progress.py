@@ -32,6 +32,16 @@ def format_epoch(m: dict[str, Any], epochs: int, elapsed: float) -> str:
     return "  ".join(parts)
 
 
+def format_round(m: dict[str, Any], rounds: int, elapsed: float) -> str:
+    """A boosting run's line at a round checkpoint (its one epoch holds every round)."""
+    parts = [f"round {m.get('global_step')}/{rounds}"]
+    for key, fmt in (("train_loss", "train {:.4f}"), ("loss", "test {:.4f}")):
+        if isinstance(m.get(key), (int, float)):
+            parts.append(fmt.format(m[key]))
+    parts.append(f"elapsed {elapsed:.1f}s")
+    return "  ".join(parts)
+
+
 class Progress:
     def __init__(self, epochs: int, stream: TextIO | None = None, enabled: bool = True) -> None:
         self.epochs = epochs

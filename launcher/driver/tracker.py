@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from launcher.driver import startup, trainer
-from launcher.driver.progress import Progress, format_epoch
+from launcher.driver.progress import Progress, format_epoch, format_round
 from launcher.spec import JobSpec
 from launcher.storage.checkpoint import Manifest, complete_checkpoints, resume_point
 from launcher.storage.runlog import RunLog
@@ -119,6 +119,8 @@ class Tracker:
             self._note_wait(m)
             self.memory = peak_memory([self.memory, m])
             self.progress.epoch(m, self.elapsed())
+        if kind == "step" and self.spec.framework == "xgboost":  # one epoch of many rounds: a line per checkpoint
+            self.progress.note(format_round(m, int(self.spec.params.get("num_boost_round", 0)), self.elapsed()))
         if kind in ("epoch", "step", "preemption"):
             self._record(m)
         if kind == "epoch" and self.on_epoch is not None:

@@ -113,3 +113,25 @@ def test_a_notice_costs_a_sharded_run_no_steps(lab, setup):
     assert (s.restarts, s.preemption_notices, s.steps_lost) == (1, 1, 0), s
     assert s.weights_sha256 == reference.weights_sha256
     assert s.notice_checkpoint_s is not None and 0 < s.notice_checkpoint_s < 30, s.notice_checkpoint_s
+
+
+def test_a_notice_costs_an_xgboost_run_no_rounds(lab, setup):
+    """--framework xgboost: the notice is seen between rounds; the booster of that round is
+    checkpointed, the group restarts on the replacement node (a new XGBoost tracker) and trains
+    the remaining rounds on top of it: the uninterrupted run's booster, bitwise."""
+    rounds = 600
+
+    def spec(name: str) -> JobSpec:
+        return JobSpec(framework="xgboost", params={"num_boost_round": rounds, "max_depth": 4, "eta": 0.05},
+                       storage=setup[1], name=name, address=lab.address).validated()
+
+    reference = run_in_background(spec("xgb_reference")).wait()
+    assert (reference.status, reference.steps_completed) == ("succeeded", rounds), reference
+    run = run_in_background(spec("xgb_notice"))
+    run.wait_for_checkpoint(lambda m: m.global_step >= 10)
+    lab.preempt(0)
+    s = run.wait()
+    assert s.status == "succeeded" and s.steps_completed == rounds, s
+    assert (s.restarts, s.preemption_notices, s.steps_lost) == (1, 1, 0), s
+    assert s.weights_sha256 == reference.weights_sha256
+    assert s.metrics["accuracy"] > 0.9, s.metrics
