@@ -212,6 +212,36 @@ def test_a_search_over_lr_runs_every_trial_and_picks_the_best(ray_local, tmp_pat
 
 
 @pytest.mark.integration
+def test_a_search_over_xgboost_depth_picks_the_best_booster(ray_local, tmp_path, capsys, storage):
+    path = write_yaml(tmp_path, """
+        framework: xgboost
+        workers: 1
+        params:
+          num_boost_round: 15
+        hyperparameters:
+          goal: MINIMIZE
+          hyperparameterMetricTag: loss
+          maxTrials: 3
+          maxParallelTrials: 1
+          algorithm: GRID_SEARCH
+          params:
+            - parameterName: max_depth
+              type: DISCRETE
+              discreteValues: [1, 3, 6]
+    """)
+    code = main(["tune", "--config", path, "--storage", storage, "--name", "depth", "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err[-3000:]
+    result = json.loads(last_line(captured.out))
+    rows, best = result["trials"], result["summary"]["best"]
+    assert sorted(r["max_depth"] for r in rows) == [1, 3, 6] and all(r["status"] == "succeeded" for r in rows)
+    assert best["loss"] == min(r["loss"] for r in rows)
+    by_depth = {r["max_depth"]: r["loss"] for r in rows}
+    assert by_depth[1] > by_depth[6], by_depth  # stumps learn the digits worst: the search told them apart
+    assert os.path.isfile(os.path.join(best["model"], "model.bst"))
+
+
+@pytest.mark.integration
 def test_asha_stops_a_trial_that_barely_learns(ray_local, tmp_path, capsys, storage):
     path = write_yaml(tmp_path, """
         workload: digits-mlp

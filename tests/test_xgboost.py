@@ -172,3 +172,14 @@ def test_xgboost_on_2_workers_learns_resumes_at_the_round_and_exports_a_booster(
     again = xgb.Booster(model_file=os.path.join(storage, "stopped", "model", "booster.json"))
     rows = xgb.DMatrix(x[:20], feature_names=names)
     assert np.array_equal(booster.predict(rows), again.predict(rows))
+
+
+def test_predict_refuses_a_booster_in_one_line(capsys, tmp_path):
+    model = tmp_path / "runs" / "boosted" / "model"
+    model.mkdir(parents=True)
+    (model / "model.json").write_text(json.dumps({"workload": "tabular", "framework": "xgboost",
+                                                  "files": {"model.bst": "", "booster.json": ""}}))
+    (tmp_path / "in.npy").write_bytes(b"")
+    code, _, err = run_cli(capsys, "predict", "--model", str(tmp_path / "runs" / "boosted"), "--input",
+                           str(tmp_path / "in.npy"), "--output", str(tmp_path / "out"))
+    assert code == 2 and "holds an XGBoost booster (booster.json, model.bst)" in err and err.count("\n") == 1, err

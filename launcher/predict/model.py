@@ -98,6 +98,10 @@ def _check_servable(info: dict[str, Any], what: str, where: str) -> None:
     """Predict and serve take classifiers with a known input shape (a built-in or managed-loop
     workload's export): any other model is one line here, before Ray starts."""
     files = ", ".join(sorted(info.get("files") or {})) or "its files"
+    if info.get("framework") == "xgboost":
+        raise UserError(f"{what}: {where} holds an XGBoost booster ({files}): predict and serve take the torch and "
+                        "TensorFlow workloads' classifiers for now",
+                        f"load {where}/model.bst with xgboost.Booster(model_file=...) and predict in your own code")
     if info.get("kind") == "training function" or "input_shape" not in info:
         raise UserError(f"{what}: {where} holds a training function's model ({files}), whose class is in your "
                         "code: predict and serve take the built-in and managed-loop workloads' classifiers",
