@@ -27,6 +27,7 @@ from launcher.storage.uri import DEFAULT_STORAGE, normalize_data, normalize_stor
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
 FRAMEWORKS = ("torch", "tensorflow", "xgboost")
+PROGRAM_FRAMEWORKS = ("sklearn",)  # only a program's (--package, --script): no built-in workload trains with it
 BOOSTING_WORKLOAD = "tabular"  # what --framework xgboost trains when no --workload is given
 BOOSTING_CHECKPOINT_ROUNDS = 10  # a boosting run's checkpoint cadence when none is given
 __all__ = ["JobSpec", "FRAMEWORKS", "HOROVOD_OPTIONS", "check_name", "default_name", "load_spec_file",
@@ -46,7 +47,8 @@ class JobSpec:
                            help="a built-in workload (see `launcher workloads`; default digits-mlp) or yours: "
                            "FILE.py:NAME or package.module:NAME")
     framework: str = option("torch", help="torch (default), tensorflow or xgboost (gradient-boosted trees on "
-                            "the tabular workload: a round is a step)")
+                            "the tabular workload: a round is a step); for a --package or --script program also "
+                            "sklearn (found from its imports when not given)")
     backend: str = option("native", help="native (Ray Train's own: torch DDP, TF MultiWorkerMirroredStrategy; "
                           "default) or horovod (see `launcher doctor`)")
     workers: int = option(2, help="number of worker processes (default 2)")
@@ -180,6 +182,10 @@ class JobSpec:
         if self.data is not None and not workload.reads_data and not workloads.is_reference(self.workload):
             raise UserError(f"--data {self.data}: workload {workload.name} reads no data files",
                             "drop --data (see `launcher workloads` for the workloads that read files)")
+        if self.framework in PROGRAM_FRAMEWORKS:
+            raise UserError(f"--framework {self.framework} labels a scikit-learn trainer package or script: no "
+                            "built-in workload trains with it", "run it with --package DIR --module trainer.task "
+                            "(or --script FILE), or use --framework xgboost for boosted trees on a table")
         if self.framework not in FRAMEWORKS:
             raise UserError(f"unknown framework {self.framework!r}", f"valid: {', '.join(FRAMEWORKS)}")
         if self.framework not in workload.frameworks:

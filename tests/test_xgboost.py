@@ -183,3 +183,54 @@ def test_predict_refuses_a_booster_in_one_line(capsys, tmp_path):
     code, _, err = run_cli(capsys, "predict", "--model", str(tmp_path / "runs" / "boosted"), "--input",
                            str(tmp_path / "in.npy"), "--output", str(tmp_path / "out"))
     assert code == 2 and "holds an XGBoost booster (booster.json, model.bst)" in err and err.count("\n") == 1, err
+
+
+# -- scikit-learn and XGBoost trainer packages --------------------------------------------------------
+
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
+
+
+@pytest.mark.parametrize("folder, expected", [("sklearn_package", "sklearn"), ("xgboost_package", "xgboost"),
+                                              ("trainer_package", None)])
+def test_a_package_that_trains_on_its_own_is_told_from_its_imports(folder, expected):
+    from launcher.driver.program import from_package, single_process_framework
+
+    program = from_package(os.path.join(EXAMPLES, folder), "trainer.task")
+    assert single_process_framework(program) == expected, sorted(program.libraries)
+
+
+def test_framework_sklearn_is_for_programs_and_not_for_horovod(capsys, tmp_path):
+    with pytest.raises(UserError, match="labels a scikit-learn trainer package or script"):
+        JobSpec(framework="sklearn").validated()
+    code, _, err = run_cli(capsys, "run", "--package", os.path.join(EXAMPLES, "sklearn_package"), "--module",
+                           "trainer.task", "--backend", "horovod", "--storage", str(tmp_path / "runs"))
+    assert code == 2 and "with a scikit-learn program: scikit-learn trains in one process" in err, err
+
+
+@pytest.mark.integration
+def test_sklearn_and_xgboost_packages_run_as_what_they_are_with_their_models_where_vertex_puts_them(tmp_path):
+    import joblib
+    import xgboost as xgb
+    from sklearn.datasets import load_digits
+
+    storage = str(tmp_path / "runs")
+    sk = launch(["--package", os.path.join(EXAMPLES, "sklearn_package"), "--module", "trainer.task",
+                 "--storage", storage, "--name", "sk"])
+    _, err = sk.communicate(timeout=300)
+    assert sk.returncode == 0, err[-3000:]
+    assert "imports scikit-learn and no library that trains across processes: it runs once" in err
+    summary = json.load(open(os.path.join(storage, "sk", "summary.json")))
+    assert (summary["framework"], summary["workers"], summary["status"]) == ("sklearn", 1, "succeeded"), summary
+    x, y = load_digits(return_X_y=True)
+    model = joblib.load(os.path.join(storage, "sk", "model", "model.joblib"))  # AIP_MODEL_DIR
+    assert model.score(x, y) > 0.9
+
+    boosted = launch(["--package", os.path.join(EXAMPLES, "xgboost_package"), "--module", "trainer.task",
+                      "--workers", "2", "--storage", storage, "--name", "xg", "--", "--rounds", "10"])
+    _, err = boosted.communicate(timeout=300)
+    assert boosted.returncode == 0, err[-3000:]
+    assert "imports XGBoost and no library that trains across processes: each of the 2 workers runs it" in err
+    summary = json.load(open(os.path.join(storage, "xg", "summary.json")))
+    assert (summary["framework"], summary["workers"]) == ("xgboost", 2), summary
+    booster = xgb.Booster(model_file=os.path.join(storage, "xg", "model", "model.bst"))
+    assert booster.num_boosted_rounds() == 10

@@ -172,9 +172,12 @@ class NativeBackend(Backend):
         return raytrain.trainer(train_fn, config, backend, scaling_config, run_config)
 
     def script_threads(self, framework: str) -> str | None:
-        return None if framework == "tensorflow" else "1"  # torchrun's default for several processes
+        # torchrun's default for several processes; a TF_CONFIG script, scikit-learn or XGBoost use every core
+        return "1" if framework == "torch" else None
 
     def script_env(self, framework: str) -> dict[str, str]:
+        if framework in ("sklearn", "xgboost"):  # a program that trains on its own: no rendezvous to give it
+            return {}
         if framework == "tensorflow":
             # tf-keras is installed: Keras 3's model.fit fails under MultiWorkerMirroredStrategy.
             return {"TF_CONFIG": os.environ["TF_CONFIG"], "TF_USE_LEGACY_KERAS": "1"}

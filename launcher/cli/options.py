@@ -138,8 +138,20 @@ def wants_job_dir(args: argparse.Namespace, program) -> bool:
 
 
 def program_spec(args: argparse.Namespace, program):
-    """The validated spec of a program run; its default name says what runs and when."""
+    """The validated spec of a program run; its default name says what runs and when.
+
+    A program that trains on its own (its modules import scikit-learn or XGBoost and no library
+    that trains across processes) is labelled so, and runs on one worker unless --workers (or
+    the job file) asks for more: each would run the same program alone."""
+    from launcher.driver.program import SINGLE_PROCESS_FRAMEWORKS, single_process_framework
+
+    asked = getattr(args, "framework", None)
+    if asked in SINGLE_PROCESS_FRAMEWORKS:  # the spec knows them only as built-in workloads' (or not at all)
+        args = argparse.Namespace(**{**vars(args), "framework": None})
     spec = spec_from_args(args)
+    alone = asked if asked in SINGLE_PROCESS_FRAMEWORKS else (None if asked else single_process_framework(program))
+    if alone:
+        spec = _single_process(spec, args, program, alone, detected=asked is None)
     if spec.strategy != "ddp":
         raise UserError(f"--strategy {spec.strategy} shards a model that session.prepare() is given; a "
                         f"{'--script' if program.kind == 'script' else '--package'} program shards its own model",
@@ -152,6 +164,29 @@ def program_spec(args: argparse.Namespace, program):
         return spec
     stem = re.sub(r"[^A-Za-z0-9_]", "_", program.target.removesuffix(".py"))
     return dataclasses.replace(spec, name=f"{program.kind}_{stem}_{_dt.datetime.now():%Y%m%d_%H%M%S}"[:128])
+
+
+def _single_process(spec, args: argparse.Namespace, program, framework: str, detected: bool):
+    """``spec`` for a program that trains with ``framework`` on its own (see :func:`program_spec`)."""
+    from launcher.driver.program import SINGLE_PROCESS_FRAMEWORKS
+
+    name = SINGLE_PROCESS_FRAMEWORKS[framework]
+    if spec.backend != "native":
+        raise UserError(f"--backend {spec.backend} with a {name} program: {name} trains in one process, with no "
+                        "gradients to allreduce", "drop --backend")
+    job = getattr(args, "_job_file", None)
+    asked = getattr(args, "workers", None) is not None or (job is not None and "workers" in job.fields)
+    why = (f"{program.label} imports {name} and no library that trains across processes" if detected
+           else f"--framework {framework}")
+    if asked and spec.workers > 1:
+        print(f"note: {why}: each of the {spec.workers} workers runs it on its own (no communication between "
+              "them); drop --workers to run it once", file=sys.stderr, flush=True)
+    elif not asked:
+        spec = dataclasses.replace(spec, workers=1)
+        if spec.min_workers is not None:
+            spec = dataclasses.replace(spec, min_workers=None)
+        print(f"note: {why}: it runs once, on one worker (--workers N runs N copies)", file=sys.stderr, flush=True)
+    return dataclasses.replace(spec, framework=framework)
 
 
 def spec_from_args(args: argparse.Namespace):

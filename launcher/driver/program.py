@@ -37,6 +37,7 @@ import shlex
 import shutil
 import sys
 import tempfile
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +65,8 @@ class Program:
     env: tuple[tuple[str, str], ...] = ()  # variables every rank gets (a Vertex pythonPackageSpec's env)
     image: str | None = None        # kind "command": the image the ranks run in (a containerSpec's imageUri)
     argv: tuple[str, ...] = ()      # kind "command": what each rank runs in it, before the run's args
+    # the libraries its modules import at their top (the entry module and the folder's modules it imports)
+    libraries: frozenset[str] = field(default=frozenset(), compare=False)
 
     @property
     def label(self) -> str:
@@ -186,8 +189,7 @@ def from_script(path: str) -> Program:
     folder = os.path.dirname(full)
     requirements, sources = declared_requirements(folder)
     program = Program("script", folder, os.path.basename(full), tuple(requirements), tuple(sources))
-    check_imports(program, full, f"--script {path}")
-    return program
+    return dataclasses.replace(program, libraries=check_imports(program, full, f"--script {path}"))
 
 
 def from_package(package: str, module: str) -> Program:
@@ -210,8 +212,7 @@ def from_package(package: str, module: str) -> Program:
                         f"in {folder}", "run from the folder that holds the package, or pass --package FOLDER")
     requirements, sources = declared_requirements(folder)
     program = Program("module", folder, module, tuple(requirements), tuple(sources))
-    check_imports(program, path, f"--module {module}")
-    return program
+    return dataclasses.replace(program, libraries=check_imports(program, path, f"--module {module}"))
 
 
 def from_archives(uris: list[str], module: str) -> Program:
@@ -244,16 +245,17 @@ def from_archives(uris: list[str], module: str) -> Program:
                         + "; ".join(f"{a.name} (it has: {', '.join(a.top_level()) or 'no Python packages'})"
                                     for a in opened),
                         "check --module, or build the archive from the folder that holds the package")
-    _check_archived_module(opened, holders[-1], module)
+    libraries = _check_archived_module(opened, holders[-1], module)
     folder = archives.ship_folder([a.path for a in opened])
     return Program("module", folder, module, tuple(f"{WORKING_DIR_VAR}/{n}" for n in names), tuple(names),
-                   archives=tuple(names),
+                   archives=tuple(names), libraries=libraries,
                    packages=tuple(u if URI_LIKE.match(u) else os.path.abspath(os.path.expanduser(u)) for u in uris))
 
 
-def _check_archived_module(opened: list, holder, module: str) -> None:
+def _check_archived_module(opened: list, holder, module: str) -> frozenset[str]:
     """The module's code, as the archives would install it, compiles and imports only what is
-    in them, installed here or declared by one of them (unknown declarations: not refused)."""
+    in them, installed here or declared by one of them (unknown declarations: not refused);
+    returns the libraries it imports."""
     declared = [a.declared_requirements(_setup_py_dependencies) for a in opened]
     lenient = any(d is None or d for d in declared)
     with tempfile.TemporaryDirectory(prefix="launcher-package-") as tree:
@@ -261,7 +263,7 @@ def _check_archived_module(opened: list, holder, module: str) -> None:
             archive.extract_sources(tree)
         program = Program("module", tree, module)
         entry = module_file(tree, module)
-        check_imports(program, entry, f"--module {module} in {holder.name}", declared=lenient,
+        return check_imports(program, entry, f"--module {module} in {holder.name}", declared=lenient,
                       where=" or ".join(a.name for a in opened),
                       fix="declare it in setup.py's install_requires (or pyproject.toml's dependencies), build "
                           "the package again, or fix the import")
@@ -389,9 +391,10 @@ def _setup_py_dependencies(path: str, source: bytes | None = None) -> list[str] 
 # -- imports ---------------------------------------------------------------------------------
 
 def check_imports(program: Program, entry: str, what: str, declared: bool | None = None, where: str | None = None,
-                  fix: str | None = None) -> None:
+                  fix: str | None = None) -> frozenset[str]:
     """Compile the entry file and the folder's modules it imports; every module imported at
-    the top must be in the folder, installed here, or declared as a dependency.
+    the top must be in the folder, installed here, or declared as a dependency. Returns the
+    libraries (top-level names, the standard library's left out) they import.
 
     ``declared``: whether dependencies are declared (default: the program's requirements);
     ``where``, ``fix``: the folder as the message names it, and how to fix a missing import.
@@ -401,6 +404,7 @@ def check_imports(program: Program, entry: str, what: str, declared: bool | None
     """
     declared = bool(program.requirements) if declared is None else declared
     seen: set[str] = set()
+    libraries: set[str] = set()
     todo = [entry]
     while todo:
         path = todo.pop()
@@ -422,6 +426,8 @@ def check_imports(program: Program, entry: str, what: str, declared: bool | None
                 todo.append(local)
                 continue
             top = name.split(".")[0]
+            if top not in sys.stdlib_module_names:
+                libraries.add(top)
             if top in sys.stdlib_module_names or _importable(top):
                 continue
             if declared:
@@ -430,6 +436,25 @@ def check_imports(program: Program, entry: str, what: str, declared: bool | None
                             "not installed here and not declared as a dependency",
                             fix or f"add {top} to {os.path.join(program.folder, 'requirements.txt')}, or fix the "
                             "import")
+    return frozenset(libraries)
+
+
+# Libraries through which a program trains across processes: one that imports none of them, but
+# scikit-learn or XGBoost, trains on its own (AI Platform's single-replica frameworks).
+DISTRIBUTED_LIBRARIES = frozenset({"torch", "tensorflow", "keras", "tf_keras", "horovod", "jax", "ray", "mpi4py",
+                                   "lightning", "pytorch_lightning", "accelerate", "deepspeed"})
+SINGLE_PROCESS_FRAMEWORKS = {"sklearn": "scikit-learn", "xgboost": "XGBoost"}  # --framework -> its name
+
+
+def single_process_framework(program: "Program") -> str | None:
+    """"sklearn" or "xgboost" for a program whose modules import that library at their top and no
+    library that trains across processes (XGBoost first: its packages use scikit-learn too); else None."""
+    if program.libraries & DISTRIBUTED_LIBRARIES:
+        return None
+    for framework in ("xgboost", "sklearn"):
+        if framework in program.libraries:
+            return framework
+    return None
 
 
 def top_level_imports(tree: ast.Module, package: str) -> list[tuple[str, int]]:
