@@ -82,13 +82,14 @@ def summarize(measured: list[dict]) -> list[dict]:
 
 
 def format_rows(rows: list[dict]) -> str:
-    lines = [f"{'backend':<8} {'via':<10} {'workers':>7} {'samples/s (median, min-max)':>30} {'efficiency':>10} "
+    via = max([10] + [len(r["variant"]) for r in rows])
+    lines = [f"{'backend':<8} {'via':<{via}} {'workers':>7} {'samples/s (median, min-max)':>30} {'efficiency':>10} "
              f"{'launcher/bare':>13}"]
     for r in rows:
         eff = f"{100 * r['efficiency']:.1f}%" if r["efficiency"] is not None else "-"
         ratio = f"{r['vs_bare']:.3f}" if r.get("vs_bare") else "-"
         span = f"{r['samples_per_s']:,.1f} ({r['min']:,.1f}-{r['max']:,.1f})"
-        lines.append(f"{r['backend']:<8} {r['variant']:<10} {r['workers']:>7} {span:>30} {eff:>10} {ratio:>13}")
+        lines.append(f"{r['backend']:<8} {r['variant']:<{via}} {r['workers']:>7} {span:>30} {eff:>10} {ratio:>13}")
     return "\n".join(lines)
 
 

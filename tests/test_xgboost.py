@@ -234,3 +234,27 @@ def test_sklearn_and_xgboost_packages_run_as_what_they_are_with_their_models_whe
     assert (summary["framework"], summary["workers"]) == ("xgboost", 2), summary
     booster = xgb.Booster(model_file=os.path.join(storage, "xg", "model", "model.bst"))
     assert booster.num_boosted_rounds() == 10
+
+
+# -- bench scaling --framework xgboost ------------------------------------------------------------------
+
+def test_bench_xgboost_refuses_a_table_without_y_in_one_line(capsys, tmp_path):
+    path = tmp_path / "t.csv"
+    path.write_text("a,b\n1,2\n3,4\n")
+    code, _, err = run_cli(capsys, "bench", "scaling", "--framework", "xgboost", "--data", str(path),
+                           "--out", str(tmp_path / "out"))
+    assert code == 2 and "has no label column 'y'" in err and err.count("\n") == 1, err
+
+
+@pytest.mark.integration
+def test_bench_xgboost_writes_launcher_and_alone_rows(capsys, tmp_path):
+    out = tmp_path / "out"
+    code, printed, err = run_cli(capsys, "bench", "scaling", "--framework", "xgboost", "--workers", "2",
+                                 "--repeats", "1", "--rows", "4000", "--features", "8", "--rounds", "12",
+                                 "--out", str(out))
+    assert code == 0, err[-3000:]
+    rows = json.load(open(out / "xgboost-scaling.json"))["summary"]
+    by_variant = {r["variant"]: r for r in rows}
+    assert set(by_variant) == {"launcher", "xgboost-alone"} and all(r["samples_per_s"] > 0 for r in rows), rows
+    assert by_variant["launcher"]["vs_bare"] > 0
+    assert "launcher/bare" in printed and (out / "xgboost-scaling.png").read_bytes()[:4] == b"\x89PNG"

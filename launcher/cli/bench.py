@@ -16,7 +16,7 @@ import sys
 import tempfile
 from typing import Iterator
 
-from launcher.cli.options import (EXIT_FAILED, EXIT_OK, Parser, add_program_flags, add_run_flags, program_from_args,
+from launcher.cli.options import (EXIT_FAILED, EXIT_OK, Parser, parse_params, add_program_flags, add_run_flags, program_from_args,
                                   program_spec, spec_from_args, wants_job_dir)
 from launcher.errors import UserError
 from launcher.storage import Storage, gcs
@@ -44,7 +44,12 @@ def add_parsers(sub) -> None:
     sc.add_argument("--workload", default="resnet50-synthetic",
                     help="a workload (see `launcher workloads`), yours too (FILE.py:NAME); --image-size and "
                     "--num-classes apply to the synthetic ones")
-    sc.add_argument("--frameworks", default="torch", help="comma-separated: torch,tensorflow")
+    sc.add_argument("--frameworks", "--framework", default="torch",
+                    help="comma-separated: torch,tensorflow; or xgboost alone (whole runs of the tabular workload "
+                    "against XGBoost's own tracker without Ray)")
+    sc.add_argument("--rows", type=int, default=200_000, help="xgboost: rows of the synthetic table (without --data)")
+    sc.add_argument("--features", type=int, default=28, help="xgboost: its feature columns")
+    sc.add_argument("--rounds", type=int, default=50, help="xgboost: boosting rounds per run")
     sc.add_argument("--backends", default="native", help="comma-separated: native,horovod")
     sc.add_argument("--workers", default="1,2", help="comma-separated worker counts, e.g. 1,2,4")
     sc.add_argument("--image-size", type=int, default=64)
@@ -57,9 +62,10 @@ def add_parsers(sub) -> None:
     sc.add_argument("--repeats", type=int, default=3,
                     help="a training function: launcher/bare pairs per worker count (default 3)")
     sc.add_argument("--epochs", type=int, default=1, help="a training function: epochs per run (default 1)")
-    sc.add_argument("--data", default=None, help="a training function: its --data")
+    sc.add_argument("--data", default=None, help="a training function: its --data; xgboost: a table whose label "
+                    "column is y (default: a synthetic table of --rows x --features)")
     sc.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                    help="a training function: its --param (repeatable)")
+                    help="a training function's or the tabular workload's --param (repeatable)")
     sc.add_argument("--no-bare", dest="bare", action="store_false",
                     help="skip the bare baseline (each torch run again under torchrun / horovodrun, without Ray)")
     sc.add_argument("--out", default="./bench-results", help=out_help)
@@ -249,6 +255,8 @@ def cmd_scaling(args: argparse.Namespace) -> int:
     from benchmarks import machine, scaling
     from launcher.spec import FRAMEWORKS
 
+    if [t.strip() for t in args.frameworks.split(",") if t.strip()] == ["xgboost"]:
+        return _xgboost_scaling(args)
     if args.workload not in ("resnet18-synthetic", "resnet50-synthetic"):
         try:
             workload = workloads.get(args.workload)
@@ -411,6 +419,40 @@ def _function_scaling(args: argparse.Namespace) -> int:
     rows = function_scaling.summarize(measured)
     print(function_scaling.format_rows(rows))
     _wrote(function_scaling.write_results(rows, measured, info, job, args.out))
+    return EXIT_OK if rows else EXIT_FAILED
+
+
+def _xgboost_scaling(args: argparse.Namespace) -> int:
+    """bench scaling --framework xgboost: whole runs of the tabular workload, each then XGBoost alone."""
+    import workloads
+    from benchmarks import machine, xgb_scaling
+    from launcher.spec import JobSpec
+
+    counts = _ints("--workers", args.workers)
+    for flag in ("repeats", "threads", "rows", "features", "rounds"):
+        _positive("--" + flag, getattr(args, flag))
+    if args.data and not os.path.exists(args.data):
+        raise UserError(f"--data {args.data} does not exist", "give a CSV or Parquet table whose label column is y, "
+                        "or drop --data for a synthetic one")
+    # The run's own checks first (bad --param, a table without a y column): one line, nothing started.
+    spec = JobSpec(framework="xgboost", data=args.data, params=parse_params(args.param + ["label=y"])).validated()
+    if args.data:
+        try:
+            workloads.get("tabular").check_data(os.path.abspath(args.data), spec.params)
+        except workloads.DataError as exc:
+            raise UserError(str(exc)) from None
+    info = machine.describe(args.threads)
+    with tempfile.TemporaryDirectory(prefix="launcher-xgbtable-") as tmp:
+        data = os.path.abspath(args.data) if args.data else xgb_scaling.make_table(tmp, args.rows, args.features)
+        setup = {"data": args.data or "synthetic", "rows": args.rows, "features": args.features,
+                 "rounds": args.rounds, "threads": args.threads, "repeats": args.repeats, "params": args.param}
+        print(machine.header(info, f"scaling: xgboost, {args.rounds} rounds on {setup['rows']:,} rows x "
+                                   f"{setup['features']} features, {args.repeats} launcher/alone pair(s) per worker "
+                                   "count"), flush=True)
+        measured = xgb_scaling.run(data, counts, args.repeats, args.rounds, args.threads, args.param, note)
+    rows = xgb_scaling.summarize(measured)
+    print(xgb_scaling.format_rows(rows))
+    _wrote(xgb_scaling.write_results(rows, measured, info, setup, args.out))
     return EXIT_OK if rows else EXIT_FAILED
 
 
