@@ -16,6 +16,7 @@ checked between rounds (a checkpoint at once, then hold).
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import time
 from typing import Any
@@ -24,6 +25,7 @@ import numpy as np
 import xgboost as xgb
 
 import workloads
+from launcher import _ray
 from launcher.backends.base import Comm
 from launcher.spec import JobSpec
 from launcher.storage import Storage
@@ -53,12 +55,18 @@ class XGBComm(Comm):
         return self._world
 
     def allreduce_sum(self, values):
+        return self._allreduce(values, "SUM")
+
+    def allreduce_max(self, values):
+        return self._allreduce(values, "MAX")
+
+    def _allreduce(self, values, op: str):
         values = np.asarray(values, dtype=np.float64)
         if self._world == 1:
             return values
         from xgboost import collective
 
-        return np.asarray(collective.allreduce(values, collective.Op.SUM), dtype=np.float64)
+        return np.asarray(collective.allreduce(values, getattr(collective.Op, op)), dtype=np.float64)
 
 
 def _booster_digest(booster) -> str:
@@ -115,6 +123,25 @@ class BoostingTraining(Session):
 
     def weights_digest(self) -> str:
         return _booster_digest(self.booster)
+
+    def preemption_action(self) -> str | None:
+        """As :meth:`Session.preemption_action`, asked after every round, but each worker reads its
+        own notice (Ray Train hands it to every worker of the group) and they agree through
+        XGBoost's collective: a microsecond allreduce instead of a round trip through Ray
+        Train's synchronisation actor, which cost a round of 45 ms about a tenth of its time."""
+        k = self.spec.preemption_check_steps
+        if not k or not self.notices or self.pos.global_step % k:
+            return None
+        info = _ray.train_context().preemption_context.preemption_info
+        deadline = float(info.deadline_ms) if info is not None and info.deadline_ms is not None else 0.0
+        # [any rank noticed, -(the soonest deadline)]: 0 stands for none known
+        seen, soonest = self.comm.allreduce_max([float(info is not None), -deadline if deadline else -math.inf])
+        if not seen:
+            return None
+        first, self.noticed = not self.noticed, True
+        if self._deadline_close(int(-soonest) if math.isfinite(soonest) else None, k):
+            return "hold"
+        return "checkpoint" if first else None
 
     # -- the loop -------------------------------------------------------------------------------
     def start(self, config: dict[str, Any], started: float) -> None:
