@@ -1,11 +1,12 @@
-"""Chaos for training functions (torch and Keras) and a regression workload: a notice costs no step.
+"""Chaos for training functions (torch and Keras), a sharded run and XGBoost: a notice costs no step.
 
 examples/char_lm.py (a causal transformer language model written as an ordinary
 PyTorch loop on the launcher's session) trains on the preemption lab's two worker
 nodes; one node gets GCE's notice in the middle of an epoch. The session checkpoints
 at a step both ranks agree on, the group restarts on the replacement node from that
-step, and the run ends with the weights of an uninterrupted one. The same for
-examples/diabetes_regression.py in the managed loop (its cosine schedule resumes too).
+step, and the run ends with the weights of an uninterrupted one. The same for Keras'
+model.fit, for --strategy fsdp and for --framework xgboost (a round is a step). The managed
+loop's notice is test_preemption_chaos's, a user's workload's test_user_workload_chaos's.
 """
 
 from __future__ import annotations
@@ -46,27 +47,6 @@ def test_a_notice_costs_a_training_function_no_steps(lab, setup):
     assert (s.restarts, s.preemptions, s.preemption_notices, s.steps_lost) == (1, 1, 1, 0), s
     assert s.weights_sha256 == reference.weights_sha256
     assert set(s.metrics) >= {"train_loss", "val_loss", "perplexity"}
-
-
-def test_a_notice_costs_a_regression_workload_no_steps(lab, setup):
-    from test_managed_loop import DIABETES
-
-    _, storage = setup
-    epochs, steps = 30, 11
-
-    def spec(name: str) -> JobSpec:
-        return JobSpec(workload=DIABETES, epochs=epochs, checkpoint_every_steps=5, seed=2, storage=storage,
-                       name=name, address=lab.address, preemption_check_steps=2).validated()
-
-    reference = run_in_background(spec("regression_reference")).wait()
-    assert (reference.status, reference.steps_completed) == ("succeeded", epochs * steps), reference
-    run = run_in_background(spec("regression_notice"))
-    run.wait_for_checkpoint(lambda m: m.global_step >= 5)
-    lab.preempt(0)
-    s = run.wait()
-    assert s.status == "succeeded" and s.steps_completed == epochs * steps, s
-    assert (s.restarts, s.preemption_notices, s.steps_lost) == (1, 1, 0), s
-    assert s.weights_sha256 == reference.weights_sha256 and s.metrics["r2"] > 0.3
 
 
 def test_a_notice_costs_keras_fit_no_steps(lab, setup):
