@@ -87,6 +87,8 @@ class BoostingTraining(Session):
         # every rank whatever its rows hold.
         whole = self.workload.load(data, "train", 0, 1, params)
         self.params = self.workload.booster_params(whole.y, params, spec.seed)
+        if spec.gpus_per_worker > 0:  # Ray Train gives each worker its GPU as the only visible one
+            self.params["device"] = "cuda"
         self.is_classifier = self.params["objective"].startswith(("multi:", "binary:"))
         names = self.workload.feature_names(data, params)
         self.dtrain = xgb.DMatrix(train.x, label=train.y, feature_names=names)
