@@ -78,7 +78,7 @@ class JobSpec:
                                      "(default: no limit)")
     # ask Ray Train for a preemption notice every N steps; 0: never
     preemption_check_steps: int = option(10, help="check for a preemption notice every N steps and checkpoint at "
-                                         "once on one (default 10, 0: never)")
+                                         "once on one (default 10; 1 for --framework xgboost; 0: never)")
     # elastic: carry on with as few as this many workers (None: fixed size)
     min_workers: int | None = option(None, help="elastic: when nodes are lost and not replaced, go on with as few "
                                      "as this many workers (default: always --workers)")
@@ -211,7 +211,9 @@ class JobSpec:
             ("epochs", "the rounds are --param num_boost_round=N"),
             ("batch_size", "each round reads every row"), ("lr", "the learning rate is --param eta=X"),
             ("precision", None), ("grad_clip", None), ("grad_accumulation", None), ("strategy", None),
-            ("min_workers", "an XGBoost run keeps a fixed group (XGBoost's tracker is set up for a fixed number of workers); a preempted worker is replaced and the run resumes at its last round checkpoint"))
+            ("min_workers", "an XGBoost run keeps a fixed group (XGBoost's tracker is set up for a fixed number "
+                            "of workers); a preempted worker is replaced and the run resumes at its last round "
+                            "checkpoint"))
             if getattr(self, name) not in (_DEFAULTS[name], getattr(workload.defaults, name, None))]
         if neural:
             name, why = neural[0]

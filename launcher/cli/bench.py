@@ -16,8 +16,8 @@ import sys
 import tempfile
 from typing import Iterator
 
-from launcher.cli.options import (EXIT_FAILED, EXIT_OK, Parser, parse_params, add_program_flags, add_run_flags, program_from_args,
-                                  program_spec, spec_from_args, wants_job_dir)
+from launcher.cli.options import (EXIT_FAILED, EXIT_OK, Parser, add_program_flags, add_run_flags, parse_params,
+                                  program_from_args, program_spec, spec_from_args, wants_job_dir)
 from launcher.errors import UserError
 from launcher.storage import Storage, gcs
 from launcher.storage.uri import normalize_storage
