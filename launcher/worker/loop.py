@@ -155,6 +155,25 @@ class Session(abc.ABC):
         ranks (no collective: some are gone), manifest last; False where this session cannot."""
         return False
 
+    def fit(self) -> None:
+        """Train from the restored position to the end (the managed loops)."""
+        raise NotImplementedError
+
+    def start(self, config: dict[str, Any], started: float) -> None:
+        """Restore the newest complete checkpoint, mark start-up, train (``self.fit()``); a user's own
+        loop's session starts its own way (UserSession.start)."""
+        import ray.train
+
+        self.board = config.get("board")
+        self.notices = config.get("notices", True)
+        model_ready = time.time()
+        chosen = checkpoint_to_resume(config, Storage.resolve(self.spec.storage), self.spec.name)
+        if chosen is not None:
+            with ray.train.Checkpoint(chosen[1], filesystem=chosen[0]).as_directory() as d:
+                self.restore(d)
+        if self.rank == 0:
+            self.marks.update(worker_start=started, model_ready=model_ready, worker_ready=time.time())
+        self.fit()
 
     # -- position and checkpoints ----------------------------------------------------------
     def write_manifest(self, directory: str, metrics: dict[str, Any], others: dict[str, int] | None = None,
@@ -457,21 +476,6 @@ class Training(Session):
         """sha256 over the model's weights (the same on every rank after a step)."""
 
     # -- the loop -----------------------------------------------------------------------
-    def start(self, config: dict[str, Any], started: float) -> None:
-        """Restore the newest complete checkpoint, mark start-up, train."""
-        import ray.train
-
-        self.board = config.get("board")
-        self.notices = config.get("notices", True)
-        model_ready = time.time()
-        chosen = checkpoint_to_resume(config, Storage.resolve(self.spec.storage), self.spec.name)
-        if chosen is not None:
-            with ray.train.Checkpoint(chosen[1], filesystem=chosen[0]).as_directory() as d:
-                self.restore(d)
-        if self.rank == 0:
-            self.marks.update(worker_start=started, model_ready=model_ready, worker_ready=time.time())
-        self.fit()
-
     def fit(self) -> None:
         """Train the epochs left, reporting metrics and a checkpoint after each."""
         self.prepare()

@@ -28,10 +28,9 @@ import workloads
 from launcher import _ray
 from launcher.backends.base import Comm
 from launcher.spec import JobSpec
-from launcher.storage import Storage
 from launcher.storage.checkpoint import read_manifest
 from launcher.storage.datacache import local_data
-from launcher.worker.loop import Position, Session, checkpoint_to_resume, memory_report, peak_memory_mb
+from launcher.worker.loop import Position, Session, memory_report, peak_memory_mb
 
 BOOSTER_FILE = "model.ubj"  # in a checkpoint: the booster after its rounds (XGBoost's UBJSON)
 
@@ -129,8 +128,8 @@ class BoostingTraining(Session):
     def preemption_action(self) -> str | None:
         """As :meth:`Session.preemption_action`, asked after every round, but each worker reads its
         own notice (Ray Train hands it to every worker of the group) and they agree through
-        XGBoost's collective: a microsecond allreduce instead of a round trip through Ray
-        Train's synchronisation actor, which cost a round of 45 ms about a tenth of its time."""
+        XGBoost's collective: a small allreduce instead of a round trip through Ray Train's
+        synchronisation actor (on 2 workers, rounds of ~45 ms: launcher/alone 0.850 -> 0.877)."""
         k = self.spec.preemption_check_steps
         if not k or not self.notices or self.pos.global_step % k:
             return None
@@ -146,20 +145,6 @@ class BoostingTraining(Session):
         return "checkpoint" if first else None
 
     # -- the loop -------------------------------------------------------------------------------
-    def start(self, config: dict[str, Any], started: float) -> None:
-        import ray.train
-
-        self.board = config.get("board")
-        self.notices = config.get("notices", True)
-        model_ready = time.time()
-        chosen = checkpoint_to_resume(config, Storage.resolve(self.spec.storage), self.spec.name)
-        if chosen is not None:
-            with ray.train.Checkpoint(chosen[1], filesystem=chosen[0]).as_directory() as d:
-                self.restore(d)
-        if self.rank == 0:
-            self.marks.update(worker_start=started, model_ready=model_ready, worker_ready=time.time())
-        self.fit()
-
     def fit(self) -> None:
         done = self.pos.global_step
         if self.pos.epoch >= 1 or done >= self.rounds:
