@@ -90,3 +90,17 @@ def test_a_failed_bare_run_says_why_not_torchruns_banner():
     with pytest.raises(RuntimeError) as caught:
         raywork.run_bare(cmd, 1)
     assert "No module named 'benchmarks.no_such_module'" in str(caught.value)
+
+
+def test_hvd_tf_ratio_reads_the_total_from_horovods_own_example_and_the_projects_script():
+    from benchmarks import hvd_tf_ratio
+
+    horovod_example = ("Model: ResNet50\nBatch size: 4\nNumber of CPUs: 2\nRunning warmup...\nRunning benchmark...\n"
+                       "Iter #0: 1.4 img/sec per CPU\nIter #1: 1.5 img/sec per CPU\n"
+                       "Img/sec per CPU: 1.5 +-0.1\nTotal img/sec on 2 CPU(s): 2.9 +-0.2\n")
+    assert hvd_tf_ratio.total_images_per_second(horovod_example) == 2.9
+    ours = "[rank 0] Img/sec per worker: 2.61 +-0.05\n[rank 0] Total img/sec on 2 worker(s): 5.22 +-0.10\n"
+    assert hvd_tf_ratio.total_images_per_second(ours) == 5.22
+    assert hvd_tf_ratio.total_images_per_second("Iter #0: 1.4 img/sec per CPU\n") is None
+    command = hvd_tf_ratio._command("launcher", "/x/bench.py", 2, [], "/runs", 0, ["--no-cuda"])
+    assert command[command.index("--script") + 1] == "/x/bench.py" and command[-2:] == ["--", "--no-cuda"]
