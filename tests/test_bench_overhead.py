@@ -104,3 +104,22 @@ def test_hvd_tf_ratio_reads_the_total_from_horovods_own_example_and_the_projects
     assert hvd_tf_ratio.total_images_per_second("Iter #0: 1.4 img/sec per CPU\n") is None
     command = hvd_tf_ratio._command("launcher", "/x/bench.py", 2, [], "/runs", 0, ["--no-cuda"])
     assert command[command.index("--script") + 1] == "/x/bench.py" and command[-2:] == ["--", "--no-cuda"]
+
+
+def test_ray_tax_groups_processes_and_takes_shares_over_the_steady_window():
+    from benchmarks import ray_tax
+
+    assert ray_tax.group_of("ray::RayTrainWorker.run_train_fn", False) == "workers"
+    assert ray_tax.group_of("/venv/lib/ray/core/src/ray/raylet/raylet --raylet_socket_name=x", False) == "raylet"
+    agent = "python -u /venv/lib/ray/dashboard/agent.py --node-ip-address=1"
+    assert ray_tax.group_of(agent, False) == "dashboard agent"
+    assert ray_tax.group_of("ray::TrainController.run", False) == "controller"
+    assert ray_tax.group_of("python -m launcher run", True) == "launcher driver"
+    # a worker at 90 % of a core and a raylet at 5 %, sampled each second for 40 s; the first
+    # 10 s after the worker appears (start-up) and the last 2 s are left out
+    rows = [{"t": float(t), "pid": 1, "group": "workers", "cpu_s": 0.9 * t} for t in range(3, 44)]
+    rows += [{"t": float(t), "pid": 2, "group": "raylet", "cpu_s": 0.05 * t + (5.0 if t > 41 else 0.0)}
+             for t in range(0, 44)]
+    got, window = ray_tax.shares(rows, skip=10.0)
+    assert window == 28.0
+    assert got["workers"] == pytest.approx(90.0) and got["raylet"] == pytest.approx(5.0)
