@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -381,6 +382,13 @@ def _ignore_errors(fn, *args):
         pass
 
 
+def _line_within(stream, seconds: float) -> str:
+    """The next line of a child's pipe, failing the test (not hanging it) after ``seconds``."""
+    ready, _, _ = select.select([stream], [], [], seconds)
+    assert ready, f"no output within {seconds:.0f} s"
+    return stream.readline()
+
+
 @pytest.mark.integration
 def test_an_interrupted_predict_leaves_no_output_that_looks_complete(models, tmp_path):
     """Ctrl-C at several moments: the folder then holds a complete prediction (_SUCCESS, every
@@ -398,10 +406,17 @@ def test_an_interrupted_predict_leaves_no_output_that_looks_complete(models, tmp
         argv = [sys.executable, "-m", "launcher", "predict", "--model", run_dir, "--input", str(tmp_path / "many.npy"),
                 "--output", str(out)]
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-        assert "predicting 1 file(s)" in proc.stderr.readline()
-        time.sleep(delay)
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=180)
+        try:
+            first = _line_within(proc.stderr, 120)
+            assert "predicting 1 file(s)" in first, first
+            time.sleep(delay)
+            proc.send_signal(signal.SIGINT)
+            stdout, stderr = proc.communicate(timeout=180)
+        finally:
+            if proc.poll() is None:  # a failed check must not leave a predict behind to slow the next tests
+                proc.kill()
+                proc.communicate()
+        stderr = first + stderr
         complete = (out / "_SUCCESS").exists()
         outcomes.append(complete)
         if complete:
