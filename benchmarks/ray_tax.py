@@ -4,10 +4,10 @@ Starts ``launcher run ARGS`` and samples every process that appeared after it st
 (psutil, once a second), grouped by what it is: the training workers, Ray Train's
 controller and synchronisation actor, the raylet, the GCS, the dashboard and runtime
 environment agents, Ray's log monitor and autoscaler monitor, idle Ray workers, the
-launcher's driver. Prints each group's share of one core over the steady part of the run
-(from --skip seconds after the first worker appears to two seconds before the end), so a
-setting can be judged by what it saves without a long throughput benchmark; the
-throughput ratio itself is ``launcher bench scaling``'s.
+launcher's driver and its reaper. Prints each group's share of one core over the steady
+part of the run (from --skip seconds after the first worker appears to two seconds before
+the end), so a setting can be judged by what it saves without a long throughput
+benchmark; the throughput ratio itself is ``launcher bench scaling``'s.
 
     python -m benchmarks.ray_tax --skip 20 -- --workload examples/char_lm.py:train \\
         --data /tmp/text.txt --workers 2 --epochs 2
@@ -38,6 +38,7 @@ GROUPS = (
     ("log monitor", "log_monitor.py"),
     ("autoscaler monitor", "autoscaler/_private/monitor.py"),
     ("idle ray workers", "ray::IDLE"),
+    ("launcher reaper", "launcher.driver.reaper"),
     ("other ray actors", "ray::"),
 )
 
