@@ -31,8 +31,8 @@ GROUPS = (
     ("workers", "RayTrainWorker"),
     ("controller", "TrainController"),
     ("sync actor", "SynchronizationActor"),
-    ("raylet", "raylet"),
-    ("gcs", "gcs_server"),
+    ("raylet", "core/src/ray/raylet/raylet"),  # a worker's own command line names the raylet too
+    ("gcs", "core/src/ray/gcs/gcs_server"),
     ("dashboard agent", "dashboard/agent.py"),
     ("runtime env agent", "runtime_env/agent/main.py"),
     ("log monitor", "log_monitor.py"),
@@ -64,19 +64,15 @@ def sample(argv: list[str], interval: float = 1.0) -> tuple[list[dict], int, str
     with tempfile.TemporaryFile("w+") as log:
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, text=True)
         started = time.perf_counter()
-        known: dict[int, tuple[psutil.Process, str]] = {}
         while proc.poll() is None:
             now = time.perf_counter() - started
             for p in psutil.process_iter(["cmdline"]):
                 if p.pid in before:
                     continue
                 try:
-                    if p.pid not in known:
-                        known[p.pid] = (p, group_of(" ".join(p.info["cmdline"] or []), p.pid == proc.pid))
-                    elif known[p.pid][1] in ("other", "idle ray workers", "other ray actors"):
-                        # a worker is named (setproctitle) once its actor starts
-                        known[p.pid] = (p, group_of(" ".join(p.cmdline()), p.pid == proc.pid))
-                    rows.append({"t": now, "pid": p.pid, "group": known[p.pid][1], "cpu_s": _cpu(p)})
+                    # named afresh each time: a Ray worker takes its actor's name (setproctitle) once it starts
+                    group = group_of(" ".join(p.info["cmdline"] or []), p.pid == proc.pid)
+                    rows.append({"t": now, "pid": p.pid, "group": group, "cpu_s": _cpu(p)})
                 except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
                     continue
             time.sleep(interval)

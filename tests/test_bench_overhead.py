@@ -114,6 +114,8 @@ def test_ray_tax_groups_processes_and_takes_shares_over_the_steady_window():
     agent = "python -u /venv/lib/ray/dashboard/agent.py --node-ip-address=1"
     assert ray_tax.group_of(agent, False) == "dashboard agent"
     assert ray_tax.group_of("ray::TrainController.run", False) == "controller"
+    worker = "python default_worker.py --node-ip-address=127.0.0.1 --raylet-name=/tmp/ray/session/sockets/raylet"
+    assert ray_tax.group_of(worker, False) == "other"  # not yet named by its actor, and not the raylet
     assert ray_tax.group_of("python -m launcher run", True) == "launcher driver"
     # a worker at 90 % of a core and a raylet at 5 %, sampled each second for 40 s; the first
     # 10 s after the worker appears (start-up) and the last 2 s are left out

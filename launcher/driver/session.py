@@ -33,7 +33,10 @@ LOCAL_OVERSUBSCRIPTION = localhead.LOCAL_OVERSUBSCRIPTION  # a local Ray runs up
 # workers carry their own runtime environment, so they never use them). The warm head keeps
 # Ray's default: there they start during `launcher up`, and runs on a fresh warm head were not
 # slower with them (3 alternated pairs). A value the user set wins.
-LOCAL_RAY_ENV = {"RAY_prestart_worker_first_driver": "0"}
+# Settings for a local Ray the launcher starts (its processes read them from their environment;
+# a value the user set wins): no idle workers prestarted for the driver (docs/guides/startup.md),
+# and the dashboard agent's reporter once a minute (see localhead.REPORTER_ENV).
+LOCAL_RAY_ENV = {"RAY_prestart_worker_first_driver": "0", localhead.REPORTER_ENV: localhead.REPORTER_MS}
 
 
 @dataclass(frozen=True)
