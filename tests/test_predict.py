@@ -401,7 +401,7 @@ def test_an_interrupted_predict_leaves_no_output_that_looks_complete(models, tmp
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)
     outcomes = []
-    for moment, delay in enumerate((0.0, 2.5, 5.0)):
+    for moment, delay in enumerate((0.0, 4.0)):  # while Ray starts, and while it predicts (or after)
         out = tmp_path / f"out{moment}"
         argv = [sys.executable, "-m", "launcher", "predict", "--model", run_dir, "--input", str(tmp_path / "many.npy"),
                 "--output", str(out)]

@@ -6,7 +6,8 @@ nodes; one node gets GCE's notice in the middle of an epoch. The session checkpo
 at a step both ranks agree on, the group restarts on the replacement node from that
 step, and the run ends with the weights of an uninterrupted one. The same for Keras'
 model.fit, for --strategy fsdp and for --framework xgboost (a round is a step). The managed
-loop's notice is test_preemption_chaos's, a user's workload's test_user_workload_chaos's.
+loop's notice is test_preemption_chaos's; a user's workload runs that same loop, and its
+shipping to a cluster and exact resume there are test_user_workloads'.
 """
 
 from __future__ import annotations
