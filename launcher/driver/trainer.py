@@ -34,7 +34,7 @@ def ray_train_env() -> dict[str, str]:
         # of training up to 2 s late; 0.2 s measured ~2-4 s off a short run. It costs the
         # controller 1.7 % of a core all run (0.9 % at 1 s: benchmarks/ray_tax), but the poll is
         # also when Ray Train registers a reported checkpoint: at 1 s a Ray Train function
-        # Ctrl-C'd right after ray.train.report resumed from the checkpoint before (seen in CI).
+        # Ctrl-C'd right after ray.train.report resumed from the checkpoint before (a test saw it).
         "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": str(HEALTH_CHECK_S),
         # Ray Train polls the nodes' drain state every 5 s by default: 1 s leaves more of
         # GCE's 30 s notice for the checkpoint.
