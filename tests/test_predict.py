@@ -33,7 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     ({"workload": "examples/char_lm.py:train", "framework": "torch", "kind": "training function",
       "params": {}, "files": {"state_dict.pt": "weights"}}, "a training function's model (state_dict.pt)"),
     ({"workload": "diabetes-mlp", "framework": "torch", "input_shape": [10], "num_classes": None,
-      "params": {}, "files": {"model.pt2": "program"}}, "diabetes-mlp is not a classifier"),
+      "params": {}, "files": {"model.pt2": "program"}}, "the model's workload diabetes-mlp cannot be loaded"),
 ])
 def test_a_model_predict_cannot_take_is_one_line_before_ray_starts(tmp_path, capsys, command, described, needle):
     model = tmp_path / "runs" / "r1" / "model"

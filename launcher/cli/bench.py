@@ -388,7 +388,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     model_dir = ref.uri
     flags = ["--max-batch", str(args.max_batch), "--batch-wait-ms", f"{args.batch_wait_ms:g}"]
     info = machine.describe()
-    print(machine.header(info, f"serve: {ref.info.get('workload')} ({ref.framework}), max batch {args.max_batch}, "
+    print(machine.header(info, f"serve: {ref.what} ({ref.format}), max batch {args.max_batch}, "
                                f"{args.batch_wait_ms:g} ms wait, {args.seconds:g}s per level"), flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as state:
         rows, restarts = serve_load.run(model_dir, levels, sizes, args.seconds, args.restarts, flags, args.max_batch,

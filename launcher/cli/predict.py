@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from launcher.cli.options import EXIT_OK, add_verbose
@@ -29,8 +30,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_verbose(p)
 
-    s = sub.add_parser("serve", help="serve a run's model over HTTP (Ray Serve), AI Platform's "
-                       "{\"instances\": [...]} format; Ctrl-C or --stop ends it")
+    s = sub.add_parser("serve", help="serve a model over HTTP (Ray Serve), Vertex AI's {\"instances\": [...]} "
+                       "format and its AIP_* variables (AIP_HTTP_PORT, AIP_PREDICT_ROUTE, AIP_HEALTH_ROUTE, "
+                       "AIP_STORAGE_URI); Ctrl-C or --stop ends it")
     _model_flags(s)
     s.add_argument("--port", type=int, default=None, help="HTTP port (default 8000); with --stop, the server "
                    "to stop")
@@ -42,7 +44,11 @@ def add_parsers(sub) -> None:
     s.add_argument("--max-queued", type=int, default=1000, help="requests a replica holds waiting for a forward "
                    "pass, at most; past them a request gets 503 with Retry-After at once (default 1000)")
     s.add_argument("--public", action="store_true", help="listen on every interface, not only 127.0.0.1: "
-                   "anyone who can reach the port can use the model (no authentication)")
+                   "anyone who can reach the port can use the model unless --token-file is given")
+    s.add_argument("--token-file", metavar="FILE", help="answer only requests with Authorization: Bearer TOKEN, "
+                   "the token on FILE's first line (health checks stay open)")
+    s.add_argument("--max-body-mb", type=float, default=None, help="the largest request body read, in MB "
+                   "(default 1.5, Vertex AI's limit); past it, 413")
     s.add_argument("--stop", action="store_true", help="stop this machine's model server (the only one, or the "
                    "one --port or --run names, or --all), or with --address the cluster's")
     s.add_argument("--all", action="store_true", help="with --stop: every model server on this machine")
@@ -86,20 +92,37 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise UserError("--all goes with --stop", "launcher serve --stop --all")
     from launcher.predict.model import locate
 
-    options = serve.ServeOptions(port=8000 if args.port is None else args.port, public=args.public,
+    env = os.environ
+    options = serve.ServeOptions(port=_port(args.port, env.get(serve.AIP_PORT)), public=args.public,
                                  replicas=args.replicas, max_batch=args.max_batch, batch_wait_ms=args.batch_wait_ms,
                                  max_queued=args.max_queued)
     options.check()
-    ref = locate(args.model, args.run, args.storage)
+    model = args.model or (None if args.run else env.get(serve.AIP_STORAGE))
+    ref = locate(model, args.run, args.storage)
+    routes = serve.routes(env, token_file=args.token_file, name=serve._run_name(ref) or "model",
+                          max_body_mb=serve.BODY_MB if args.max_body_mb is None else args.max_body_mb)
 
     def ready(url: str, access_log: str | None) -> None:
         where = ("it stays deployed on the cluster (launcher serve --stop --address ...)" if args.address else
                  f"access log {access_log}; Ctrl-C or `launcher serve --stop --port {options.port}` stops it")
-        print(f"serving {ref.uri} ({ref.info.get('workload')}, {ref.framework}) at {url}: POST "
-              "{\"instances\": [...]} to /predict, GET /healthz, /metrics; " + where, flush=True)
+        token = ", bearer token required" if routes.token_sha256 else ""
+        print(f"serving {ref.uri} ({ref.what}, {ref.format}) at {url}: POST "
+              f"{{\"instances\": [...]}} to {routes.predict}{token}, GET {routes.health}, /metrics; " + where,
+              flush=True)
 
     with sigterm_as_ctrl_c():
-        return serve.serve(ref, options, address=args.address, verbose=args.verbose, ready=ready)
+        return serve.serve(ref, options, routes=routes, address=args.address, verbose=args.verbose, ready=ready)
+
+
+def _port(flag: int | None, variable: str | None) -> int:
+    """--port, else Vertex AI's AIP_HTTP_PORT, else 8000."""
+    if flag is not None:
+        return flag
+    if variable is None:
+        return 8000
+    if not variable.isdigit():
+        raise UserError(f"AIP_HTTP_PORT={variable!r} is not a port number", "set it to 1..65535, or pass --port")
+    return int(variable)
 
 
 COMMANDS = {"predict": cmd_predict, "serve": cmd_serve}

@@ -139,7 +139,14 @@ def parse(path: str, data: bytes) -> np.ndarray | list:
 def _instances(row: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Ray Data's flat_map: one file's row -> one row per instance."""
     for i, instance in enumerate(parse(row["path"], row["bytes"])):
-        yield {"file": posixpath.basename(row["path"]), "row": i, "instance": np.asarray(instance)}
+        # An object (a model with named inputs) travels as its JSON text: Arrow takes no dicts in an array column.
+        value = np.asarray(json.dumps(instance) if isinstance(instance, dict) else instance)
+        yield {"file": posixpath.basename(row["path"]), "row": i, "instance": value}
+
+
+def _unpacked(column: np.ndarray) -> list:
+    """A batch's instance column as a list of instances (objects decoded from their JSON text)."""
+    return [json.loads(v) if isinstance(v, str) and v.startswith("{") else v for v in column]
 
 
 class Predictor:
@@ -149,9 +156,8 @@ class Predictor:
         self.model = Model(ref)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-        scores = self.model.scores(np.stack(list(batch["instance"])))
-        return {"file": batch["file"], "row": batch["row"], "prediction": scores.argmax(axis=1).astype(np.int64),
-                "scores": np.round(scores.astype(np.float64), 7)}
+        out = self.model.run(self.model.inputs(_unpacked(batch["instance"])))
+        return {"file": batch["file"], "row": batch["row"], **self.model.columns(out)}
 
 
 def _bound(ref: ModelRef) -> type:
@@ -167,7 +173,8 @@ def _bound(ref: ModelRef) -> type:
 
 
 def check_first(ref: ModelRef, fs, path: str) -> None:
-    """Try the first file's first instance on the driver: a wrong shape or type is one line now."""
+    """Try the first file's first instance on the driver: a wrong shape or type is one line now
+    (a run's workload checks it with its preprocessing; any other model is loaded to check it)."""
     import workloads
 
     size = fs.get_file_info(path).size
@@ -179,11 +186,20 @@ def check_first(ref: ModelRef, fs, path: str) -> None:
         instances = parse(path, data)
         if len(instances) == 0:
             raise ValueError("it holds no instances")
-        workloads.get(ref.info["workload"]).preprocess(np.asarray(instances[:1]), ref.info.get("params") or {})
+        first = _unpacked([json.dumps(i) if isinstance(i, dict) else i for i in instances[:1]])
+        if ref.format == "workload":
+            workloads.get(ref.info["workload"]).preprocess(np.asarray(first), ref.info.get("params") or {})
+        else:
+            model = Model(ref)
+            try:
+                model.inputs(first)
+            finally:
+                model.close()
     except (ValueError, TypeError, UnicodeDecodeError) as exc:
-        shape = "x".join(map(str, ref.input_shape))
-        raise UserError(f"--input {posixpath.basename(path)}: {exc}",
-                        f"the model ({ref.info['workload']}) takes instances of shape {shape}") from None
+        shape = ref.info.get("input_shape")
+        takes = (f"instances of shape {'x'.join(map(str, shape))}" if shape else
+                 "instances as docs/guides/predictions.md describes for its format")
+        raise UserError(f"--input {posixpath.basename(path)}: {exc}", f"the model ({ref.what}) takes {takes}") from None
 
 
 STAGING = "_temporary"   # where Ray Data writes; the files move up when all are written
@@ -230,7 +246,7 @@ def predict(ref: ModelRef, pattern: str, output: str, *, workers: int = 1, addre
     say = note or (lambda text: None)
     if replacing:
         say(replacing)
-    say(f"predicting {len(paths)} file(s) with {ref.uri} ({ref.info.get('workload')}, {ref.framework}) on "
+    say(f"predicting {len(paths)} file(s) with {ref.uri} ({ref.what}, {ref.format}) on "
         f"{workers} worker(s)")
     summary = None
     try:

@@ -1,19 +1,17 @@
-"""A run's exported model, loaded for prediction: find it, check it, run it on a batch.
+"""A model folder, found, checked and loaded for prediction.
 
-Every run exports ``<run>/model/`` (see :mod:`launcher.worker.export`): a
-``torch.export`` program or a TensorFlow SavedModel, and ``model.json`` (the
-workload, its params, the input shape, the classes). :func:`locate` turns
-``--model`` (a run folder or its model folder, local or ``gs://``) or
-``--run NAME`` into the model folder, checked before any worker starts;
-:class:`Model` loads it (a ``gs://`` folder is copied to a local temporary
-folder first) and turns raw instances into class scores, with the
-workload's own preprocessing.
+Every run exports ``<run>/model/`` (see :mod:`launcher.worker.export`) with a
+``model.json`` describing it; a Vertex AI trainer's ``AIP_MODEL_DIR`` holds a
+``model.joblib``, ``model.bst`` or ``saved_model.pb`` and nothing else. :func:`locate`
+turns ``--model`` (a run folder or a model folder, local or ``gs://``) or ``--run NAME``
+into the model folder and its format (:mod:`launcher.predict.formats`), checked before
+any worker starts; :class:`Model` loads it (a ``gs://`` folder is copied to a local
+temporary folder first).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -22,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from launcher.errors import UserError
+from launcher.predict import formats
 from launcher.storage import Storage
 from launcher.storage.uri import DEFAULT_STORAGE, normalize_storage
 
@@ -46,19 +45,22 @@ class ModelRef:
         return self.info.get("framework", "torch")
 
     @property
-    def input_shape(self) -> tuple[int, ...]:
-        return tuple(int(d) for d in self.info["input_shape"])
+    def format(self) -> str:
+        return self.info["format"]
 
     @property
-    def num_classes(self) -> int:
-        return int(self.info["num_classes"])
+    def what(self) -> str:
+        """How a line names the model: its workload, else its format."""
+        return str(self.info.get("workload") or self.info["format"])
 
 
 def locate(model: str | None = None, run: str | None = None, storage: str | None = None) -> ModelRef:
-    """The model folder ``--model`` (a run folder or a model folder) or ``--run NAME`` names.
+    """The model folder ``--model`` (a run folder or a model folder) or ``--run NAME`` names,
+    with its format in ``info["format"]``.
 
     Raises:
-        UserError: nothing there, or no exported model in it (the run did not finish).
+        UserError: nothing there, no model in it (the run did not finish), or one that
+            predict and serve cannot take.
     """
     if bool(model) == bool(run):
         raise UserError("give the model with --model RUN_OR_MODEL_DIR or --run NAME (one of them)",
@@ -70,13 +72,14 @@ def locate(model: str | None = None, run: str | None = None, storage: str | None
         uri = normalize_storage(model.rstrip("/"))
         root, _, last = uri.rpartition("/")
         if not root or root == "gs:/":
-            raise UserError(f"--model {model}: name a run's folder or its model folder", "for example runs/digits_1")
+            raise UserError(f"--model {model}: name a run's folder or a model folder", "for example runs/digits_1")
         parts = (last,)
         what = f"--model {model}"
     store = Storage.resolve(root)
     candidates = [parts] if run else [parts + (MODEL_DIR,), parts]
     for candidate in candidates:
         text = store.read_text(*candidate, DESCRIPTION)
+        info: dict[str, Any] = {}
         if text is not None:
             try:
                 info = json.loads(text)
@@ -85,48 +88,50 @@ def locate(model: str | None = None, run: str | None = None, storage: str | None
             except ValueError:
                 raise UserError(f"{store.uri_of(*candidate, DESCRIPTION)} is damaged",
                                 "export the model again (run the run again with the same --name)") from None
-            _check_servable(info, what, store.uri_of(*candidate))
-            return ModelRef(root, candidate, info)
+        files = store.list_files(*candidate) if store.exists(*candidate) else []
+        if text is None and not any(m in files for marks in formats.MARKERS.values() for m in marks):
+            continue
+        info = {**info, "format": _servable(info, files, what, store.uri_of(*candidate))}
+        return ModelRef(root, candidate, info)
     where = store.uri_of(*parts)
     exists = store.exists(*parts)
-    raise UserError(f"{what}: {'no exported model in ' + where if exists else 'nothing at ' + where}",
-                    "a run exports its model to <run>/model/ when it finishes; check the name and --storage"
-                    if exists or run else "check the path (a run's folder, e.g. runs/NAME)")
+    raise UserError(f"{what}: {'no model in ' + where if exists else 'nothing at ' + where}",
+                    f"a run exports its model to <run>/model/ when it finishes; a model folder holds "
+                    f"{formats.ACCEPTED}" if exists or run else "check the path (a run's folder, e.g. runs/NAME)")
 
 
-def _check_servable(info: dict[str, Any], what: str, where: str) -> None:
-    """Predict and serve take classifiers with a known input shape (a built-in or managed-loop
-    workload's export): any other model is one line here, before Ray starts."""
-    files = ", ".join(sorted(info.get("files") or {})) or "its files"
-    if info.get("framework") == "xgboost":
-        raise UserError(f"{what}: {where} holds an XGBoost booster ({files}): predict and serve take the torch and "
-                        "TensorFlow workloads' classifiers for now",
-                        f"load {where}/model.bst with xgboost.Booster(model_file=...) and predict in your own code")
-    if info.get("kind") == "training function" or "input_shape" not in info:
-        raise UserError(f"{what}: {where} holds a training function's model ({files}), whose class is in your "
-                        "code: predict and serve take the built-in and managed-loop workloads' classifiers",
+def _servable(info: dict[str, Any], files: list[str], what: str, where: str) -> str:
+    """The folder's format; a model predict and serve cannot take is one line here, before
+    Ray starts."""
+    found = formats.detect(info, files)
+    listed = ", ".join(sorted(info.get("files") or files)) or "no files"
+    if found is None and info.get("kind") == "training function":
+        raise UserError(f"{what}: {where} holds a training function's model ({listed}), whose class is in your "
+                        "code: predict and serve take a program they can run without it (model.pt2, model.keras, "
+                        f"a SavedModel) or {formats.ACCEPTED.split(', saved')[0]}",
                         f"load it as {where}/model.json says and predict in your own code")
-    classes = info.get("num_classes")
-    if not isinstance(classes, int) or classes < 2:
-        raise UserError(f"{what}: {info.get('workload')} is not a classifier (its model.json names no classes): "
-                        "predict and serve answer with class scores, which a regression does not have",
-                        f"load {where} ({files}) in your own code to predict with it")
+    if found is None:
+        raise UserError(f"{what}: {where} holds no model predict and serve can load ({listed})",
+                        f"a model folder holds {formats.ACCEPTED}, or is a run's export")
+    if found == "workload":
+        import workloads
+
+        try:
+            workloads.get(info["workload"])
+        except (KeyError, ValueError) as exc:
+            raise UserError(f"{what}: the model's workload {info['workload']} cannot be loaded ({exc})",
+                            "predict from the folder the run was started in, where its workload file is") from None
+    return found
 
 
 class Model:
-    """A loaded model: ``scores(instances)`` -> (N, classes) probabilities."""
+    """A loaded model: ``inputs(instances)`` -> a batch, ``run(batch)`` -> outputs,
+    ``answers(outputs)`` -> one prediction per instance (see :mod:`launcher.predict.formats`)."""
 
     def __init__(self, ref: ModelRef) -> None:
-        import workloads
-
         self.ref = ref
-        self.workload = workloads.get(ref.info["workload"])
-        self.params = ref.info.get("params") or {}
         self._dir = self._local_copy()
-        if ref.framework == "tensorflow":
-            self._fn = self._load_tensorflow()
-        else:
-            self._fn = self._load_torch()
+        self.loaded = formats.load(ref.format, self._dir, ref.info)
 
     def _local_copy(self) -> str:
         store = Storage.resolve(self.ref.storage_uri)
@@ -137,55 +142,26 @@ class Model:
         self._tmp = d
         return d
 
-    def _load_torch(self):
-        import torch
+    def about(self) -> dict[str, Any]:
+        return {**self.loaded.about(), "model": self.ref.uri}
 
-        program = torch.export.load(os.path.join(self._dir, "model.pt2")).module()
-        torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
-
-        def run(x: np.ndarray) -> np.ndarray:
-            with torch.no_grad():
-                return torch.softmax(program(torch.from_numpy(x)), dim=1).numpy()
-        return run
-
-    def _load_tensorflow(self):
-        from workloads.tf_models import keras
-
-        from workloads.tf_models import native_stderr_silenced
-
-        with native_stderr_silenced():
-            keras()  # the legacy tf.keras, before TensorFlow loads
-            import tensorflow as tf
-
-            loaded = tf.saved_model.load(os.path.join(self._dir, "saved_model"))
-        serve = loaded.signatures["serving_default"]
-
-        def run(x: np.ndarray) -> np.ndarray:
-            out = serve(x=tf.constant(x))
-            logits = next(iter(out.values())).numpy()
-            return tf.nn.softmax(logits, axis=1).numpy()
-        return run
-
-    def inputs(self, instances: Any) -> np.ndarray:
+    def inputs(self, instances: Any) -> formats.Batch:
         """Raw instances -> the model's input batch; ValueError saying what was expected."""
-        return self.workload.preprocess(np.asarray(instances), self.params)
+        return self.loaded.inputs(instances)
 
-    def scores(self, instances: Any) -> np.ndarray:
-        return self.run(self.inputs(instances))
+    def run(self, batch: formats.Batch) -> formats.Batch:
+        return self.loaded.run(batch)
 
-    def run(self, x: np.ndarray) -> np.ndarray:
-        """Class probabilities for a batch already preprocessed (:meth:`inputs`)."""
-        if not len(x):
-            return np.zeros((0, self.ref.num_classes), np.float32)
-        return np.asarray(self._fn(np.ascontiguousarray(x)), dtype=np.float32)
+    def answers(self, out: formats.Batch) -> list[Any]:
+        return self.loaded.answers(out)
+
+    def columns(self, out: formats.Batch) -> dict[str, np.ndarray]:
+        return self.loaded.columns(out)
+
+    def predict(self, instances: Any) -> list[Any]:
+        """Instances in, one prediction per instance out (the model called directly)."""
+        return self.answers(self.run(self.inputs(instances)))
 
     def close(self) -> None:
         if getattr(self, "_tmp", None):
             shutil.rmtree(self._tmp, ignore_errors=True)
-
-
-def predictions(scores: np.ndarray) -> list[dict[str, Any]]:
-    """AI Platform-style predictions: the class and every class's score."""
-    classes = scores.argmax(axis=1).tolist()
-    rounded = np.round(scores.astype(np.float64), 7).tolist()
-    return [{"prediction": c, "scores": row} for c, row in zip(classes, rounded)]

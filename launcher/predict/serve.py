@@ -34,6 +34,8 @@ is deployed on that cluster, stays there after the command returns, and ``--stop
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import json
 import logging
 import math
@@ -52,17 +54,20 @@ import numpy as np
 from launcher.driver import session
 from launcher.driver.localhead import STATE_ENV
 from launcher.errors import UserError
-from launcher.predict.model import Model, ModelRef, predictions
+from launcher.predict import formats
+from launcher.predict.model import Model, ModelRef
 from launcher.storage import Storage
 from launcher.storage.runs import pid_alive
 
 APP = "launcher-model"
 MAX_INSTANCES = 1024
-BYTES_PER_NUMBER = 24  # the longest a JSON number usually is, with its comma ("-0.12345678901234567e-05, ")
-MIN_BODY_BYTES = 1 << 20
+BODY_MB = 1.5  # Vertex AI's limit on a prediction request
 VERTEX_PATH = re.compile(r"^/v1/models/[^/]+:predict$")
 PREDICT_PATHS = ("/", "/predict")
-GET_PATHS = ("/healthz", "/metrics")
+# Vertex AI's contract for a serving container: where it listens, its routes, where the model is.
+AIP_PORT, AIP_PREDICT, AIP_HEALTH, AIP_STORAGE = ("AIP_HTTP_PORT", "AIP_PREDICT_ROUTE", "AIP_HEALTH_ROUTE",
+                                                  "AIP_STORAGE_URI")
+AIP_DEPLOYED = "AIP_DEPLOYED_MODEL_ID"
 # Sent by `launcher serve`'s own readiness check, which the counters and access log leave out.
 PROBE_HEADER = "X-Launcher-Readiness"
 
@@ -97,6 +102,66 @@ class ServeOptions:
             raise UserError(f"--port {self.port} is not a port number", "use 1..65535, e.g. 8000")
 
 
+@dataclass(frozen=True)
+class Routes:
+    """What a replica answers where, whom it answers (a token's SHA-256, never the token) and
+    how big a body it reads."""
+
+    predict: str = "/predict"
+    health: str = "/healthz"
+    token_sha256: str | None = None
+    max_body: int = int(BODY_MB * (1 << 20))
+    deployed_model_id: str = ""
+
+    def kind(self, path: str) -> str | None:
+        """"predict", "health", "metrics" or None (no such path)."""
+        if path in PREDICT_PATHS or path == self.predict or VERTEX_PATH.match(path):
+            return "predict"
+        if path in ("/healthz", self.health):
+            return "health"
+        return "metrics" if path == "/metrics" else None
+
+    def authorised(self, header: str | None) -> bool:
+        if self.token_sha256 is None:
+            return True
+        scheme, _, given = (header or "").partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            return False
+        return hmac.compare_digest(hashlib.sha256(given.strip().encode()).hexdigest(), self.token_sha256)
+
+
+def read_token(path: str) -> str:
+    """The SHA-256 of the bearer token in ``path`` (its first line); UserError when there is none."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            token = f.readline().strip()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"--token-file {path}: cannot read it ({type(exc).__name__})",
+                        "write the token on the file's first line, e.g. openssl rand -hex 32 > token") from None
+    if len(token) < 16 or any(c.isspace() for c in token):
+        raise UserError(f"--token-file {path}: its first line must be a token of 16 or more characters "
+                        "without spaces", "for example: openssl rand -hex 32 > token")
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _route(flag: str, value: str) -> str:
+    if not value.startswith("/") or any(c.isspace() for c in value):
+        raise UserError(f"{flag} {value!r}: a route is a path starting with /", "for example /predict")
+    return value.rstrip("/") or "/"
+
+
+def routes(env: dict[str, str], *, token_file: str | None = None, max_body_mb: float = BODY_MB,
+           name: str = "") -> Routes:
+    """The routes Vertex AI's variables in ``env`` name (else /predict and /healthz)."""
+    if not 0 < max_body_mb <= 1024:
+        raise UserError(f"--max-body-mb {max_body_mb:g}: must be more than 0 and at most 1024",
+                        f"Vertex AI takes {BODY_MB:g} MB per request")
+    return Routes(predict=_route(AIP_PREDICT, env[AIP_PREDICT]) if env.get(AIP_PREDICT) else "/predict",
+                  health=_route(AIP_HEALTH, env[AIP_HEALTH]) if env.get(AIP_HEALTH) else "/healthz",
+                  token_sha256=read_token(token_file) if token_file else None,
+                  max_body=int(max_body_mb * (1 << 20)), deployed_model_id=env.get(AIP_DEPLOYED) or name)
+
+
 class Histogram:
     """A Prometheus histogram: cumulative bucket counts, the sum and the count."""
 
@@ -126,13 +191,15 @@ class Histogram:
 class Endpoint:
     """The deployment's class (made a Ray Serve deployment by :func:`deployment`)."""
 
-    def __init__(self, ref: ModelRef, max_instances: int = MAX_INSTANCES, access_log: str | None = None) -> None:
+    def __init__(self, ref: ModelRef, routes: Routes = None, max_instances: int = MAX_INSTANCES,
+                 access_log: str | None = None) -> None:
         self.model = Model(ref)
+        self.routes = routes or Routes()
         self.max_instances = max_instances
-        self.max_body = max(MIN_BODY_BYTES, max_instances * math.prod(ref.input_shape) * BYTES_PER_NUMBER)
-        self.about = {"workload": ref.info.get("workload"), "framework": ref.framework,
-                      "input_shape": list(ref.input_shape), "classes": ref.num_classes, "model": ref.uri,
-                      "max_instances": max_instances, "max_body_bytes": self.max_body}
+        self.max_body = self.routes.max_body
+        self.about = {**self.model.about(), "max_instances": max_instances, "max_body_bytes": self.max_body}
+        shape = self.about.get("input_shape")
+        self.hint = f" (this model takes {'x'.join(map(str, shape))} numbers per instance)" if shape else ""
         self.replica = _replica_id()
         self.codes: dict[int, int] = {}
         self.latency = Histogram((0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
@@ -159,30 +226,36 @@ class Endpoint:
         from starlette.responses import JSONResponse, PlainTextResponse
 
         path = request.url.path.rstrip("/") or "/"
-        predicts = path in PREDICT_PATHS or bool(VERTEX_PATH.match(path))
-        if not predicts and path not in GET_PATHS:
-            return _error(f"no such path: {path} (POST {{\"instances\": [...]}} to /predict; GET /healthz, "
-                          "/metrics)", 404), 0
+        kind = self.routes.kind(path)
+        if kind is None:
+            return _error(f"no such path: {path} (POST {{\"instances\": [...]}} to {self.routes.predict}; GET "
+                          f"{self.routes.health}, /metrics)", 404), 0
+        predicts = kind == "predict"
         if request.method != ("POST" if predicts else "GET"):
             allowed = "POST" if predicts else "GET"
             return _error(f"{request.method} {path}: use {allowed}", 405, {"Allow": allowed}), 0
-        if path == "/healthz":
-            return JSONResponse({"status": "ok", **self.about}), 0
-        if path == "/metrics":
+        authorised = self.routes.authorised(request.headers.get("authorization"))
+        if kind == "health":
+            return JSONResponse({"status": "ok", **(self.about if authorised else {})}), 0
+        if not authorised:
+            return _error("a bearer token is needed: send Authorization: Bearer TOKEN (the server's --token-file)",
+                          401, {"WWW-Authenticate": "Bearer"}), 0
+        if kind == "metrics":
             return PlainTextResponse(self.metrics(), media_type="text/plain; version=0.0.4"), 0
         body = await self._body(request)
         if body is None:
-            return _error(f"the request body is over {self.max_body} bytes; send at most {self.max_instances} "
-                          "instances per request", 413), 0
+            return _error(f"the request body is over {self.max_body} bytes; send fewer instances per request "
+                          "(or start the server with a larger --max-body-mb)", 413), 0
         try:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             return _error("the request body is not JSON: send {\"instances\": [...]}"), 0
-        problem, x = self.check(payload)
+        problem, batch = self.check(payload)
         if problem:
             return _error(problem), 0
-        scores = await self.batched(x)
-        return JSONResponse({"predictions": predictions(scores)}), len(x)
+        out = await self.batched(batch)
+        answer = {"predictions": self.model.answers(out), "deployedModelId": self.routes.deployed_model_id}
+        return JSONResponse(answer), formats.rows(batch)
 
     async def _body(self, request) -> bytes | None:
         """The body, or None when it is longer than the limit (not read past the limit)."""
@@ -197,9 +270,8 @@ class Endpoint:
             chunks.append(chunk)
         return b"".join(chunks)
 
-    def check(self, body: Any) -> tuple[str | None, np.ndarray | None]:
+    def check(self, body: Any) -> tuple[str | None, formats.Batch | None]:
         """(what is wrong, None) or (None, the model's input batch)."""
-        shape = "x".join(map(str, self.about["input_shape"]))
         if not isinstance(body, dict) or "instances" not in body:
             return "the body must be a JSON object with an instances list: {\"instances\": [...]}", None
         instances = body["instances"]
@@ -209,28 +281,23 @@ class Endpoint:
             return "instances is empty: send at least one instance", None
         if len(instances) > self.max_instances:
             return f"{len(instances)} instances in one request; at most {self.max_instances}", None
-        array = _array(instances)
-        odd = _not_a_number(instances) if array.dtype.kind not in "iuf" else None  # walked only when not numbers
-        if odd:
-            return f"{odd} (this model takes {shape} numbers per instance)", None
+        if not isinstance(body.get("parameters", {}), dict):
+            return f"parameters must be an object, got {type(body['parameters']).__name__}", None
         try:
-            x = self.model.inputs(array)
+            return None, self.model.inputs(instances)
         except (ValueError, TypeError) as exc:
-            return f"{exc} (this model takes {shape} numbers per instance)", None
-        if not np.all(np.isfinite(x)):
-            return "instances hold NaN or infinity", None
-        return None, x
+            return f"{exc}{self.hint}", None
 
-    async def batched(self, x: np.ndarray) -> np.ndarray:
-        return await self._batch(x)
+    async def batched(self, batch: formats.Batch) -> formats.Batch:
+        return await self._batch(batch)
 
-    async def _batch_impl(self, batches: list[np.ndarray]) -> list[np.ndarray]:
-        sizes = [len(b) for b in batches]
+    async def _batch_impl(self, batches: list[formats.Batch]) -> list[formats.Batch]:
+        sizes = [formats.rows(b) for b in batches]
         self.batch_requests.observe(len(batches))
         self.batch_instances.observe(sum(sizes))
         # In a thread: the replica goes on reading and checking the next requests meanwhile.
-        scores = await asyncio.to_thread(self.model.run, np.concatenate(batches))
-        return list(np.split(scores, np.cumsum(sizes)[:-1]))
+        out = await asyncio.to_thread(self.model.run, formats.join(batches))
+        return formats.split(out, sizes)
 
     def metrics(self) -> str:
         """Prometheus text exposition of this replica's counters."""
@@ -259,28 +326,6 @@ def _replica_id() -> str:
         return "local"
 
 
-def _not_a_number(instances: list) -> str | None:
-    """Which element of ``instances`` is neither a number nor a list, said in one line (None
-    when all are). Strings are left to the workload's own check, which names the type."""
-    stack: list[tuple[str, Any]] = [(f"instances[{i}]", v) for i, v in reversed(list(enumerate(instances)))]
-    while stack:
-        where, value = stack.pop()
-        if value is None or isinstance(value, (dict, bool)):
-            kind = "null" if value is None else ("an object" if isinstance(value, dict) else "true/false")
-            return f"{where} is {kind}, not a number"
-        if isinstance(value, list):
-            stack.extend((f"{where}[{i}]", v) for i, v in reversed(list(enumerate(value))))
-    return None
-
-
-def _array(instances: list) -> np.ndarray:
-    """The instances as one array; ragged lists become an object array (refused as such)."""
-    try:
-        return np.asarray(instances)
-    except ValueError:
-        return np.asarray(instances, dtype=object)
-
-
 def _error(message: str, status: int = 400, headers: dict[str, str] | None = None):
     from starlette.responses import JSONResponse
 
@@ -293,7 +338,7 @@ def deployment(options: ServeOptions):
 
     class ModelEndpoint(Endpoint):
         @serve.batch(max_batch_size=options.max_batch, batch_wait_timeout_s=options.batch_wait_ms / 1000)
-        async def _batch(self, batches: list[np.ndarray]) -> list[np.ndarray]:
+        async def _batch(self, batches: list[formats.Batch]) -> list[formats.Batch]:
             return await self._batch_impl(batches)
 
     return serve.deployment(ModelEndpoint, name="model", num_replicas=options.replicas,
@@ -361,8 +406,8 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def serve(ref: ModelRef, options: ServeOptions = ServeOptions(), *, address: str | None = None,
-          verbose: bool = False, ready=None, note=None) -> int:
+def serve(ref: ModelRef, options: ServeOptions = ServeOptions(), *, routes: Routes | None = None,
+          address: str | None = None, verbose: bool = False, ready=None, note=None) -> int:
     """Serve ``ref``: on this machine until stopped (then returns 0), or deployed on the
     cluster at ``address`` (returns 0 at once). ``ready(url, access_log)`` is called as soon as
     the server answers (here: its first answer to /healthz; on a cluster: once Ray Serve reports
@@ -385,7 +430,7 @@ def serve(ref: ModelRef, options: ServeOptions = ServeOptions(), *, address: str
             if not verbose:
                 logging.getLogger("ray.serve").setLevel(logging.WARNING)
             ray_serve.start(http_options={"host": host, "port": options.port})
-            app = deployment(options).bind(ref, options.max_instances, access_log)
+            app = deployment(options).bind(ref, routes or Routes(), options.max_instances, access_log)
             _deployed(lambda: ray_serve.run(app, name=APP, route_prefix="/"), None if joined else options.port)
             serving = True
             try:

@@ -1,0 +1,208 @@
+"""Model formats predict and serve load (no Ray): each kind of model answers as the model
+called directly does, bad instances are one clear line, and a folder nothing can load is
+refused before anything starts. The server's routing, tokens and Vertex AI's variables are
+checked on a real Starlette request."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+import pickle
+
+import joblib
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+from sklearn.linear_model import LinearRegression, LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from launcher.errors import UserError
+from launcher.predict import formats, serve
+from launcher.predict.model import Model, locate
+
+
+@pytest.fixture(scope="module")
+def digits():
+    x, y = load_digits(return_X_y=True)
+    return x, y
+
+
+def loaded(folder) -> Model:
+    return Model(locate(str(folder)))
+
+
+def test_a_scikit_learn_package_model_answers_as_its_predict(tmp_path, digits):
+    x, y = digits
+    model = make_pipeline(StandardScaler(), LogisticRegression(max_iter=500)).fit(x[:1200], y[:1200])
+    joblib.dump(model, tmp_path / "model.joblib")
+    served = loaded(tmp_path)
+    assert served.ref.format == "sklearn" and served.about()["features"] == 64
+    assert served.predict(x[1200:].tolist()) == model.predict(x[1200:]).tolist()
+    with pytest.raises(ValueError, match=r"each instance must be 64 numbers \(the Pipeline's features\), got 3"):
+        served.inputs([[1, 2, 3]])
+    with pytest.raises(ValueError, match=r"instances\[1\]\[2\] is null, not a number"):
+        served.inputs([[0] * 64, [0, 0, None] + [0] * 61])
+
+    # model.pkl, a regression: numbers come back as numbers
+    (tmp_path / "model.joblib").unlink()
+    regression = LinearRegression().fit(x[:, :4], x[:, 5])
+    (tmp_path / "model.pkl").write_bytes(pickle.dumps(regression))
+    served = loaded(tmp_path)
+    answers = served.predict(x[:5, :4].tolist())
+    assert all(isinstance(a, float) for a in answers)
+    np.testing.assert_allclose(answers, regression.predict(x[:5, :4]), rtol=1e-5)
+
+
+def test_an_xgboost_booster_answers_as_its_predict_and_a_runs_classifier_with_classes(tmp_path, digits):
+    import xgboost as xgb
+
+    x, y = digits
+    binary = (y == 3).astype(np.float32)
+    booster = xgb.train({"objective": "binary:logistic", "max_depth": 3}, xgb.DMatrix(x, label=binary), 10)
+    (tmp_path / "model.bst").write_bytes(bytes(booster.save_raw("ubj")))
+    served = loaded(tmp_path)
+    assert served.ref.format == "xgboost" and served.about()["features"] == 64
+    expected = booster.predict(xgb.DMatrix(x[:20]))
+    np.testing.assert_allclose(served.predict(x[:20].tolist()), expected, rtol=1e-6)
+    with pytest.raises(ValueError, match="must be numbers, got text"):
+        served.inputs([["a"] * 64])
+
+    # a run's export names the objective and classes: the class and both scores
+    (tmp_path / "model.json").write_text(json.dumps({"workload": "xgboost-function", "framework": "xgboost",
+                                                     "objective": "binary:logistic", "num_classes": 2}))
+    answers = loaded(tmp_path).predict(x[:20].tolist())
+    assert [a["prediction"] for a in answers] == (expected > 0.5).astype(int).tolist()
+    np.testing.assert_allclose([a["scores"][1] for a in answers], expected, atol=1e-6)
+
+
+def test_a_saved_model_with_named_inputs_takes_objects_and_answers_by_name(tmp_path):
+    tf = formats._tensorflow()
+
+    class Scaler(tf.Module):
+        def __init__(self):
+            self.w = tf.Variable([[1.0, -2.0], [0.5, 3.0]])
+
+        @tf.function(input_signature=[tf.TensorSpec((None, 2), tf.float32, name="features"),
+                                      tf.TensorSpec((None,), tf.string, name="tag")])
+        def serve(self, features, tag):
+            return {"score": tf.matmul(features, self.w), "length": tf.strings.length(tag)}
+
+    module = Scaler()
+    tf.saved_model.save(module, str(tmp_path), signatures={"serving_default": module.serve})
+    served = loaded(tmp_path)
+    assert served.ref.format == "savedmodel"
+    assert [i["name"] for i in served.about()["inputs"]] == ["features", "tag"]
+    answers = served.predict([{"features": [1, 2], "tag": "abc"},
+                              {"features": [0, 1], "tag": {"b64": base64.b64encode(b"hello").decode()}}])
+    assert answers == [{"length": 3, "score": [2.0, 4.0]}, {"length": 5, "score": [0.5, 3.0]}]
+    with pytest.raises(ValueError, match=r"instances\[0\] has no tag \(the model's inputs: features, tag\)"):
+        served.inputs([{"features": [1, 2]}])
+    with pytest.raises(ValueError, match=r"each instance's features must have shape \[2\], got \[3\]"):
+        served.inputs([{"features": [1, 2, 3], "tag": "x"}])
+    with pytest.raises(ValueError, match=r"instances\[0\] must be an object with the inputs features, tag"):
+        served.inputs([[1, 2]])
+
+
+def test_a_keras_functions_model_keras_answers_as_the_model(tmp_path):
+    formats._tensorflow()
+    from workloads.tf_models import keras
+
+    k = keras()
+    model = k.Sequential([k.layers.Input((3,), name="x"), k.layers.Dense(2, name="y")])
+    model.save(str(tmp_path / "model.keras"))
+    (tmp_path / "model.json").write_text(json.dumps({"workload": "fn.py:train", "framework": "tensorflow",
+                                                     "kind": "training function", "files": {"model.keras": "k"}}))
+    served = loaded(tmp_path)
+    assert served.ref.format == "keras"
+    x = np.asarray([[1, 2, 3], [0, -1, 0.5]], np.float32)
+    np.testing.assert_allclose(served.predict(x.tolist()), model(x).numpy(), rtol=1e-5)
+
+
+def test_a_folder_nothing_can_load_and_a_torch_functions_weights_are_one_line(tmp_path):
+    (tmp_path / "notes.txt").write_text("hi")
+    with pytest.raises(UserError, match=r"no model in .*a model folder holds model.joblib/model.pkl \(scikit-learn\)"):
+        locate(str(tmp_path))
+    (tmp_path / "model.json").write_text(json.dumps({"workload": "f.py:train", "framework": "torch",
+                                                     "kind": "training function", "files": {"state_dict.pt": "w"}}))
+    with pytest.raises(UserError, match=r"a training function's model \(state_dict.pt\)"):
+        locate(str(tmp_path))
+    (tmp_path / "model.json").write_text(json.dumps({"workload": "no-such-workload", "framework": "torch",
+                                                     "input_shape": [3], "num_classes": None}))
+    with pytest.raises(UserError, match="the model's workload no-such-workload cannot be loaded"):
+        locate(str(tmp_path))
+
+
+def test_vertex_variables_set_the_routes_and_a_token_is_kept_as_its_hash(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret-token-0123456789\n")
+    routes = serve.routes({"AIP_PREDICT_ROUTE": "/v1/endpoints/1/deployedModels/2:predict",
+                           "AIP_HEALTH_ROUTE": "/ping", "AIP_DEPLOYED_MODEL_ID": "2"}, token_file=str(token))
+    assert routes.kind("/v1/endpoints/1/deployedModels/2:predict") == "predict" and routes.kind("/ping") == "health"
+    assert routes.kind("/predict") == "predict" and routes.kind("/healthz") == "health"
+    assert routes.kind("/other") is None and routes.deployed_model_id == "2"
+    assert routes.token_sha256 == hashlib.sha256(b"s3cret-token-0123456789").hexdigest()
+    assert routes.authorised("Bearer s3cret-token-0123456789") and not routes.authorised("Bearer wrong")
+    assert not routes.authorised(None) and not routes.authorised("s3cret-token-0123456789")
+    assert routes.max_body == 1_572_864  # Vertex AI's 1.5 MB
+    for env, message in (({"AIP_PREDICT_ROUTE": "predict"}, "a route is a path starting with /"),):
+        with pytest.raises(UserError, match=message):
+            serve.routes(env)
+    (tmp_path / "short").write_text("abc\n")
+    with pytest.raises(UserError, match="16 or more characters"):
+        serve.routes({}, token_file=str(tmp_path / "short"))
+    with pytest.raises(UserError, match="cannot read it"):
+        serve.routes({}, token_file=str(tmp_path / "missing"))
+
+
+def request(method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None):
+    """A real Starlette request, as Ray Serve's proxy hands a replica one."""
+    from starlette.requests import Request
+
+    sent = {"done": False}
+
+    async def receive():
+        if sent["done"]:
+            return {"type": "http.disconnect"}
+        sent["done"] = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    raw = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    raw.append((b"content-length", str(len(body)).encode()))
+    return Request({"type": "http", "method": method, "path": path, "headers": raw, "query_string": b""}, receive)
+
+
+def test_the_endpoint_answers_vertex_bodies_with_its_token_and_refuses_the_rest(tmp_path, digits):
+    x, y = digits
+    model = LogisticRegression(max_iter=300).fit(x[:500], y[:500])
+    joblib.dump(model, tmp_path / "model.joblib")
+    token = tmp_path / "token"
+    token.write_text("a-token-long-enough-1234")
+    routes = serve.routes({"AIP_PREDICT_ROUTE": "/v1/p", "AIP_HEALTH_ROUTE": "/h"}, token_file=str(token),
+                          name="digits_sk")
+    endpoint = serve.Endpoint(locate(str(tmp_path)), routes)
+
+    async def direct(batch):  # what @serve.batch does with one request
+        return (await endpoint._batch_impl([batch]))[0]
+
+    endpoint._batch = direct
+    auth = {"Authorization": "Bearer a-token-long-enough-1234"}
+
+    def call(method, path, body=None, headers=auth):
+        data = body if isinstance(body, bytes) else json.dumps(body).encode() if body is not None else b""
+        response, _ = asyncio.run(endpoint.answer(request(method, path, data, headers)))
+        return response.status_code, json.loads(response.body)
+
+    code, answer = call("POST", "/v1/p", {"instances": x[500:510].tolist(), "parameters": {}})
+    assert code == 200 and answer["predictions"] == model.predict(x[500:510]).tolist()
+    assert answer["deployedModelId"] == "digits_sk"
+    assert call("POST", "/v1/p", {"instances": x[:1].tolist()}, {"Authorization": "Bearer nope"})[0] == 401
+    assert call("POST", "/predict", {"instances": x[:1].tolist()}, {})[0] == 401
+    assert call("GET", "/h", headers={}) == (200, {"status": "ok"})  # open to health checks, no details
+    assert call("GET", "/h")[1]["format"] == "sklearn"
+    code, answer = call("POST", "/predict", {"instances": x[:1].tolist(), "parameters": [1]})
+    assert code == 400 and answer["error"] == "parameters must be an object, got list"
+    code, answer = call("POST", "/predict", b"[" + b"0," * 1_000_000 + b"0]")
+    assert code == 413 and "1572864 bytes" in answer["error"]
