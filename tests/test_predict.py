@@ -163,9 +163,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def post(url: str, body) -> tuple[int, dict]:
+def post(url: str, body, token: str | None = None) -> tuple[int, dict]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
+    request = urllib.request.Request(url, data=data, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=60) as r:
             return r.status, json.load(r)
@@ -234,6 +235,77 @@ def test_serve_answers_like_batch_prediction_and_refuses_bad_requests(models, te
     assert stopped.returncode == 0 and "stopped the model server" in stopped.stdout, \
         stopped.stderr + (tmp_path / "serve.err").read_text()[-3000:]
     assert proc.returncode == 0
+
+
+@pytest.mark.integration
+def test_a_regression_run_predicts_its_numbers_as_the_exported_program_does(ray_local, tmp_path, capsys):
+    """A managed-loop regression (no classes): `launcher predict` writes each row's number."""
+    import torch
+
+    from launcher import JobSpec, run
+
+    spec = JobSpec(workload="examples/diabetes_regression.py:DIABETES", framework="torch", epochs=2, workers=1,
+                   storage=str(tmp_path / "runs"), name="diabetes").validated()
+    summary = run(spec, show_progress=False)
+    assert summary.status == "succeeded", summary.error
+    x = np.random.default_rng(0).normal(size=(40, 10)).astype(np.float32)
+    np.savetxt(tmp_path / "patients.csv", x, delimiter=",", header=",".join(f"f{i}" for i in range(10)),
+               comments="")
+    out = str(tmp_path / "preds")
+    code = main(["predict", "--model", str(tmp_path / "runs" / "diabetes"), "--input", str(tmp_path / "patients.csv"),
+                 "--output", out])
+    assert code == 0, capsys.readouterr().err[-3000:]
+    rows = sorted((json.loads(line) for name in os.listdir(out) if not name.startswith("_")
+                   for line in open(os.path.join(out, name))), key=lambda r: r["row"])
+    program = torch.export.load(str(tmp_path / "runs" / "diabetes" / "model" / "model.pt2")).module()
+    expected = program(torch.from_numpy(x)).detach().numpy().reshape(-1)
+    assert [r["row"] for r in rows] == list(range(40)) and "scores" not in rows[0]
+    np.testing.assert_allclose([r["prediction"] for r in rows], expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.integration
+def test_a_vertex_scikit_learn_model_is_served_where_the_aip_variables_say_with_a_token(tmp_path):
+    """What Vertex AI's serving container is told: the model in AIP_STORAGE_URI, the port and
+    routes in AIP_*; with --token-file, a request without the token is a 401."""
+    import joblib
+    from sklearn.datasets import load_digits
+    from sklearn.linear_model import LogisticRegression
+
+    x, y = load_digits(return_X_y=True)
+    model = LogisticRegression(max_iter=300).fit(x[:1000], y[:1000])
+    (tmp_path / "model").mkdir()
+    joblib.dump(model, tmp_path / "model" / "model.joblib")
+    (tmp_path / "token").write_text("vertex-test-token-0123456789\n")
+    port = free_port()
+    route = "/v1/endpoints/7/deployedModels/9:predict"
+    env = {**os.environ, "LAUNCHER_STATE_DIR": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1",
+           "AIP_STORAGE_URI": str(tmp_path / "model"), "AIP_HTTP_PORT": str(port), "AIP_PREDICT_ROUTE": route,
+           "AIP_HEALTH_ROUTE": "/health", "AIP_DEPLOYED_MODEL_ID": "9"}
+    log = open(tmp_path / "serve.err", "w+")
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "serve", "--token-file", str(tmp_path / "token")],
+                            stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=ROOT)
+    try:
+        line = _line_within(proc.stdout, 180)
+        assert f"{route}, bearer token required, GET /health" in line, line + (tmp_path / "serve.err").read_text()
+        assert "vertex-test-token" not in line + (tmp_path / "serve.err").read_text()
+        url = f"http://127.0.0.1:{port}"
+        assert json.load(urllib.request.urlopen(url + "/health", timeout=30)) == {"status": "ok"}
+        body = {"instances": x[1000:1100].tolist(), "parameters": {}}
+        assert post(url + route, body)[0] == 401
+        code, answer = post(url + route, body, token="vertex-test-token-0123456789")
+        assert code == 200 and answer["deployedModelId"] == "9"
+        assert answer["predictions"] == model.predict(x[1000:1100]).tolist()
+        code, answer = post(url + route, {"instances": [[1, 2]]}, token="vertex-test-token-0123456789")
+        assert code == 400 and "each instance must be 64 numbers" in answer["error"], answer
+    finally:
+        proc.terminate()  # SIGTERM: the server stops as on Ctrl-C
+        try:
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        log.close()
+    assert proc.returncode == 0, (tmp_path / "serve.err").read_text()[-3000:]
 
 
 def test_image_files_are_instances_the_image_workloads_take(tmp_path):
