@@ -211,6 +211,14 @@ def test_serve_answers_like_batch_prediction_and_refuses_bad_requests(models, te
                              ({"instances": [[0] * 63 + [None]]}, "instances[0][63] is null")]:
             code, answer = post(url + "/predict", bad)
             assert code == 400 and message in answer["error"], (bad if isinstance(bad, bytes) else "", answer)
+        # the V2 protocol, its tensor as raw bytes after the JSON, answers the same classes
+        rows = raw[:50].astype("<f4")
+        head = json.dumps({"inputs": [{"name": "x", "shape": list(rows.shape), "datatype": "FP32",
+                                       "parameters": {"binary_data_size": rows.nbytes}}]}).encode()
+        v2 = urllib.request.Request(f"{url}/v2/models/digits_{framework}/infer", data=head + rows.tobytes(),
+                                    headers={"Inference-Header-Content-Length": str(len(head))})
+        outputs = {o["name"]: o for o in json.load(urllib.request.urlopen(v2, timeout=60))["outputs"]}
+        assert outputs["prediction"]["data"] == predicted[:50].tolist() and outputs["scores"]["shape"] == [50, 10]
         # Vertex AI's path predicts too; other paths and methods are refused as such
         code, answer = post(url + "/v1/models/digits:predict", {"instances": raw[:3].tolist()})
         assert code == 200 and len(answer["predictions"]) == 3

@@ -98,6 +98,11 @@ def test_a_saved_model_with_named_inputs_takes_objects_and_answers_by_name(tmp_p
     answers = served.predict([{"features": [1, 2], "tag": "abc"},
                               {"features": [0, 1], "tag": {"b64": base64.b64encode(b"hello").decode()}}])
     assert answers == [{"length": 3, "score": [2.0, 4.0]}, {"length": 5, "score": [0.5, 3.0]}]
+    # V2 tensors by name are the same instances
+    from launcher.predict import protocols
+
+    tensors = {"tag": np.asarray(["abc", "hello"], dtype=object), "features": np.asarray([[1, 2], [0, 1]], np.float32)}
+    assert served.predict(protocols.instances(tensors, ["features", "tag"])) == answers
     with pytest.raises(ValueError, match=r"instances\[0\] has no tag \(the model's inputs: features, tag\)"):
         served.inputs([{"features": [1, 2]}])
     with pytest.raises(ValueError, match=r"each instance's features must have shape \[2\], got \[3\]"):
@@ -206,3 +211,43 @@ def test_the_endpoint_answers_vertex_bodies_with_its_token_and_refuses_the_rest(
     assert code == 400 and answer["error"] == "parameters must be an object, got list"
     code, answer = call("POST", "/predict", b"[" + b"0," * 1_000_000 + b"0]")
     assert code == 413 and "1572864 bytes" in answer["error"]
+
+
+def test_the_v2_protocol_takes_json_and_binary_tensors_and_describes_the_model(tmp_path, digits):
+    x, y = digits
+    model = LogisticRegression(max_iter=300).fit(x[:500], y[:500])
+    joblib.dump(model, tmp_path / "model.joblib")
+    endpoint = serve.Endpoint(locate(str(tmp_path)), serve.routes({}, name="digits_sk"))
+
+    async def direct(batch):
+        return (await endpoint._batch_impl([batch]))[0]
+
+    endpoint._batch = direct
+
+    def call(method, path, body=b"", headers=None):
+        response, _ = asyncio.run(endpoint.answer(request(method, path, body, headers)))
+        return response.status_code, json.loads(response.body)
+
+    rows = x[500:508].astype(np.float32)
+    tensor = {"name": "x", "shape": [8, 64], "datatype": "FP32"}
+    code, answer = call("POST", "/v2/models/digits_sk/infer",
+                        json.dumps({"id": "r1", "inputs": [{**tensor, "data": rows.reshape(-1).tolist()}]}).encode())
+    assert code == 200 and answer["id"] == "r1" and answer["model_name"] == "digits_sk"
+    assert answer["outputs"] == [{"name": "prediction", "shape": [8], "datatype": "INT64",
+                                  "data": model.predict(rows).tolist()}]
+    # the binary tensor extension: the JSON header, then the raw little-endian floats
+    head = json.dumps({"inputs": [{**tensor, "parameters": {"binary_data_size": rows.nbytes}}]}).encode()
+    code, binary = call("POST", "/v2/models/digits_sk/versions/1/infer", head + rows.astype("<f4").tobytes(),
+                        {"Inference-Header-Content-Length": str(len(head))})
+    assert code == 200 and binary["outputs"] == answer["outputs"]
+    assert call("GET", "/v2/health/ready") == (200, {"ready": True})
+    meta = call("GET", "/v2/models/digits_sk")[1]
+    assert meta["inputs"] == [{"name": "x", "shape": [-1, 64], "datatype": "FP32"}] and meta["platform"] == "sklearn"
+    assert call("GET", "/v2/models/other")[0] == 404
+    for bad, message in (({"inputs": []}, "inputs must be a non-empty list"),
+                         ({"inputs": [{**tensor, "data": [0.0] * 10}]}, "holds 10 values; its shape [8, 64] needs 512"),
+                         ({"inputs": [{**tensor, "datatype": "FP99", "data": []}]}, "datatype 'FP99' is not one of"),
+                         ({"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]},
+                          "each instance must be 64 numbers")):
+        code, answer = call("POST", "/v2/models/digits_sk/infer", json.dumps(bad).encode())
+        assert code == 400 and message in answer["error"], answer

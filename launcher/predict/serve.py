@@ -54,7 +54,7 @@ import numpy as np
 from launcher.driver import session
 from launcher.driver.localhead import STATE_ENV
 from launcher.errors import UserError
-from launcher.predict import formats
+from launcher.predict import formats, protocols
 from launcher.predict.model import Model, ModelRef
 from launcher.storage import Storage
 from launcher.storage.runs import pid_alive
@@ -111,7 +111,8 @@ class Routes:
     health: str = "/healthz"
     token_sha256: str | None = None
     max_body: int = int(BODY_MB * (1 << 20))
-    deployed_model_id: str = ""
+    deployed_model_id: str = "model"
+    name: str = "model"  # the model's name in the V2 protocol's paths
 
     def kind(self, path: str) -> str | None:
         """"predict", "health", "metrics" or None (no such path)."""
@@ -159,7 +160,8 @@ def routes(env: dict[str, str], *, token_file: str | None = None, max_body_mb: f
     return Routes(predict=_route(AIP_PREDICT, env[AIP_PREDICT]) if env.get(AIP_PREDICT) else "/predict",
                   health=_route(AIP_HEALTH, env[AIP_HEALTH]) if env.get(AIP_HEALTH) else "/healthz",
                   token_sha256=read_token(token_file) if token_file else None,
-                  max_body=int(max_body_mb * (1 << 20)), deployed_model_id=env.get(AIP_DEPLOYED) or name)
+                  max_body=int(max_body_mb * (1 << 20)), deployed_model_id=env.get(AIP_DEPLOYED) or name or "model",
+                  name=name or "model")
 
 
 class Histogram:
@@ -227,25 +229,37 @@ class Endpoint:
 
         path = request.url.path.rstrip("/") or "/"
         kind = self.routes.kind(path)
-        if kind is None:
-            return _error(f"no such path: {path} (POST {{\"instances\": [...]}} to {self.routes.predict}; GET "
-                          f"{self.routes.health}, /metrics)", 404), 0
-        predicts = kind == "predict"
-        if request.method != ("POST" if predicts else "GET"):
-            allowed = "POST" if predicts else "GET"
-            return _error(f"{request.method} {path}: use {allowed}", 405, {"Allow": allowed}), 0
+        v2 = None if kind else protocols.route(path)
+        if kind is None and v2 is None:
+            return _error(f"no such path: {path} (POST {{\"instances\": [...]}} to {self.routes.predict}, or the "
+                          f"V2 protocol's /v2/models/{self.routes.name}/infer; GET {self.routes.health}, /metrics)",
+                          404), 0
+        what = v2[0] if v2 else kind
+        method = "POST" if what in ("predict", "infer") else "GET"
+        if request.method != method:
+            return _error(f"{request.method} {path}: use {method}", 405, {"Allow": method}), 0
+        if v2 and v2[1] is not None and v2[1] != self.routes.name:
+            return _error(f"no model {v2[1]} here: this server serves {self.routes.name}", 404), 0
         authorised = self.routes.authorised(request.headers.get("authorization"))
-        if kind == "health":
+        if what == "health":
             return JSONResponse({"status": "ok", **(self.about if authorised else {})}), 0
+        if what in ("live", "ready", "model_ready"):  # V2's probes, open like the health route
+            return JSONResponse({"live": True} if what == "live" else {"ready": True}), 0
         if not authorised:
             return _error("a bearer token is needed: send Authorization: Bearer TOKEN (the server's --token-file)",
                           401, {"WWW-Authenticate": "Bearer"}), 0
-        if kind == "metrics":
+        if what == "metrics":
             return PlainTextResponse(self.metrics(), media_type="text/plain; version=0.0.4"), 0
+        if what == "server":
+            return JSONResponse({"name": "launcher", "extensions": ["binary_tensor_data"]}), 0
+        if what == "model":
+            return JSONResponse(protocols.metadata(self.routes.name, self.about)), 0
         body = await self._body(request)
         if body is None:
             return _error(f"the request body is over {self.max_body} bytes; send fewer instances per request "
                           "(or start the server with a larger --max-body-mb)", 413), 0
+        if what == "infer":
+            return await self.infer(body, request.headers.get(protocols.HEADER_LENGTH))
         try:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError):
@@ -256,6 +270,22 @@ class Endpoint:
         out = await self.batched(batch)
         answer = {"predictions": self.model.answers(out), "deployedModelId": self.routes.deployed_model_id}
         return JSONResponse(answer), formats.rows(batch)
+
+    async def infer(self, body: bytes, header_length: str | None) -> tuple[Any, int]:
+        """The V2 protocol's infer: tensors in, one tensor per output column out."""
+        from starlette.responses import JSONResponse
+
+        try:
+            request, tensors = protocols.parse(body, header_length)
+            names = [i["name"] for i in self.about.get("inputs") or []]
+            rows = len(next(iter(tensors.values())))
+            if not rows or rows > self.max_instances:
+                raise ValueError(f"{rows} instances in one request; send 1..{self.max_instances}")
+            batch = self.model.inputs(protocols.instances(tensors, names))
+        except (ValueError, TypeError) as exc:
+            return _error(f"{exc}{self.hint}"), 0
+        out = await self.batched(batch)
+        return JSONResponse(protocols.response(self.routes.name, request, self.model.columns(out))), rows
 
     async def _body(self, request) -> bytes | None:
         """The body, or None when it is longer than the limit (not read past the limit)."""
