@@ -251,3 +251,50 @@ def test_the_v2_protocol_takes_json_and_binary_tensors_and_describes_the_model(t
                           "each instance must be 64 numbers")):
         code, answer = call("POST", "/v2/models/digits_sk/infer", json.dumps(bad).encode())
         assert code == 400 and message in answer["error"], answer
+
+
+class Tagger:
+    """What a training function's export needs of its spec."""
+
+    workload, framework, params, name = "fn.py:train", "torch", {}, "tagger"
+
+
+def test_a_training_functions_model_is_exported_from_its_first_inputs_and_served_by_name(tmp_path):
+    import torch
+
+    from launcher.storage import Storage
+    from launcher.worker.export import example_rows, export_weights, torch_program
+
+    class TwoInputs(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed, self.head = torch.nn.Embedding(11, 4), torch.nn.Linear(4 + 3, 2)
+
+        def forward(self, ids, extra):
+            return {"logits": self.head(torch.cat([self.embed(ids).mean(1), extra], 1)), "length": (ids > 0).sum(1)}
+
+    model = TwoInputs()
+    seen = {}
+    hook = model.register_forward_pre_hook(lambda m, a, k: seen.setdefault("x", example_rows(a, k)), with_kwargs=True)
+    model(torch.randint(0, 11, (8, 5)), extra=torch.randn(8, 3))  # the first batch: 8 rows
+    hook.remove()
+    assert seen["x"][0][0].shape == (2, 5) and seen["x"][1]["extra"].shape == (2, 3)
+    program, why = torch_program(model, seen["x"])
+    assert why is None and [i["name"] for i in program["inputs"]] == ["ids", "extra"]
+    checkpoint = tmp_path / "ckpt"
+    checkpoint.mkdir()
+    torch.save(model.state_dict(), checkpoint / "model.pt")
+    export_weights(Tagger, str(checkpoint), Storage.resolve(str(tmp_path / "runs")), program)
+    served = loaded(tmp_path / "runs" / "tagger")
+    assert served.ref.format == "program"
+    ids, extra = torch.randint(0, 11, (5, 5)), torch.randn(5, 3)  # another batch size than the example's
+    answers = served.predict([{"ids": i, "extra": e} for i, e in zip(ids.tolist(), extra.tolist())])
+    expected = model.eval()(ids, extra)
+    np.testing.assert_allclose([a["logits"] for a in answers], expected["logits"].detach().numpy(), rtol=1e-5)
+    assert [a["length"] for a in answers] == expected["length"].tolist()
+    with pytest.raises(ValueError, match=r"each instance's ids must have shape \[5\], got \[4\]"):
+        served.inputs([{"ids": [1, 2, 3, 4], "extra": [0, 0, 0]}])
+
+    # a forward taking something other than tensors keeps its weights only, and says why
+    assert torch_program(model, ((torch.zeros(2, 5, dtype=torch.long), "text"), {}))[1] == \
+        "its forward takes Tensor, str, and predict and serve send it tensors of a batch"

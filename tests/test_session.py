@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import workloads
@@ -190,7 +191,17 @@ def test_char_lm_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path, backend
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     state = torch.load(os.path.join(storage, "stopped", "model", "state_dict.pt"))
-    module.CharTransformer(vocab, 64, 64, 2, 4).load_state_dict(state)
+    net = module.CharTransformer(vocab, 64, 64, 2, 4)
+    net.load_state_dict(state)
+    # ... and its program (exported from the first batch the model saw) predicts as that class does
+    from launcher.predict.model import Model, locate
+
+    served = Model(locate(os.path.join(storage, "stopped")))
+    assert served.about()["inputs"] == [{"name": "ids", "shape": [64], "dtype": "int64"}]
+    ids = torch.randint(0, vocab, (3, 64))
+    with torch.no_grad():
+        expected = net.eval()(ids).numpy()
+    np.testing.assert_allclose(np.asarray(served.predict(ids.tolist())), expected, rtol=1e-4, atol=1e-4)
 
 
 BROKEN = '''

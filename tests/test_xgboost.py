@@ -172,17 +172,24 @@ def test_xgboost_on_2_workers_learns_resumes_at_the_round_and_exports_a_booster(
     again = xgb.Booster(model_file=os.path.join(storage, "stopped", "model", "booster.json"))
     rows = xgb.DMatrix(x[:20], feature_names=names)
     assert np.array_equal(booster.predict(rows), again.predict(rows))
+    # predict and serve load it and answer what the booster predicts (a regression: its numbers)
+    from launcher.predict.model import Model, locate
+
+    served = Model(locate(os.path.join(storage, "whole")))
+    np.testing.assert_allclose(served.predict(x[:20].tolist()), booster.predict(rows), rtol=1e-6)
 
 
-def test_predict_refuses_a_booster_in_one_line(capsys, tmp_path):
+def test_a_booster_export_without_its_model_bst_is_one_line(capsys, tmp_path):
     model = tmp_path / "runs" / "boosted" / "model"
     model.mkdir(parents=True)
     (model / "model.json").write_text(json.dumps({"workload": "tabular", "framework": "xgboost",
                                                   "files": {"model.bst": "", "booster.json": ""}}))
+    (model / "booster.json").write_text("{}")
     (tmp_path / "in.npy").write_bytes(b"")
     code, _, err = run_cli(capsys, "predict", "--model", str(tmp_path / "runs" / "boosted"), "--input",
                            str(tmp_path / "in.npy"), "--output", str(tmp_path / "out"))
-    assert code == 2 and "holds an XGBoost booster (booster.json, model.bst)" in err and err.count("\n") == 1, err
+    assert code == 2 and "holds no model predict and serve can load (booster.json, model.json)" in err, err
+    assert err.count("\n") == 1, err
 
 
 # -- scikit-learn and XGBoost trainer packages --------------------------------------------------------
@@ -224,6 +231,9 @@ def test_sklearn_and_xgboost_packages_run_as_what_they_are_with_their_models_whe
     x, y = load_digits(return_X_y=True)
     model = joblib.load(os.path.join(storage, "sk", "model", "model.joblib"))  # AIP_MODEL_DIR
     assert model.score(x, y) > 0.9
+    from launcher.predict.model import Model, locate
+
+    assert Model(locate(os.path.join(storage, "sk"))).predict(x[:50].tolist()) == model.predict(x[:50]).tolist()
 
     boosted = launch(["--package", os.path.join(EXAMPLES, "xgboost_package"), "--module", "trainer.task",
                       "--workers", "2", "--storage", storage, "--name", "xg", "--", "--rounds", "10"])
@@ -234,6 +244,8 @@ def test_sklearn_and_xgboost_packages_run_as_what_they_are_with_their_models_whe
     assert (summary["framework"], summary["workers"]) == ("xgboost", 2), summary
     booster = xgb.Booster(model_file=os.path.join(storage, "xg", "model", "model.bst"))
     assert booster.num_boosted_rounds() == 10
+    served = Model(locate(os.path.join(storage, "xg")))
+    np.testing.assert_allclose(served.predict(x[:50].tolist()), booster.predict(xgb.DMatrix(x[:50])), rtol=1e-6)
 
 
 # -- bench scaling --framework xgboost ------------------------------------------------------------------

@@ -9,6 +9,8 @@ format     the folder holds                             a prediction
 ========== ============================================ ==================================
 workload   a run's ``model.pt2`` or ``saved_model/``,   a classifier's ``{"prediction",
            with ``model.json`` naming the workload      "scores"}``; otherwise the output
+program    a torch training function's ``model.pt2``,   the output (several: by name)
+           with ``model.json`` naming its inputs
 keras      ``model.keras`` (a Keras training function)  the output (several: by name)
 savedmodel ``saved_model.pb`` (TensorFlow, Vertex's     the output (several: by name)
            prebuilt container's format)
@@ -28,8 +30,10 @@ from __future__ import annotations
 
 import base64
 import os
+import pickle
 from typing import Any, Callable
 
+import joblib
 import numpy as np
 
 Batch = dict[str, np.ndarray]
@@ -51,6 +55,8 @@ def detect(info: dict[str, Any], files: list[str]) -> str | None:
         return "xgboost"
     if info.get("input_shape") is not None and info.get("workload") and info.get("kind") != "training function":
         return "workload"
+    if info.get("inputs") and "model.pt2" in files:
+        return "program"
     for name, marks in MARKERS.items():
         if any(m in files for m in marks):
             return name
@@ -267,12 +273,8 @@ class Sklearn(Loaded):
         super().__init__(directory, info)
         name = next(m for m in MARKERS["sklearn"] if os.path.exists(self.path(m)))
         if name.endswith(".joblib"):
-            import joblib
-
             self.model = joblib.load(self.path(name))
         else:
-            import pickle
-
             with open(self.path(name), "rb") as f:
                 self.model = pickle.load(f)  # noqa: S301 - the user's own model, as Vertex loads it
         if not callable(getattr(self.model, "predict", None)):
@@ -453,7 +455,36 @@ class Keras(Named):
         return {name: np.asarray(v) for name, v in zip(self.outputs, ys)}
 
 
-FORMATS: dict[str, type[Loaded]] = {"workload": Workload, "sklearn": Sklearn, "xgboost": XGBoost,
+class Program(Named):
+    """A torch training function's ``torch.export`` program, its inputs as ``model.json``
+    describes them (the names of its forward's arguments)."""
+
+    format = "program"
+
+    def __init__(self, directory: str, info: dict[str, Any]) -> None:
+        import torch
+
+        super().__init__(directory, info)
+        self.torch = torch
+        self.module = torch.export.load(self.path("model.pt2")).module()
+        torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+        self.specs = [(i["name"], tuple(None if d < 0 else d for d in i["shape"][1:]), np.dtype(i["dtype"]))
+                      for i in info["inputs"]]
+        self.keywords = {i["name"] for i in info["inputs"] if i.get("keyword")}
+        self.outputs = [o["name"] for o in info.get("outputs") or [{"name": "output"}]]
+
+    def run(self, batch: Batch) -> Batch:
+        torch = self.torch
+        tensors = {n: torch.from_numpy(np.ascontiguousarray(batch[n])) for n, _, _ in self.specs}
+        with torch.no_grad():
+            y = self.module(*[t for n, t in tensors.items() if n not in self.keywords],
+                            **{n: t for n, t in tensors.items() if n in self.keywords})
+        ys = list(y.values()) if isinstance(y, dict) else list(y) if isinstance(y, (list, tuple)) else [y]
+        return {name: v.float().numpy() if v.dtype == torch.bfloat16 else v.numpy()
+                for name, v in zip(self.outputs, ys)}
+
+
+FORMATS: dict[str, type[Loaded]] = {"workload": Workload, "program": Program, "sklearn": Sklearn, "xgboost": XGBoost,
                                      "savedmodel": SavedModel, "keras": Keras}
 
 

@@ -104,9 +104,10 @@ def _servable(info: dict[str, Any], files: list[str], what: str, where: str) -> 
     """The folder's format; a model predict and serve cannot take is one line here, before
     Ray starts."""
     found = formats.detect(info, files)
-    listed = ", ".join(sorted(info.get("files") or files)) or "no files"
+    listed = ", ".join(sorted(files)) or "no files"
     if found is None and info.get("kind") == "training function":
-        raise UserError(f"{what}: {where} holds a training function's model ({listed}), whose class is in your "
+        exported = ", ".join(sorted(info.get("files") or files))
+        raise UserError(f"{what}: {where} holds a training function's model ({exported}), whose class is in your "
                         "code: predict and serve take a program they can run without it (model.pt2, model.keras, "
                         f"a SavedModel) or {formats.ACCEPTED.split(', saved')[0]}",
                         f"load it as {where}/model.json says and predict in your own code")

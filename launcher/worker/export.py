@@ -17,10 +17,14 @@ the workload's channels-first layout.
 
 from __future__ import annotations
 
+import copy
+import inspect
 import json
 import os
 import shutil
 import tempfile
+from typing import Any
+
 import workloads
 from launcher.storage import Storage
 from launcher.worker.formats import TF_MODEL_FILE, TORCH_MODEL_FILE, load_arrays
@@ -91,19 +95,78 @@ def export_torch(spec, checkpoint_dir: str, storage: Storage) -> str:
     return storage.uri_of(spec.name, "model")
 
 
-def export_weights(spec, checkpoint_dir: str, storage: Storage) -> str:
-    """A training function's model: its weights (the model class is the user's, so no program
-    is exported) and a model.json saying where the code is."""
+def export_weights(spec, checkpoint_dir: str, storage: Storage, program: dict[str, Any] | None = None) -> str:
+    """A training function's model: its weights and a model.json saying where the code is;
+    with ``program`` (:func:`torch_program`) also the ``torch.export`` program, which predict
+    and serve run without the user's class."""
+    import torch
+
+    files = {"state_dict.pt": "the registered model's weights: build the model as your function does, then "
+                              "model.load_state_dict(torch.load(p))"}
+    described: dict[str, Any] = {"workload": spec.workload, "framework": spec.framework,
+                                 "kind": "training function", "params": spec.params}
     with tempfile.TemporaryDirectory(prefix="launcher-export-") as d:
         shutil.copy(os.path.join(checkpoint_dir, TORCH_MODEL_FILE), os.path.join(d, "state_dict.pt"))
+        if program is not None:
+            torch.export.save(program["program"], os.path.join(d, "model.pt2"))
+            files["model.pt2"] = "torch.export program (any batch size): torch.export.load(p).module()(*inputs)"
+            described.update(inputs=program["inputs"], outputs=program["outputs"])
         with open(os.path.join(d, "model.json"), "w", encoding="utf-8") as f:
-            json.dump({"workload": spec.workload, "framework": spec.framework, "kind": "training function",
-                       "params": spec.params,
-                       "files": {"state_dict.pt": "the registered model's weights: build the model as your "
-                                                  "function does, then model.load_state_dict(torch.load(p))"}},
-                      f, indent=1)
+            json.dump({**described, "files": files}, f, indent=1)
         storage.upload_dir(d, spec.name, "model")
     return storage.uri_of(spec.name, "model")
+
+
+def example_rows(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """A model call's inputs cut to 2 rows, detached, on the CPU: the example a program is
+    exported from (2, not 1: a batch of 1 would be specialised)."""
+    import torch
+
+    def cut(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            rows = value.detach()[:2].cpu().clone()
+            return torch.cat([rows, rows]) if value.dim() and len(rows) == 1 else rows
+        return value
+
+    return tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
+
+
+def _described(name: str, value: Any) -> dict[str, Any]:
+    return {"name": name, "shape": [-1, *value.shape[1:]], "dtype": str(value.dtype).replace("torch.", "")}
+
+
+def torch_program(model, example: tuple[tuple, dict[str, Any]]) -> tuple[dict[str, Any] | None, str | None]:
+    """(the program and its inputs and outputs described, None) or (None, why it cannot be
+    exported): ``model`` exported on the CPU from ``example`` with a dynamic batch size."""
+    import torch
+
+    args, kwargs = example
+    values = [*args, *kwargs.values()]
+    if not values or not all(isinstance(v, torch.Tensor) and v.dim() for v in values):
+        kinds = ", ".join(type(v).__name__ for v in values) or "nothing"
+        return None, f"its forward takes {kinds}, and predict and serve send it tensors of a batch"
+    names = [n for n in inspect.signature(model.forward).parameters][:len(args)] + list(kwargs)
+    try:
+        cpu = copy.deepcopy(model).cpu().eval()
+        dynamic = ({0: torch.export.Dim.AUTO},)
+        program = torch.export.export(cpu, args, kwargs, dynamic_shapes={
+            **{n: dynamic[0] for n in names[:len(args)]}, **{k: dynamic[0] for k in kwargs}})
+        with torch.no_grad():
+            out = program.module()(*args, **kwargs)
+    except Exception as exc:  # noqa: BLE001 - the user's model; said in one line, the weights stay
+        return None, f"torch.export failed ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+    if isinstance(out, torch.Tensor):
+        outputs = [_described("output", out)]
+    elif isinstance(out, dict) and all(isinstance(v, torch.Tensor) for v in out.values()):
+        outputs = [_described(str(k), v) for k, v in out.items()]
+    elif isinstance(out, (tuple, list)) and all(isinstance(v, torch.Tensor) for v in out):
+        outputs = [_described(f"output{i}", v) for i, v in enumerate(out)]
+    else:
+        return None, f"its forward returns a {type(out).__name__}, not tensors"
+    inputs = [_described(n, v) for n, v in zip(names, values)]
+    for described in inputs[len(args):]:
+        described["keyword"] = True  # passed by name, as the model was called
+    return {"program": program, "inputs": inputs, "outputs": outputs}, None
 
 
 def export_tensorflow(spec, checkpoint_dir: str, storage: Storage) -> str:

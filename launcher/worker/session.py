@@ -46,6 +46,7 @@ import numpy as np
 
 from launcher import _ray
 from launcher.spec import JobSpec
+from launcher.storage import Storage
 from launcher.storage.checkpoint import read_manifest
 from launcher.worker.formats import TORCH_MODEL_FILE, TORCH_OPTIMIZER_FILE, torch_rng_file
 from launcher.worker.loader import BatchOrder, ResumableLoader, SessionError, user_line
@@ -116,6 +117,8 @@ class TorchSession(UserSession):
         self._sharded_left: list[str] = []     # its objects not loaded yet (model first, then optimizers)
         self._sharded_model = "model"
         self._manifest_after: tuple | None = None  # a sharded save's manifest, written once its shards are
+        self._example: tuple | None = None  # rank 0: the model's first inputs, 2 rows, for the export
+        self._example_hook = None
         _seed_all(spec.seed)  # the same initial weights on every rank
 
     # -- the run's facts -------------------------------------------------------------------
@@ -208,6 +211,7 @@ class TorchSession(UserSession):
                 obj = _unwrap(obj)
                 if self.model_name is None or name == "model":
                     self.model_name = name
+                    self._watch_inputs(obj)
             self.objects[name] = obj
             if name in self._saved:
                 obj.load_state_dict(self._saved.pop(name))
@@ -217,6 +221,42 @@ class TorchSession(UserSession):
                 obj.register_step_post_hook(self._model_updated)
                 self._watched = True
         self._load_sharded()
+
+    def _watch_inputs(self, model) -> None:
+        """Rank 0: keep the registered model's first inputs (2 rows), the example its program
+        is exported from at the end."""
+        if self.rank != 0:
+            return
+        if self._example_hook is not None:
+            self._example_hook.remove()
+
+        def first_call(_module, args, kwargs):
+            from launcher.worker.export import example_rows
+
+            self._example = example_rows(args, kwargs)
+            self._example_hook.remove()
+
+        self._example_hook = model.register_forward_pre_hook(first_call, with_kwargs=True)
+
+    def export_model(self, directory: str) -> str | None:
+        """Rank 0, final checkpoint: the weights, and the model as a ``torch.export`` program
+        from the inputs it was first called with (why not, in one line, when it cannot be)."""
+        from launcher.worker.export import export_weights, torch_program
+
+        program, why = None, "it was never called"
+        if self.sharded:
+            why = "--strategy fsdp shards it"
+        elif self._example is not None:
+            program, why = torch_program(self.model(), self._example)
+        if program is None:
+            print(f"rank 0: the model is exported as its state_dict only, without a program predict and serve can "
+                  f"run ({why})", flush=True)
+        try:
+            return export_weights(self.spec, directory, Storage.resolve(self.spec.storage), program)
+        except Exception as exc:  # the checkpoint is what matters; the export can be redone
+            print(f"rank 0: exporting the model failed ({type(exc).__name__}: {exc}); "
+                  "the driver will export it from the final checkpoint", flush=True)
+            return None
 
     def _load_sharded(self) -> None:
         """Load the registered objects a sharded checkpoint holds: the model, then (it needs
