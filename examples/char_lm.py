@@ -13,6 +13,12 @@ reports its loss and perplexity::
     launcher run --workload examples/char_lm.py:train --data notes.txt --backend horovod
     launcher workloads examples/char_lm.py:train      # what it is, its params
 
+The run exports the model as a program; ``predict`` below turns it into text in, text out
+for ``launcher predict`` and ``launcher serve``::
+
+    launcher serve --run char_lm_1
+    curl -s localhost:8000/predict -d '{"instances": ["def "], "parameters": {"chars": 40}}'
+
 Any text does; Python ships one (its help topics)::
 
     python -c "import pydoc_data.topics as t; open('topics.txt','w').write(''.join(t.topics.values()))"
@@ -20,6 +26,7 @@ Any text does; Python ships one (its help topics)::
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -92,13 +99,14 @@ class CharTransformer(nn.Module):
         self.tokens, self.positions = nn.Embedding(vocab, width), nn.Embedding(context, width)
         self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
         self.norm, self.head = nn.LayerNorm(width), nn.Linear(width, vocab)
-        self.register_buffer("mask", torch.triu(torch.ones(context, context, dtype=torch.bool), 1), persistent=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         n = ids.shape[1]
         x = self.tokens(ids) + self.positions(torch.arange(n, device=ids.device))
+        # Made here rather than cut from a stored one: the exported program then takes any length.
+        mask = torch.ones(n, n, dtype=torch.bool, device=ids.device).triu(1)
         for block in self.blocks:
-            x = block(x, self.mask[:n, :n])
+            x = block(x, mask)
         return self.head(self.norm(x))
 
 
@@ -169,3 +177,36 @@ def evaluate(model, loader, device, precision) -> float:
         total += F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum").item()
         count += y.numel()
     return total / max(1, count)
+
+
+@functools.lru_cache(maxsize=4)
+def _vocabulary(path: str, max_chars: int) -> tuple[str, ...]:
+    """The characters of the training text, in the order their ids were given."""
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    return tuple(sorted(set(text[:max_chars] if max_chars else text)))
+
+
+def predict(model, instances, parameters):
+    """The prediction hook: each instance is a prompt, its prediction the next ``chars``
+    characters (default 40), picking the likeliest at each step. ``model`` is the exported
+    program as a function of a batch of ids; the vocabulary comes from the run's data file."""
+    vocab = _vocabulary(model.data, int(model.params.get("max_chars", 0)))
+    ids = {ch: i for i, ch in enumerate(vocab)}
+    context = int(model.params.get("context", 64))
+    chars = parameters.get("chars", 40)
+    if not isinstance(chars, int) or not 1 <= chars <= 1000:
+        raise ValueError(f"parameters.chars must be a whole number 1..1000, got {chars!r}")
+    out = []
+    for i, prompt in enumerate(instances):
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError(f"instances[{i}] must be a non-empty text prompt")
+        unknown = sorted({ch for ch in prompt if ch not in ids})
+        if unknown:
+            raise ValueError(f"instances[{i}] holds {unknown[0]!r}, which the training text never does")
+        seq = [ids[ch] for ch in prompt]
+        for _ in range(chars):
+            logits = model([seq[-context:]])  # (1, length, vocabulary)
+            seq.append(int(logits[0, -1].argmax()))
+        out.append("".join(vocab[t] for t in seq[len(prompt):]))
+    return out

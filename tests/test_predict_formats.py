@@ -253,10 +253,22 @@ def test_the_v2_protocol_takes_json_and_binary_tensors_and_describes_the_model(t
         assert code == 400 and message in answer["error"], answer
 
 
-class Tagger:
-    """What a training function's export needs of its spec."""
+TAGGER = """
+import numpy as np
 
-    workload, framework, params, name = "fn.py:train", "torch", {}, "tagger"
+
+def train(session):
+    pass
+
+
+def predict(model, instances, parameters):
+    # words in: ids by letter, a fixed extra; the highest logit's name out, scaled as asked
+    ids = np.asarray([[ord(c) % 11 for c in word.ljust(5)[:5]] for word in instances])
+    out = model(ids, extra=np.zeros((len(instances), 3), np.float32))
+    scale = parameters.get("scale", 1)
+    return [{"label": ["no", "yes"][int(row.argmax())], "score": float(row.max()) * scale}
+            for row in out["logits"]]
+"""
 
 
 def test_a_training_functions_model_is_exported_from_its_first_inputs_and_served_by_name(tmp_path):
@@ -273,6 +285,11 @@ def test_a_training_functions_model_is_exported_from_its_first_inputs_and_served
         def forward(self, ids, extra):
             return {"logits": self.head(torch.cat([self.embed(ids).mean(1), extra], 1)), "length": (ids > 0).sum(1)}
 
+    (tmp_path / "tagger.py").write_text(TAGGER)
+
+    class Spec:  # what a training function's export reads of its spec
+        workload, framework, params, name, data = f"{tmp_path}/tagger.py:train", "torch", {}, "tagger", None
+
     model = TwoInputs()
     seen = {}
     hook = model.register_forward_pre_hook(lambda m, a, k: seen.setdefault("x", example_rows(a, k)), with_kwargs=True)
@@ -281,19 +298,44 @@ def test_a_training_functions_model_is_exported_from_its_first_inputs_and_served
     assert seen["x"][0][0].shape == (2, 5) and seen["x"][1]["extra"].shape == (2, 3)
     program, why = torch_program(model, seen["x"])
     assert why is None and [i["name"] for i in program["inputs"]] == ["ids", "extra"]
+    assert program["inputs"][0]["shape"] == [-1, -1]  # a sequence of any length: the model allows it
     checkpoint = tmp_path / "ckpt"
     checkpoint.mkdir()
     torch.save(model.state_dict(), checkpoint / "model.pt")
-    export_weights(Tagger, str(checkpoint), Storage.resolve(str(tmp_path / "runs")), program)
+    export_weights(Spec, str(checkpoint), Storage.resolve(str(tmp_path / "runs")), program)
     served = loaded(tmp_path / "runs" / "tagger")
-    assert served.ref.format == "program"
-    ids, extra = torch.randint(0, 11, (5, 5)), torch.randn(5, 3)  # another batch size than the example's
-    answers = served.predict([{"ids": i, "extra": e} for i, e in zip(ids.tolist(), extra.tolist())])
+    assert served.ref.format == "program" and served.ref.info["predict"] == f"{tmp_path}/tagger.py:predict"
+
+    # the program alone, by its inputs' names, for another batch size and length than the example's
+    ids, extra = torch.randint(0, 11, (5, 7)), torch.randn(5, 3)
+    answers = served.answers(served.run(served.inputs([{"ids": i, "extra": e}
+                                                       for i, e in zip(ids.tolist(), extra.tolist())])))
     expected = model.eval()(ids, extra)
     np.testing.assert_allclose([a["logits"] for a in answers], expected["logits"].detach().numpy(), rtol=1e-5)
     assert [a["length"] for a in answers] == expected["length"].tolist()
-    with pytest.raises(ValueError, match=r"each instance's ids must have shape \[5\], got \[4\]"):
-        served.inputs([{"ids": [1, 2, 3, 4], "extra": [0, 0, 0]}])
+    with pytest.raises(ValueError, match=r"each instance's extra must have shape \[3\], got \[4\]"):
+        served.inputs([{"ids": [1, 2, 3, 4], "extra": [0, 0, 0, 0]}])
+
+    # through the file's predict hook: words in, labels out, as the model called by hand gives
+    words = ["apple", "kiwi", "fig"]
+    with torch.no_grad():
+        logits = model(torch.tensor([[ord(c) % 11 for c in w.ljust(5)[:5]] for w in words]), torch.zeros(3, 3))["logits"]
+    got = served.predict(words, {"scale": 2})
+    assert [g["label"] for g in got] == [["no", "yes"][int(i)] for i in logits.argmax(1)]
+    np.testing.assert_allclose([g["score"] for g in got], (logits.max(1).values * 2).numpy(), rtol=1e-5)
+
+    # and so does the server, on a real Starlette request: Vertex AI's body and the V2 protocol
+    endpoint = serve.Endpoint(served.ref, serve.routes({}, name="tagger"))
+    response, _ = asyncio.run(endpoint.answer(request("POST", "/predict", json.dumps(
+        {"instances": words, "parameters": {"scale": 2}}).encode())))
+    assert response.status_code == 200 and json.loads(response.body)["predictions"] == got
+    v2 = {"inputs": [{"name": "words", "shape": [3], "datatype": "BYTES", "data": words}], "parameters": {"scale": 2}}
+    response, _ = asyncio.run(endpoint.answer(request("POST", "/v2/models/tagger/infer", json.dumps(v2).encode())))
+    assert json.loads(response.body) == {"model_name": "tagger", "outputs": [
+        {"name": "prediction", "shape": [3], "datatype": "BYTES", "data": got}]}
+    response, _ = asyncio.run(endpoint.answer(request("POST", "/predict", b'{"instances": [3]}')))
+    assert response.status_code == 500 and "the model's predict hook failed: AttributeError" in \
+        json.loads(response.body)["error"]
 
     # a forward taking something other than tensors keeps its weights only, and says why
     assert torch_program(model, ((torch.zeros(2, 5, dtype=torch.long), "text"), {}))[1] == \

@@ -197,11 +197,34 @@ def test_char_lm_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path, backend
     from launcher.predict.model import Model, locate
 
     served = Model(locate(os.path.join(storage, "stopped")))
-    assert served.about()["inputs"] == [{"name": "ids", "shape": [64], "dtype": "int64"}]
+    assert served.about()["inputs"] == [{"name": "ids", "shape": [-1], "dtype": "int64"}]  # any length
     ids = torch.randint(0, vocab, (3, 64))
     with torch.no_grad():
         expected = net.eval()(ids).numpy()
-    np.testing.assert_allclose(np.asarray(served.predict(ids.tolist())), expected, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(served.run(served.inputs(ids.tolist()))["output"], expected, rtol=1e-4, atol=1e-4)
+
+    # `launcher predict` through char_lm's predict hook: prompts in, continuations out, as greedy
+    # decoding with the user's own class gives
+    chars = sorted(set(open(os.path.join(tmp_path, "data", "topics.txt"), encoding="utf-8").read()))
+    prompts = ["The ", "def f"]
+    continuations = []
+    for prompt in prompts:
+        seq = [chars.index(c) for c in prompt]
+        for _ in range(12):
+            with torch.no_grad():
+                seq.append(int(net(torch.tensor([seq[-64:]]))[0, -1].argmax()))
+        continuations.append("".join(chars[t] for t in seq[len(prompt):]))
+    (tmp_path / "prompts.jsonl").write_text("\n".join(json.dumps({"instances": [p]}) for p in prompts))
+    done = subprocess.run([sys.executable, "-m", "launcher", "predict", "--model", os.path.join(storage, "stopped"),
+                           "--input", str(tmp_path / "prompts.jsonl"), "--output", str(tmp_path / "preds")],
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads(line) for name in sorted(os.listdir(tmp_path / "preds")) if not name.startswith("_")
+            for line in open(tmp_path / "preds" / name)]
+    by_row = [r["prediction"] for r in sorted(rows, key=lambda r: r["row"])]
+    assert len(by_row) == 2 and all(len(b) == 40 for b in by_row), by_row
+    assert [served.predict([p], {"chars": 12})[0] for p in prompts] == continuations
+    assert [b[:12] for b in by_row] == continuations  # the command's default: 40 characters
 
 
 BROKEN = '''

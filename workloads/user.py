@@ -22,7 +22,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -96,6 +96,20 @@ def load_reference(text: str) -> Workload:
             ref = parse_reference(text)
             _loaded[text] = _as_workload(_import_object(ref), ref)
         return _loaded[text]
+
+
+def companion(text: str, name: str) -> Callable | None:
+    """The function ``name`` defined beside the workload ``text`` names (in the same file or
+    module, imported once per process), or None when there is none.
+
+    Raises:
+        WorkloadError: the file or module cannot be imported.
+    """
+    ref = parse_reference(text)
+    with _lock:
+        module = _import_file(ref) if ref.path else _import_module(ref)
+    found = getattr(module, name, None)
+    return found if callable(found) else None
 
 
 def _import_object(ref: Reference) -> Any:

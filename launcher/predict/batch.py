@@ -31,6 +31,7 @@ import numpy as np
 
 from launcher.driver import session
 from launcher.errors import UserError
+from launcher.predict import formats
 from launcher.predict.model import Model, ModelRef
 from launcher.storage import Storage
 from launcher.storage.uri import normalize_storage
@@ -156,7 +157,11 @@ class Predictor:
         self.model = Model(ref)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, Any]:
-        out = self.model.run(self.model.inputs(_unpacked(batch["instance"])))
+        instances = _unpacked(batch["instance"])
+        if self.model.hook is not None:  # the run's predict hook makes the predictions
+            return {"file": batch["file"], "row": batch["row"],
+                    "prediction": formats.column(self.model.predict(instances))}
+        out = self.model.run(self.model.inputs(instances))
         return {"file": batch["file"], "row": batch["row"], **self.model.columns(out)}
 
 
@@ -187,12 +192,12 @@ def check_first(ref: ModelRef, fs, path: str) -> None:
         if len(instances) == 0:
             raise ValueError("it holds no instances")
         first = _unpacked([json.dumps(i) if isinstance(i, dict) else i for i in instances[:1]])
-        if ref.format == "workload":
+        if ref.format == "workload" and not ref.info.get("predict"):
             workloads.get(ref.info["workload"]).preprocess(np.asarray(first), ref.info.get("params") or {})
         else:
             model = Model(ref)
             try:
-                model.inputs(first)
+                model.predict(first) if model.hook is not None else model.inputs(first)
             finally:
                 model.close()
     except (ValueError, TypeError, UnicodeDecodeError) as exc:

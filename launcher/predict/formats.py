@@ -81,23 +81,34 @@ def rows(batch: Batch) -> int:
     return len(next(iter(batch.values()))) if batch else 0
 
 
-def _plain(value: Any) -> Any:
+def plain(value: Any) -> Any:
     """A numpy value as JSON takes it (numbers, lists, text; bytes as text)."""
     if isinstance(value, np.ndarray):
         if value.dtype.kind == "S" or value.dtype.kind == "O":
-            return [_plain(v) for v in value]
+            return [plain(v) for v in value]
         return value.tolist()
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(v) for v in value]
     if isinstance(value, bytes):
         return value.decode("utf-8", "replace")
     if isinstance(value, np.generic):
-        return _plain(value.item())
+        return plain(value.item())
     return value
+
+
+def column(values: list) -> np.ndarray:
+    """Predictions of any kind (text, numbers, lists, objects) as one column, a value per row."""
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
 
 
 def _one_value(row: np.ndarray) -> Any:
     """A row of one output: a single number stays a number, else a (nested) list."""
     row = np.asarray(row)
-    return _plain(row.reshape(()) if row.size == 1 and row.ndim <= 1 else row)
+    return plain(row.reshape(()) if row.size == 1 and row.ndim <= 1 else row)
 
 
 def numeric(instances: Any, width: int | None, what: str) -> np.ndarray:

@@ -11,6 +11,7 @@ temporary folder first).
 
 from __future__ import annotations
 
+import inspect
 import json
 import shutil
 import tempfile
@@ -114,6 +115,12 @@ def _servable(info: dict[str, Any], files: list[str], what: str, where: str) -> 
     if found is None:
         raise UserError(f"{what}: {where} holds no model predict and serve can load ({listed})",
                         f"a model folder holds {formats.ACCEPTED}, or is a run's export")
+    if info.get("predict"):
+        try:
+            _hook(info)
+        except (KeyError, ValueError) as exc:
+            raise UserError(f"{what}: the model's predict hook {info['predict']} cannot be loaded ({exc})",
+                            "predict from where the run's file is (its path is in model.json)") from None
     if found == "workload":
         import workloads
 
@@ -125,6 +132,47 @@ def _servable(info: dict[str, Any], files: list[str], what: str, where: str) -> 
     return found
 
 
+class HookError(RuntimeError):
+    """A predict hook that broke its contract (not a bad instance: those raise ValueError)."""
+
+
+class HookModel:
+    """What a ``predict(model, instances)`` hook gets: the model as a function of arrays
+    (``model(x)``, or ``model(a, b)`` / ``model(a=..., b=...)`` by its inputs' names) that
+    returns its output (several: a dict by name), and what the run knew: ``params``,
+    ``data`` and ``info`` (its whole model.json)."""
+
+    def __init__(self, loaded: formats.Loaded) -> None:
+        self._loaded = loaded
+        self.info = loaded.info
+        self.params = loaded.info.get("params") or {}
+        self.data = loaded.info.get("data")
+
+    def __call__(self, *arrays: Any, **named: Any) -> Any:
+        specs = getattr(self._loaded, "specs", None) or [("x", (), np.dtype(np.float32))]
+        dtypes = {n: t for n, _, t in specs}
+        given = {**{n: a for (n, _, _), a in zip(specs, arrays)}, **named}
+        out = self._loaded.run({n: np.asarray(v, dtype=dtypes.get(n)) for n, v in given.items()})
+        return next(iter(out.values())) if len(out) == 1 else out
+
+
+def _hook(info: dict[str, Any]) -> tuple[Any, bool] | None:
+    """(the run's predict hook, whether it takes parameters), or None without one."""
+    reference = info.get("predict")
+    if not reference:
+        return None
+    from workloads.user import companion
+
+    fn = companion(reference, reference.rpartition(":")[2])
+    if fn is None:
+        raise ValueError(f"{reference} defines no predict function")
+    try:
+        takes = len(inspect.signature(fn).parameters) >= 3
+    except (TypeError, ValueError):
+        takes = False
+    return fn, takes
+
+
 class Model:
     """A loaded model: ``inputs(instances)`` -> a batch, ``run(batch)`` -> outputs,
     ``answers(outputs)`` -> one prediction per instance (see :mod:`launcher.predict.formats`)."""
@@ -133,6 +181,7 @@ class Model:
         self.ref = ref
         self._dir = self._local_copy()
         self.loaded = formats.load(ref.format, self._dir, ref.info)
+        self.hook = _hook(ref.info)
 
     def _local_copy(self) -> str:
         store = Storage.resolve(self.ref.storage_uri)
@@ -159,9 +208,20 @@ class Model:
     def columns(self, out: formats.Batch) -> dict[str, np.ndarray]:
         return self.loaded.columns(out)
 
-    def predict(self, instances: Any) -> list[Any]:
-        """Instances in, one prediction per instance out (the model called directly)."""
-        return self.answers(self.run(self.inputs(instances)))
+    def predict(self, instances: Any, parameters: dict[str, Any] | None = None) -> list[Any]:
+        """Instances in, one prediction per instance out: through the run's ``predict`` hook
+        when it has one, else the format's own inputs and answers."""
+        if self.hook is None:
+            return self.answers(self.run(self.inputs(instances)))
+        fn, takes_parameters = self.hook
+        given = HookModel(self.loaded)
+        out = fn(given, instances, parameters or {}) if takes_parameters else fn(given, instances)
+        out = list(out) if isinstance(out, (list, tuple, np.ndarray)) else out
+        if not isinstance(out, list) or len(out) != len(instances):
+            raise HookError(f"the predict hook returned {type(out).__name__}"
+                            f"{' of ' + str(len(out)) if isinstance(out, list) else ''} for {len(instances)} "
+                            "instances: return one prediction per instance")
+        return [formats.plain(o) for o in out]
 
     def close(self) -> None:
         if getattr(self, "_tmp", None):

@@ -115,7 +115,7 @@ def instances(tensors: dict[str, np.ndarray], input_names: list[str] | None) -> 
     if len(tensors) == 1 and (not input_names or len(input_names) == 1):
         return next(iter(tensors.values()))
     missing = [n for n in input_names or [] if n not in tensors]
-    if missing:
+    if missing and input_names:
         raise ProtocolError(f"no input tensor named {missing[0]} (the model's inputs: {', '.join(input_names)})")
     rows = len(next(iter(tensors.values())))
     return [{n: _row(tensors[n][i]) for n in tensors} for i in range(rows)]

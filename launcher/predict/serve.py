@@ -264,12 +264,31 @@ class Endpoint:
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError):
             return _error("the request body is not JSON: send {\"instances\": [...]}"), 0
+        if self.model.hook is not None:
+            problem, instances = self.request(payload)
+            if problem:
+                return _error(problem), 0
+            return await self.hooked(instances, payload.get("parameters") or {})
         problem, batch = self.check(payload)
         if problem:
             return _error(problem), 0
         out = await self.batched(batch)
         answer = {"predictions": self.model.answers(out), "deployedModelId": self.routes.deployed_model_id}
         return JSONResponse(answer), formats.rows(batch)
+
+    async def hooked(self, instances: list, parameters: dict[str, Any]) -> tuple[Any, int]:
+        """A request through the run's predict hook (each request on its own: the hook decides
+        how it calls the model), in a thread so the replica reads the next requests meanwhile."""
+        from starlette.responses import JSONResponse
+
+        try:
+            predictions = await asyncio.to_thread(self.model.predict, instances, parameters)
+        except (ValueError, TypeError) as exc:
+            return _error(str(exc)), 0
+        except Exception as exc:  # noqa: BLE001 - the user's hook failed: the server's fault, said so
+            return _error(f"the model's predict hook failed: {type(exc).__name__}: {exc}", 500), 0
+        return JSONResponse({"predictions": predictions, "deployedModelId": self.routes.deployed_model_id}), \
+            len(instances)
 
     async def infer(self, body: bytes, header_length: str | None) -> tuple[Any, int]:
         """The V2 protocol's infer: tensors in, one tensor per output column out."""
@@ -281,7 +300,13 @@ class Endpoint:
             rows = len(next(iter(tensors.values())))
             if not rows or rows > self.max_instances:
                 raise ValueError(f"{rows} instances in one request; send 1..{self.max_instances}")
-            batch = self.model.inputs(protocols.instances(tensors, names))
+            # A predict hook takes the request's own instances; the model, its inputs by name.
+            given = protocols.instances(tensors, None if self.model.hook is not None else names)
+            if self.model.hook is not None:
+                predictions = await asyncio.to_thread(self.model.predict, list(given), request.get("parameters"))
+                columns = {"prediction": formats.column(predictions)}
+                return JSONResponse(protocols.response(self.routes.name, request, columns)), rows
+            batch = self.model.inputs(given)
         except (ValueError, TypeError) as exc:
             return _error(f"{exc}{self.hint}"), 0
         out = await self.batched(batch)
@@ -302,6 +327,16 @@ class Endpoint:
 
     def check(self, body: Any) -> tuple[str | None, formats.Batch | None]:
         """(what is wrong, None) or (None, the model's input batch)."""
+        problem, instances = self.request(body)
+        if problem:
+            return problem, None
+        try:
+            return None, self.model.inputs(instances)
+        except (ValueError, TypeError) as exc:
+            return f"{exc}{self.hint}", None
+
+    def request(self, body: Any) -> tuple[str | None, list | None]:
+        """(what is wrong with a Vertex AI body, None) or (None, its instances)."""
         if not isinstance(body, dict) or "instances" not in body:
             return "the body must be a JSON object with an instances list: {\"instances\": [...]}", None
         instances = body["instances"]
@@ -313,10 +348,7 @@ class Endpoint:
             return f"{len(instances)} instances in one request; at most {self.max_instances}", None
         if not isinstance(body.get("parameters", {}), dict):
             return f"parameters must be an object, got {type(body['parameters']).__name__}", None
-        try:
-            return None, self.model.inputs(instances)
-        except (ValueError, TypeError) as exc:
-            return f"{exc}{self.hint}", None
+        return None, instances
 
     async def batched(self, batch: formats.Batch) -> formats.Batch:
         return await self._batch(batch)

@@ -104,7 +104,7 @@ def export_weights(spec, checkpoint_dir: str, storage: Storage, program: dict[st
     files = {"state_dict.pt": "the registered model's weights: build the model as your function does, then "
                               "model.load_state_dict(torch.load(p))"}
     described: dict[str, Any] = {"workload": spec.workload, "framework": spec.framework,
-                                 "kind": "training function", "params": spec.params}
+                                 "kind": "training function", "params": spec.params, **hook_fields(spec)}
     with tempfile.TemporaryDirectory(prefix="launcher-export-") as d:
         shutil.copy(os.path.join(checkpoint_dir, TORCH_MODEL_FILE), os.path.join(d, "state_dict.pt"))
         if program is not None:
@@ -115,6 +115,18 @@ def export_weights(spec, checkpoint_dir: str, storage: Storage, program: dict[st
             json.dump({**described, "files": files}, f, indent=1)
         storage.upload_dir(d, spec.name, "model")
     return storage.uri_of(spec.name, "model")
+
+
+def hook_fields(spec) -> dict[str, Any]:
+    """What a training function's model.json says for prediction: its data (a predict hook may
+    read it, e.g. for a vocabulary) and its ``predict(model, instances)`` hook, when the
+    function's file defines one."""
+    from workloads.user import companion, is_reference
+
+    fields: dict[str, Any] = {"data": spec.data}
+    if is_reference(spec.workload) and companion(spec.workload, "predict") is not None:
+        fields["predict"] = spec.workload.rpartition(":")[0] + ":predict"
+    return fields
 
 
 def example_rows(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
@@ -131,8 +143,22 @@ def example_rows(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, 
     return tuple(cut(a) for a in args), {k: cut(v) for k, v in kwargs.items()}
 
 
-def _described(name: str, value: Any) -> dict[str, Any]:
-    return {"name": name, "shape": [-1, *value.shape[1:]], "dtype": str(value.dtype).replace("torch.", "")}
+def _described(name: str, value: Any, dynamic: tuple[bool, ...] = ()) -> dict[str, Any]:
+    """A tensor's name, shape (-1 for the batch and any other size the program takes freely) and dtype."""
+    shape = [-1] + [-1 if i + 1 < len(dynamic) and dynamic[i + 1] else int(d) for i, d in enumerate(value.shape[1:])]
+    return {"name": name, "shape": shape, "dtype": str(value.dtype).replace("torch.", "")}
+
+
+def _free_sizes(program) -> list[tuple[bool, ...]]:
+    """For each input of ``program``, which of its sizes are symbolic (free), in order."""
+    found = []
+    for node in program.graph.nodes:
+        if node.op != "placeholder" or node.name not in program.graph_signature.user_inputs:
+            continue
+        value = node.meta.get("val")
+        # A size the program fixed prints as its number; a free one as its symbol (s0, ...).
+        found.append(tuple(not str(d).isdigit() for d in getattr(value, "shape", ())))
+    return found
 
 
 def torch_program(model, example: tuple[tuple, dict[str, Any]]) -> tuple[dict[str, Any] | None, str | None]:
@@ -148,9 +174,12 @@ def torch_program(model, example: tuple[tuple, dict[str, Any]]) -> tuple[dict[st
     names = [n for n in inspect.signature(model.forward).parameters][:len(args)] + list(kwargs)
     try:
         cpu = copy.deepcopy(model).cpu().eval()
-        dynamic = ({0: torch.export.Dim.AUTO},)
+
+        def free(value):  # every size may vary where the model allows it (the batch, a sequence's length)
+            return {i: torch.export.Dim.AUTO for i in range(value.dim())}
+
         program = torch.export.export(cpu, args, kwargs, dynamic_shapes={
-            **{n: dynamic[0] for n in names[:len(args)]}, **{k: dynamic[0] for k in kwargs}})
+            **{n: free(v) for n, v in zip(names, args)}, **{k: free(v) for k, v in kwargs.items()}})
         with torch.no_grad():
             out = program.module()(*args, **kwargs)
     except Exception as exc:  # noqa: BLE001 - the user's model; said in one line, the weights stay
@@ -163,7 +192,7 @@ def torch_program(model, example: tuple[tuple, dict[str, Any]]) -> tuple[dict[st
         outputs = [_described(f"output{i}", v) for i, v in enumerate(out)]
     else:
         return None, f"its forward returns a {type(out).__name__}, not tensors"
-    inputs = [_described(n, v) for n, v in zip(names, values)]
+    inputs = [_described(n, v, d) for n, v, d in zip(names, values, _free_sizes(program) + [()] * len(values))]
     for described in inputs[len(args):]:
         described["keyword"] = True  # passed by name, as the model was called
     return {"program": program, "inputs": inputs, "outputs": outputs}, None
