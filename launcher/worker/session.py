@@ -44,6 +44,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+import workloads
 from launcher import _ray
 from launcher.spec import JobSpec
 from launcher.storage import Storage
@@ -243,6 +244,8 @@ class TorchSession(UserSession):
         from the inputs it was first called with (why not, in one line, when it cannot be)."""
         from launcher.worker.export import export_weights, torch_program
 
+        if not isinstance(workloads.get(self.spec.workload), workloads.TrainingFunction):
+            return super().export_model(directory)  # a workload's model: its own export, with its classes
         program, why = None, "it was never called"
         if self.sharded:
             why = "--strategy fsdp shards it"
