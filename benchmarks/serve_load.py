@@ -35,6 +35,7 @@ import threading
 import time
 from typing import Any, Callable
 
+import launcher
 from benchmarks import results
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -48,11 +49,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def request_bytes(instances: list[list[float]], path: str = "/predict") -> bytes:
-    body = json.dumps({"instances": instances}).encode()
-    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+def request_bytes(instances: list[list[float]], path: str = "/predict", protocol: str = "vertex") -> bytes:
+    """One HTTP request: Vertex AI's JSON body, or the V2 protocol's JSON header followed by
+    the instances as raw float32 (its binary tensor extension)."""
+    extra = ""
+    if protocol == "v2":
+        import numpy as np
+
+        rows = np.asarray(instances, dtype="<f4")
+        head = json.dumps({"inputs": [{"name": "x", "shape": list(rows.shape), "datatype": "FP32",
+                                       "parameters": {"binary_data_size": rows.nbytes}}]}).encode()
+        body = head + rows.tobytes()
+        extra = f"Inference-Header-Content-Length: {len(head)}\r\n"
+    else:
+        body = json.dumps({"instances": instances}).encode()
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{extra}"
             f"Content-Length: {len(body)}\r\n\r\n").encode()
     return head + body
+
+
+def answered(body: bytes, expected: int, protocol: str = "vertex") -> bool:
+    """Whether a 200's body holds one prediction per instance."""
+    if protocol == "v2":
+        return body.count(b'"name":"prediction","shape":[' + str(expected).encode() + b"]") == 1
+    return body.count(b'"prediction"') == expected
 
 
 async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
@@ -85,7 +105,7 @@ async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
 
 
 async def _client(port: int, request: bytes, expected: int, until: float, warm_until: float,
-                  latencies: list[float], errors: dict[str, int]) -> None:
+                  latencies: list[float], errors: dict[str, int], protocol: str = "vertex") -> None:
     reader = writer = None
     while time.perf_counter() < until:
         try:
@@ -106,7 +126,7 @@ async def _client(port: int, request: bytes, expected: int, until: float, warm_u
             continue
         if status != 200:
             errors[str(status)] = errors.get(str(status), 0) + 1
-        elif body.count(b'"prediction"') != expected:
+        elif not answered(body, expected, protocol):
             errors["wrong count"] = errors.get("wrong count", 0) + 1
         else:
             latencies.append(done - started)
@@ -115,7 +135,7 @@ async def _client(port: int, request: bytes, expected: int, until: float, warm_u
 
 
 def drive(port: int, request: bytes, expected: int, concurrency: int, seconds: float,
-          warmup_s: float = 1.0) -> dict[str, Any]:
+          warmup_s: float = 1.0, protocol: str = "vertex") -> dict[str, Any]:
     """Keep ``concurrency`` keep-alive connections busy for ``warmup_s + seconds``; the
     figures count the requests sent after the warm-up."""
     latencies: list[float] = []
@@ -124,7 +144,7 @@ def drive(port: int, request: bytes, expected: int, concurrency: int, seconds: f
     async def main() -> None:
         now = time.perf_counter()
         await asyncio.gather(*(_client(port, request, expected, now + warmup_s + seconds, now + warmup_s,
-                                       latencies, errors) for _ in range(concurrency)))
+                                       latencies, errors, protocol) for _ in range(concurrency)))
 
     asyncio.run(main())
     ordered = sorted(latencies)
@@ -207,14 +227,17 @@ def port_refused_s(port: int, timeout_s: float = 120) -> float:
 
 
 def run(model_dir: str, levels: list[int], sizes: list[int], seconds: float, restarts: int, flags: list[str],
-        max_batch: int, note: Callable[[str], None], state_dir: str) -> tuple[list[dict], list[dict]]:
-    """(one row per size and level, one row per restart)."""
+        max_batch: int, note: Callable[[str], None], state_dir: str,
+        protocol: str = "vertex") -> tuple[list[dict], list[dict]]:
+    """(one row per size and level, one row per restart); ``protocol``: vertex (JSON) or v2
+    (binary tensors)."""
     import numpy as np
 
     from launcher.predict import locate
 
     ref = locate(model_dir)
-    instance = np.random.default_rng(0).uniform(0, 1, ref.input_shape).round(4).tolist()
+    instance = np.random.default_rng(0).uniform(0, 1, instance_shape(ref)).round(4).tolist()
+    path = f"/v2/models/{run_name(ref)}/infer" if protocol == "v2" else "/predict"
     env = {**os.environ, "LAUNCHER_STATE_DIR": state_dir, "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)
     port = free_port()
@@ -224,10 +247,10 @@ def run(model_dir: str, levels: list[int], sizes: list[int], seconds: float, res
     try:
         server.wait_ready()
         for size in sizes:
-            request = request_bytes([instance] * size)
+            request = request_bytes([instance] * size, path, protocol)
             for level in levels:
                 note(f"{size} instance(s)/request, {level} concurrent client(s), {seconds:g}s ...")
-                out = drive(port, request, size, level, seconds)
+                out = drive(port, request, size, level, seconds, protocol=protocol)
                 limit = forward_limit(model_dir, size * min(level, max_batch), instance)
                 rows.append({"instances_per_request": size, "concurrency": level, **out,
                              "limit_instances_per_s": round(limit, 1),
@@ -253,6 +276,27 @@ def run(model_dir: str, levels: list[int], sizes: list[int], seconds: float, res
             except Exception:  # noqa: BLE001 - the figures are kept; kill what is left
                 server.proc.kill()
     return rows, restart_rows
+
+
+def instance_shape(ref) -> list[int]:
+    """The shape of one instance of ``ref``'s model: a workload's input shape, or a tabular
+    model's row of features."""
+    from launcher.predict import Model
+
+    shape = ref.info.get("input_shape")
+    if shape is None:
+        model = _MODELS.get(ref.uri) or Model(ref)
+        about = model.about()
+        shape = [about["features"]] if about.get("features") else None
+    if not shape:
+        raise launcher.UserError(f"{ref.uri}: bench serve sends instances of numbers and cannot tell this {ref.format} "
+                        "model's shape", "bench a workload's run, or a scikit-learn or XGBoost model")
+    return [int(d) for d in shape]
+
+
+def run_name(ref) -> str:
+    parts = [p for p in ref.parts if p and p != "model"]
+    return parts[-1] if parts else "model"
 
 
 def format_rows(rows: list[dict], restarts: list[dict]) -> str:

@@ -138,6 +138,8 @@ def add_parsers(sub) -> None:
     sv.add_argument("--restarts", type=int, default=3, help="stop-under-load and restart cycles (default 3)")
     sv.add_argument("--max-batch", type=int, default=64, help="the server's --max-batch (default 64)")
     sv.add_argument("--batch-wait-ms", type=float, default=5.0, help="the server's --batch-wait-ms (default 5)")
+    sv.add_argument("--protocol", choices=("vertex", "v2"), default="vertex", help="requests in Vertex AI's JSON "
+                    "body, or the V2 protocol with the instances as binary float32 (default vertex)")
     sv.add_argument("--out", default="./bench-results", help=out_help)
     _add_input_parser(bench_sub, out_help)
     _add_sharding_parser(bench_sub, out_help)
@@ -389,13 +391,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
     flags = ["--max-batch", str(args.max_batch), "--batch-wait-ms", f"{args.batch_wait_ms:g}"]
     info = machine.describe()
     print(machine.header(info, f"serve: {ref.what} ({ref.format}), max batch {args.max_batch}, "
-                               f"{args.batch_wait_ms:g} ms wait, {args.seconds:g}s per level"), flush=True)
+                               f"{args.batch_wait_ms:g} ms wait, {args.seconds:g}s per level, {args.protocol} requests"),
+          flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as state:
         rows, restarts = serve_load.run(model_dir, levels, sizes, args.seconds, args.restarts, flags, args.max_batch,
-                                        note, state)
+                                        note, state, args.protocol)
     print(serve_load.format_rows(rows, restarts))
     settings = {"model": model_dir, "max_batch": args.max_batch, "batch_wait_ms": args.batch_wait_ms,
-                "seconds": args.seconds}
+                "seconds": args.seconds, "protocol": args.protocol}
     _wrote(serve_load.write_results(rows, restarts, info, settings, args.out))
     return EXIT_OK if all(r["errors"] == 0 for r in rows) else EXIT_FAILED
 
