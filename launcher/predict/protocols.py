@@ -17,11 +17,11 @@ answer holds one tensor per output column (a classifier: ``prediction`` and ``sc
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
 import numpy as np
+import orjson
 
 HEADER_LENGTH = "inference-header-content-length"
 V2_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?(?P<what>/infer|/ready)?$")
@@ -66,7 +66,7 @@ def parse(body: bytes, header_length: str | None) -> tuple[dict[str, Any], dict[
     else:
         head, binary = body, memoryview(b"")
     try:
-        request = json.loads(head)
+        request = orjson.loads(head)
     except (ValueError, UnicodeDecodeError):
         raise ProtocolError("the request is not JSON: send {\"inputs\": [{\"name\", \"shape\", \"datatype\", "
                             "\"data\"}]}") from None

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import orjson
 
 from launcher.driver import session
 from launcher.driver.localhead import STATE_ENV
@@ -225,7 +226,7 @@ class Endpoint:
 
     async def answer(self, request) -> tuple[Any, int]:
         """(the response, how many instances it predicted)."""
-        from starlette.responses import JSONResponse, PlainTextResponse
+        from starlette.responses import PlainTextResponse
 
         path = request.url.path.rstrip("/") or "/"
         kind = self.routes.kind(path)
@@ -242,18 +243,18 @@ class Endpoint:
             return _error(f"no model {v2[1]} here: this server serves {self.routes.name}", 404), 0
         authorised = self.routes.authorised(request.headers.get("authorization"))
         if what == "health":
-            return JSONResponse({"status": "ok", **(self.about if authorised else {})}), 0
+            return _json({"status": "ok", **(self.about if authorised else {})}), 0
         if what in ("live", "ready", "model_ready"):  # V2's probes, open like the health route
-            return JSONResponse({"live": True} if what == "live" else {"ready": True}), 0
+            return _json({"live": True} if what == "live" else {"ready": True}), 0
         if not authorised:
             return _error("a bearer token is needed: send Authorization: Bearer TOKEN (the server's --token-file)",
                           401, {"WWW-Authenticate": "Bearer"}), 0
         if what == "metrics":
             return PlainTextResponse(self.metrics(), media_type="text/plain; version=0.0.4"), 0
         if what == "server":
-            return JSONResponse({"name": "launcher", "extensions": ["binary_tensor_data"]}), 0
+            return _json({"name": "launcher", "extensions": ["binary_tensor_data"]}), 0
         if what == "model":
-            return JSONResponse(protocols.metadata(self.routes.name, self.about)), 0
+            return _json(protocols.metadata(self.routes.name, self.about)), 0
         body = await self._body(request)
         if body is None:
             return _error(f"the request body is over {self.max_body} bytes; send fewer instances per request "
@@ -261,7 +262,7 @@ class Endpoint:
         if what == "infer":
             return await self.infer(body, request.headers.get(protocols.HEADER_LENGTH))
         try:
-            payload = json.loads(body)
+            payload = orjson.loads(body)
         except (ValueError, UnicodeDecodeError):
             return _error("the request body is not JSON: send {\"instances\": [...]}"), 0
         if self.model.hook is not None:
@@ -274,26 +275,22 @@ class Endpoint:
             return _error(problem), 0
         out = await self.batched(batch)
         answer = {"predictions": self.model.answers(out), "deployedModelId": self.routes.deployed_model_id}
-        return JSONResponse(answer), formats.rows(batch)
+        return _json(answer), formats.rows(batch)
 
     async def hooked(self, instances: list, parameters: dict[str, Any]) -> tuple[Any, int]:
         """A request through the run's predict hook (each request on its own: the hook decides
         how it calls the model), in a thread so the replica reads the next requests meanwhile."""
-        from starlette.responses import JSONResponse
-
         try:
             predictions = await asyncio.to_thread(self.model.predict, instances, parameters)
         except (ValueError, TypeError) as exc:
             return _error(str(exc)), 0
         except Exception as exc:  # noqa: BLE001 - the user's hook failed: the server's fault, said so
             return _error(f"the model's predict hook failed: {type(exc).__name__}: {exc}", 500), 0
-        return JSONResponse({"predictions": predictions, "deployedModelId": self.routes.deployed_model_id}), \
+        return _json({"predictions": predictions, "deployedModelId": self.routes.deployed_model_id}), \
             len(instances)
 
     async def infer(self, body: bytes, header_length: str | None) -> tuple[Any, int]:
         """The V2 protocol's infer: tensors in, one tensor per output column out."""
-        from starlette.responses import JSONResponse
-
         try:
             request, tensors = protocols.parse(body, header_length)
             names = [i["name"] for i in self.about.get("inputs") or []]
@@ -305,12 +302,12 @@ class Endpoint:
             if self.model.hook is not None:
                 predictions = await asyncio.to_thread(self.model.predict, list(given), request.get("parameters"))
                 columns = {"prediction": formats.column(predictions)}
-                return JSONResponse(protocols.response(self.routes.name, request, columns)), rows
+                return _json(protocols.response(self.routes.name, request, columns)), rows
             batch = self.model.inputs(given)
         except (ValueError, TypeError) as exc:
             return _error(f"{exc}{self.hint}"), 0
         out = await self.batched(batch)
-        return JSONResponse(protocols.response(self.routes.name, request, self.model.columns(out))), rows
+        return _json(protocols.response(self.routes.name, request, self.model.columns(out))), rows
 
     async def _body(self, request) -> bytes | None:
         """The body, or None when it is longer than the limit (not read past the limit)."""
@@ -389,9 +386,16 @@ def _replica_id() -> str:
 
 
 def _error(message: str, status: int = 400, headers: dict[str, str] | None = None):
-    from starlette.responses import JSONResponse
+    return _json({"error": message}, status, headers)
 
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None):
+    """A JSON response written by orjson (numpy arrays as they are; several times faster than
+    the standard library on the long number lists predictions are)."""
+    from starlette.responses import Response
+
+    return Response(orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status,
+                    headers=headers, media_type="application/json")
 
 
 def deployment(options: ServeOptions):
