@@ -80,3 +80,27 @@ def test_state_entries_are_json_written_whole(tmp_path, monkeypatch):
     serve._write_entry({"pid": 1, "port": 9, "url": "u", "model": "m"})
     assert json.load(open(os.path.join(serve.servers_dir(), "9.json")))["model"] == "m"
     assert not [n for n in os.listdir(serve.servers_dir()) if n.endswith(".tmp")]
+
+
+def test_bench_serve_requests_parse_as_the_server_reads_them():
+    """bench serve's two request kinds: the server's own parsers get the instances back."""
+    import numpy as np
+
+    from benchmarks import serve_load
+    from launcher.predict import protocols
+
+    rows = [[0.5, 1.25, -2.0]] * 4
+    for protocol in ("vertex", "v2"):
+        raw = serve_load.request_bytes(rows, "/p", protocol)
+        head, _, body = raw.partition(b"\r\n\r\n")
+        headers = dict(line.split(": ", 1) for line in head.decode().split("\r\n")[1:])
+        assert int(headers["Content-Length"]) == len(body)
+        if protocol == "v2":
+            _, tensors = protocols.parse(body, headers["Inference-Header-Content-Length"])
+            assert np.array_equal(tensors["x"], np.asarray(rows, np.float32))
+        else:
+            assert json.loads(body) == {"instances": rows}
+    v2 = json.dumps({"outputs": [{"name": "prediction", "shape": [4], "datatype": "INT64", "data": [1, 2, 3, 4]}]})
+    assert serve_load.answered(v2.replace(" ", "").encode(), 4, "v2")
+    assert not serve_load.answered(v2.replace(" ", "").encode(), 3, "v2")
+    assert serve_load.answered(b'{"predictions":[{"prediction":1},{"prediction":2}]}', 2)
