@@ -156,6 +156,18 @@ def test_keras_fit_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path, backe
     x, y = module.cifar_like(512, 2)
     accuracy = float(np.mean(model.predict(x, verbose=0).argmax(1) == y))
     assert accuracy == pytest.approx(resumed["metrics"]["val_accuracy"], abs=0.02)
+    # predict and serve load that model.keras and answer as the model does
+    from launcher.predict.model import Model, locate
+
+    served = Model(locate(os.path.join(storage, "stopped")))
+    assert served.ref.format == "keras"
+    np.testing.assert_allclose(served.predict(x[:16].tolist()), model.predict(x[:16], verbose=0), rtol=1e-4,
+                               atol=1e-5)
+    # ... and so does its SavedModel, what Vertex AI's prebuilt TensorFlow container takes
+    saved = Model(locate(os.path.join(storage, "stopped", "model", "saved_model")))
+    assert saved.ref.format == "savedmodel"
+    np.testing.assert_allclose(saved.predict(x[:16].tolist()), model.predict(x[:16], verbose=0), rtol=1e-4,
+                               atol=1e-5)
 
 
 SEEN_KERAS = '''

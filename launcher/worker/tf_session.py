@@ -64,6 +64,7 @@ from launcher.worker.usersession import UserSession
 STATE_FILE = "tf_state.npz"        # every registered object's variables, rank 0's
 INDEX_FILE = "tf_state.json"       # which arrays belong to which object, and the data position
 KERAS_FILE = "model.keras"
+SAVED_MODEL_DIR = "saved_model"
 
 
 def rank_file(rank: int) -> str:
@@ -312,7 +313,8 @@ class TFSession(UserSession):
             return pool.submit(self._export).result()
 
     def _export(self) -> str | None:
-        from workloads.tf_models import keras
+        from launcher.worker.export import hook_fields
+        from workloads.tf_models import keras, native_stderr_silenced
 
         storage = Storage.resolve(self.spec.storage)
         files = {TF_MODEL_FILE: "the weights: build the model as your function does, then "
@@ -329,9 +331,19 @@ class TFSession(UserSession):
                     print(f"rank 0: the model cannot be saved in Keras' format ({type(exc).__name__}: {exc}); "
                           "its weights are exported", flush=True)
                     shutil.rmtree(os.path.join(d, KERAS_FILE), ignore_errors=True)
+                    copy = None
+                if copy is not None:
+                    try:  # what TensorFlow Serving and Vertex AI's prebuilt TensorFlow container load
+                        with native_stderr_silenced():
+                            copy.export(os.path.join(d, SAVED_MODEL_DIR))
+                        files[SAVED_MODEL_DIR] = "TensorFlow SavedModel (model.export): its serving_default signature"
+                    except Exception as exc:  # noqa: BLE001 - model.keras and the weights are what matters
+                        print(f"rank 0: the model cannot be exported as a SavedModel ({type(exc).__name__}: {exc})",
+                              flush=True)
+                        shutil.rmtree(os.path.join(d, SAVED_MODEL_DIR), ignore_errors=True)
                 with open(os.path.join(d, "model.json"), "w", encoding="utf-8") as f:
-                    json.dump({"workload": self.spec.workload, "framework": "tensorflow",
-                               "kind": "training function", "params": self.spec.params, "files": files}, f, indent=1)
+                    json.dump({"workload": self.spec.workload, "framework": "tensorflow", "kind": "training function",
+                               "params": self.spec.params, **hook_fields(self.spec), "files": files}, f, indent=1)
                 storage.upload_dir(d, self.spec.name, "model")
             return storage.uri_of(self.spec.name, "model")
         except Exception as exc:  # the checkpoint is what matters; say what failed
