@@ -118,8 +118,8 @@ def numeric(instances: Any, width: int | None, what: str) -> np.ndarray:
         if x.dtype == object:
             raise ValueError("instances must be rows of the same length, of numbers")
         raise ValueError(f"instances must be numbers, got {'text' if x.dtype.kind in 'US' else x.dtype}")
-    if x.ndim == 1 and width is not None and x.size == width:
-        x = x[None]  # one instance, not wrapped in a list
+    if x.ndim == 1 and width == 1:
+        x = x[:, None]  # a one-feature model's instances, each a number
     if x.ndim != 2 or (width is not None and x.shape[1] != width):
         shape = "x".join(map(str, x.shape[1:])) or "a single number"
         raise ValueError(f"each instance must be {width if width is not None else 'a row of'} numbers ({what}), "
