@@ -237,7 +237,7 @@ def run(model_dir: str, levels: list[int], sizes: list[int], seconds: float, res
 
     ref = locate(model_dir)
     instance = np.random.default_rng(0).uniform(0, 1, instance_shape(ref)).round(4).tolist()
-    path = f"/v2/models/{run_name(ref)}/infer" if protocol == "v2" else "/predict"
+    path = f"/v2/models/{ref.run or 'model'}/infer" if protocol == "v2" else "/predict"
     env = {**os.environ, "LAUNCHER_STATE_DIR": state_dir, "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)
     port = free_port()
@@ -292,11 +292,6 @@ def instance_shape(ref) -> list[int]:
         raise launcher.UserError(f"{ref.uri}: bench serve sends instances of numbers and cannot tell this {ref.format} "
                         "model's shape", "bench a workload's run, or a scikit-learn or XGBoost model")
     return [int(d) for d in shape]
-
-
-def run_name(ref) -> str:
-    parts = [p for p in ref.parts if p and p != "model"]
-    return parts[-1] if parts else "model"
 
 
 def format_rows(rows: list[dict], restarts: list[dict]) -> str:

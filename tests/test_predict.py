@@ -174,6 +174,15 @@ def post(url: str, body, token: str | None = None) -> tuple[int, dict]:
         return e.code, json.load(e)
 
 
+def _ended(proc: subprocess.Popen, seconds: float = 60) -> None:
+    """Wait for a server told to stop; kill it if it has not within ``seconds``."""
+    try:
+        proc.wait(timeout=seconds)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def get(url: str) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(url, timeout=60) as r:
@@ -234,11 +243,7 @@ def test_serve_answers_like_batch_prediction_and_refuses_bad_requests(models, te
     finally:
         stopped = subprocess.run([sys.executable, "-m", "launcher", "serve", "--stop"], capture_output=True,
                                  text=True, env=env, cwd=ROOT, timeout=120)
-        try:
-            proc.wait(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+        _ended(proc)
     log.close()
     assert stopped.returncode == 0 and "stopped the model server" in stopped.stdout, \
         stopped.stderr + (tmp_path / "serve.err").read_text()[-3000:]
@@ -307,11 +312,7 @@ def test_a_vertex_scikit_learn_model_is_served_where_the_aip_variables_say_with_
         assert code == 400 and "each instance must be 64 numbers" in answer["error"], answer
     finally:
         proc.terminate()  # SIGTERM: the server stops as on Ctrl-C
-        try:
-            proc.wait(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
+        _ended(proc)
         log.close()
     assert proc.returncode == 0, (tmp_path / "serve.err").read_text()[-3000:]
 

@@ -155,6 +155,9 @@ def test_vertex_variables_set_the_routes_and_a_token_is_kept_as_its_hash(tmp_pat
     for env, message in (({"AIP_PREDICT_ROUTE": "predict"}, "a route is a path starting with /"),):
         with pytest.raises(UserError, match=message):
             serve.routes(env)
+    with pytest.raises(UserError, match=r"--max-body-mb 0: must be more than 0"):
+        serve.routes({}, max_body_mb=0)
+    assert serve.routes({}, max_body_mb=4).max_body == 4 << 20
     (tmp_path / "short").write_text("abc\n")
     with pytest.raises(UserError, match="16 or more characters"):
         serve.routes({}, token_file=str(tmp_path / "short"))
@@ -241,6 +244,8 @@ def test_the_v2_protocol_takes_json_and_binary_tensors_and_describes_the_model(t
                         {"Inference-Header-Content-Length": str(len(head))})
     assert code == 200 and binary["outputs"] == answer["outputs"]
     assert call("GET", "/v2/health/ready") == (200, {"ready": True})
+    assert call("GET", "/v2/health/live") == (200, {"live": True})
+    assert call("GET", "/v2")[1]["extensions"] == ["binary_tensor_data"]
     meta = call("GET", "/v2/models/digits_sk")[1]
     assert meta["inputs"] == [{"name": "x", "shape": [-1, 64], "datatype": "FP32"}] and meta["platform"] == "sklearn"
     assert call("GET", "/v2/models/other")[0] == 404
@@ -340,3 +345,21 @@ def test_a_training_functions_model_is_exported_from_its_first_inputs_and_served
     # a forward taking something other than tensors keeps its weights only, and says why
     assert torch_program(model, ((torch.zeros(2, 5, dtype=torch.long), "text"), {}))[1] == \
         "its forward takes Tensor, str, and predict and serve send it tensors of a batch"
+
+
+def test_serve_flags_and_aip_variables_that_cannot_work_are_one_line_before_ray(tmp_path, capsys, monkeypatch):
+    from launcher.cli.main import main
+
+    joblib.dump(LinearRegression().fit([[0.0], [1.0]], [0.0, 1.0]), tmp_path / "model.joblib")
+    monkeypatch.setenv("LAUNCHER_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setenv("AIP_HTTP_PORT", "eighty")
+    assert main(["serve", "--model", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "AIP_HTTP_PORT='eighty' is not a port number" in err and len(err.strip().splitlines()) == 1, err
+    monkeypatch.delenv("AIP_HTTP_PORT")
+    monkeypatch.setenv("AIP_STORAGE_URI", str(tmp_path))  # the model, with neither --model nor --run
+    assert main(["serve", "--token-file", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert "--token-file" in err and "cannot read it" in err and len(err.strip().splitlines()) == 1, err
+    assert main(["serve", "--max-body-mb", "-1"]) == 2
+    assert "--max-body-mb -1: must be more than 0" in capsys.readouterr().err

@@ -99,7 +99,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     options.check()
     model = args.model or (None if args.run else env.get(serve.AIP_STORAGE))
     ref = locate(model, args.run, args.storage)
-    routes = serve.routes(env, token_file=args.token_file, name=serve._run_name(ref) or "model",
+    routes = serve.routes(env, token_file=args.token_file, name=ref.run or "model",
                           max_body_mb=serve.BODY_MB if args.max_body_mb is None else args.max_body_mb)
 
     def ready(url: str, access_log: str | None) -> None:

@@ -134,6 +134,7 @@ class Loaded:
     """A model loaded from ``directory``; see the module's table for what each format takes."""
 
     format = ""
+    classes: int | None = None  # a classifier's class count: its one output "y" holds each class's score
 
     def __init__(self, directory: str, info: dict[str, Any]) -> None:
         self.directory, self.info = directory, info
@@ -150,13 +151,19 @@ class Loaded:
 
     def answers(self, out: Batch) -> list[Any]:
         """One JSON-ready prediction per row of ``out``."""
+        if self.classes:
+            return classifier_answers(out["y"])
         names = list(out)
         if len(names) == 1:
             return [_one_value(row) for row in out[names[0]]]
         return [{k: _one_value(out[k][i]) for k in names} for i in range(rows(out))]
 
     def columns(self, out: Batch) -> dict[str, np.ndarray]:
-        """The output columns of batch prediction (one per output; one output is ``prediction``)."""
+        """The output columns of batch prediction (one per output; one output is ``prediction``;
+        a classifier's: the class and the scores)."""
+        if self.classes:
+            return {"prediction": out["y"].argmax(axis=1).astype(np.int64),
+                    "scores": np.round(out["y"].astype(np.float64), 7)}
         return {"prediction": next(iter(out.values()))} if len(out) == 1 else dict(out)
 
     def path(self, name: str) -> str:
@@ -230,15 +237,6 @@ class Workload(Loaded):
             y = np.exp(y - y.max(axis=1, keepdims=True))
             y /= y.sum(axis=1, keepdims=True)
         return {"y": y}
-
-    def answers(self, out: Batch) -> list[Any]:
-        return classifier_answers(out["y"]) if self.classes else super().answers(out)
-
-    def columns(self, out: Batch) -> dict[str, np.ndarray]:
-        if not self.classes:
-            return super().columns(out)
-        return {"prediction": out["y"].argmax(axis=1).astype(np.int64),
-                "scores": np.round(out["y"].astype(np.float64), 7)}
 
 
 def _not_a_number(instances: list) -> str | None:
@@ -339,15 +337,6 @@ class XGBoost(Loaded):
         if self.classes and y.ndim == 1:  # binary: the positive class's probability
             y = np.stack([1 - y, y], axis=1)
         return {"y": y}
-
-    def answers(self, out: Batch) -> list[Any]:
-        return classifier_answers(out["y"]) if self.classes else super().answers(out)
-
-    def columns(self, out: Batch) -> dict[str, np.ndarray]:
-        if not self.classes:
-            return super().columns(out)
-        return {"prediction": out["y"].argmax(axis=1).astype(np.int64),
-                "scores": np.round(out["y"].astype(np.float64), 7)}
 
 
 class Named(Loaded):

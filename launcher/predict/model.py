@@ -50,6 +50,14 @@ class ModelRef:
         return self.info["format"]
 
     @property
+    def run(self) -> str | None:
+        """The run the folder belongs to (the folder above ``model/``, else the folder's own name)."""
+        parts = [p for p in self.parts if p]
+        if parts and parts[-1] == MODEL_DIR:
+            parts = parts[:-1]
+        return parts[-1] if parts else None
+
+    @property
     def what(self) -> str:
         """How a line names the model: its workload, else its format."""
         return str(self.info.get("workload") or self.info["format"])

@@ -502,7 +502,7 @@ def serve(ref: ModelRef, options: ServeOptions = ServeOptions(), *, routes: Rout
             try:
                 if not joined:
                     _write_entry({"pid": os.getpid(), "port": options.port, "url": url, "model": ref.uri,
-                                  "run": _run_name(ref), "access_log": access_log, "since": time.time()})
+                                  "run": ref.run, "access_log": access_log, "since": time.time()})
                 if ready is not None:
                     ready(url, access_log)
                 if joined:  # the application stays on the cluster
@@ -565,13 +565,6 @@ def _answers(port: int) -> bool:
         return False
     finally:
         conn.close()
-
-
-def _run_name(ref: ModelRef) -> str | None:
-    parts = [p for p in ref.parts if p]
-    if parts and parts[-1] == "model":
-        parts = parts[:-1]
-    return parts[-1] if parts else None
 
 
 def _access_log(ref: ModelRef, port: int) -> str:
