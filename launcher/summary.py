@@ -91,6 +91,13 @@ class RunSummary:
     # session.loader / session.dataset): their mean, and the rank that waited most; None unmeasured.
     data_wait_fraction: float | None = None
     data_wait_max_fraction: float | None = None
+    # Where the training time went (launcher.worker.timing): the share per phase (data, compute,
+    # sync, optimizer, checkpoint, notice; the ranks' mean), and the ranks named stragglers.
+    time_shares: dict[str, float] = field(default_factory=dict)
+    stragglers: list[dict[str, Any]] = field(default_factory=list)
+    # Each worker's CPU, memory and GPU over the launch, sampled every few seconds
+    # (launcher.worker.usage.summarise: mean and peak per rank).
+    usage: list[dict[str, Any]] = field(default_factory=list)
     # Each worker's peak memory in MiB, by rank, the largest its epoch reports gave (see
     # peak_memory): the resident set and, where torch used CUDA, GPU memory; None/empty unmeasured.
     peak_rss_mb_max: float | None = None
@@ -321,6 +328,8 @@ BOOKKEEPING = frozenset({
     "kind", "epoch", "step_in_epoch", "global_step", "world_size", "time", "attempt", "restored_from",
     "steps_per_epoch", "startup_marks", "samples", "train_time_s", "samples_per_s", "notice", "held",
     "data_wait_s", "data_wait_fraction", "data_wait_max_fraction",
+    "time_data", "time_compute", "time_sync", "time_optimizer", "time_checkpoint", "time_notice",
+    "busy_s_ranks", "straggler_rank", "straggler_factor", "usage", "usage_ranks",
     "peak_rss_mb_max", "peak_rss_mb_ranks", "peak_gpu_mb_max", "peak_gpu_mb_ranks",
     "weights_sha256", "model", "timestamp", "checkpoint_dir_name", "training_iteration",
     "launch", "source", "from_checkpoint",  # what the run log adds to a report
@@ -400,3 +409,52 @@ def format_memory(m: Mapping[str, Any]) -> str:
 
 def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+# -- where the time went and how busy the workers were (launcher.worker.timing, .usage) --------------
+
+USAGE_FIELDS = ("time", "cpu_pct", "rss_mb", "gpu_pct", "gpu_mb")  # one usage sample, in this order
+
+
+def format_shares(shares: dict[str, float], stragglers: list[dict[str, Any]]) -> str:
+    """The summary's line: the phases by their share (those of 0.5 % or more), then the stragglers."""
+    parts = [f"{p} {100 * v:.1f}%" for p, v in sorted(shares.items(), key=lambda kv: -kv[1]) if v >= 0.005]
+    line = ("time: " + ", ".join(parts)) if parts else ""
+    for s in stragglers:
+        line += (f"; straggler: rank {s['rank']} ({s['factor']:.1f}x the median busy time, "
+                 f"{s['epochs']} epoch{'s' if s['epochs'] != 1 else ''})")
+    return line
+
+
+def summarise_usage(samples: dict[int, list[list[float]]]) -> list[dict[str, Any]]:
+    """Per rank, from its samples: mean and peak CPU %, mean and peak RSS (MiB), and where a GPU
+    was seen, its mean and peak utilisation and peak memory."""
+    out = []
+    for rank in sorted(samples):
+        rows = samples[rank]
+        if not rows:
+            continue
+        column = {f: [r[i] for r in rows] for i, f in enumerate(USAGE_FIELDS)}
+        entry: dict[str, Any] = {"rank": rank, "samples": len(rows),
+                                 "cpu_pct_mean": round(sum(column["cpu_pct"]) / len(rows), 1),
+                                 "cpu_pct_peak": max(column["cpu_pct"]),
+                                 "rss_mb_mean": round(sum(column["rss_mb"]) / len(rows), 1),
+                                 "rss_mb_peak": max(column["rss_mb"])}
+        if any(column["gpu_mb"]) or any(column["gpu_pct"]):
+            entry.update(gpu_pct_mean=round(sum(column["gpu_pct"]) / len(rows), 1),
+                         gpu_pct_peak=max(column["gpu_pct"]), gpu_mb_peak=max(column["gpu_mb"]))
+        out.append(entry)
+    return out
+
+
+def format_usage(per_rank: list[dict[str, Any]]) -> list[str]:
+    """One line per rank for a summary: CPU and memory, mean and peak (and the GPU's)."""
+    lines = []
+    for u in per_rank:
+        line = (f"rank {u['rank']}: CPU {u['cpu_pct_mean']:.0f}% mean, {u['cpu_pct_peak']:.0f}% peak; "
+                f"RSS {u['rss_mb_mean']:,.0f} MB mean, {u['rss_mb_peak']:,.0f} MB peak")
+        if "gpu_pct_mean" in u:
+            line += (f"; GPU {u['gpu_pct_mean']:.0f}% mean, {u['gpu_pct_peak']:.0f}% peak, "
+                     f"{u['gpu_mb_peak']:,.0f} MB peak")
+        lines.append(line + f" ({u['samples']} samples)")
+    return lines

@@ -15,7 +15,7 @@ from launcher.cli.options import (EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, add_prog
                                   program_from_args, program_spec, spec_from_args, wants_job_dir)
 from launcher.driver import startup
 from launcher.storage.checkpoint import resume_point
-from launcher.summary import RunStatus, RunSummary, format_memory
+from launcher.summary import RunStatus, RunSummary, format_memory, format_shares, format_usage
 
 
 def add_parsers(sub) -> None:
@@ -132,13 +132,16 @@ def format_summary(s: RunSummary) -> str:
     if s.metrics:
         lines.append("  " + ", ".join(f"{k} {v:.4f}" for k, v in s.metrics.items()))
     rate = f"{s.samples_per_s:,.0f} samples/s, " if s.samples_per_s else ""  # a Ray Train function counts none
-    wait = "" if s.data_wait_fraction is None else (
+    wait = "" if s.data_wait_fraction is None or s.time_shares else (
         f"input wait {100 * s.data_wait_fraction:.1f}% of training (slowest rank's worst epoch "
         f"{100 * (s.data_wait_max_fraction or 0):.1f}%), ")
     lines.append(f"  {rate}{wait}wall {s.wall_s:.1f}s{format_setup(s)}")
+    if s.time_shares:
+        lines.append("  " + format_shares(s.time_shares, s.stragglers))
     memory = format_memory(vars(s))
     if memory:
         lines.append(f"  {memory}")
+    lines += [f"  {line}" for line in format_usage(s.usage)]
     if s.error:
         lines.append(f"  error: {s.error}")
     lines.append(f"  run log:    {s.run_dir}")

@@ -74,8 +74,12 @@ class ReportForwarder(UserCallback):
         self.path, self.mailbox = path, mailbox
 
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
-        _send(self.path, self.mailbox, Report(time.time(), dict(metrics[0]),
-                                              checkpoint.path if checkpoint is not None else None))
+        first = {k: v for k, v in metrics[0].items() if k != "usage"}
+        # Each rank's usage samples since its last report (launcher.worker.usage), by rank.
+        usage = {str(rank): m["usage"] for rank, m in enumerate(metrics) if m.get("usage")}
+        if usage:
+            first["usage_ranks"] = usage
+        _send(self.path, self.mailbox, Report(time.time(), first, checkpoint.path if checkpoint is not None else None))
 
     def after_exception(self, run_context, worker_exceptions: dict[int, Exception]) -> None:
         _send(self.path, self.mailbox, Failure(time.time(), {int(rank): f"{type(e).__name__}: {e}"[:2000]

@@ -28,6 +28,7 @@ from launcher.storage.checkpoint import Manifest, complete_checkpoints, prune, r
 from launcher.storage.runlock import RunLock
 from launcher.storage.runlog import RunLog
 from launcher.summary import Preempting, Restart, RunStatus, RunSummary, pick_metrics
+from launcher.worker import usage
 
 RESUME_CANDIDATES = 5  # complete checkpoints offered to the workers, newest first
 
@@ -211,8 +212,8 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
     config = trainer.run_config(spec, storage, max_failures=spec.max_failures,
                                 keep_checkpoints=spec.keep_checkpoints,
                                 callbacks=[channel.forwarder, channel.states])
-    loop_config = {"spec": spec.to_dict(), "resume": resume, "env": gcs.worker_env(), "board": channel.board,
-                   "notices": trainer.notices_possible()}
+    loop_config = {"spec": spec.to_dict(), "resume": resume, "env": {**gcs.worker_env(), **usage.worker_env()},
+                   "board": channel.board, "notices": trainer.notices_possible()}
     if workloads.is_ray_train(spec.workload):
         loop_config["user_config"] = workloads.function.ray_config(spec)
     ray_trainer = backends.get(spec.backend).trainer(spec, train_loop_per_worker, loop_config,

@@ -11,6 +11,7 @@ import sys
 from typing import Any, TextIO
 
 from launcher.summary import METRIC_KEYS, pick_metrics
+from launcher.worker.timing import describe, largest_share
 
 
 def format_epoch(m: dict[str, Any], epochs: int, elapsed: float) -> str:
@@ -24,7 +25,11 @@ def format_epoch(m: dict[str, Any], epochs: int, elapsed: float) -> str:
     parts += [f"{k} {v:.4g}" for k, v in others]
     if isinstance(m.get("samples_per_s"), (int, float)):
         parts.append(f"{m['samples_per_s']:,.0f} samples/s")
-    if isinstance(m.get("data_wait_fraction"), (int, float)):
+    if largest_share(m) is not None:  # where the time went (the largest share), and the straggler
+        parts.append(describe(m))
+        if m.get("data_wait_max_fraction", 0) > 1.5 * m.get("data_wait_fraction", 0) + 0.05:
+            parts.append(f"rank input wait up to {100 * m['data_wait_max_fraction']:.0f}%")
+    elif isinstance(m.get("data_wait_fraction"), (int, float)):
         parts.append(f"input wait {100 * m['data_wait_fraction']:.0f}%"
                      + (f" (slowest rank {100 * m['data_wait_max_fraction']:.0f}%)"
                         if m.get("data_wait_max_fraction", 0) > 1.5 * m["data_wait_fraction"] + 0.01 else ""))

@@ -26,7 +26,8 @@ from launcher.spec import JobSpec
 from launcher.storage.checkpoint import Manifest, complete_checkpoints, resume_point
 from launcher.storage.runlog import RunLog
 from launcher.summary import (Attempt, Event, Failure, Interruption, Preempting, Report, Restart,
-                              RunStatus, RunSummary, peak_memory, pick_metrics)
+                              RunStatus, RunSummary, peak_memory, pick_metrics, summarise_usage)
+from launcher.worker.timing import SHARE_KEYS, combine
 
 
 @dataclass
@@ -54,6 +55,8 @@ class Tracker:
     samples: int = 0
     train_time: float = 0.0
     data_wait: list[tuple[float, float, float]] = field(default_factory=list)  # per epoch: mean s, max share, time
+    timed: list[dict[str, Any]] = field(default_factory=list)  # the epoch reports with a time breakdown
+    usage: dict[int, list[list[float]]] = field(default_factory=dict)  # each rank's usage samples this launch
     memory: dict[str, Any] = field(default_factory=dict)  # each rank's peak memory so far (summary.peak_memory)
     log_failed: bool = False
     on_epoch: Callable[[dict[str, Any]], None] | None = None  # e.g. a tuning trial's report to Ray Tune
@@ -83,6 +86,7 @@ class Tracker:
         if "kind" not in m:  # a Ray Train function's own ray.train.report: one per epoch, by its examples
             m = self._plain_report(m)
         self._attempt_seen(m)
+        self._usage(m.pop("usage_ranks", None) or {})
         marks = m.pop("startup_marks", None) or {}
         if marks:
             self.attempt_marks.setdefault(m.get("attempt"), marks)
@@ -155,7 +159,21 @@ class Tracker:
         elif int(step) > span[2]:
             span[2], span[3] = int(step), float(when)
 
+    def _usage(self, by_rank: dict[str, list[list[float]]]) -> None:
+        samples = {int(rank): rows for rank, rows in by_rank.items() if rows}
+        if not samples:
+            return
+        for rank, rows in samples.items():
+            self.usage.setdefault(rank, []).extend(rows)
+        try:
+            self.log.record_usage(samples)
+        except OSError as exc:  # the run log is a record: training goes on without it
+            self._log_failed(exc)
+
     def _note_wait(self, m: dict[str, Any]) -> None:
+        if isinstance(m.get(SHARE_KEYS[0]), (int, float)):
+            self.timed.append({k: m.get(k) for k in (*SHARE_KEYS, "train_time_s", "straggler_rank",
+                                                      "straggler_factor")})
         if isinstance(m.get("data_wait_s"), (int, float)) and float(m.get("train_time_s") or 0) > 0:
             self.data_wait.append((float(m["data_wait_s"]), float(m.get("data_wait_max_fraction") or 0.0),
                                    float(m["train_time_s"])))
@@ -193,10 +211,14 @@ class Tracker:
         try:
             self.log.record(m)
         except OSError as exc:
-            if not self.log_failed:
-                self.log_failed = True
-                self.progress.note(f"cannot write the run log ({exc.strerror or type(exc).__name__}"
-                                   f"{': ' + str(exc.filename) if exc.filename else ''}); training goes on")
+            self._log_failed(exc)
+
+    def _log_failed(self, exc: OSError) -> None:
+        """Storage refused a run log write: said once; training goes on."""
+        if not self.log_failed:
+            self.log_failed = True
+            self.progress.note(f"cannot write the run log ({exc.strerror or type(exc).__name__}"
+                               f"{': ' + str(exc.filename) if exc.filename else ''}); training goes on")
 
     def _attempt_seen(self, m: dict[str, Any]) -> None:
         """The first report of a worker group says where it started from."""
@@ -305,6 +327,7 @@ class Tracker:
             metrics=pick_metrics(m),
             samples_per_s=self.samples_per_s(),
             data_wait_fraction=self.wait_fractions()[0], data_wait_max_fraction=self.wait_fractions()[1],
+            **dict(zip(("time_shares", "stragglers"), combine(self.timed))), usage=summarise_usage(self.usage),
             **self.memory,
             checkpoint=self.checkpoint, resumed_from=self.resumed_from, restarts=len(self.restarts),
             preemptions=sum(1 for r in self.restarts if r.cause == "preemption"),

@@ -23,9 +23,11 @@ import time
 from typing import Any
 
 from launcher.errors import UserError
+from launcher.summary import USAGE_FIELDS
 from launcher.storage.store import Storage
 
 IDENTITY_KEYS = ("workload", "framework")
+TIME_PHASES = ("data", "compute", "sync", "optimizer", "checkpoint", "notice")
 
 
 def _line(obj: dict[str, Any]) -> str:
@@ -53,6 +55,7 @@ class RunLog:
         self.launch = 0
         self._tb = None
         self._tb_dir = ""
+        self._usage_steps: dict[int, int] = {}  # per rank: the samples written to TensorBoard
 
     def uri(self, *parts: str) -> str:
         return self.storage.uri_of(self.name, *parts)
@@ -114,6 +117,30 @@ class RunLog:
         for key in ("loss", "accuracy", "train_loss", "samples_per_s", "peak_rss_mb_max", "peak_gpu_mb_max"):
             if isinstance(metrics.get(key), (int, float)):
                 writer.add_scalar(key, metrics[key], step)
+        for phase in TIME_PHASES:  # the epoch's share of training time per phase (launcher.worker.timing)
+            if isinstance(metrics.get(f"time_{phase}"), (int, float)):
+                writer.add_scalar(f"time/{phase}", metrics[f"time_{phase}"], step)
+        writer.flush()
+        self._sync_tensorboard()
+
+    def record_usage(self, by_rank: dict[int, list[list[float]]]) -> None:
+        """Append each rank's usage samples (launcher.worker.usage: time, CPU %, RSS and GPU figures)
+        to ``usage.jsonl``, and to TensorBoard as ``usage/<figure>/rank<N>`` over wall time."""
+        lines = [_line({"launch": self.launch, "rank": rank, **dict(zip(USAGE_FIELDS, sample))})
+                 for rank, samples in sorted(by_rank.items()) for sample in samples]
+        if not lines:
+            return
+        self.storage.append_text("".join(lines), self.name, "usage.jsonl")
+        writer = self._writer()
+        for rank, samples in by_rank.items():
+            for sample in samples:
+                values = dict(zip(USAGE_FIELDS, sample))
+                self._usage_steps[rank] = self._usage_steps.get(rank, -1) + 1
+                for key in USAGE_FIELDS[1:]:
+                    if key.startswith("gpu") and not values[key]:
+                        continue
+                    writer.add_scalar(f"usage/{key}/rank{rank}", values[key], self._usage_steps[rank],
+                                      walltime=values["time"])
         writer.flush()
         self._sync_tensorboard()
 

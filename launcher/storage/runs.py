@@ -21,8 +21,9 @@ from typing import Any
 from launcher.storage.checkpoint import complete_checkpoints
 from launcher.storage.runlog import read_jsonl
 from launcher.storage.store import Storage
-from launcher.summary import (RunStatus, RunSummary, TuningSummary, format_memory, peak_memory, pick_metrics,
-                              program_epochs, program_metrics)
+from launcher.summary import (USAGE_FIELDS, RunStatus, RunSummary, TuningSummary, format_memory, format_shares,
+                              format_usage, peak_memory, pick_metrics, program_epochs, program_metrics,
+                              summarise_usage)
 
 TUNING_FILE = "tuning.json"      # a tuning run's folder holds this (its definition) instead of run.json
 TUNING_SUMMARY = "summary.json"  # and, once a launch ends, its summary
@@ -67,6 +68,11 @@ class RunRow:
     peak_rss_mb_ranks: list[float] = field(default_factory=list)
     peak_gpu_mb_max: float | None = None
     peak_gpu_mb_ranks: list[float] = field(default_factory=list)
+    # Each worker's CPU, memory and GPU over every launch (usage.jsonl; launcher.summary.summarise_usage),
+    # and where the last launch that measured it spent its training time.
+    usage: list[dict[str, Any]] = field(default_factory=list)
+    time_shares: dict[str, float] = field(default_factory=dict)
+    stragglers: list[dict[str, Any]] = field(default_factory=list)
     note: str | None = None
     kind: str = "run"                                 # or "tuning"
     trials: int | None = None                         # a tuning run's
@@ -134,6 +140,11 @@ def describe_run(storage: Storage, name: str) -> RunRow | None:
     if checkpoints:
         epochs = checkpoints[-1][0].epoch
     ends = _summaries(launches)
+    timed = [e for e in ends if e.time_shares]
+    samples: dict[int, list[list[float]]] = {}
+    for u in read_jsonl(storage.read_text(name, "usage.jsonl")):
+        if isinstance(u.get("rank"), int):
+            samples.setdefault(u["rank"], []).append([float(u.get(f) or 0.0) for f in USAGE_FIELDS])
     return RunRow(
         name=name, status=_status(launches, summary), workload=info.get("workload") or "?",
         framework=info.get("framework") or "?", epochs=epochs, metrics=shown,
@@ -149,6 +160,8 @@ def describe_run(storage: Storage, name: str) -> RunRow | None:
         wall_s=round(sum(e.wall_s for e in ends), 1),
         # the epochs' reports: a launch still running, or cut off before its summary, counts too
         **peak_memory(m for m in lines if m.get("kind") == "epoch"),
+        usage=summarise_usage(samples),
+        time_shares=timed[-1].time_shares if timed else {}, stragglers=timed[-1].stragglers if timed else [],
     )
 
 
@@ -263,6 +276,11 @@ def format_run(run: RunRow) -> str:
     memory = format_memory(vars(run))
     if memory:
         lines.append(memory)
+    if run.time_shares:
+        lines.append(format_shares(run.time_shares, run.stragglers) + " (the last launch)")
+    if run.usage:
+        lines.append("usage per worker, all launches:")
+        lines.extend(f"  {line}" for line in format_usage(run.usage))
     if run.kind != "tuning":
         kept = run.checkpoints
         lines.append(f"checkpoints kept: {len(kept)}" + ("" if kept else " (none complete)"))

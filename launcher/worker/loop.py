@@ -42,6 +42,8 @@ from launcher.storage import Storage
 from launcher.storage.checkpoint import MANIFEST, Manifest, complete_checkpoints, newest_complete, write_manifest
 from launcher.storage.datacache import local_data
 from launcher.worker.order import GlobalOrder
+from launcher.worker.timing import StepClock
+from launcher.worker.usage import Sampler
 
 RESERVE_MIN_S = 1.5  # stop training at least this long before the drain deadline
 SALVAGE_WAIT_S = 5.0  # after a collective failed: how long to look for the node that went
@@ -120,6 +122,8 @@ class Session(abc.ABC):
         self.background_save = False  # the checkpoint being saved is stored in the background
         self._checkpoint_dir = contextlib.ExitStack()  # keeps a restored checkpoint's folder while needed
         self._keep_checkpoint = False
+        self.clock = StepClock()  # this rank's seconds per phase of the epoch under way
+        self.usage: Sampler | None = None  # CPU, memory and GPU samples, sent with each report
 
     @abc.abstractmethod
     def restore(self, directory: str) -> None:
@@ -166,6 +170,7 @@ class Session(abc.ABC):
 
         self.board = config.get("board")
         self.notices = config.get("notices", True)
+        self.usage = Sampler().start()
         model_ready = time.time()
         chosen = checkpoint_to_resume(config, Storage.resolve(self.spec.storage), self.spec.name)
         if chosen is not None:
@@ -220,6 +225,8 @@ class Session(abc.ABC):
                    "steps_per_epoch": self.steps_per_epoch}
         if self.marks:
             metrics["startup_marks"], self.marks = self.marks, {}
+        if self.usage is not None:  # every rank's own samples: the driver's callback sees each rank's report
+            metrics["usage"] = self.usage.take()
         if not checkpoint:
             ray.train.report(metrics)
             return
@@ -275,8 +282,12 @@ class Session(abc.ABC):
         took = time.perf_counter() - step_started
         self.step_s = 0.9 * self.step_s + 0.1 * took if self.step_s else took
         every = self.spec.checkpoint_every_steps
+        asked = time.perf_counter()
         action = self.preemption_action() if boundary else None
-        if not action and boundary and self.resize_asked():
+        resize = not action and boundary and self.resize_asked()
+        saving = time.perf_counter()
+        self.clock.add("notice", saving - asked)
+        if resize:
             # An elastic group about to grow: this checkpoint is where the larger group resumes.
             self.send({"kind": "resize", "held": 1, **values()})
             if self.rank == 0:
@@ -292,6 +303,7 @@ class Session(abc.ABC):
             self.send({"kind": "step", **values()})
             if self.rank == 0:
                 faultpoint.pause("step-checkpoint")
+        self.clock.add("checkpoint", time.perf_counter() - saving)
 
     # -- preemption -----------------------------------------------------------------------
     def note_progress(self) -> None:

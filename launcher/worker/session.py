@@ -213,6 +213,8 @@ class TorchSession(UserSession):
                 if self.model_name is None or name == "model":
                     self.model_name = name
                     self._watch_inputs(obj)
+                    if not self.sharded:  # FSDP2 reduces inside the backward pass: no end of it to see
+                        self.clock.watch_gradients(obj)
             self.objects[name] = obj
             if name in self._saved:
                 obj.load_state_dict(self._saved.pop(name))
@@ -221,6 +223,7 @@ class TorchSession(UserSession):
                 # it: no survivors' checkpoint is written from it (see Session.salvage).
                 obj.register_step_post_hook(self._model_updated)
                 self._watched = True
+                self.clock.watch_optimizer(obj)
         self._load_sharded()
 
     def _watch_inputs(self, model) -> None:

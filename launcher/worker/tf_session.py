@@ -491,10 +491,12 @@ class TFSession(UserSession):
     # -- the Keras hook's calls ---------------------------------------------------------------
     def _keras_epoch_begin(self) -> None:
         self._epoch_started = self._step_started = time.perf_counter()
-        self._last_step_at = None
+        self._last_step_at = self._steps_end = None
+        self.clock.reset()
         if self._carried:
             c, self._carried = self._carried, None
             self._samples = int(c["samples"])
+            self.clock.reset(c.get("phases"))
             self._epoch_started -= float(c["seconds"])
             if self._metric_arrays:
                 self._restore_keras_metrics(self._metric_arrays)
@@ -507,7 +509,7 @@ class TFSession(UserSession):
         self._samples += self._data.size_of(self.pos.epoch, self.pos.step_in_epoch - 1)
         self._last_step_at = time.perf_counter()
         self.after_step(self._step_started, epoch_ends=self._epoch_ends(), values=self._keras_results)
-        self._step_started = time.perf_counter()
+        self._step_started = self._steps_end = time.perf_counter()
 
     def _keras_results(self) -> dict[str, float]:
         """The model's metrics of the epoch so far, as Keras reports them at an epoch's end (its

@@ -24,6 +24,8 @@ from launcher.storage import Storage
 from launcher.storage.datacache import local_data
 from launcher.worker.loader import SessionError, user_line
 from launcher.worker.loop import Session, memory_report, peak_memory_mb
+from launcher.worker.timing import breakdown, own_row
+from launcher.worker.usage import Sampler
 
 
 class UserSession(Session):
@@ -42,6 +44,7 @@ class UserSession(Session):
         self._data_wait = 0.0   # seconds of the epoch this rank waited for its next batch
         self._epoch_started = 0.0
         self._last_step_at: float | None = None
+        self._steps_end: float | None = None  # the last step's book-keeping (checkpoint, notice) done
         self._step_started = 0.0
         self._in_epochs = False
         self.trained = False
@@ -141,13 +144,15 @@ class UserSession(Session):
         try:
             while self.pos.epoch < self.spec.epochs:
                 self._epoch_started = self._step_started = time.perf_counter()
-                self._last_step_at = None
+                self._last_step_at = self._steps_end = None
+                self.clock.reset()
                 if self._carried:  # resumed mid-epoch: the epoch's metrics so far, as saved
                     c, self._carried = self._carried, None
                     self._sums, self._counts = dict(c["sums"]), dict(c["counts"])
                     self._reported = {n: tuple(v) for n, v in c["reported"].items()}
                     self._samples = int(c["samples"])
                     self._data_wait = float(c.get("data_wait", 0.0))
+                    self.clock.reset(c.get("phases"))
                     self._epoch_started -= float(c["seconds"])
                 yield self.pos.epoch
                 self._end_epoch()
@@ -176,7 +181,8 @@ class UserSession(Session):
         self._last_step_at = time.perf_counter()
         self.after_step(self._step_started, boundary=boundary, epoch_ends=self._epoch_ends(),
                         values=self._step_values)
-        self._step_started = time.perf_counter()
+        self.clock.step_done()
+        self._step_started = self._steps_end = time.perf_counter()
 
     def report(self, *, weight: float = 1.0, **named: Any) -> None:
         """``session.report(val_loss=..., perplexity=...)``: metrics of the epoch under way (any
@@ -207,10 +213,15 @@ class UserSession(Session):
         stepped, reported = sorted(steps), sorted(self._reported)
         vector = np.array([steps[n] for n in stepped] + [self._reported[n][0] for n in reported]
                           + [self._reported[n][1] for n in reported] + [self._samples], dtype=np.float64)
-        own = np.zeros((3, self.world))  # each rank's own figures in its slot, for the ranks' max
-        own[:, self.rank] = [self._data_wait, *peak_memory_mb()]
+        # Each rank's own figures in its slot (the ranks' max, the straggler): input wait, memory,
+        # and the time per phase (over the steps and their book-keeping: launcher.worker.timing).
+        mine = [self._data_wait, *peak_memory_mb(),
+                *own_row(self._data_wait, self.clock, (self._steps_end or time.perf_counter()) - self._epoch_started)]
+        own = np.zeros((len(mine), self.world))
+        own[:, self.rank] = mine
         total = self.sum_over_ranks(np.concatenate([vector, own.ravel()]))
-        (waits, rss, gpu), total = total[len(vector):].reshape(3, self.world), total[:len(vector)]
+        rows, total = total[len(vector):].reshape(len(mine), self.world), total[:len(vector)]
+        waits, rss, gpu = rows[:3]
         k, r = len(stepped), len(reported)
         means = {n: float(total[i]) / self.world for i, n in enumerate(stepped)}
         means.update({n: float(total[k + i]) / max(float(total[k + r + i]), 1e-300) for i, n in enumerate(reported)})
@@ -223,7 +234,7 @@ class UserSession(Session):
         extra = {"weights_sha256": digest} if last and self.rank == 0 else {}
         self.send({"kind": "epoch", **means, "samples": samples, "train_time_s": seconds,
                    "samples_per_s": samples / seconds if seconds > 0 else 0.0, **data_wait(waits, seconds),
-                   **memory_report(rss, gpu), **extra})
+                   **breakdown(rows[3:]), **memory_report(rss, gpu), **extra})
         self._sums, self._counts, self._reported, self._samples = {}, {}, {}, 0
         self._data_wait = 0.0
 
@@ -232,6 +243,7 @@ class UserSession(Session):
         until = self._last_step_at or time.perf_counter()
         return {"sums": {k: float(v) for k, v in self._sums.items()}, "counts": dict(self._counts),
                 "reported": dict(self._reported), "samples": self._samples, "data_wait": self._data_wait,
+                "phases": self.clock.state(),
                 "seconds": until - self._epoch_started if self._epoch_started else 0.0}
 
     def start(self, config: dict[str, Any], started: float) -> None:
@@ -242,6 +254,7 @@ class UserSession(Session):
 
         self.board = config.get("board")
         self.notices = config.get("notices", True)
+        self.usage = Sampler().start()
         chosen = checkpoint_to_resume(config, Storage.resolve(self.spec.storage), self.spec.name)
         if chosen is not None:
             checkpoint = ray.train.Checkpoint(chosen[1], filesystem=chosen[0])

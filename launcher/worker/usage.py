@@ -1,0 +1,132 @@
+"""How busy each worker is: CPU, memory and GPU, sampled every few seconds.
+
+A daemon thread in each worker takes a sample every :data:`INTERVAL_S` seconds
+(``LAUNCHER_USAGE_S`` overrides it; 0 turns sampling off): the CPU its process and their
+children (data-loading workers, a program's process) used since the last sample, as a
+percentage of one core; their resident memory; and on a GPU, the device's utilisation and the
+memory this process holds there (NVIDIA's NVML). The samples ride with the rank's next report
+to Ray Train (every rank's report reaches the driver's callback), so sampling adds no process,
+no actor and no call per step; the driver writes them to the run log (``usage.jsonl``) and
+TensorBoard, and sums them up per rank in the summary and ``launcher runs NAME``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import psutil
+import pynvml
+
+from launcher.summary import USAGE_FIELDS  # what a sample holds, in order
+
+INTERVAL_S = 5.0
+INTERVAL_ENV = "LAUNCHER_USAGE_S"
+
+
+def worker_env() -> dict[str, str]:
+    """The driver's ``LAUNCHER_USAGE_S``, passed on to the workers."""
+    return {INTERVAL_ENV: os.environ[INTERVAL_ENV]} if INTERVAL_ENV in os.environ else {}
+
+
+def interval_s() -> float:
+    try:
+        return max(0.0, float(os.environ.get(INTERVAL_ENV, INTERVAL_S)))
+    except ValueError:
+        return INTERVAL_S
+
+
+class Sampler:
+    """This worker's samples since they were last taken (:meth:`take`)."""
+
+    def __init__(self, every_s: float | None = None) -> None:
+        self.every_s = interval_s() if every_s is None else every_s
+        self._process = psutil.Process()
+        self._samples: list[list[float]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._last = (time.monotonic(), self._cpu_seconds())
+        self._gpu = _Gpu.open()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "Sampler":
+        if self.every_s > 0 and self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="launcher-usage", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def take(self) -> list[list[float]]:
+        """The samples taken since the last call (a list of :data:`USAGE_FIELDS` rows)."""
+        with self._lock:
+            out, self._samples = self._samples, []
+        return out
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                sample = self.sample()
+            except Exception:  # noqa: BLE001 - a process gone between listing and reading: skip once
+                continue
+            with self._lock:
+                self._samples.append(sample)
+
+    def sample(self) -> list[float]:
+        now, cpu = time.monotonic(), self._cpu_seconds()
+        (then, before), self._last = self._last, (now, cpu)
+        pct = 100.0 * max(0.0, cpu - before) / (now - then) if now > then else 0.0
+        rss = sum(_quiet(lambda p: p.memory_info().rss, p) for p in self._tree()) / 2**20
+        gpu_pct, gpu_mb = self._gpu.read() if self._gpu is not None else (0.0, 0.0)
+        return [round(time.time(), 2), round(pct, 1), round(rss, 1), round(gpu_pct, 1), round(gpu_mb, 1)]
+
+    def _tree(self) -> list[psutil.Process]:
+        try:
+            return [self._process, *self._process.children(recursive=True)]
+        except psutil.Error:
+            return [self._process]
+
+    def _cpu_seconds(self) -> float:
+        def used(p: psutil.Process) -> float:
+            t = p.cpu_times()
+            return t.user + t.system
+
+        return sum(_quiet(used, p) for p in self._tree())
+
+
+def _quiet(read, process) -> float:
+    try:
+        return float(read(process))
+    except psutil.Error:  # the process ended meanwhile
+        return 0.0
+
+
+class _Gpu:
+    """NVML's view of the GPU this worker uses (the first of CUDA_VISIBLE_DEVICES, as Ray sets it)."""
+
+    def __init__(self, nvml, handle) -> None:
+        self.nvml, self.handle, self.pid = nvml, handle, os.getpid()
+
+    @classmethod
+    def open(cls) -> "_Gpu | None":
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+        if not visible or visible in ("-1", "NoDevFiles"):
+            return None
+        try:
+            pynvml.nvmlInit()
+            handle = (pynvml.nvmlDeviceGetHandleByUUID(visible) if visible.startswith("GPU-")
+                      else pynvml.nvmlDeviceGetHandleByIndex(int(visible)))
+            return cls(pynvml, handle)
+        except Exception:  # noqa: BLE001 - no NVML (no driver, no GPU): CPU figures only
+            return None
+
+    def read(self) -> tuple[float, float]:
+        n = self.nvml
+        utilisation = float(n.nvmlDeviceGetUtilizationRates(self.handle).gpu)
+        mine = [p.usedGpuMemory for p in n.nvmlDeviceGetComputeRunningProcesses(self.handle)
+                if p.pid == self.pid and p.usedGpuMemory is not None]
+        used = sum(mine) if mine else n.nvmlDeviceGetMemoryInfo(self.handle).used
+        return utilisation, used / 2**20

@@ -1,0 +1,198 @@
+"""Where a run's time goes (launcher.worker.timing): the step-time breakdown and the straggler.
+
+The fast tests time a real torch model's backward pass and optimizer step through the hooks,
+and check the sums, shares and words the driver shows. The integration tests train three
+runs that are each slow for one reason, on a local Ray, and check that the progress line and
+the summary name it: input-bound (a slow dataset), checkpoint-bound (a checkpoint every step)
+and a straggler (one rank slowed down).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from launcher.driver.progress import format_epoch
+from launcher.summary import format_shares
+from launcher.worker.timing import PHASES, SHARE_KEYS, StepClock, breakdown, combine, describe, own_row
+from test_user_workloads import elsewhere, run_cli, write  # noqa: F401 - elsewhere: a fixture
+
+
+def _model_and_optimizer():
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def test_the_clock_tells_waiting_for_gradients_from_the_update():
+    """Between the last gradient and the optimizer's update the rank waits (DDP's allreduce, here
+    a sleep): that is sync; the update itself is optimizer; a step without an update adds neither."""
+    import torch
+
+    model, optimizer = _model_and_optimizer()
+    clock = StepClock()
+    clock.watch_gradients(model)
+    clock.watch_optimizer(optimizer)
+    for _ in range(3):
+        model(torch.randn(16, 4)).pow(2).mean().backward()
+        time.sleep(0.05)
+        optimizer.step()
+        optimizer.zero_grad()
+        clock.step_done()
+    assert 0.15 <= clock.seconds["sync"] < 0.6, clock.seconds
+    assert 0 < clock.seconds["optimizer"] < 0.05, clock.seconds
+    before = clock.state()
+    model(torch.randn(16, 4)).pow(2).mean().backward()  # accumulating: no update, nothing added
+    clock.step_done()
+    assert clock.state() == before
+    clock.reset({"sync": 1.5})
+    assert clock.state() == {"sync": 1.5, "optimizer": 0.0, "checkpoint": 0.0, "notice": 0.0}
+    clock.close()
+    optimizer.step()
+    assert clock.state()["optimizer"] == 0.0  # the hooks are gone
+
+
+def test_horovods_optimizer_counts_its_synchronize_as_sync():
+    """Horovod's DistributedOptimizer waits for the allreduce inside step() (synchronize); the
+    clock counts that wait as sync, and the update once (torch runs the step hooks twice there)."""
+    import horovod.torch as hvd
+    import torch
+
+    hvd.init()
+    model, optimizer = _model_and_optimizer()
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    real = optimizer.synchronize
+
+    def slow_synchronize():
+        time.sleep(0.05)
+        return real()
+
+    optimizer.synchronize = slow_synchronize
+    clock = StepClock()
+    clock.watch_gradients(model)
+    clock.watch_optimizer(optimizer)
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(torch.randn(16, 4)).pow(2).mean().backward()
+        optimizer.step()
+        clock.step_done()
+    assert 0.1 <= clock.seconds["sync"] < 0.5, clock.seconds
+    assert clock.seconds["optimizer"] < 0.05, clock.seconds
+
+
+def test_the_breakdown_gives_shares_per_phase_and_names_the_straggler():
+    clock = StepClock()
+    clock.seconds.update(sync=1.0, optimizer=0.5, checkpoint=2.0, notice=0.5)
+    row = own_row(1.0, clock, 10.0)
+    assert row == [1.0, 5.0, 1.0, 0.5, 2.0, 0.5, 10.0]  # data, compute (the rest), ..., seconds
+    other = [1.0, 1.0, 5.0, 0.5, 2.0, 0.5, 10.0]   # rank 1 waited for rank 0 (sync)
+    out = breakdown(np.array([row, other]).T)
+    assert out["time_compute"] == pytest.approx(0.3) and out["time_sync"] == pytest.approx(0.3)
+    assert out["time_checkpoint"] == pytest.approx(0.2)
+    assert sum(out[k] for k in SHARE_KEYS) == pytest.approx(1.0)
+    assert out["busy_s_ranks"] == [6.5, 2.5]
+    assert out["straggler_rank"] == 0 and out["straggler_factor"] == pytest.approx(6.5 / 4.5, abs=0.01)
+    even = breakdown(np.array([row, row]).T)
+    assert "straggler_rank" not in even                       # nobody slower than the others
+    assert "straggler_rank" not in breakdown(np.array([row]).T)  # one rank: no one to compare with
+    assert breakdown(np.zeros((len(PHASES) + 1, 2))) == {}       # no training time: nothing to say
+    # four ranks, one 1.3x the median: named; 1.1x: not
+    four = np.array([row] * 4).T.copy()
+    four[1, 2] = 5.0 * 1.3 + 1.0 + 0.5 - 1.0 - 0.5  # rank 2's compute so that its busy time is 1.3x
+    assert breakdown(four)["straggler_rank"] == 2
+    four[1, 2] = 5.0 + 0.65
+    assert "straggler_rank" not in breakdown(four)
+
+
+def test_the_progress_line_and_the_summary_name_the_largest_share():
+    report = {"epoch": 2, "global_step": 40, "samples_per_s": 900.0, "time_data": 0.42, "time_compute": 0.38,
+              "time_sync": 0.1, "time_optimizer": 0.05, "time_checkpoint": 0.05, "time_notice": 0.0,
+              "train_time_s": 3.0, "data_wait_fraction": 0.42, "data_wait_max_fraction": 0.45}
+    line = format_epoch(report, 3, 12.0)
+    assert "42% waiting for data" in line and "straggler" not in line and "input wait" not in line, line
+    slow = {**report, "time_data": 0.1, "time_sync": 0.42, "straggler_rank": 1, "straggler_factor": 1.61}
+    assert describe(slow) == "42% synchronising gradients  straggler rank 1 (1.6x the median)"
+    shares, stragglers = combine([report, {**slow, "train_time_s": 1.0}, {"epoch": 1, "kind": "epoch"}])
+    assert shares["data"] == pytest.approx((0.42 * 3 + 0.1) / 4) and stragglers == [
+        {"rank": 1, "epochs": 1, "factor": 1.61}]
+    text = format_shares(shares, stragglers)
+    assert text.startswith("time: compute 38.0%, data 34.0%, sync 18.0%"), text
+    assert "straggler: rank 1 (1.6x the median busy time, 1 epoch)" in text and "notice" not in text, text
+    assert combine([{"epoch": 1}]) == ({}, [])
+
+
+# -- three runs slow for one reason each (local Ray) ------------------------------------------------
+
+SLOW = '''
+import time
+
+import torch
+
+
+class Items(torch.utils.data.Dataset):
+    def __init__(self, delay):
+        self.delay = delay
+        g = torch.Generator().manual_seed(0)
+        self.items = [(torch.randn(8, generator=g), torch.randn(1, generator=g)) for _ in range(128)]
+
+    def __len__(self):
+        return len(self.items)
+
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return self.items[i]
+
+
+def train(session):
+    """A linear model; --param delay=S: each item takes S to read; --param slow=S: rank 1 takes S more per step."""
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer = session.prepare(model, optimizer)
+    session.register(model=model, optimizer=optimizer)
+    loader = session.loader(Items(float(session.params.get("delay", 0.0))), batch_size=8)
+    for epoch in session.epochs():
+        for x, y in loader:
+            if session.rank == 1:
+                time.sleep(float(session.params.get("slow", 0.0)))
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            session.step(train_loss=loss)
+'''
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("flags, phase, words, straggler", [
+    (["--param", "delay=0.004"], "data", "waiting for data", False),
+    (["--checkpoint-every-steps", "1"], "checkpoint", "checkpointing", False),
+    (["--param", "slow=0.03"], None, None, True),  # half the ranks compute, half wait: the rank is what tells
+], ids=["input-bound", "checkpoint-bound", "straggler"])
+def test_a_slow_run_is_told_why(ray_local, capsys, elsewhere, tmp_path, monkeypatch, flags, phase, words, straggler):
+    monkeypatch.setenv("LAUNCHER_USAGE_S", "0.5")
+    path = write(elsewhere, SLOW)
+    code, out, err = run_cli(capsys, "run", "--workload", f"{path}:train", "--workers", "2", "--epochs", "2",
+                             "--storage", str(tmp_path / "runs"), "--name", "slow", *flags)
+    assert code == 0, err
+    lines = [line for line in err.splitlines() if line.startswith("epoch 2/2")]
+    assert lines and (words is None or f"% {words}" in lines[0]), err
+    # the summary: the phase first among the shares, and the straggler named (rank 1) or not
+    time_line = next(line for line in out.splitlines() if line.strip().startswith("time: "))
+    assert phase is None or time_line.strip().startswith(f"time: {phase} "), out
+    assert ("straggler: rank 1" in time_line) == straggler, out
+    assert ("straggler rank 1" in lines[0]) == straggler, err
+    # each worker's CPU and memory, sampled every 0.5 s: in the run log and summed up per rank
+    from launcher.storage.runlog import read_jsonl
+
+    samples = read_jsonl((tmp_path / "runs" / "slow" / "usage.jsonl").read_text())
+    for rank in (0, 1):
+        mine = [u for u in samples if u["rank"] == rank]
+        assert len(mine) >= 3 and all(50 < u["rss_mb"] < 100_000 and 0 <= u["cpu_pct"] <= 400 for u in mine), mine
+        assert sum(u["cpu_pct"] for u in mine) > 0, mine  # it trained: some CPU was used
+    assert "rank 1: CPU " in out and "RSS " in out, out
+    code, shown, _ = run_cli(capsys, "runs", "slow", "--storage", str(tmp_path / "runs"))
+    assert code == 0 and "usage per worker" in shown and "rank 1: CPU" in shown and "time: " in shown, shown
