@@ -196,3 +196,60 @@ def test_a_slow_run_is_told_why(ray_local, capsys, elsewhere, tmp_path, monkeypa
     assert "rank 1: CPU " in out and "RSS " in out, out
     code, shown, _ = run_cli(capsys, "runs", "slow", "--storage", str(tmp_path / "runs"))
     assert code == 0 and "usage per worker" in shown and "rank 1: CPU" in shown and "time: " in shown, shown
+
+
+# -- launcher runs --compare / --plot, on run logs written by the run log's own writer (no Ray) ----
+
+def _logged_run(root, name: str, lr: float, losses: list[float], usage: bool = False) -> None:
+    from launcher.storage import Storage
+    from launcher.storage.runlog import RunLog
+
+    log = RunLog(Storage.resolve(str(root)), name)
+    log.begin({"workload": "digits-mlp", "framework": "torch", "lr": lr, "epochs": len(losses), "name": name,
+               "storage": str(root), "batch_size": 32})
+    for i, loss in enumerate(losses):
+        log.record({"kind": "epoch", "epoch": i + 1, "global_step": 10 * (i + 1), "loss": loss, "accuracy": 1 - loss,
+                    "train_time_s": 2.0, "time_data": 0.5 - 0.1 * i, "time_compute": 0.4 + 0.1 * i, "time_sync": 0.1,
+                    "time_optimizer": 0.0, "time_checkpoint": 0.0, "time_notice": 0.0,
+                    **({"straggler_rank": 1, "straggler_factor": 1.4} if i == 0 else {})})
+    if usage:
+        log.record_usage({r: [[1000.0 + t, 90.0 - r, 400.0 + t, 0.0, 0.0] for t in range(4)] for r in (0, 1)})
+    log.finish({"name": name, "status": "succeeded", "workload": "digits-mlp", "framework": "torch",
+                "backend": "native", "workers": 2, "epochs": len(losses), "wall_s": 9.0,
+                "time_shares": {"data": 0.4, "compute": 0.5, "sync": 0.1}, "stragglers": []})
+
+
+def test_runs_compare_puts_differing_params_and_final_metrics_side_by_side(tmp_path, capsys):
+    _logged_run(tmp_path, "slow_lr", 0.01, [0.9, 0.6, 0.5])
+    _logged_run(tmp_path, "fast_lr", 0.1, [0.7, 0.3])
+    png = tmp_path / "cmp.png"
+    code, out, err = run_cli(capsys, "runs", "--storage", str(tmp_path), "--compare", "slow_lr", "fast_lr",
+                             "--out", str(png))
+    assert code == 0, err
+    table = {line.split()[0]: line.split()[1:] for line in out.splitlines()[1:] if line.strip() and " " in line}
+    assert table["lr"] == ["0.01", "0.1"] and table["epochs"] == ["3", "2"], out
+    assert table["loss"] == ["0.5000", "0.3000"] and "batch_size" not in table and "name" not in table, out
+    assert f"wrote {png}" in out and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    code, _, err = run_cli(capsys, "runs", "--storage", str(tmp_path), "--compare", "slow_lr")
+    assert code == 2 and "--compare needs two runs or more" in err
+    code, _, err = run_cli(capsys, "runs", "--storage", str(tmp_path), "--compare", "slow_lr", "nope")
+    assert code == 2 and "no run nope" in err
+
+
+def test_runs_plot_draws_a_metric_the_time_breakdown_and_the_workers_usage(tmp_path, capsys):
+    _logged_run(tmp_path, "r", 0.01, [0.9, 0.6, 0.5], usage=True)
+    for what in ("accuracy", "time", "usage"):
+        png = tmp_path / f"{what}.png"
+        code, out, err = run_cli(capsys, "runs", "r", "--storage", str(tmp_path), "--plot", what, "--out", str(png))
+        assert code == 0 and out.strip() == f"wrote {png}", err
+        assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 5000
+    code, _, err = run_cli(capsys, "runs", "r", "--storage", str(tmp_path), "--plot", "perplexity")
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "no run here reported perplexity" in lines[0], err
+    assert "accuracy, loss" in lines[0] and "'time' or 'usage'" in lines[0], err
+    _logged_run(tmp_path, "quiet", 0.01, [0.9])
+    code, _, err = run_cli(capsys, "runs", "quiet", "--storage", str(tmp_path), "--plot", "usage")
+    assert code == 2 and "no usage samples" in err
+    code, out, _ = run_cli(capsys, "runs", "r", "--storage", str(tmp_path))
+    assert "time: compute 50.0%, data 40.0%, sync 10.0% (the last launch)" in out, out
+    assert "rank 1: CPU 89% mean, 89% peak; RSS 402 MB mean, 403 MB peak (4 samples)" in out, out

@@ -304,3 +304,72 @@ def format_lost(r: RunRow) -> str:
         return "unknown (the program resumes itself)"
     each = "/".join(f"{float(i.get('time_lost_s') or 0):.0f}s" for i in gone)
     return f"{r.steps_lost} steps, {r.time_lost_s:.0f}s" + (f" [{each}]" if each else "")
+
+
+# -- comparing runs and plotting their metrics (launcher runs --compare / --plot) ------------------
+
+def metric_rows(storage: Storage, name: str) -> list[dict[str, Any]]:
+    """The run's metrics.jsonl rows that stand at a step (epochs and mid-epoch checkpoints)."""
+    return [m for m in read_jsonl(storage.read_text(name, "metrics.jsonl"))
+            if isinstance(m.get("global_step"), (int, float))]
+
+
+def series(rows: list[dict[str, Any]], metric: str) -> list[tuple[int, float]]:
+    """(step, value) of ``metric`` over the rows, by step; a step reported twice (a resumed
+    launch's report of a step it redid, an epoch's end and a checkpoint at one step) keeps the last."""
+    by_step: dict[int, float] = {}
+    for m in rows:
+        v = m.get(metric)
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            by_step[int(m["global_step"])] = float(v)
+    return sorted(by_step.items())
+
+
+def plottable(rows: list[dict[str, Any]]) -> list[str]:
+    """The metrics a run reported (numbers, the model's first), for an error that lists them."""
+    seen: dict[str, None] = {}
+    for m in rows:
+        seen.update(dict.fromkeys(pick_metrics(m)))
+    return list(seen)
+
+
+def launch_spec(storage: Storage, name: str) -> dict[str, Any]:
+    """The spec of the run's latest launch (run.json's first spec before any launch line)."""
+    starts = [e for e in read_jsonl(storage.read_text(name, "launches.jsonl")) if e.get("event") == "start"]
+    if starts and isinstance(starts[-1].get("spec"), dict):
+        return starts[-1]["spec"]
+    try:
+        return dict(json.loads(storage.read_text(name, "run.json") or "{}").get("spec") or {})
+    except (ValueError, AttributeError):
+        return {}
+
+
+def differing(specs: dict[str, dict[str, Any]], always: tuple[str, ...] = ("workload",)) -> list[str]:
+    """The spec keys whose values differ between the runs (and ``always``), in the spec's order;
+    the run name and storage are left out: they differ by definition."""
+    keys: dict[str, None] = dict.fromkeys(always)
+    for spec in specs.values():
+        keys.update(dict.fromkeys(spec))
+    return [k for k in keys if k not in ("name", "storage") and
+            (k in always or len({json.dumps(s.get(k), sort_keys=True, default=str) for s in specs.values()}) > 1)]
+
+
+def format_comparison(runs: dict[str, RunRow], specs: dict[str, dict[str, Any]]) -> str:
+    """Params that differ and final metrics, one column per run."""
+    names = list(runs)
+    rows = [["", *names]]
+    rows += [[k, *(_short(specs[n].get(k)) for n in names)] for k in differing(specs)]
+    metrics: dict[str, None] = {}
+    for r in runs.values():
+        metrics.update(dict.fromkeys(r.metrics))
+    rows += [[m, *(format_value(runs[n].metrics[m]) if m in runs[n].metrics else "-" for n in names)]
+             for m in metrics]
+    rows += [["status", *(str(runs[n].status) for n in names)], ["epochs", *(str(runs[n].epochs) for n in names)],
+             ["wall", *(f"{runs[n].wall_s:.0f}s" for n in names)]]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
+
+
+def _short(value: Any) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 40 else text[:37] + "..."

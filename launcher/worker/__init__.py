@@ -21,4 +21,5 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "configure_tensorflow": "launcher.worker.tf_loop",
     "export": "launcher.worker.export",
     "GlobalOrder": "launcher.worker.order",
+    "StepClock": "launcher.worker.timing",
 })

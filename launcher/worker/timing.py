@@ -4,7 +4,8 @@ Each rank adds up, per epoch, the seconds of its training time spent in each pha
 
 * ``data``       waiting for the next batch (the loader's ``next``);
 * ``sync``       waiting for the gradients of the other ranks: from the moment this rank's
-                 last gradient was computed (a post-accumulate-grad hook on the parameters)
+                 last gradient was computed (a post-accumulate-grad hook on the parameters;
+                 after the first updates only on those whose gradient came last)
                  to the start of the optimizer's update (its step pre-hook; for Horovod, the
                  end of ``synchronize``). Only where the backend lets it be told apart (torch
                  with DDP or Horovod); elsewhere it is part of compute;
@@ -26,6 +27,7 @@ more than :data:`STRAGGLER_FACTOR` times the ranks' median.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -34,10 +36,12 @@ import numpy as np
 PHASES = ("data", "compute", "sync", "optimizer", "checkpoint", "notice")
 MEASURED = ("sync", "optimizer", "checkpoint", "notice")  # data is the loader's; compute the rest
 STRAGGLER_FACTOR = 1.2
+LEARN_UPDATES = 3  # updates watched on every parameter before the hooks stay on the last ones only
 WORDS = {"data": "waiting for data", "compute": "computing", "sync": "synchronising gradients",
          "optimizer": "in the optimizer step", "checkpoint": "checkpointing",
          "notice": "checking for preemption notices"}
 SHARE_KEYS = tuple(f"time_{p}" for p in PHASES)  # a report's share of training time per phase
+HOOKS_ENV = "LAUNCHER_STEP_HOOKS"  # "0": no gradient and optimizer hooks (sync and optimizer count as compute)
 
 
 class StepClock:
@@ -49,6 +53,11 @@ class StepClock:
         self._ready: float | None = None    # this rank's last gradient was computed
         self._update: float | None = None   # the optimizer's update began
         self._handles: list[Any] = []
+        self.hooks = os.environ.get(HOOKS_ENV, "1") != "0"
+        self._grad_hooks: dict[int, Any] = {}  # id of a parameter -> its hook's handle
+        self._last_param: int | None = None   # the parameter whose gradient came last
+        self._lasts: set[int] = set()
+        self._learning = LEARN_UPDATES
 
     def add(self, phase: str, seconds: float) -> None:
         self.seconds[phase] += seconds
@@ -64,14 +73,19 @@ class StepClock:
     def watch_gradients(self, module) -> None:
         """Note when each of ``module``'s gradients is computed (the last one marks the end of
         this rank's backward pass; DDP waits for the other ranks after it)."""
+        if not self.hooks:
+            return
         for p in module.parameters():
-            if p.requires_grad:
-                self._handles.append(p.register_post_accumulate_grad_hook(self._grad_done))
+            if p.requires_grad and id(p) not in self._grad_hooks:
+                self._grad_hooks[id(p)] = p.register_post_accumulate_grad_hook(self._grad_done)
+        self._learning = LEARN_UPDATES
 
     def watch_optimizer(self, optimizer) -> None:
         """Time ``optimizer``'s update; with Horovod's optimizer, whose ``step`` synchronises
         first, the update starts when ``synchronize`` returns (both hooks run twice there: around
         Horovod's step and around the update inside it)."""
+        if not self.hooks:
+            return
         self._handles.append(optimizer.register_step_pre_hook(self._update_begins))
         self._handles.append(optimizer.register_step_post_hook(self._update_done))
         synchronize = getattr(optimizer, "synchronize", None)
@@ -83,8 +97,10 @@ class StepClock:
 
             optimizer.synchronize = timed_synchronize
 
-    def _grad_done(self, _param) -> None:
+    def _grad_done(self, param) -> None:
         self._ready = time.perf_counter()
+        if self._learning:
+            self._last_param = id(param)
 
     def _update_begins(self, *_args) -> None:
         self._update = time.perf_counter()
@@ -97,6 +113,12 @@ class StepClock:
             self.seconds["sync"] += self._update - self._ready
         self.seconds["optimizer"] += now - self._update
         self._ready = self._update = None
+        if self._learning and self._last_param is not None:
+            self._lasts.add(self._last_param)
+            self._learning -= 1
+            if not self._learning:  # a hook per parameter costs a call each: keep those that came last
+                for key in [k for k in self._grad_hooks if k not in self._lasts]:
+                    self._grad_hooks.pop(key).remove()
 
     def step_done(self) -> None:
         """A step ended: a gradient computed without an update (accumulation, a skipped fp16
@@ -104,9 +126,10 @@ class StepClock:
         self._update = None
 
     def close(self) -> None:
-        for handle in self._handles:
+        for handle in [*self._handles, *self._grad_hooks.values()]:
             handle.remove()
-        self._handles = []
+        self._handles, self._grad_hooks = [], {}
+        self._lasts, self._last_param = set(), None
 
 
 def own_row(data_s: float, clock: StepClock, seconds: float) -> list[float]:

@@ -13,6 +13,7 @@ TensorBoard, and sums them up per rank in the summary and ``launcher runs NAME``
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -21,14 +22,16 @@ import psutil
 import pynvml
 
 from launcher.summary import USAGE_FIELDS  # what a sample holds, in order
+from launcher.worker.timing import HOOKS_ENV
 
 INTERVAL_S = 5.0
 INTERVAL_ENV = "LAUNCHER_USAGE_S"
 
 
 def worker_env() -> dict[str, str]:
-    """The driver's ``LAUNCHER_USAGE_S``, passed on to the workers."""
-    return {INTERVAL_ENV: os.environ[INTERVAL_ENV]} if INTERVAL_ENV in os.environ else {}
+    """The driver's settings of what workers measure (``LAUNCHER_USAGE_S``, and
+    ``LAUNCHER_STEP_HOOKS`` of :mod:`launcher.worker.timing`), passed on to them."""
+    return {k: os.environ[k] for k in (INTERVAL_ENV, HOOKS_ENV) if k in os.environ}
 
 
 def interval_s() -> float:
@@ -48,7 +51,8 @@ class Sampler:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._last = (time.monotonic(), self._cpu_seconds())
-        self._gpu = _Gpu.open()
+        self._gpu: _Gpu | None = None
+        self._gpu_looked = False  # NVML opened, or found to have nothing for this worker
         self._thread: threading.Thread | None = None
 
     def start(self) -> "Sampler":
@@ -80,6 +84,8 @@ class Sampler:
         (then, before), self._last = self._last, (now, cpu)
         pct = 100.0 * max(0.0, cpu - before) / (now - then) if now > then else 0.0
         rss = sum(_quiet(lambda p: p.memory_info().rss, p) for p in self._tree()) / 2**20
+        if not self._gpu_looked:
+            self._gpu, self._gpu_looked = _Gpu.open()
         gpu_pct, gpu_mb = self._gpu.read() if self._gpu is not None else (0.0, 0.0)
         return [round(time.time(), 2), round(pct, 1), round(rss, 1), round(gpu_pct, 1), round(gpu_mb, 1)]
 
@@ -111,17 +117,25 @@ class _Gpu:
         self.nvml, self.handle, self.pid = nvml, handle, os.getpid()
 
     @classmethod
-    def open(cls) -> "_Gpu | None":
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    def open(cls) -> "tuple[_Gpu | None, bool]":
+        """(the GPU, whether to stop looking). Ray gives a GPU worker CUDA_VISIBLE_DEVICES (and a
+        CPU worker an empty one); without it, the device torch chose, once torch has set CUDA up."""
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is None:
+            cuda = getattr(sys.modules.get("torch"), "cuda", None)
+            if cuda is None or not cuda.is_initialized():
+                return None, False  # not yet: look again at the next sample
+            visible = str(cuda.current_device())
+        visible = visible.split(",")[0].strip()
         if not visible or visible in ("-1", "NoDevFiles"):
-            return None
+            return None, True
         try:
             pynvml.nvmlInit()
             handle = (pynvml.nvmlDeviceGetHandleByUUID(visible) if visible.startswith("GPU-")
                       else pynvml.nvmlDeviceGetHandleByIndex(int(visible)))
-            return cls(pynvml, handle)
+            return cls(pynvml, handle), True
         except Exception:  # noqa: BLE001 - no NVML (no driver, no GPU): CPU figures only
-            return None
+            return None, True
 
     def read(self) -> tuple[float, float]:
         n = self.nvml

@@ -1,0 +1,157 @@
+"""What ``launcher runs`` shows beyond the table: runs side by side (``--compare``) and plots of
+a run's metrics, of where its time went and of its workers' usage (``--plot``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from launcher.cli.options import EXIT_OK
+from launcher.cli.runs import TIME, USAGE
+from launcher.errors import UserError
+from launcher.storage import Storage
+from launcher.storage.runlog import read_jsonl
+from launcher.storage.runs import describe_run, format_comparison, launch_spec, metric_rows, plottable, series
+from launcher.summary import USAGE_FIELDS
+from launcher.worker.timing import PHASES, SHARE_KEYS, WORDS
+
+
+
+def run_named(storage: Storage, name: str):
+    run = describe_run(storage, name)
+    if run is None:
+        raise UserError(f"no run {name} under {storage.uri}",
+                        "`launcher runs` lists the runs there; --storage names another root")
+    return run
+
+
+def compare(storage: Storage, names: list[str], args: argparse.Namespace) -> int:
+    names = list(dict.fromkeys(names))
+    if len(names) < 2:
+        raise UserError(f"--compare needs two runs or more, got {len(names)}", "name them: --compare RUN_A RUN_B")
+    runs = {n: run_named(storage, n) for n in names}
+    if any(r.kind == "tuning" for r in runs.values()):
+        raise UserError("--compare takes runs, not tuning runs", "compare a tuning run's trials by their names")
+    specs = {n: launch_spec(storage, n) for n in names}
+    if args.json:
+        print(json.dumps({n: {"spec": specs[n], **runs[n].to_json()} for n in names}, indent=1))
+        return EXIT_OK
+    print(format_comparison(runs, specs))
+    rows = {n: metric_rows(storage, n) for n in names}
+    metric = args.plot or _default_metric(rows)
+    if metric is None:
+        print("no metric to plot: the runs reported none yet")
+        return EXIT_OK
+    print(f"wrote {plot_metric(rows, metric, args.out or f'compare-{metric}.png')}")
+    return EXIT_OK
+
+
+def _default_metric(rows: dict[str, list]) -> str | None:
+    for name in ("loss", "val_loss", "train_loss"):
+        if any(series(r, name) for r in rows.values()):
+            return name
+    return next((m for r in rows.values() for m in plottable(r)), None)
+
+
+def plot_run(storage: Storage, name: str, metric: str, out: str | None) -> str:
+    out = out or f"{name}-{metric}.png"
+    if metric == TIME:
+        return plot_time(metric_rows(storage, name), name, out)
+    if metric == USAGE:
+        return plot_usage(read_jsonl(storage.read_text(name, "usage.jsonl")), name, out)
+    return plot_metric({name: metric_rows(storage, name)}, metric, out)
+
+
+def _figure(nrows: int = 1):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(nrows=nrows, figsize=(7.5, 2.4 + 2.2 * nrows), squeeze=False)
+
+
+def _save(fig, out: str) -> str:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    try:
+        fig.savefig(out, dpi=110)
+    except OSError as exc:
+        raise UserError(f"--out {out}: cannot write the plot ({exc.strerror or exc})",
+                        "give a path in a folder you can write to") from None
+    finally:
+        plt.close(fig)
+    return out
+
+
+def plot_metric(rows: dict[str, list], metric: str, out: str) -> str:
+    """METRIC over the steps, one line per run."""
+    drawn = {n: series(r, metric) for n, r in rows.items()}
+    if not any(drawn.values()):
+        known = sorted({m for r in rows.values() for m in plottable(r)})
+        raise UserError(f"--plot {metric}: no run here reported {metric}",
+                        f"plot one of: {', '.join(known) or '(none reported yet)'}, or '{TIME}' or '{USAGE}'")
+    fig, axes = _figure()
+    ax = axes[0][0]
+    for name, points in drawn.items():
+        if points:
+            ax.plot([s for s, _ in points], [v for _, v in points], marker="o", markersize=3, label=name)
+    ax.set_xlabel("step")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric} over the steps")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    return _save(fig, out)
+
+
+def plot_time(rows: list, name: str, out: str) -> str:
+    """Each epoch's training time by phase (stacked shares), and the straggler's factor."""
+    epochs = [m for m in rows if m.get("kind") == "epoch" and isinstance(m.get(SHARE_KEYS[0]), (int, float))]
+    if not epochs:
+        raise UserError(f"--plot {TIME}: run {name} has no epoch with a time breakdown",
+                        "runs of your own loop, the managed loops and Keras' fit report one at each epoch's end")
+    fig, axes = _figure()
+    ax = axes[0][0]
+    steps = [int(m["global_step"]) for m in epochs]
+    labels = [str(s) for s in steps]
+    bottom = [0.0] * len(epochs)
+    for phase, key in zip(PHASES, SHARE_KEYS):
+        values = [100 * float(m.get(key) or 0.0) for m in epochs]
+        ax.bar(labels, values, bottom=bottom, label=f"{phase} ({WORDS[phase]})")
+        bottom = [b + v for b, v in zip(bottom, values)]
+    for label, m in zip(labels, epochs):
+        if isinstance(m.get("straggler_rank"), int):
+            ax.annotate(f"rank {m['straggler_rank']} {m['straggler_factor']:.1f}x", (label, 101), ha="center",
+                        fontsize=7)
+    ax.set_ylim(0, 112)
+    ax.set_xlabel("epoch's last step")
+    ax.set_ylabel("% of training time (mean over ranks)")
+    ax.set_title(f"run {name}: where each epoch's time went")
+    ax.legend(fontsize=7, loc="lower left", ncol=2)
+    return _save(fig, out)
+
+
+def plot_usage(samples: list, name: str, out: str) -> str:
+    """Each worker's CPU % and RSS over wall time (and its GPU where one was used)."""
+    ranks = sorted({int(u["rank"]) for u in samples if isinstance(u.get("rank"), int)})
+    if not ranks:
+        raise UserError(f"--plot {USAGE}: run {name} has no usage samples (usage.jsonl)",
+                        "workers sample every 5 s (LAUNCHER_USAGE_S); a run shorter than that has none")
+    gpu = any(float(u.get("gpu_pct") or 0) or float(u.get("gpu_mb") or 0) for u in samples)
+    figures = [f for f in USAGE_FIELDS[1:] if gpu or not f.startswith("gpu")]
+    fig, axes = _figure(len(figures))
+    start = min(float(u["time"]) for u in samples)
+    for ax, field in zip((a[0] for a in axes), figures):
+        for rank in ranks:
+            mine = [u for u in samples if u.get("rank") == rank]
+            ax.plot([float(u["time"]) - start for u in mine], [float(u.get(field) or 0) for u in mine],
+                    label=f"rank {rank}")
+        ax.set_ylabel({"cpu_pct": "CPU % of a core", "rss_mb": "RSS (MB)", "gpu_pct": "GPU %",
+                       "gpu_mb": "GPU memory (MB)"}[field])
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_title(f"run {name}: each worker over time")
+    axes[0][0].legend(fontsize=7)
+    axes[-1][0].set_xlabel("seconds since the first sample")
+    return _save(fig, out)
