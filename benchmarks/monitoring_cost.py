@@ -20,6 +20,7 @@ the blocks' step rates.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -55,8 +56,6 @@ def ratios(pairs: list[tuple[float, float]]) -> list[float]:
 
 def _model(name: str):
     """(model, a batch maker, a loss) of the digits MLP or the char_lm transformer at its defaults."""
-    import importlib.util
-
     import torch
     import torch.nn.functional as F
 
@@ -77,8 +76,6 @@ def _model(name: str):
 
 def in_process(name: str, blocks: int, steps: int) -> list[dict]:
     """Alternating blocks of ``steps`` training steps with the clock on and off; one row per pair."""
-    import time
-
     import torch
 
     torch.set_num_threads(1)

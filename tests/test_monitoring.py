@@ -253,3 +253,12 @@ def test_runs_plot_draws_a_metric_the_time_breakdown_and_the_workers_usage(tmp_p
     code, out, _ = run_cli(capsys, "runs", "r", "--storage", str(tmp_path))
     assert "time: compute 50.0%, data 40.0%, sync 10.0% (the last launch)" in out, out
     assert "rank 1: CPU 89% mean, 89% peak; RSS 402 MB mean, 403 MB peak (4 samples)" in out, out
+
+
+def test_the_cost_benchmark_times_steps_with_the_clock_and_without():
+    from benchmarks.monitoring_cost import in_process, ratios
+
+    rows = in_process("digits", 2, 5)
+    assert [r["pair"] for r in rows] == [1, 2]
+    assert all(r["on_steps_per_s"] > 10 and r["off_steps_per_s"] > 10 and 0.2 < r["ratio"] < 5 for r in rows), rows
+    assert ratios([(90.0, 100.0), (5.0, 0.0)])[0] == 0.9

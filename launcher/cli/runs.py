@@ -12,9 +12,6 @@ from launcher.errors import UserError
 from launcher.storage import Storage
 from launcher.storage.uri import DEFAULT_STORAGE, normalize_storage
 
-TIME = "time"    # --plot time: where each epoch's training time went (launcher.cli.runviews)
-USAGE = "usage"  # --plot usage: each worker's CPU and memory over the run
-
 
 def add_parsers(sub) -> None:
     runs = sub.add_parser("runs", help="list the runs under a storage root, show one run, or compare runs")
@@ -26,8 +23,8 @@ def add_parsers(sub) -> None:
                       help="these runs side by side: the parameters that differ and the final metrics, "
                            "and a plot of --plot METRIC (default: the loss) over the steps")
     runs.add_argument("--plot", metavar="METRIC",
-                      help=f"draw METRIC over the steps (NAME or --compare) to a PNG; '{TIME}': where each "
-                           f"epoch's time went; '{USAGE}': each worker's CPU and memory")
+                      help="draw METRIC over the steps (NAME or --compare) to a PNG; 'time': where each "
+                           "epoch's time went; 'usage': each worker's CPU and memory (launcher.cli.runviews)")
     runs.add_argument("--out", metavar="PNG", help="where the plot goes (default: NAME-METRIC.png here)")
     runs.add_argument("--json", action="store_true")
 

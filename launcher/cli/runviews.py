@@ -7,13 +7,15 @@ import argparse
 import json
 
 from launcher.cli.options import EXIT_OK
-from launcher.cli.runs import TIME, USAGE
 from launcher.errors import UserError
 from launcher.storage import Storage
 from launcher.storage.runlog import read_jsonl
 from launcher.storage.runs import describe_run, format_comparison, launch_spec, metric_rows, plottable, series
 from launcher.summary import USAGE_FIELDS
 from launcher.worker.timing import PHASES, SHARE_KEYS, WORDS
+
+TIME = "time"    # --plot time: where each epoch's training time went
+USAGE = "usage"  # --plot usage: each worker's CPU and memory over the run
 
 
 
