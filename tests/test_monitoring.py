@@ -262,3 +262,83 @@ def test_the_cost_benchmark_times_steps_with_the_clock_and_without():
     assert [r["pair"] for r in rows] == [1, 2]
     assert all(r["on_steps_per_s"] > 10 and r["off_steps_per_s"] > 10 and 0.2 < r["ratio"] < 5 for r in rows), rows
     assert ratios([(90.0, 100.0), (5.0, 0.0)])[0] == 0.9
+
+
+# -- launcher logs --------------------------------------------------------------------------------
+
+def test_logs_show_each_ranks_output_prefixed_and_filtered(tmp_path, capsys):
+    import io
+
+    from launcher.cli.runviews import show_logs
+    from launcher.storage import Storage
+    from launcher.worker.ranklog import RankLog
+
+    _logged_run(tmp_path, "r", 0.01, [0.5])
+    for rank in (0, 1):
+        log = RankLog(str(tmp_path), "r", 1, rank).start()
+        print(f"hello from rank {rank}")
+        if rank == 1:
+            try:
+                1 / 0
+            except ZeroDivisionError:
+                log.failed()
+        log.close()
+    storage = Storage.resolve(str(tmp_path))
+    out = io.StringIO()
+    show_logs(storage, "r", out=out)
+    text = out.getvalue()
+    assert "[rank 0] hello from rank 0" in text and "[rank 1] hello from rank 1" in text, text
+    assert "[rank 1] ZeroDivisionError: division by zero" in text and "=== rank 0, worker group started" in text
+    out = io.StringIO()
+    show_logs(storage, "r", rank=1, out=out)
+    assert "rank 0" not in out.getvalue() and "ZeroDivisionError" in out.getvalue()
+    capsys.readouterr()
+    for argv, needle in ((["--rank", "5"], "has output of rank(s) 0, 1"), (["--launch", "3"], "launch(es) 1"),
+                         ([], None)):
+        code, out_text, err = run_cli(capsys, "logs", "r", "--storage", str(tmp_path), *argv)
+        assert (code, needle is None or needle in err) == (0 if needle is None else 2, True), err
+    code, _, err = run_cli(capsys, "logs", "nope", "--storage", str(tmp_path))
+    assert code == 2 and "no run nope" in err
+    _logged_run(tmp_path, "old", 0.01, [0.5])
+    code, _, err = run_cli(capsys, "logs", "old", "--storage", str(tmp_path))
+    assert code == 2 and "has no worker output" in err
+
+
+FAILS = '''
+import torch
+
+
+def train(session):
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = session.prepare(model, optimizer)
+    session.register(model=model, optimizer=optimizer)
+    loader = session.loader([torch.ones(2)] * 32, batch_size=4)
+    print(f"rank {session.rank} starts", flush=True)
+    for epoch in session.epochs():
+        for i, x in enumerate(loader):
+            loss = model(x).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            session.step(train_loss=loss)
+            if session.rank == 1 and i == 2:
+                print("rank 1 is about to divide", flush=True)
+                1 / 0
+'''
+
+
+@pytest.mark.integration
+def test_launcher_logs_shows_the_traceback_of_the_rank_that_failed(ray_local, capsys, elsewhere, tmp_path):
+    path = write(elsewhere, FAILS)
+    runs = str(tmp_path / "runs")
+    code, _, err = run_cli(capsys, "run", "--workload", f"{path}:train", "--workers", "2", "--epochs", "1",
+                           "--max-failures", "0", "--storage", runs, "--name", "fails")
+    assert code == 1, err
+    code, out, err = run_cli(capsys, "logs", "fails", "--storage", runs, "--rank", "1")
+    assert code == 0, err
+    assert "[rank 1] rank 1 starts" in out and "[rank 1] rank 1 is about to divide" in out, out
+    assert "[rank 1] ZeroDivisionError: division by zero" in out and "[rank 0]" not in out, out
+    assert "1 / 0" in out, out  # the user's line, in the traceback
+    code, out, _ = run_cli(capsys, "logs", "fails", "--storage", runs)
+    assert "[rank 0] rank 0 starts" in out and "[rank 1] rank 1 starts" in out, out

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
 from launcher import _ray
 from launcher.cli.options import (EXIT_CANCELLED, EXIT_OK, add_program_flags, add_run_flags, add_verbose,
                                   program_from_args, program_spec, spec_from_args, wants_job_dir)
+from launcher.storage import Storage
+from launcher.storage.uri import DEFAULT_STORAGE, normalize_storage
 
 ADDRESS_HELP = ("the head's dashboard (Ray job API), e.g. http://127.0.0.1:8265; "
                 "default RAY_API_SERVER_ADDRESS, else RAY_ADDRESS")
@@ -42,11 +45,17 @@ def add_parsers(sub) -> None:
     _address(st)
     st.add_argument("--json", action="store_true", help="Ray's full job details as one JSON object")
 
-    lg = sub.add_parser("logs", help="a submitted job's output (--follow: stream it until the job ends)")
-    lg.add_argument("job_id", metavar="JOB")
+    lg = sub.add_parser("logs", help="a run's output, every rank's (NAME), or a submitted job's driver (JOB); "
+                        "--follow streams it until the run or job ends")
+    lg.add_argument("job_id", metavar="NAME|JOB", help="a run's name (its ranks' output, kept in its storage), or "
+                    "the job id `launcher submit` printed (launcher-NAME: the job's driver output)")
     _address(lg)
     lg.add_argument("--follow", "-f", action="store_true",
-                    help="stream until the job ends, then exit 0 if it SUCCEEDED, 1 if FAILED, 130 if STOPPED")
+                    help="stream until the run's launch or the job ends (a job: then exit 0 if it SUCCEEDED, "
+                         "1 if FAILED, 130 if STOPPED)")
+    lg.add_argument("--storage", default=DEFAULT_STORAGE, help=f"a run's storage root (default {DEFAULT_STORAGE})")
+    lg.add_argument("--rank", type=int, metavar="R", help="a run: this rank's output only")
+    lg.add_argument("--launch", type=int, metavar="N", help="a run: its Nth launch (default: the last with output)")
 
     sp = sub.add_parser("stop", help="stop a submitted job (the run writes its summary; the same --name resumes)")
     sp.add_argument("job_id", metavar="JOB")
@@ -148,6 +157,13 @@ def format_status(d: dict[str, Any]) -> str:
 def cmd_logs(args: argparse.Namespace) -> int:
     from launcher.driver import jobs as submit
 
+    storage = Storage.resolve(normalize_storage(args.storage))
+    cluster = args.job_server or os.environ.get("RAY_API_SERVER_ADDRESS") or os.environ.get("RAY_ADDRESS")
+    if args.job_server is None and (storage.read_text(args.job_id, "run.json") is not None or not cluster):
+        # A run of that name (or no cluster to ask for a job): its ranks' output, from its storage.
+        from launcher.cli.runviews import show_logs
+
+        return show_logs(storage, args.job_id, rank=args.rank, launch=args.launch, follow=args.follow)
     _quiet_ray(args.verbose)
     if args.follow:
         return _follow(submit, args.job_server, args.job_id)

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import sys
+import time
 
 from launcher.cli.options import EXIT_OK
 from launcher.errors import UserError
@@ -157,3 +160,77 @@ def plot_usage(samples: list, name: str, out: str) -> str:
     axes[0][0].legend(fontsize=7)
     axes[-1][0].set_xlabel("seconds since the first sample")
     return _save(fig, out)
+
+
+# -- launcher logs ------------------------------------------------------------------------------
+
+LOG_NAME = re.compile(r"^(?P<started>\d{8}-\d{6})-(?P<id>[0-9a-f]+)-rank(?P<rank>\d+)\.log$")
+
+
+def log_files(storage: Storage, name: str, launch: int | None) -> tuple[int, list[tuple[str, int]]]:
+    """(the launch, its rank logs as (file, rank) in the order their worker groups started)."""
+    if storage.read_text(name, "run.json") is None:
+        raise UserError(f"no run {name} under {storage.uri}",
+                        "`launcher runs` lists the runs there; --storage names another root; a job's driver "
+                        "output: its id (`launcher jobs` lists them) and --address")
+    launches = sorted(int(d[len("launch"):]) for d in storage.list_dirs(name, "logs")
+                      if d.startswith("launch") and d[len("launch"):].isdigit())
+    if not launches:
+        raise UserError(f"run {name} has no worker output in {storage.uri_of(name, 'logs')}",
+                        "runs keep it from this version on; a run's earlier launches and --script/--package "
+                        "programs' output are in Ray's logs (`launcher run --verbose` shows them)")
+    if launch is None:
+        launch = launches[-1]
+    elif launch not in launches:
+        raise UserError(f"--launch {launch}: run {name} has worker output of launch(es) "
+                        f"{', '.join(map(str, launches))}", "give one of those")
+    files = []
+    for file in storage.list_files(name, "logs", f"launch{launch}"):
+        m = LOG_NAME.match(file)
+        if m:
+            files.append((m.group("started"), int(m.group("rank")), file))
+    return launch, [(file, rank) for _, rank, file in sorted(files)]
+
+
+def launch_ended(storage: Storage, name: str, launch: int) -> bool:
+    return any(e.get("event") == "end" and e.get("launch") == launch
+               for e in read_jsonl(storage.read_text(name, "launches.jsonl")))
+
+
+def show_logs(storage: Storage, name: str, rank: int | None = None, launch: int | None = None,
+              follow: bool = False, out=None, poll_s: float = 1.0) -> int:
+    """Print each rank's output of the launch, every line prefixed with its rank; ``follow``:
+    then the new output as it comes, until the launch has ended."""
+    out = out or sys.stdout
+    launch, files = log_files(storage, name, launch)
+    if rank is not None and files and rank not in {r for _, r in files}:
+        raise UserError(f"--rank {rank}: launch {launch} of run {name} has output of rank(s) "
+                        f"{', '.join(map(str, sorted({r for _, r in files})))}", "give one of those")
+    shown: dict[str, int] = {}
+
+    def show_new(whole: bool) -> bool:
+        new = False
+        for file, r in log_files(storage, name, launch)[1]:
+            if rank is not None and r != rank:
+                continue
+            text = storage.read_text(name, "logs", f"launch{launch}", file) or ""
+            end = len(text) if whole else text.rfind("\n") + 1  # a line being written waits for its end
+            if end > shown.get(file, 0):
+                for line in text[shown.get(file, 0):end].splitlines():
+                    out.write(f"[rank {r}] {line}\n")
+                shown[file] = end
+                new = True
+        out.flush()
+        return new
+
+    show_new(whole=not follow)
+    try:
+        while follow:
+            ended = launch_ended(storage, name, launch)
+            time.sleep(poll_s)
+            if not show_new(whole=ended) and ended:
+                break
+    except KeyboardInterrupt:
+        pass
+    return EXIT_OK
+

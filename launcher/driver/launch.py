@@ -213,7 +213,7 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
                                 keep_checkpoints=spec.keep_checkpoints,
                                 callbacks=[channel.forwarder, channel.states])
     loop_config = {"spec": spec.to_dict(), "resume": resume, "env": {**gcs.worker_env(), **usage.worker_env()},
-                   "board": channel.board, "notices": trainer.notices_possible()}
+                   "board": channel.board, "notices": trainer.notices_possible(), "launch": tracker.log.launch}
     if workloads.is_ray_train(spec.workload):
         loop_config["user_config"] = workloads.function.ray_config(spec)
     ray_trainer = backends.get(spec.backend).trainer(spec, train_loop_per_worker, loop_config,

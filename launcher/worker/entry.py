@@ -20,14 +20,40 @@ from typing import Any
 import workloads
 from launcher import backends, faultpoint
 from launcher.spec import JobSpec
+from launcher.worker.ranklog import RankLog
 
 
 def train_loop_per_worker(config: dict[str, Any]) -> None:
-    """Join the backend's workers, build the framework's training state, restore, train."""
+    """Join the backend's workers, build the framework's training state, restore, train; this
+    rank's output is copied to the run's storage as it goes (launcher.worker.ranklog)."""
     started = time.time()
     os.environ.update(config.get("env", {}))
-    faultpoint.pause("workers-start")
     spec = JobSpec(**config["spec"])
+    log = _rank_log(spec, config)
+    try:
+        _train(spec, config, started)
+    except Exception:
+        if log is not None:
+            log.failed()
+        raise
+    finally:
+        if log is not None:
+            log.close()
+
+
+def _rank_log(spec: JobSpec, config: dict[str, Any]) -> RankLog | None:
+    import ray.train
+
+    try:
+        return RankLog(spec.storage, spec.name, config.get("launch"), ray.train.get_context().get_world_rank()).start()
+    except Exception as exc:  # noqa: BLE001 - storage refusing the log's file: train without it
+        print(f"launcher: this rank's output is not copied to the run's storage ({type(exc).__name__}: {exc})",
+              flush=True)
+        return None
+
+
+def _train(spec: JobSpec, config: dict[str, Any], started: float) -> None:
+    faultpoint.pause("workers-start")
     backend = backends.get(spec.backend)
     if spec.framework == "tensorflow":
         from launcher.worker.tf_loop import configure_tensorflow

@@ -41,6 +41,7 @@ from launcher.spec import JobSpec
 from launcher.storage import Storage
 from launcher.storage.checkpoint import MANIFEST, Manifest, complete_checkpoints, newest_complete, write_manifest
 from launcher.storage.datacache import local_data
+from launcher.worker import ranklog
 from launcher.worker.order import GlobalOrder
 from launcher.worker.timing import StepClock
 from launcher.worker.usage import Sampler
@@ -229,6 +230,7 @@ class Session(abc.ABC):
             metrics["usage"] = self.usage.take()
         if not checkpoint:
             ray.train.report(metrics)
+            ranklog.store_now()
             return
         started = time.perf_counter()
         final = self.pos.epoch >= self.spec.epochs and not self.pos.step_in_epoch
@@ -250,6 +252,7 @@ class Session(abc.ABC):
                              checkpoint_upload_fn=self.upload_fn() if background else None)
             if not background:
                 self.saved_step = self.pos.global_step
+            ranklog.store_now()
         finally:
             if not background:  # Ray deletes a background upload's folder once it is stored
                 shutil.rmtree(d, ignore_errors=True)
