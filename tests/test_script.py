@@ -142,6 +142,10 @@ def test_horovodrun_style_script_runs_on_every_rank_and_a_failure_propagates(ray
     assert "[rank 1] failing on purpose" in err and "[rank" not in out  # progress, not the summary
     assert code == 3, out + err  # rank 1's exit status
     assert "error: rank 1 exited with status 3" in err
+    # the ranks' output is kept in the run's storage too: `launcher logs NAME`, one rank's alone
+    assert main(["logs", "hvd", "--storage", str(tmp_path / "runs"), "--rank", "1"]) == 0
+    shown = capsys.readouterr().out
+    assert "[rank 1] failing on purpose" in shown and "[rank 1] second line" in shown and "[rank 0]" not in shown
 
 
 TORCHRUN_SCRIPT = textwrap.dedent("""

@@ -19,6 +19,7 @@ import contextlib
 import hashlib
 import json
 import os
+import stat
 import time
 from typing import Callable, Iterator
 
@@ -157,9 +158,13 @@ class ShardCache:
 
     # -- fetching -----------------------------------------------------------------------------
     def present(self, n: int) -> bool:
-        info = self.index.shards[n]
-        path = self.path(n)
-        return os.path.isfile(path) and os.path.getsize(path) == info.bytes
+        """Whether shard ``n`` is here whole. One ``stat``: asked without the lock (while waiting for
+        another rank's download), the file can be evicted between two looks."""
+        try:
+            st = os.stat(self.path(n))
+        except FileNotFoundError:
+            return False
+        return stat.S_ISREG(st.st_mode) and st.st_size == self.index.shards[n].bytes
 
     def fetch(self, n: int, wait: bool = True) -> bool:
         """Make shard ``n`` present: downloaded by this process, or waited for while another one

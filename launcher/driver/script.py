@@ -30,7 +30,7 @@ from launcher.driver.program import Program, check_container
 from launcher.driver.progress import Progress
 from launcher.errors import UserError
 from launcher.storage import gcs
-from launcher.storage.runlog import read_jsonl
+from launcher.storage.runlog import ProgramLines, read_jsonl
 from launcher.summary import Interruption, Preempting, Restart, RunStatus, RunSummary, program_epochs, program_metrics
 from launcher.worker import deps, vertex
 from launcher.worker.script import program_folder, script_worker
@@ -224,20 +224,29 @@ def _run(spec, program: Program, program_config: dict[str, Any], args: list[str]
     outcome = Outcome(out)
     restarts: list[Restart] = []
     log_failed = False
+    ranks_said = ProgramLines(log)  # the ranks' output in the run's logs/ (launcher logs NAME)
+
+    def record(write) -> None:
+        nonlocal log_failed
+        try:
+            write()
+        except OSError as exc:
+            if not log_failed:
+                log_failed = True
+                progress.note(f"cannot write the run log ({exc.strerror or type(exc).__name__}); "
+                              "the program goes on")
 
     def drain() -> None:
-        nonlocal log_failed
         for event in ray.get(sink.take.remote()):
+            if event.get("lines"):
+                ranks_said.add(event.get("attempt", ""), int(event["rank"]), event["lines"])
+            if event.get("usage"):
+                record(lambda: log.record_usage({int(event["rank"]): event["usage"]}))
             for entry in outcome.handle(event):
                 if on_metrics is not None:
                     on_metrics(dict(entry))
-                try:
-                    log.record({"source": "hypertune", **entry}, tensorboard=False)
-                except OSError as exc:
-                    if not log_failed:
-                        log_failed = True
-                        progress.note(f"cannot write the run log ({exc.strerror or type(exc).__name__}); "
-                                      "the program goes on")
+                record(lambda: log.record({"source": "hypertune", **entry}, tensorboard=False))
+        record(ranks_said.flush)
         for event in channel.take():
             if isinstance(event, Preempting):
                 progress.note(f"preemption notice: Ray is draining the node(s) of rank(s) "
@@ -252,6 +261,7 @@ def _run(spec, program: Program, program_config: dict[str, Any], args: list[str]
     finally:
         channel.close()
         ray.kill(sink)
+        record(lambda: ranks_said.flush(force=True))
     return _finish(spec, program, fitted, outcome, restarts, log, progress, started, setup_s)
 
 

@@ -169,6 +169,47 @@ class RunLog:
                                 self.name, "summary.json")
 
 
+def log_folder(launch: int | None) -> str:
+    """The folder under ``<run>/logs/`` that holds a launch's rank logs."""
+    return f"launch{launch}" if launch else "launch0"
+
+
+def rank_log_name(started: float, attempt: str, rank: int) -> str:
+    """A rank log's file name: when its worker group started (UTC), the group, the rank."""
+    return f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime(started))}-{attempt[:6]}-rank{rank}.log"
+
+
+class ProgramLines:
+    """A program run's ranks' output, as the driver receives it, written to the same files a
+    session run's workers write (``<run>/logs/launch<L>/``, one per rank and worker group):
+    at once on a local folder, every :data:`FLUSH_S` seconds on gs:// (each write rewrites the object)."""
+
+    FLUSH_S = 10.0
+
+    def __init__(self, log: RunLog) -> None:
+        self.log = log
+        self._names: dict[tuple[str, int], str] = {}
+        self._waiting: dict[str, list[str]] = {}
+        self._flushed = 0.0
+
+    def add(self, attempt: str, rank: int, lines: list[str]) -> None:
+        key = (attempt, rank)
+        if key not in self._names:
+            self._names[key] = rank_log_name(time.time(), attempt or "0", rank)
+            self._waiting.setdefault(self._names[key], []).append(
+                f"=== rank {rank}, worker group {attempt[:8]}, output as the driver received it ===")
+        self._waiting.setdefault(self._names[key], []).extend(lines)
+
+    def flush(self, force: bool = False) -> None:
+        if not self._waiting or not (force or self.log.storage.is_local or time.monotonic() - self._flushed >= self.FLUSH_S):
+            return
+        self._flushed = time.monotonic()
+        waiting, self._waiting = self._waiting, {}
+        for name, lines in waiting.items():
+            self.log.storage.append_text("".join(f"{line}\n" for line in lines), self.log.name, "logs",
+                                         log_folder(self.log.launch), name)
+
+
 def summary_writer_class():
     """tensorboardX's SummaryWriter, imported without torch where torch is not loaded yet.
 

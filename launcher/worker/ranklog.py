@@ -24,13 +24,10 @@ import uuid
 from typing import TextIO
 
 from launcher.storage import Storage
+from launcher.storage.runlog import log_folder, rank_log_name
 
 STORE_EVERY_S = 10.0  # gs://: the least time between two uploads of a rank's log
 _current: "RankLog | None" = None
-
-
-def log_folder(launch: int | None) -> str:
-    return f"launch{launch}" if launch else "launch0"
 
 
 class _Tee:
@@ -55,8 +52,7 @@ class RankLog:
 
     def __init__(self, storage_uri: str, name: str, launch: int | None, rank: int) -> None:
         self.storage = Storage.resolve(storage_uri)
-        started = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
-        self.parts = (name, "logs", log_folder(launch), f"{started}-{uuid.uuid4().hex[:6]}-rank{rank}.log")
+        self.parts = (name, "logs", log_folder(launch), rank_log_name(time.time(), uuid.uuid4().hex, rank))
         if self.storage.is_local:
             self.path = self.storage.path(*self.parts)
             os.makedirs(os.path.dirname(self.path), exist_ok=True)

@@ -38,6 +38,7 @@ from typing import Any
 
 from launcher import _ray
 from launcher.worker import deps, vertex
+from launcher.worker.usage import Sampler
 
 FLUSH_S = 0.1           # how often a worker ships buffered output lines and checks for a notice
 MAX_BATCH = 500         # and at most this many lines per message
@@ -184,6 +185,7 @@ def script_worker(config: dict[str, Any]) -> None:
                             stdin=subprocess.DEVNULL, env=env, cwd=_cwd(program, folder, config["cwd"]),
                             preexec_fn=_die_with_parent)
     sink.put.remote({"rank": rank, "attempt": attempt, "started": time.time(), "address": addresses[rank]})
+    usage = Sampler().start()  # the program is this worker's child: its CPU and memory count
     lines: list[str] = []
     lock = threading.Lock()
 
@@ -205,6 +207,9 @@ def script_worker(config: dict[str, Any]) -> None:
             batch, lines[:] = lines[:MAX_BATCH], lines[MAX_BATCH:]
         if batch:
             pending.append(sink.put.remote({"rank": rank, "attempt": attempt, "lines": batch}))
+        samples = usage.take()
+        if samples:
+            pending.append(sink.put.remote({"rank": rank, "attempt": attempt, "usage": samples}))
         if rank == 0:
             entries = vertex.read_metrics(metrics_path, last_metric)
             if entries:
@@ -226,6 +231,7 @@ def script_worker(config: dict[str, Any]) -> None:
         ship()
     ship()
     status = proc.returncode
+    usage.stop()
     ray.get(pending + [sink.put.remote({"rank": rank, "attempt": attempt, "exit": status, "time": time.time(),
                                         "preempted": deadline_s is not None})])
     shutil.rmtree(scratch, ignore_errors=True)  # the metrics and notice files: read and shipped
