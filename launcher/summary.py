@@ -448,7 +448,22 @@ def summarise_usage(samples: dict[int, list[list[float]]]) -> list[dict[str, Any
 
 
 def format_usage(per_rank: list[dict[str, Any]]) -> list[str]:
-    """One line per rank for a summary: CPU and memory, mean and peak (and the GPU's)."""
+    """One line per rank for a summary: CPU and memory, mean and peak (and the GPU's); past
+    :data:`MEMORY_RANKS_SHOWN` ranks, one line: the ranks' mean, and the extremes with their rank."""
+    if len(per_rank) > MEMORY_RANKS_SHOWN:
+        def pick(key: str, low: bool = False) -> dict[str, Any]:
+            return (min if low else max)(per_rank, key=lambda u: u.get(key, 0.0))
+
+        idle, big = pick("cpu_pct_mean", low=True), pick("rss_mb_peak")
+        line = (f"usage over {len(per_rank)} ranks: CPU {sum(u['cpu_pct_mean'] for u in per_rank) / len(per_rank):.0f}% "
+                f"mean (least busy: rank {idle['rank']}, {idle['cpu_pct_mean']:.0f}%); RSS peak "
+                f"{big['rss_mb_peak']:,.0f} MB (rank {big['rank']})")
+        gpus = [u for u in per_rank if "gpu_pct_mean" in u]
+        if gpus:
+            low = min(gpus, key=lambda u: u["gpu_pct_mean"])
+            line += (f"; GPU {sum(u['gpu_pct_mean'] for u in gpus) / len(gpus):.0f}% mean (least busy: rank "
+                     f"{low['rank']}, {low['gpu_pct_mean']:.0f}%)")
+        return [line + " (launcher runs NAME --plot usage: each rank over time)"]
     lines = []
     for u in per_rank:
         line = (f"rank {u['rank']}: CPU {u['cpu_pct_mean']:.0f}% mean, {u['cpu_pct_peak']:.0f}% peak; "

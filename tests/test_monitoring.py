@@ -342,3 +342,18 @@ def test_launcher_logs_shows_the_traceback_of_the_rank_that_failed(ray_local, ca
     assert "1 / 0" in out, out  # the user's line, in the traceback
     code, out, _ = run_cli(capsys, "logs", "fails", "--storage", runs)
     assert "[rank 0] rank 0 starts" in out and "[rank 1] rank 1 starts" in out, out
+
+
+def test_usage_is_summed_up_per_rank_and_condensed_for_many_ranks():
+    from launcher.summary import format_usage, summarise_usage
+
+    per_rank = summarise_usage({r: [[0.0, 50.0 + r, 100.0 * (r + 1), 0.0, 0.0], [5.0, 70.0 + r, 150.0, 0.0, 0.0]]
+                                for r in range(2)})
+    assert per_rank[1] == {"rank": 1, "samples": 2, "cpu_pct_mean": 61.0, "cpu_pct_peak": 71.0,
+                           "rss_mb_mean": 175.0, "rss_mb_peak": 200.0}
+    assert format_usage(per_rank)[0] == "rank 0: CPU 60% mean, 70% peak; RSS 125 MB mean, 150 MB peak (2 samples)"
+    many = summarise_usage({r: [[0.0, 90.0 - (r == 7) * 60, 100.0 + r, 40.0, 500.0]] for r in range(16)})
+    lines = format_usage(many)
+    assert len(lines) == 1 and lines[0].startswith("usage over 16 ranks: CPU 86% mean (least busy: rank 7, 30%)"), lines
+    assert "RSS peak 115 MB (rank 15); GPU 40% mean" in lines[0], lines
+
