@@ -455,9 +455,9 @@ def format_usage(per_rank: list[dict[str, Any]]) -> list[str]:
             return (min if low else max)(per_rank, key=lambda u: u.get(key, 0.0))
 
         idle, big = pick("cpu_pct_mean", low=True), pick("rss_mb_peak")
-        line = (f"usage over {len(per_rank)} ranks: CPU {sum(u['cpu_pct_mean'] for u in per_rank) / len(per_rank):.0f}% "
-                f"mean (least busy: rank {idle['rank']}, {idle['cpu_pct_mean']:.0f}%); RSS peak "
-                f"{big['rss_mb_peak']:,.0f} MB (rank {big['rank']})")
+        mean = sum(u["cpu_pct_mean"] for u in per_rank) / len(per_rank)
+        line = (f"usage over {len(per_rank)} ranks: CPU {mean:.0f}% mean (least busy: rank {idle['rank']}, "
+                f"{idle['cpu_pct_mean']:.0f}%); RSS peak {big['rss_mb_peak']:,.0f} MB (rank {big['rank']})")
         gpus = [u for u in per_rank if "gpu_pct_mean" in u]
         if gpus:
             low = min(gpus, key=lambda u: u["gpu_pct_mean"])

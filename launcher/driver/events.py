@@ -76,7 +76,7 @@ class ReportForwarder(UserCallback):
     def after_report(self, run_context, metrics: list[dict[str, Any]], checkpoint) -> None:
         first = {k: v for k, v in metrics[0].items() if k != "usage"}
         # Each rank's usage samples since its last report (launcher.worker.usage), by rank.
-        usage = {str(rank): m["usage"] for rank, m in enumerate(metrics) if m.get("usage")}
+        usage = {str(rank): m["usage"] for rank, m in enumerate(metrics) if isinstance(m, dict) and m.get("usage")}
         if usage:
             first["usage_ranks"] = usage
         _send(self.path, self.mailbox, Report(time.time(), first, checkpoint.path if checkpoint is not None else None))

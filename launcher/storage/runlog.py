@@ -201,7 +201,8 @@ class ProgramLines:
         self._waiting.setdefault(self._names[key], []).extend(lines)
 
     def flush(self, force: bool = False) -> None:
-        if not self._waiting or not (force or self.log.storage.is_local or time.monotonic() - self._flushed >= self.FLUSH_S):
+        due = force or self.log.storage.is_local or time.monotonic() - self._flushed >= self.FLUSH_S
+        if not self._waiting or not due:
             return
         self._flushed = time.monotonic()
         waiting, self._waiting = self._waiting, {}
