@@ -414,6 +414,7 @@ def _number(v: Any) -> bool:
 # -- where the time went and how busy the workers were (launcher.worker.timing, .usage) --------------
 
 USAGE_FIELDS = ("time", "cpu_pct", "rss_mb", "gpu_pct", "gpu_mb")  # one usage sample, in this order
+TIME_PHASES = ("data", "compute", "sync", "optimizer", "checkpoint", "notice")  # a step's time, split
 
 
 def format_shares(shares: dict[str, float], stragglers: list[dict[str, Any]]) -> str:

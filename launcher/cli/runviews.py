@@ -21,12 +21,15 @@ TIME = "time"    # --plot time: where each epoch's training time went
 USAGE = "usage"  # --plot usage: each worker's CPU and memory over the run
 
 
+def no_run(storage: Storage, name: str, hint: str = "") -> UserError:
+    return UserError(f"no run {name} under {storage.uri}",
+                     "`launcher runs` lists the runs there; --storage names another root" + hint)
+
 
 def run_named(storage: Storage, name: str):
     run = describe_run(storage, name)
     if run is None:
-        raise UserError(f"no run {name} under {storage.uri}",
-                        "`launcher runs` lists the runs there; --storage names another root")
+        raise no_run(storage, name)
     return run
 
 
@@ -170,15 +173,13 @@ LOG_NAME = re.compile(r"^(?P<started>\d{8}-\d{6})-(?P<id>[0-9a-f]+)-rank(?P<rank
 def log_files(storage: Storage, name: str, launch: int | None) -> tuple[int, list[tuple[str, int]]]:
     """(the launch, its rank logs as (file, rank) in the order their worker groups started)."""
     if storage.read_text(name, "run.json") is None:
-        raise UserError(f"no run {name} under {storage.uri}",
-                        "`launcher runs` lists the runs there; --storage names another root; a job's driver "
-                        "output: its id (`launcher jobs` lists them) and --address")
+        raise no_run(storage, name, "; a job's driver output: its id (`launcher jobs` lists them) and --address")
     launches = sorted(int(d[len("launch"):]) for d in storage.list_dirs(name, "logs")
                       if d.startswith("launch") and d[len("launch"):].isdigit())
     if not launches:
         raise UserError(f"run {name} has no worker output in {storage.uri_of(name, 'logs')}",
-                        "runs keep it from this version on; a run's earlier launches and --script/--package "
-                        "programs' output are in Ray's logs (`launcher run --verbose` shows them)")
+                        "runs keep it from this version on; an earlier launch's output is in Ray's logs "
+                        "(`launcher run --verbose` shows it as it comes)")
     if launch is None:
         launch = launches[-1]
     elif launch not in launches:

@@ -23,11 +23,10 @@ import time
 from typing import Any
 
 from launcher.errors import UserError
-from launcher.summary import USAGE_FIELDS
+from launcher.summary import TIME_PHASES, USAGE_FIELDS
 from launcher.storage.store import Storage
 
 IDENTITY_KEYS = ("workload", "framework")
-TIME_PHASES = ("data", "compute", "sync", "optimizer", "checkpoint", "notice")
 
 
 def _line(obj: dict[str, Any]) -> str:

@@ -33,7 +33,9 @@ from typing import Any
 
 import numpy as np
 
-PHASES = ("data", "compute", "sync", "optimizer", "checkpoint", "notice")
+from launcher.summary import TIME_PHASES
+
+PHASES = TIME_PHASES
 MEASURED = ("sync", "optimizer", "checkpoint", "notice")  # data is the loader's; compute the rest
 STRAGGLER_FACTOR = 1.2
 LEARN_UPDATES = 3  # updates watched on every parameter before the hooks stay on the last ones only
