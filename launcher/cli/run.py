@@ -149,6 +149,8 @@ def format_summary(s: RunSummary) -> str:
         lines.append(f"  checkpoint: {s.checkpoint}")
     if s.model:
         lines.append(f"  model:      {s.model}")
+    if s.mlflow:
+        lines.append(f"  mlflow:     {s.mlflow}")
     return "\n".join(lines)
 
 
@@ -170,6 +172,8 @@ def format_program_summary(s: RunSummary) -> str:
     lines.append(f"  run log:    {s.run_dir}")
     if s.model:
         lines.append(f"  model:      {s.model}")
+    if s.mlflow:
+        lines.append(f"  mlflow:     {s.mlflow}")
     return "\n".join(lines)
 
 

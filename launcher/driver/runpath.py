@@ -18,10 +18,12 @@ from launcher.storage import Storage
 from launcher.storage.checkpoint import set_aside_damaged_snapshot
 from launcher.storage.runlock import RunLock
 from launcher.storage.runlog import RunLog
+from launcher.storage.tracking import Tracking
 
 
 def open_run(spec, progress) -> tuple[Storage, RunLog]:
-    """The run's storage (writable, said when remote) and its log (compatible with ``spec``).
+    """The run's storage (writable, said when remote) and its log (compatible with ``spec``), which
+    also feeds MLflow when ``spec.mlflow`` is set.
 
     Raises:
         UserError: storage that cannot be written, or a run of that name that ``spec`` cannot continue.
@@ -30,7 +32,8 @@ def open_run(spec, progress) -> tuple[Storage, RunLog]:
     where = storage.check_writable()
     if not storage.is_local:
         progress.note(f"storage: {where}")
-    log = RunLog(storage, spec.name)
+    tracking = Tracking(spec.mlflow, storage, spec.name, progress.note) if spec.mlflow else None
+    log = RunLog(storage, spec.name, tracking)
     log.check_compatible(spec)
     return storage, log
 

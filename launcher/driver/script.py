@@ -307,7 +307,7 @@ def _finish(spec, program: Program, fitted, outcome: Outcome, restarts: list[Res
         interruptions=[Interruption(cause=r.cause) for r in restarts],
         wall_s=round(time.time() - started - setup_s, 2), setup_s=round(setup_s, 2),
         launch=log.launch, run_dir=log.uri(), error=message,
-        model=model_dir if log.storage.exists(spec.name, "model") else None,
+        model=model_dir if log.storage.exists(spec.name, "model") else None, mlflow=log.tracked(),
         exit_codes={str(r): s for r, s in sorted(outcome.last_statuses().items())})
     try:
         log.finish(summary.to_json())

@@ -338,7 +338,8 @@ class Tracker:
             time_lost_s=round(sum(float(i.time_lost_s or 0.0) for i in interruptions), 2),
             interruptions=interruptions, attempts=self.attempt_log, recovery_s=self.recoveries,
             weights_sha256=m.get("weights_sha256"), wall_s=round(self.elapsed(), 2), setup_s=round(self.setup_s, 2),
-            launch=self.log.launch, run_dir=self.log.uri(), error=error, model=model)
+            launch=self.log.launch, run_dir=self.log.uri(), error=error, model=model,
+            mlflow=self.log.tracked())
 
 
 def checkpoint_report(manifest: Manifest) -> dict[str, Any]:

@@ -49,8 +49,11 @@ def _why(value: Any) -> str:
 
 
 class RunLog:
-    def __init__(self, storage: Storage, name: str) -> None:
-        self.storage, self.name = storage, name
+    """A run's log, as one launch writes it; ``tracking`` (a
+    :class:`launcher.storage.tracking.Tracking`, for ``--mlflow``) gets what it records too."""
+
+    def __init__(self, storage: Storage, name: str, tracking=None) -> None:
+        self.storage, self.name, self.tracking = storage, name, tracking
         self.launch = 0
         self._tb = None
         self._tb_dir = ""
@@ -58,6 +61,10 @@ class RunLog:
 
     def uri(self, *parts: str) -> str:
         return self.storage.uri_of(self.name, *parts)
+
+    def tracked(self) -> str | None:
+        """Where the run is tracked in MLflow (a summary's ``mlflow``); None when it is not."""
+        return self.tracking.label() if self.tracking is not None and self.tracking.run_id else None
 
     def identity(self) -> dict[str, Any] | None:
         """run.json's content; None for a new run.
@@ -95,6 +102,8 @@ class RunLog:
         launches = [e for e in read_jsonl(self.storage.read_text(self.name, "launches.jsonl"))
                     if e.get("event") == "start"]
         self.launch = len(launches) + 1
+        if self.tracking is not None:  # a store that cannot be opened stops the launch before it is logged
+            self.tracking.begin(self.launch, spec_dict)
         if self.launch == 1:
             self.storage.write_text(json.dumps({
                 "name": self.name, "created": time.time(),
@@ -109,6 +118,8 @@ class RunLog:
         """Append one metrics line and (``tensorboard``) the scalars to TensorBoard."""
         self.storage.append_text(_line({"launch": self.launch, "time": time.time(), **metrics}),
                                  self.name, "metrics.jsonl")
+        if self.tracking is not None:
+            self.tracking.record(metrics)
         if not tensorboard:
             return
         writer = self._writer()
@@ -130,6 +141,8 @@ class RunLog:
         if not lines:
             return
         self.storage.append_text("".join(lines), self.name, "usage.jsonl")
+        if self.tracking is not None:
+            self.tracking.usage(by_rank)
         writer = self._writer()
         for rank, samples in by_rank.items():
             for sample in samples:
@@ -166,6 +179,8 @@ class RunLog:
                                         "summary": summary}), self.name, "launches.jsonl")
         self.storage.write_text(json.dumps(summary, indent=1, sort_keys=True, default=str),
                                 self.name, "summary.json")
+        if self.tracking is not None:
+            self.tracking.summary(summary, self.launch)
 
 
 def log_folder(launch: int | None) -> str:

@@ -75,3 +75,48 @@ def normalize_data(data: str | None) -> str | None:
         raise UserError(f"--data {data!r}: only local paths and gs:// URIs are supported",
                         "write gs://BUCKET/PREFIX or a local path")
     return os.path.abspath(os.path.expanduser(data))
+
+
+DEFAULT_TRACKING = "./mlruns"  # `--mlflow` alone: MLflow's file store in the launching folder
+TRACKING_SCHEMES = ("http", "https", "file", "sqlite", "postgresql", "mysql", "mssql", "databricks")
+
+
+def normalize_tracking(uri: str | None) -> str | None:
+    """An MLflow tracking location (``--mlflow``): a folder becomes an absolute ``file://`` URI; a
+    server or database URI is checked for a scheme MLflow knows and for credentials, which belong
+    in MLflow's environment variables (the URI is kept in the run's log)."""
+    if uri is None:
+        return None
+    text = uri.strip()
+    if not text:
+        raise UserError("--mlflow is empty", f"give a tracking server (http://HOST:5000), a database URI "
+                        f"(sqlite:///FILE.db) or a folder (default {DEFAULT_TRACKING})")
+    if text == "databricks":  # MLflow's name for a Databricks workspace's tracking
+        return text
+    scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*):", text)
+    if scheme is None or len(scheme.group(1)) == 1:  # no scheme (C:\ is a drive, not one): a folder
+        return "file://" + os.path.abspath(os.path.expanduser(text))
+    name = scheme.group(1).lower().split("+", 1)[0]
+    if name == "gs":
+        raise UserError(f"--mlflow {text}: Cloud Storage can hold MLflow's artifacts but not its tracking store",
+                        "run an MLflow tracking server (its --artifacts-destination may be gs://) and give "
+                        "its http:// address")
+    if name not in TRACKING_SCHEMES:
+        raise UserError(f"--mlflow {text}: MLflow has no tracking store for the {name}: scheme",
+                        f"use one of {', '.join(s + ':' for s in TRACKING_SCHEMES)} or a folder")
+    if re.match(r"^[^:]+://[^/@]*:[^/@]*@", text):
+        raise UserError("--mlflow: the tracking URI holds a password, and the URI is kept in the run's log",
+                        "drop it from the URI and set MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD "
+                        "(or MLFLOW_TRACKING_TOKEN)" if name in ("http", "https") else
+                        "give the database's password to an MLflow tracking server and pass its http:// address")
+    if name == "sqlite":
+        path = text[len("sqlite://"):]
+        if not path.startswith("/") or path == "/":
+            raise UserError(f"--mlflow {text}: an in-memory database is gone when the launch ends",
+                            "name a file: sqlite:///FILE.db")
+        return "sqlite:///" + os.path.abspath(os.path.expanduser(path[1:])) if not path.startswith("//") else text
+    if name == "file":
+        path = text[len("file:"):]
+        path = path[2:] if path.startswith("//") else path
+        return "file://" + os.path.abspath(os.path.expanduser(path))
+    return text

@@ -8,12 +8,15 @@ against each parameter) and ``summary.json`` (what ``launcher runs`` lists).
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import time
 from typing import Any
 
+from launcher import schema
 from launcher.storage.runs import TUNING_SUMMARY
+from launcher.storage.tracking import Tracking, params_of
 from launcher.summary import BestTrial, RunStatus, RunSummary, TrialCounts, TuningSummary
 from launcher.tune.trial import trial_name
 
@@ -137,9 +140,38 @@ def best(study, table: list[dict[str, Any]]) -> dict[str, Any] | None:
     return max(scored, key=lambda r: (sign * r[metric], -r["number"]))
 
 
+def track(study, storage, note) -> Tracking | None:
+    """The tuning run's MLflow run (``--mlflow``), started: the parent of its trials' runs, which
+    find it in the tuning run's folder (:mod:`launcher.storage.tracking`)."""
+    if not study.spec.mlflow:
+        return None
+    tracking = Tracking(study.spec.mlflow, storage, study.name, note)
+    definition = {"goal": study.hp.goal, "metric": study.metric(), "maxTrials": study.hp.maxTrials,
+                  "maxParallelTrials": study.hp.maxParallelTrials, "algorithm": study.hp.algorithm,
+                  "early_stopping": study.hp.enableTrialEarlyStopping,
+                  "hyperparameters": [schema.to_mapping(p) for p in study.hp.params]}
+    params = {**params_of(study.spec.to_dict()), **params_of({f"tuning.{k}": v for k, v in definition.items()})}
+    tracking.start(None, params, {"launcher.kind": "tuning", "launcher.workload": study.spec.workload})
+    return tracking
+
+
+def _tracked(tracking: Tracking, summary: TuningSummary) -> None:
+    """The tuning run's end in MLflow: the best value, the trial counts, the result files."""
+    figures = {f"trials/{k}": float(v) for k, v in dataclasses.asdict(summary.trials).items()}
+    if summary.best is not None and isinstance(summary.best.value, (int, float)):
+        figures[f"best/{summary.metric}"] = float(summary.best.value)
+        tracking.tags({"launcher.best_trial": summary.best.trial})
+    tracking.metrics(figures, 0)
+    tracking.text(json.dumps(summary.to_json(), indent=1, sort_keys=True, default=str), "launcher/summary.json")
+    for name in ("trials.csv", "tuning.png"):
+        tracking.artifacts(name)
+    tracking.end(summary.status)
+
+
 def write(study, storage, table: list[dict[str, Any]], *, started: float, interrupted: bool,
-          stopped: str | None) -> TuningSummary:
-    """Write the result files; returns the summary (also in summary.json)."""
+          stopped: str | None, tracking: Tracking | None = None) -> TuningSummary:
+    """Write the result files (and end the tuning run's MLflow run); returns the summary (also in
+    summary.json)."""
     metric = study.metric()
     top = best(study, table)
     counts = {s.replace(" ", "_"): sum(1 for r in table if r["status"] == s) for s in STATUSES}
@@ -165,12 +197,15 @@ def write(study, storage, table: list[dict[str, Any]], *, started: float, interr
         max_trials=study.hp.maxTrials, trials=TrialCounts(total=len(table), **counts), best=best_out,
         wall_s=round(time.time() - started, 1),
         workload=study.program.label if study.program is not None else study.spec.workload,
-        run_dir=storage.uri_of(study.name), files=files)
+        run_dir=storage.uri_of(study.name), files=files,
+        mlflow=tracking.label() if tracking is not None else None)
     storage.write_text(json.dumps({"summary": summary.to_json(), "trials": table}, indent=1, default=str),
                        study.name, "trials.json")
     storage.write_text(to_csv(table), study.name, "trials.csv")
     storage.write_bytes(plot(study, table, top), study.name, "tuning.png")
     storage.write_text(json.dumps(summary.to_json(), indent=1, default=str), study.name, TUNING_SUMMARY)
+    if tracking is not None:
+        _tracked(tracking, summary)
     return summary
 
 
@@ -212,6 +247,8 @@ def format_summary(study, summary: TuningSummary, table: list[dict[str, Any]]) -
             parts.append(f"  model {b.model}")
     files = summary.files
     parts.append(f"results: {files['csv']}, {files['json']}; plot: {files['plot']}")
+    if summary.mlflow:
+        parts.append(f"mlflow: {summary.mlflow} (a child run per trial)")
     return "\n".join(parts)
 
 

@@ -36,7 +36,7 @@ from launcher.errors import UserError
 from launcher.storage import Storage
 from launcher.storage.runlock import RunLock
 from launcher.storage.runs import TUNING_FILE
-from launcher.summary import TuningSummary
+from launcher.summary import RunStatus, TuningSummary
 from launcher.tune import results
 from launcher.tune.results import earlier_rows
 from launcher.tune.study import STATE_DIR, Study, same_definition
@@ -71,8 +71,10 @@ def run(study: Study, *, verbose: bool = False, out: TextIO | None = None) -> Ou
     record = study.to_record()
     lock = RunLock(storage, study.name)
     lock.acquire()
+    tracking = None
     try:
         _keep_definition(storage, study, record)
+        tracking = results.track(study, storage, lambda text: note(out, text))
         workers = study.hp.maxParallelTrials * study.spec.workers
         shipped = _shipped(study)
         note(out, f"tuning run {study.name}: up to {study.hp.maxTrials} trial(s), {study.hp.maxParallelTrials} at "
@@ -87,15 +89,21 @@ def run(study: Study, *, verbose: bool = False, out: TextIO | None = None) -> Ou
             if study.program is not None and study.program.requirements:
                 install_everywhere(study.program, study.program.to_config(shipped), nodes, _Notes(out))
             trials, tally = _fit(study, storage, verbose, out, lock)
+    except BaseException:
+        if tracking is not None:
+            tracking.end(RunStatus.CANCELLED)
+        raise
     finally:
         lock.release()
     if tally.bad_metric:
+        if tracking is not None:
+            tracking.end(RunStatus.FAILED)
         raise UserError(tally.bad_metric, "set hyperparameterMetricTag to a metric the job reports")
 
     rows = results.rows(study, trials, storage, tally)
     interrupted = tally.interrupted
     summary = results.write(study, storage, rows, started=started, interrupted=interrupted,
-                            stopped=tally.why_stopped)
+                            stopped=tally.why_stopped, tracking=tracking)
     return Outcome(summary, rows, interrupted)
 
 

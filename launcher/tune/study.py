@@ -155,7 +155,7 @@ def same_definition(recorded: dict[str, Any], now: dict[str, Any]) -> str | None
             return key
     old, new = recorded.get("spec") or {}, now.get("spec") or {}
     for key in sorted(set(old) | set(new)):
-        if key in ("address",):
+        if key in ("address", "mlflow"):  # where it runs and whether it is tracked: not the search
             continue
         if _canon(old.get(key)) != _canon(new.get(key)):
             return f"{key} ({old.get(key)!r} then, {new.get(key)!r} now)"
