@@ -179,10 +179,21 @@ def read_summary(storage: str, name: str) -> dict:
         return json.load(f)
 
 
+def tracked(mlruns: str, name: str):
+    """The tuning run ``name``'s MLflow run in the SQLite store in ``mlruns``, and its children."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{mlruns}/mlflow.db")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    parent = next(r for r in runs if r.info.run_name == name)
+    return parent, [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
+
+
 @pytest.mark.integration
 def test_a_search_over_lr_runs_every_trial_and_picks_the_best(ray_local, tmp_path, capsys, storage):
     path = write_yaml(tmp_path, LR_LOG)
-    code = main(["tune", "--config", path, "--storage", storage, "--name", "lr_search", "--json"])
+    mlruns = str(tmp_path / "mlruns")
+    code = main(["tune", "--config", path, "--storage", storage, "--name", "lr_search", "--json", "--mlflow", mlruns])
     captured = capsys.readouterr()
     assert code == 0, captured.err[-3000:]
     result = json.loads(last_line(captured.out))
@@ -209,6 +220,12 @@ def test_a_search_over_lr_runs_every_trial_and_picks_the_best(ray_local, tmp_pat
     assert main(["runs", "--storage", storage]) == 0
     listed = capsys.readouterr().out
     assert "lr_search" in listed and f"best accuracy {best['accuracy']:.4f}" in listed
+    # MLflow (--mlflow): the tuning run's MLflow run, a child run per trial with its lr and accuracy
+    parent, children = tracked(mlruns, "lr_search")
+    assert parent.data.metrics["best/accuracy"] == pytest.approx(best["accuracy"])
+    assert {float(c.data.params["lr"]): c.data.metrics["accuracy"] for c in children} == \
+        pytest.approx({r["lr"]: r["accuracy"] for r in rows})
+    assert all(c.info.status == "FINISHED" for c in children) and summary["mlflow"].startswith("run ")
 
 
 @pytest.mark.integration
@@ -312,7 +329,8 @@ def test_a_package_is_tuned_on_its_hypertune_metric_and_a_missing_tag_is_one_lin
               type: DISCRETE
               discreteValues: [0.0001, 0.1]
     """)
-    code = main(["tune", "--config", path, "--storage", storage, "--name", "pkg", "--json",
+    mlruns = str(tmp_path / "mlruns")
+    code = main(["tune", "--config", path, "--storage", storage, "--name", "pkg", "--json", "--mlflow", mlruns,
                  "--package", PACKAGE, "--module", "trainer.task", "--", "--epochs", "2"])
     captured = capsys.readouterr()
     assert code == 0, captured.err[-3000:]
@@ -323,6 +341,9 @@ def test_a_package_is_tuned_on_its_hypertune_metric_and_a_missing_tag_is_one_lin
     assert result["summary"]["best"]["params"] == {"lr": 0.1}
     with open(os.path.join(rows[0.1]["run_dir"], "run.json")) as f:
         assert json.load(f)["spec"]["program"]["args"][-2:] == ["--lr", "0.1"]
+    _, children = tracked(mlruns, "pkg")  # a program's hypertune reports are its MLflow metrics
+    assert sorted(c.data.metrics["accuracy"] for c in children) == pytest.approx(sorted(r["accuracy"] for r in
+                                                                                       rows.values()))
     # a tag the package never reports stops the search at its first report
     wrong = path.replace("tune.yaml", "wrong.yaml")
     with open(path) as f, open(wrong, "w") as g:

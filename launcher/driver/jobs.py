@@ -36,7 +36,8 @@ ID_PREFIX = "launcher-"
 # for the run to abort its workers and write its summary (Ray's default is 3 s).
 STOP_GRACE_S = 30
 # Environment worth passing to the job when set here; never credentials.
-PASSED_ENV = ("STORAGE_EMULATOR_HOST", "LAUNCHER_GCS_RETRY_S")
+# Not credentials: the cluster has its own (its service account; MLflow's token set there).
+PASSED_ENV = ("STORAGE_EMULATOR_HOST", "LAUNCHER_GCS_RETRY_S", "MLFLOW_EXPERIMENT_NAME")
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
 CONNECT_TIMEOUT_S = 10.0   # every request to the job server: connecting, then waiting for
 TIMEOUT_ENV = "LAUNCHER_JOB_TIMEOUT_S"  # each part of the answer (default 60 s)
@@ -195,7 +196,7 @@ def run_argv(spec) -> list[str]:
 
 
 PROGRAM_FIELDS = ("framework", "backend", "workers", "cpus_per_worker", "gpus_per_worker", "storage", "name",
-                  "max_failures")
+                  "max_failures", "mlflow")
 
 
 def entrypoint(spec, program=None, program_args: list[str] | tuple[str, ...] = (), job_dir: bool = True) -> str:
@@ -227,6 +228,18 @@ def runtime_env(environ: dict[str, str] | None = None, workload: str | None = No
     return code.merge(shipped, {"env_vars": env_vars})
 
 
+def check_tracking(spec, address: str | None) -> None:
+    """A local MLflow store (a folder, sqlite:) with a job on another machine would be written on
+    its head node, where nobody looks: refused, in one line."""
+    host = urlsplit(address if address and "://" in address else f"ray://{address or ''}").hostname
+    if spec.mlflow and spec.mlflow.startswith(("file:", "sqlite:")) and host not in (None, "127.0.0.1",
+                                                                                      "localhost", "::1"):
+        raise UserError(f"--mlflow {spec.mlflow} is a store on this machine, but a submitted run's driver runs "
+                        f"on the cluster's head node ({host}) and would write it there",
+                        "give a tracking server the cluster can reach (--mlflow http://HOST:5000), or use "
+                        "`launcher run --address` to drive the run from here")
+
+
 def job_id_for(name: str, taken: set[str]) -> str:
     """launcher-<run name>, then -2, -3, ... for later launches of the same run."""
     base = ID_PREFIX + name
@@ -253,6 +266,7 @@ def submit(spec, address: str | None, program=None, program_args: list[str] | tu
 
     if program is not None:
         code.check_size(program.folder, what=f"the {'package' if program.kind == 'module' else 'script'}'s folder")
+    check_tracking(spec, address or os.environ.get("RAY_ADDRESS"))
     client = connect(address)
     command = entrypoint(spec, program, program_args, job_dir)
     env = runtime_env(workload=spec.workload if program is None else None, program=program)

@@ -26,7 +26,9 @@ def open_run(spec, progress) -> tuple[Storage, RunLog]:
     also feeds MLflow when ``spec.mlflow`` is set.
 
     Raises:
-        UserError: storage that cannot be written, or a run of that name that ``spec`` cannot continue.
+        UserError: storage that cannot be written, a run of that name that ``spec`` cannot continue, or
+            an MLflow store that cannot be opened.
+        Unreachable: an MLflow tracking server that does not answer.
     """
     storage = Storage.resolve(spec.storage)
     where = storage.check_writable()
@@ -35,6 +37,8 @@ def open_run(spec, progress) -> tuple[Storage, RunLog]:
     tracking = Tracking(spec.mlflow, storage, spec.name, progress.note) if spec.mlflow else None
     log = RunLog(storage, spec.name, tracking)
     log.check_compatible(spec)
+    if tracking is not None:
+        tracking.connect()  # an MLflow store that does not open stops the launch now, before Ray starts
     return storage, log
 
 

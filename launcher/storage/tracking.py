@@ -113,6 +113,25 @@ def _key(k: str) -> str:
     return re.sub(r"[^A-Za-z0-9_\-. /]", "_", str(k))[:250]
 
 
+def unanswered(exc: BaseException) -> tuple[str, str]:
+    """(what happened, what to check) for a tracking server's failure, from the exception's words:
+    the library's own text is not for the user."""
+    text = str(exc)
+    check = "check that it is up and the address is right (mlflow server --host, --port), or leave --mlflow out"
+    if re.search(r"\b(401|403)\b|Unauthorized|Forbidden|PERMISSION_DENIED|UNAUTHENTICATED", text):
+        return ("refused the credentials", "set MLFLOW_TRACKING_TOKEN, or MLFLOW_TRACKING_USERNAME and "
+                "MLFLOW_TRACKING_PASSWORD, to what the server accepts")
+    if re.search(r"\b404\b|ENDPOINT_NOT_FOUND|Not Found", text):
+        return "answered, but not as an MLflow tracking server (404)", "give the server's own address and port"
+    if re.search(r"Name or service not known|nodename nor servname|Failed to resolve|getaddrinfo", text):
+        return "did not answer: its host name does not resolve", check
+    if re.search(r"timed out|Timeout", text, re.IGNORECASE):
+        return "did not answer in time", check
+    if re.search(r"Connection refused|NewConnectionError|Max retries exceeded", text):
+        return "did not answer (connection refused)", check
+    return f"did not take the request ({_first_line(exc)})", check
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     line = text[0] if text else type(exc).__name__
@@ -159,38 +178,52 @@ class Tracking:
         self._thread: threading.Thread | None = None
 
     # -- the start: synchronous, before any worker ---------------------------------------------
-    def start(self, launch: int | None, params: dict[str, str], tags: dict[str, str]) -> None:
-        """Find or create the MLflow run, log the launch's params and tags, mark it running.
+    def connect(self) -> None:
+        """Open the store (a server that answers, a database that opens) and find the experiment:
+        checked before Ray starts, so that a store that fails stops the launch in seconds.
 
         Raises:
             Unreachable: a tracking server that does not answer.
             UserError: a store that cannot be opened (a database file in a folder that cannot be written).
         """
-        for key, value in HTTP_DEFAULTS.items():
-            os.environ.setdefault(key, value)
-        try:
-            with _quiet():
-                self._open(launch, params, tags)
-        except (Unreachable, UserError):
-            raise
-        except Exception as exc:  # noqa: BLE001 - MLflow's, the database's and the network's errors alike
-            if self.store.startswith(("http://", "https://")):
-                raise Unreachable(f"the MLflow tracking server at {self.store} did not answer "
-                                  f"({_first_line(exc)})",
-                                  "check that it is up and the address is right (mlflow server --host, --port), "
-                                  "or leave --mlflow out") from None
-            raise UserError(f"--mlflow {self.uri}: MLflow cannot open the store ({_first_line(exc)})",
-                            "give a folder or database this machine can write, or a tracking server's "
-                            "http:// address") from None
+        if self.client is None:
+            with self._said():
+                from mlflow.tracking import MlflowClient
+
+                for key, value in HTTP_DEFAULTS.items():
+                    os.environ.setdefault(key, value)
+                client = MlflowClient(self.store)
+                self.parent, parent_experiment = self._parent()
+                self.experiment_id = parent_experiment or self._experiment(client)
+                self.client = client
+
+    def start(self, launch: int | None, params: dict[str, str], tags: dict[str, str]) -> None:
+        """Find or create the MLflow run, log the launch's params and tags, mark it running; raises
+        as :meth:`connect` does."""
+        self.connect()
+        with self._said():
+            self._open(launch, params, tags)
         self._thread = threading.Thread(target=self._send, name="launcher-mlflow", daemon=True)
         self._thread.start()
 
-    def _open(self, launch: int | None, params: dict[str, str], tags: dict[str, str]) -> None:
-        from mlflow.tracking import MlflowClient
+    @contextlib.contextmanager
+    def _said(self) -> Iterator[None]:
+        """MLflow's, the database's and the network's errors as one line for the user."""
+        try:
+            with _quiet():
+                yield
+        except (Unreachable, UserError):
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever the store raised, said in our words
+            if self.store.startswith(("http://", "https://")):
+                what, fix = unanswered(exc)
+                raise Unreachable(f"the MLflow tracking server at {self.store} {what}", fix) from None
+            raise UserError(f"--mlflow {self.uri}: MLflow cannot open the store ({_first_line(exc)})",
+                            "give a folder or database this machine can write, or a tracking server's "
+                            "http:// address") from None
 
-        self.client = client = MlflowClient(self.store)
-        self.parent, parent_experiment = self._parent()
-        self.experiment_id = parent_experiment or self._experiment()
+    def _open(self, launch: int | None, params: dict[str, str], tags: dict[str, str]) -> None:
+        client = self.client
         run = self._existing()
         if run is None:
             tags = {**tags, RUN_DIR_TAG: self.storage.uri_of(self.name)}
@@ -207,12 +240,12 @@ class Tracking:
                 client.set_tag(self.run_id, key, value)
         self._log_params(run.data.params, params, launch)
 
-    def _experiment(self) -> str:
+    def _experiment(self, client) -> str:
         name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or DEFAULT_EXPERIMENT
-        found = self.client.get_experiment_by_name(name)
+        found = client.get_experiment_by_name(name)
         if found is not None:
             return found.experiment_id
-        return self.client.create_experiment(name, artifact_location=self.artifact_root)
+        return client.create_experiment(name, artifact_location=self.artifact_root)
 
     def _records(self, *parts: str) -> list[dict[str, Any]]:
         return [r for r in read_jsonl(self.storage.read_text(*parts)) if r.get("tracking_uri") == self.store]
@@ -375,8 +408,10 @@ class Tracking:
             except Exception as exc:  # noqa: BLE001 - a record MLflow refused: the run log keeps it
                 if not self.failed:
                     self.failed = True
-                    self.note(f"MLflow at {self.store} refused a write ({_first_line(exc)}); training goes "
-                              "on, and the run log keeps every record")
+                    why = (f"the server {unanswered(exc)[0]}" if self.store.startswith(("http://", "https://"))
+                           else _first_line(exc))
+                    self.note(f"MLflow at {self.store} did not take a record ({why}); training goes on, and "
+                              "the run log keeps every record")
 
 
 def _tags(tags: dict[str, str]):

@@ -56,7 +56,8 @@ def assert_completed(s) -> None:
 
 
 def test_notice_costs_no_steps_and_ends_with_the_same_weights(lab, runs_root, reference):
-    run = run_in_background(spec_for(lab, runs_root, "notice"))
+    mlruns = os.path.join(runs_root, "mlruns")
+    run = run_in_background(spec_for(lab, runs_root, "notice", mlflow=mlruns))
     run.wait_for_checkpoint(lambda m: m.global_step >= EVERY)
     lab.preempt(0)
     s = run.wait()
@@ -64,6 +65,15 @@ def test_notice_costs_no_steps_and_ends_with_the_same_weights(lab, runs_root, re
     assert (s.restarts, s.preemptions, s.preemption_notices, s.steps_lost) == (1, 1, 1, 0), s
     assert s.interruptions[0].cause == "preemption" and s.interruptions[0].time_lost_s > 0
     assert s.weights_sha256 == reference.weights_sha256
+    # --mlflow: the preempted run is one MLflow run, its epochs' loss in step order, its restart counted
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{mlruns}/mlflow.db")
+    (tracked,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert s.mlflow.startswith(f"run {tracked.info.run_id} ") and tracked.info.status == "FINISHED"
+    epochs = [m.step for m in client.get_metric_history(tracked.info.run_id, "loss")]
+    assert epochs == sorted(epochs) and epochs[-1] == TOTAL and len(set(epochs)) >= EPOCHS
+    assert tracked.data.metrics["summary/restarts"] == 1.0
 
 
 def test_node_lost_without_notice_costs_at_most_one_interval(lab, runs_root, reference):
