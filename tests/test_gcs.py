@@ -172,7 +172,8 @@ def test_train_resume_and_list_on_gcs(ray_local, gcs, bucket, capsys, tmp_path, 
     cut.blob("runs/on_gcs/checkpoint_9999-cut/manifest.json").upload_from_string(json.dumps(manifest))
     cut.blob("runs/on_gcs/checkpoint_9999-cut/model.pt").upload_from_string(b"partial")
 
-    assert main([*common, "--epochs", "2"]) == 0
+    mlruns = str(tmp_path / "mlruns")
+    assert main([*common, "--epochs", "2", "--mlflow", mlruns]) == 0
     resumed = json.loads(capsys.readouterr().out)
     assert resumed["resumed_from"] == {"epoch": 1, "step": first["steps_completed"]}
     assert resumed["epochs_completed"] == 2 and resumed["metrics"]["accuracy"] >= 0.8
@@ -180,6 +181,21 @@ def test_train_resume_and_list_on_gcs(ray_local, gcs, bucket, capsys, tmp_path, 
     for expected in ("run.json", "launches.jsonl", "metrics.jsonl", "summary.json", "model/model.pt2"):
         assert f"runs/on_gcs/{expected}" in names
     assert any(n.startswith("runs/on_gcs/tensorboard/events.out.tfevents") for n in names)
+    # each rank's output, uploaded per launch, and shown by `launcher logs` from the bucket
+    for launch in (1, 2):
+        ranks = sorted(n.rsplit("-", 1)[1] for n in names if n.startswith(f"runs/on_gcs/logs/launch{launch}/"))
+        assert ranks == ["rank0.log", "rank1.log"], names
+    assert main(["logs", "on_gcs", "--storage", root, "--rank", "1"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert shown and all(line.startswith("[rank 1] ") for line in shown if line.strip())
+    assert any("=== rank 1, worker group started" in line for line in shown)
+    # --mlflow with the run on gs://: its model, downloaded from the bucket, is the MLflow run's artifact
+    from mlflow.tracking import MlflowClient
+
+    tracking = MlflowClient(f"sqlite:///{mlruns}/mlflow.db")
+    (tracked,) = tracking.search_runs([e.experiment_id for e in tracking.search_experiments()])
+    assert tracked.data.tags["launcher.run_dir"] == f"{root}/on_gcs"
+    assert {a.path for a in tracking.list_artifacts(tracked.info.run_id, "model")} >= {"model/model.pt2"}
 
     assert main(["runs", "--storage", root, "--json"]) == 0
     runs = json.loads(capsys.readouterr().out)

@@ -88,11 +88,23 @@ def test_resume_continues_exactly_where_it_stopped_and_a_missing_model_is_export
     common = ["--storage", storage, "--seed", "7", "--checkpoint-every-steps", "10", "--keep-checkpoints", "20"]
     code, full = launch(capsys, *common, "--name", "straight", "--epochs", "3")
     assert code == 0
-    code, first = launch(capsys, *common, "--name", "stopped", "--epochs", "1")
+    mlruns = os.path.join(storage, "mlruns")
+    code, first = launch(capsys, *common, "--name", "stopped", "--epochs", "1", "--mlflow", mlruns)
     assert code == 0 and first["epochs_completed"] == 1
-    code, resumed = launch(capsys, *common, "--name", "stopped", "--epochs", "3")
+    code, resumed = launch(capsys, *common, "--name", "stopped", "--epochs", "3", "--mlflow", mlruns)
     assert code == 0
     assert resumed["resumed_from"] == {"epoch": 1, "step": 23}
+    # --mlflow: both launches are one MLflow run, with the epochs of both, its params those of the first
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{mlruns}/mlflow.db")
+    (tracked,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert first["mlflow"] == resumed["mlflow"] and tracked.info.run_id in resumed["mlflow"]
+    history = client.get_metric_history(tracked.info.run_id, "accuracy")
+    assert [m.step for m in history] == [23, 46, 69] and history[-1].value == resumed["metrics"]["accuracy"]
+    assert tracked.info.status == "FINISHED" and tracked.data.params["epochs"] == "1"
+    assert tracked.data.tags["changed.epochs"] == "3 (launch 2)"
+    assert {a.path for a in client.list_artifacts(tracked.info.run_id, "model")} >= {"model/model.pt2"}
     assert (resumed["epochs_completed"], resumed["steps_completed"]) == (3, 69)
     # Same seed and workers: resuming at an epoch boundary changes nothing.
     assert resumed["metrics"] == full["metrics"]
@@ -125,6 +137,7 @@ def test_resume_continues_exactly_where_it_stopped_and_a_missing_model_is_export
     assert main(["runs", "--storage", storage, "--json"]) == 0
     runs = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
     assert runs["stopped"]["status"] == "succeeded" and runs["stopped"]["launches"] == 2
+    assert runs["stopped"]["mlflow"] == resumed["mlflow"] and runs["straight"]["mlflow"] is None
     assert runs["stopped"]["epochs"] == 3
     assert runs["straight"]["metrics"] == pytest.approx(full["metrics"])  # its final metrics, by their names
 

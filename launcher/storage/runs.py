@@ -74,6 +74,7 @@ class RunRow:
     time_shares: dict[str, float] = field(default_factory=dict)
     stragglers: list[dict[str, Any]] = field(default_factory=list)
     note: str | None = None
+    mlflow: str | None = None                         # where it is tracked (--mlflow), as its last launch said
     kind: str = "run"                                 # or "tuning"
     trials: int | None = None                         # a tuning run's
     best: dict[str, Any] | None = None
@@ -162,6 +163,7 @@ def describe_run(storage: Storage, name: str) -> RunRow | None:
         **peak_memory(m for m in lines if m.get("kind") == "epoch"),
         usage=summarise_usage(samples),
         time_shares=timed[-1].time_shares if timed else {}, stragglers=timed[-1].stragglers if timed else [],
+        mlflow=next((e.mlflow for e in reversed(ends) if e.mlflow), None),
     )
 
 
@@ -285,6 +287,8 @@ def format_run(run: RunRow) -> str:
         kept = run.checkpoints
         lines.append(f"checkpoints kept: {len(kept)}" + ("" if kept else " (none complete)"))
         lines.extend(f"  epoch {c['epoch']}, step {c['step']}: {c['uri']}" for c in kept)
+    if run.mlflow:
+        lines.append(f"mlflow: {run.mlflow}")
     return "\n".join(lines)
 
 

@@ -354,6 +354,7 @@ class Tracking:
             with tempfile.TemporaryDirectory(prefix="launcher-mlflow-") as folder:
                 local = os.path.join(folder, os.path.basename(part))
                 if info.type == pyarrow.fs.FileType.Directory:
+                    os.makedirs(local)
                     self.storage.download_dir(local, self.name, part)
                 else:
                     pyarrow.fs.copy_files(info.path, local, source_filesystem=self.storage.fs)

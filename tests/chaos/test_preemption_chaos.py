@@ -74,6 +74,12 @@ def test_notice_costs_no_steps_and_ends_with_the_same_weights(lab, runs_root, re
     epochs = [m.step for m in client.get_metric_history(tracked.info.run_id, "loss")]
     assert epochs == sorted(epochs) and epochs[-1] == TOTAL and len(set(epochs)) >= EPOCHS
     assert tracked.data.metrics["summary/restarts"] == 1.0
+    # each worker group's ranks wrote logs of their own: the preempted group's are kept beside the new one's
+    logs = sorted(os.listdir(os.path.join(runs_root, "notice", "logs", "launch1")))
+    assert sorted(name.rsplit("-", 1)[1] for name in logs) == ["rank0.log"] * 2 + ["rank1.log"] * 2, logs
+    for name in logs:
+        with open(os.path.join(runs_root, "notice", "logs", "launch1", name)) as f:
+            assert f.readline().startswith(f"=== {name.rsplit('-', 1)[1][:-4].replace('rank', 'rank ')}, worker group")
 
 
 def test_node_lost_without_notice_costs_at_most_one_interval(lab, runs_root, reference):
