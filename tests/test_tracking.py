@@ -158,8 +158,9 @@ def test_a_tracking_server_that_does_not_answer_stops_the_launch_in_one_line(tmp
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     tracking = Tracking(f"http://127.0.0.1:{port}", Storage.resolve(str(tmp_path)), "r3")
+    tracking.connect_soon()  # as a launch does while Ray starts: the launch's start raises what it found
     with pytest.raises(Unreachable) as caught:
-        tracking.connect()
+        tracking.start(1, {}, {})
     said = str(caught.value)
     assert said.startswith(f"the MLflow tracking server at http://127.0.0.1:{port} did not answer (connection "
                            "refused); check that it is up")

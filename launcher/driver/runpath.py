@@ -26,9 +26,9 @@ def open_run(spec, progress) -> tuple[Storage, RunLog]:
     also feeds MLflow when ``spec.mlflow`` is set.
 
     Raises:
-        UserError: storage that cannot be written, a run of that name that ``spec`` cannot continue, or
-            an MLflow store that cannot be opened.
-        Unreachable: an MLflow tracking server that does not answer.
+        UserError: storage that cannot be written, or a run of that name that ``spec`` cannot continue
+            (an MLflow store that cannot be opened: raised by the log's ``begin``).
+        Unreachable: an MLflow tracking server that does not answer (raised by the log's ``begin``).
     """
     storage = Storage.resolve(spec.storage)
     where = storage.check_writable()
@@ -38,7 +38,7 @@ def open_run(spec, progress) -> tuple[Storage, RunLog]:
     log = RunLog(storage, spec.name, tracking)
     log.check_compatible(spec)
     if tracking is not None:
-        tracking.connect()  # an MLflow store that does not open stops the launch now, before Ray starts
+        tracking.connect_soon()  # while Ray starts; one that does not open stops the launch before any worker
     return storage, log
 
 

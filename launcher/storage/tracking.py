@@ -176,6 +176,8 @@ class Tracking:
         self._usage_steps: dict[int, int] = {}
         self._queue: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._connecting: threading.Thread | None = None
+        self._connect_error: BaseException | None = None
 
     # -- the start: synchronous, before any worker ---------------------------------------------
     def connect(self) -> None:
@@ -186,6 +188,14 @@ class Tracking:
             Unreachable: a tracking server that does not answer.
             UserError: a store that cannot be opened (a database file in a folder that cannot be written).
         """
+        if self._connecting is not None:
+            self._connecting.join()
+            self._connecting = None
+            if self._connect_error is not None:
+                raise self._connect_error
+        self._connect_now()
+
+    def _connect_now(self) -> None:
         if self.client is None:
             with self._said():
                 from mlflow.tracking import MlflowClient
@@ -196,6 +206,18 @@ class Tracking:
                 self.parent, parent_experiment = self._parent()
                 self.experiment_id = parent_experiment or self._experiment(client)
                 self.client = client
+
+    def connect_soon(self) -> None:
+        """:meth:`connect` in a thread, while Ray starts (importing MLflow and opening its store take
+        1 to 3 s); the next :meth:`connect` or :meth:`start` waits for it and raises what it raised."""
+        def connect() -> None:
+            try:
+                self._connect_now()
+            except BaseException as exc:  # noqa: BLE001 - raised again by the caller's connect()
+                self._connect_error = exc
+
+        self._connecting = threading.Thread(target=connect, name="launcher-mlflow-connect", daemon=True)
+        self._connecting.start()
 
     def start(self, launch: int | None, params: dict[str, str], tags: dict[str, str]) -> None:
         """Find or create the MLflow run, log the launch's params and tags, mark it running; raises
