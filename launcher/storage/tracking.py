@@ -138,21 +138,13 @@ def _first_line(exc: BaseException) -> str:
     return line if len(line) <= 200 else line[:197] + "..."
 
 
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """MLflow's first open of an SQLite store logs its schema migrations and SQLAlchemy warns:
-    neither is for the user."""
-    loggers = [logging.getLogger(n) for n in ("alembic", "mlflow.store.db.utils", "mlflow.store.db")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.WARNING)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        for lg, level in zip(loggers, levels):
-            lg.setLevel(level)
+def _quiet() -> None:
+    """MLflow's first open of an SQLite store logs its schema migrations, and SQLAlchemy warns from
+    MLflow's code: neither is for the user. Set once, for the process (the driver's threads share
+    logging and warnings, so a setting put back afterwards could undo another thread's)."""
+    for name in ("alembic", "mlflow.store.db.utils", "mlflow.store.db"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", module=r"mlflow(\.|$)")
 
 
 class Tracking:
@@ -181,8 +173,8 @@ class Tracking:
 
     # -- the start: synchronous, before any worker ---------------------------------------------
     def connect(self) -> None:
-        """Open the store (a server that answers, a database that opens) and find the experiment:
-        checked before Ray starts, so that a store that fails stops the launch in seconds.
+        """Open the store (a server that answers, a database that opens) and find the experiment,
+        before any worker starts (:meth:`connect_soon` does it while Ray starts).
 
         Raises:
             Unreachable: a tracking server that does not answer.
@@ -231,9 +223,9 @@ class Tracking:
     @contextlib.contextmanager
     def _said(self) -> Iterator[None]:
         """MLflow's, the database's and the network's errors as one line for the user."""
+        _quiet()
         try:
-            with _quiet():
-                yield
+            yield
         except (Unreachable, UserError):
             raise
         except Exception as exc:  # noqa: BLE001 - whatever the store raised, said in our words
@@ -426,8 +418,7 @@ class Tracking:
             if call is None:
                 return
             try:
-                with _quiet():
-                    call()
+                call()
             except Exception as exc:  # noqa: BLE001 - a record MLflow refused: the run log keeps it
                 if not self.failed:
                     self.failed = True
