@@ -182,7 +182,7 @@ def test_a_store_that_stops_taking_records_is_said_once_and_the_run_log_keeps_th
     assert json.loads((tmp_path / "r4" / "summary.json").read_text())["status"] == "succeeded"
 
 
-def test_a_submitted_run_on_another_machine_needs_a_tracking_server():
+def test_a_store_written_on_another_machine_is_refused_for_a_tracking_server():
     from launcher.driver.jobs import PROGRAM_FIELDS, check_tracking
     from launcher.spec import JobSpec
 
@@ -194,3 +194,5 @@ def test_a_submitted_run_on_another_machine_needs_a_tracking_server():
         check_tracking(local, "http://10.0.0.3:8265")
     check_tracking(JobSpec(mlflow="http://10.0.0.2:5000").validated(), "http://10.0.0.3:8265")
     assert "mlflow" in PROGRAM_FIELDS  # a submitted program is tracked too
+    with pytest.raises(UserError, match=r"but the trials run on the cluster's nodes \(10\.0\.0\.3\)"):
+        check_tracking(local, "10.0.0.3:6379", where="the trials run on the cluster's nodes")

@@ -228,16 +228,17 @@ def runtime_env(environ: dict[str, str] | None = None, workload: str | None = No
     return code.merge(shipped, {"env_vars": env_vars})
 
 
-def check_tracking(spec, address: str | None) -> None:
-    """A local MLflow store (a folder, sqlite:) with a job on another machine would be written on
-    its head node, where nobody looks: refused, in one line."""
+def check_tracking(spec, address: str | None,
+                   where: str = "a submitted run's driver runs on the cluster's head node") -> None:
+    """A local MLflow store (a folder, sqlite:) with the run's writers on another machine would be
+    written there, where nobody looks: refused, in one line. ``where``: who writes it, and where."""
     host = urlsplit(address if address and "://" in address else f"ray://{address or ''}").hostname
     if spec.mlflow and spec.mlflow.startswith(("file:", "sqlite:")) and host not in (None, "127.0.0.1",
                                                                                       "localhost", "::1"):
-        raise UserError(f"--mlflow {spec.mlflow} is a store on this machine, but a submitted run's driver runs "
-                        f"on the cluster's head node ({host}) and would write it there",
-                        "give a tracking server the cluster can reach (--mlflow http://HOST:5000), or use "
-                        "`launcher run --address` to drive the run from here")
+        raise UserError(f"--mlflow {spec.mlflow} is a store on this machine, but {where} ({host}) and would "
+                        "write it there", "give a tracking server the cluster can reach (--mlflow http://HOST:5000)"
+                        + (", or use `launcher run --address` to drive the run from here"
+                           if "submitted" in where else ""))
 
 
 def job_id_for(name: str, taken: set[str]) -> str:

@@ -11,10 +11,12 @@ import csv
 import dataclasses
 import io
 import json
+import os
 import time
 from typing import Any
 
 from launcher import schema
+from launcher.driver.jobs import check_tracking
 from launcher.storage.runs import TUNING_SUMMARY
 from launcher.storage.tracking import Tracking, params_of
 from launcher.summary import BestTrial, RunStatus, RunSummary, TrialCounts, TuningSummary
@@ -145,6 +147,8 @@ def track(study, storage, note) -> Tracking | None:
     find it in the tuning run's folder (:mod:`launcher.storage.tracking`)."""
     if not study.spec.mlflow:
         return None
+    check_tracking(study.spec, study.spec.address or os.environ.get("RAY_ADDRESS"),
+                   where="the trials run on the cluster's nodes")
     tracking = Tracking(study.spec.mlflow, storage, study.name, note)
     definition = {"goal": study.hp.goal, "metric": study.metric(), "maxTrials": study.hp.maxTrials,
                   "maxParallelTrials": study.hp.maxParallelTrials, "algorithm": study.hp.algorithm,
