@@ -158,3 +158,25 @@ def test_a_prefetching_loader_reports_a_collate_error(comm):
     ragged = [torch.zeros(1 + i % 2) for i in range(8)]
     with pytest.raises(SessionError, match="the default collate cannot batch the items of list"):
         list(session(comm).loader(ragged, batch_size=4, prefetch=True))
+
+
+def test_a_drain_deadline_leaves_room_for_an_epoch_end_before_the_next_check(comm):
+    """The hold before a drain deadline counts an epoch's end (evaluation, checkpoint, report) that
+    falls before the next notice check: without it, a chaos run trained on into that end and lost
+    the steps after it when the node went."""
+    import time
+
+    s = session(comm)
+    s.steps_per_epoch = 23
+    for i in range(23):  # an epoch of quick steps
+        s.pos.step_in_epoch = i + 1
+        s.after_step(time.perf_counter(), epoch_ends=i == 22)
+    time.sleep(0.3)  # its end
+    s.pos.step_in_epoch = 1
+    s.after_step(time.perf_counter())
+    assert 0.3 <= s.epoch_end_s < 0.5 and s.step_s < 0.05
+    deadline = int((time.time() + 1.8) * 1000)  # room for the steps (1.5 s at least), not for an end too
+    s.pos.step_in_epoch = 5  # 18 steps to the epoch's end: not before the next check (every 10)
+    assert not s._deadline_close(deadline, 10)
+    s.pos.step_in_epoch = 20  # the end comes before the next check
+    assert s._deadline_close(deadline, 10)

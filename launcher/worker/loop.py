@@ -117,6 +117,11 @@ class Session(abc.ABC):
         self.notices = True  # False where no notice can come (no preemption watcher): nothing to ask
         self.step_s = 0.0        # recent time per step, for the reserve before a drain deadline
         self.checkpoint_s = 0.0  # time the last checkpoint took
+        # An epoch's end (evaluation, its checkpoint, the report) as the next step saw it, and when the
+        # last step ended: a drain deadline must leave room for it when it comes before the next check.
+        self.epoch_end_s = 0.0
+        self._step_ended: float | None = None
+        self._epoch_ended = False
         self.rank_nodes: list[int] = []  # each rank's node (node_key), for the salvage
         self.saved_step = -1     # the step of the last checkpoint this rank saw stored
         self.updated = False     # the model changed since the position was last counted
@@ -284,6 +289,9 @@ class Session(abc.ABC):
         self.note_progress()
         took = time.perf_counter() - step_started
         self.step_s = 0.9 * self.step_s + 0.1 * took if self.step_s else took
+        if self._epoch_ended and self._step_ended is not None:  # the first step after an epoch's end
+            self.epoch_end_s = max(0.0, step_started - self._step_ended)
+        self._epoch_ended = epoch_ends
         every = self.spec.checkpoint_every_steps
         asked = time.perf_counter()
         action = self.preemption_action() if boundary else None
@@ -307,6 +315,7 @@ class Session(abc.ABC):
             if self.rank == 0:
                 faultpoint.pause("step-checkpoint")
         self.clock.add("checkpoint", time.perf_counter() - saving)
+        self._step_ended = time.perf_counter()
 
     # -- preemption -----------------------------------------------------------------------
     def note_progress(self) -> None:
@@ -354,6 +363,9 @@ class Session(abc.ABC):
         close = 0.0
         if self.rank == 0:
             reserve = max(RESERVE_MIN_S, 2 * self.checkpoint_s + 2 * k * self.step_s)
+            left = self.steps_per_epoch - self.pos.step_in_epoch
+            if self.steps_per_epoch and left <= k:  # an epoch ends before the next check: its end too
+                reserve += 2 * self.epoch_end_s
             close = float(deadline_ms is None or deadline_ms / 1000 - time.time() <= reserve)
         return bool(self.sum_over_ranks(np.array([close], dtype=np.float64))[0] > 0)
 
