@@ -17,7 +17,8 @@ from launcher.cli.run import format_summary
 from launcher.errors import Unreachable, UserError
 from launcher.storage import Storage
 from launcher.storage.runlog import RunLog, read_jsonl
-from launcher.storage.tracking import RECORD_FILE, Tracking, params_of, report_metrics, store_uri
+from launcher.storage.tracking import (RECORD_FILE, Tracking, check_store_reach, params_of, report_metrics,
+                                       store_uri)
 from launcher.storage.uri import normalize_tracking
 from launcher.summary import RunStatus, RunSummary
 
@@ -183,16 +184,24 @@ def test_a_store_that_stops_taking_records_is_said_once_and_the_run_log_keeps_th
 
 
 def test_a_store_written_on_another_machine_is_refused_for_a_tracking_server():
-    from launcher.driver.jobs import PROGRAM_FIELDS, check_tracking
-    from launcher.spec import JobSpec
+    from launcher.driver.jobs import PROGRAM_FIELDS
 
-    local = JobSpec(mlflow="mlruns").validated()
+    local = normalize_tracking("mlruns")
     for here in (None, "127.0.0.1:6379", "http://localhost:8265"):  # a local cluster: the store is here
-        check_tracking(local, here)
+        check_store_reach(local, here, "anyone")
     with pytest.raises(UserError, match=r"is a store on this machine, but a submitted run's driver runs on the "
-                                        r"cluster's head node \(10\.0\.0\.3\)"):
-        check_tracking(local, "http://10.0.0.3:8265")
-    check_tracking(JobSpec(mlflow="http://10.0.0.2:5000").validated(), "http://10.0.0.3:8265")
+                                        r"cluster's head node \(10\.0\.0\.3\) and would write it there; give a "
+                                        r"tracking server .*, or use `launcher run --address`"):
+        check_store_reach(local, "http://10.0.0.3:8265", "a submitted run's driver runs on the cluster's head node",
+                          "or use `launcher run --address` to drive the run from here")
+    check_store_reach("http://10.0.0.2:5000", "http://10.0.0.3:8265", "anyone")
     assert "mlflow" in PROGRAM_FIELDS  # a submitted program is tracked too
     with pytest.raises(UserError, match=r"but the trials run on the cluster's nodes \(10\.0\.0\.3\)"):
-        check_tracking(local, "10.0.0.3:6379", where="the trials run on the cluster's nodes")
+        check_store_reach(local, "10.0.0.3:6379", "the trials run on the cluster's nodes")
+
+
+def test_mlflow_experiment_name_chooses_the_experiment(store, client, tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "lr_sweeps")
+    log = launch(store, Storage.resolve(str(tmp_path)), "r5")
+    log.finish(summary("succeeded", 1))
+    assert client.get_experiment(client.get_run(log.tracking.run_id).info.experiment_id).name == "lr_sweeps"

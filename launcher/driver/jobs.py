@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 from launcher import __version__, schema
 from launcher.errors import Unreachable, UserError
+from launcher.storage.tracking import check_store_reach
 from launcher.worker import deps
 
 ADDRESS_ENVS = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")  # Ray's own order of precedence
@@ -228,19 +229,6 @@ def runtime_env(environ: dict[str, str] | None = None, workload: str | None = No
     return code.merge(shipped, {"env_vars": env_vars})
 
 
-def check_tracking(spec, address: str | None,
-                   where: str = "a submitted run's driver runs on the cluster's head node") -> None:
-    """A local MLflow store (a folder, sqlite:) with the run's writers on another machine would be
-    written there, where nobody looks: refused, in one line. ``where``: who writes it, and where."""
-    host = urlsplit(address if address and "://" in address else f"ray://{address or ''}").hostname
-    if spec.mlflow and spec.mlflow.startswith(("file:", "sqlite:")) and host not in (None, "127.0.0.1",
-                                                                                      "localhost", "::1"):
-        raise UserError(f"--mlflow {spec.mlflow} is a store on this machine, but {where} ({host}) and would "
-                        "write it there", "give a tracking server the cluster can reach (--mlflow http://HOST:5000)"
-                        + (", or use `launcher run --address` to drive the run from here"
-                           if "submitted" in where else ""))
-
-
 def job_id_for(name: str, taken: set[str]) -> str:
     """launcher-<run name>, then -2, -3, ... for later launches of the same run."""
     base = ID_PREFIX + name
@@ -267,7 +255,9 @@ def submit(spec, address: str | None, program=None, program_args: list[str] | tu
 
     if program is not None:
         code.check_size(program.folder, what=f"the {'package' if program.kind == 'module' else 'script'}'s folder")
-    check_tracking(spec, address or os.environ.get("RAY_ADDRESS"))
+    check_store_reach(spec.mlflow, address or os.environ.get("RAY_ADDRESS"),
+                      "a submitted run's driver runs on the cluster's head node",
+                      "or use `launcher run --address` to drive the run from here")
     client = connect(address)
     command = entrypoint(spec, program, program_args, job_dir)
     env = runtime_env(workload=spec.workload if program is None else None, program=program)

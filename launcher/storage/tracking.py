@@ -37,6 +37,7 @@ import threading
 import time
 import warnings
 from typing import Any, Callable, Iterator
+from urllib.parse import urlsplit
 
 from launcher.errors import Unreachable, UserError
 from launcher.storage.runlog import read_jsonl
@@ -97,6 +98,18 @@ def report_metrics(m: dict[str, Any]) -> dict[str, float]:
 
 def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
     return {f"summary/{k}": float(summary[k]) for k in SUMMARY_NUMBERS if _number(summary.get(k))}
+
+
+def check_store_reach(uri: str | None, address: str | None, where: str, alternative: str = "") -> None:
+    """A local MLflow store (a folder, ``sqlite:``) whose writers run on another machine, a cluster
+    at ``address`` (a loopback or no address is this machine), would be written there, where nobody
+    looks: refused, in one line. ``where``: who writes it, and where; ``alternative``: a fix besides
+    a tracking server."""
+    host = urlsplit(address if address and "://" in address else f"ray://{address or ''}").hostname
+    if uri and uri.startswith(("file:", "sqlite:")) and host not in (None, "127.0.0.1", "localhost", "::1"):
+        raise UserError(f"--mlflow {uri} is a store on this machine, but {where} ({host}) and would write it "
+                        "there", "give a tracking server the cluster can reach (--mlflow http://HOST:5000)"
+                        + (f", {alternative}" if alternative else ""))
 
 
 def _number(v: Any) -> bool:

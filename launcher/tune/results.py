@@ -16,9 +16,8 @@ import time
 from typing import Any
 
 from launcher import schema
-from launcher.driver.jobs import check_tracking
 from launcher.storage.runs import TUNING_SUMMARY
-from launcher.storage.tracking import Tracking, params_of
+from launcher.storage.tracking import Tracking, check_store_reach, params_of
 from launcher.summary import BestTrial, RunStatus, RunSummary, TrialCounts, TuningSummary
 from launcher.tune.trial import trial_name
 
@@ -147,8 +146,8 @@ def track(study, storage, note) -> Tracking | None:
     find it in the tuning run's folder (:mod:`launcher.storage.tracking`)."""
     if not study.spec.mlflow:
         return None
-    check_tracking(study.spec, study.spec.address or os.environ.get("RAY_ADDRESS"),
-                   where="the trials run on the cluster's nodes")
+    check_store_reach(study.spec.mlflow, study.spec.address or os.environ.get("RAY_ADDRESS"),
+                      "the trials run on the cluster's nodes")
     tracking = Tracking(study.spec.mlflow, storage, study.name, note)
     definition = {"goal": study.hp.goal, "metric": study.metric(), "maxTrials": study.hp.maxTrials,
                   "maxParallelTrials": study.hp.maxParallelTrials, "algorithm": study.hp.algorithm,
