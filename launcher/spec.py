@@ -30,9 +30,9 @@ NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
 FRAMEWORKS = ("torch", "tensorflow", "xgboost")
 PROGRAM_FRAMEWORKS = ("sklearn",)  # only a program's (--package, --script): no built-in workload trains with it
 BOOSTING_WORKLOAD = "tabular"  # what --framework xgboost trains when no --workload is given
-BOOSTING_CHECKPOINT_ROUNDS = 10  # a boosting run's checkpoint cadence when none is given
-__all__ = ["JobSpec", "FRAMEWORKS", "HOROVOD_OPTIONS", "check_name", "default_name", "load_spec_file",
-           "normalize_data", "normalize_storage"]
+BOOSTING_CHECKPOINT_ROUNDS = 10  # a boosting run's checkpoint cadence when none is given (at least)
+__all__ = ["JobSpec", "BOOSTING_CHECKPOINT_ROUNDS", "FRAMEWORKS", "HOROVOD_OPTIONS", "check_name", "default_name",
+           "load_spec_file", "normalize_data", "normalize_storage"]
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,8 @@ class JobSpec:
 
     ``None`` in epochs, batch_size and lr means "the workload's default";
     ``None`` in name means "generate one"; ``None`` in checkpoint_every_steps
-    means "once per epoch"; ``None`` in address means "start a local Ray".
+    means "once per epoch" (for xgboost: every 10 rounds, further apart where a checkpoint
+    would cost more than 2 % of the rounds' time); ``None`` in address means "start a local Ray".
     """
 
     workload: str = option(workloads.DEFAULT,
@@ -70,7 +71,8 @@ class JobSpec:
                                 help="track the run in MLflow (off unless given): --mlflow alone keeps it in "
                                 f"{DEFAULT_TRACKING}, --mlflow URI in a tracking server (http://HOST:5000), a "
                                 "database (sqlite:///FILE.db) or a folder; one MLflow run per run, resumed with it")
-    checkpoint_every_steps: int | None = option(None, help="also checkpoint every N steps (default: per epoch)")
+    checkpoint_every_steps: int | None = option(None, help="also checkpoint every N steps (default: per epoch; "
+                                                "xgboost: every 10 rounds or more, by their cost)")
     keep_checkpoints: int = option(3, help="checkpoints to keep (default 3)")
     checkpoint_upload: str = option("sync", help="sync (default): training waits while a checkpoint is stored; "
                                     "async: step and epoch checkpoints are stored in the background (those taken on "
@@ -143,9 +145,10 @@ class JobSpec:
         """
         if self.framework == "torch" and workloads.is_reference(self.workload):
             function = load_workload(self.workload)
-            if isinstance(function, workloads.TrainingFunction) and function.frameworks == ("tensorflow",):
-                # A Keras or TensorFlow function: it needs no --framework.
-                return dataclasses.replace(self, framework="tensorflow").validated(now)
+            if isinstance(function, workloads.TrainingFunction) and function.frameworks in (("tensorflow",),
+                                                                                          ("xgboost",)):
+                # A Keras or TensorFlow function, or a Ray Train XGBoost function: no --framework needed.
+                return dataclasses.replace(self, framework=function.frameworks[0]).validated(now)
         if self.framework == "xgboost" and self.workload == workloads.DEFAULT:
             return dataclasses.replace(self, workload=BOOSTING_WORKLOAD).validated(now)
         workload = self._check_choices()
@@ -194,6 +197,10 @@ class JobSpec:
                             "(or --script FILE), or use --framework xgboost for boosted trees on a table")
         if self.framework not in FRAMEWORKS:
             raise UserError(f"unknown framework {self.framework!r}", f"valid: {', '.join(FRAMEWORKS)}")
+        if self.framework == "xgboost" and getattr(workload, "kind", None) == workloads.function.SESSION:
+            raise UserError(f"{workload.name}(session) is a training function for torch or TensorFlow; an XGBoost "
+                            "function is written as Ray Train's", "write it as def NAME(config) calling "
+                            "xgboost.train with ray.train.xgboost.RayTrainReportCallback (see the XGBoost guide)")
         if self.framework not in workload.frameworks:
             raise UserError(f"workload {workload.name} has no {self.framework} model",
                             f"use --framework {' or '.join(workload.frameworks)}")
@@ -209,7 +216,7 @@ class JobSpec:
 
     def _check_boosting(self, workload) -> "JobSpec":
         """--framework xgboost: refuse what a boosting run has no use for, in one line; returns the
-        spec with a boosting run's defaults (a checkpoint every 10 rounds, a notice check every
+        spec with a boosting run's defaults (checkpoints spaced by the loop, a notice check every
         round) where the user gave none, or ``self``."""
         if self.framework != "xgboost":
             return self
@@ -225,9 +232,9 @@ class JobSpec:
             name, why = neural[0]
             raise UserError(f"{_flag(name)} does not apply to an XGBoost run" + (f": {why}" if why else
                             ": it trains trees, not a network"), f"drop {_flag(name)}")
+        # checkpoint_every_steps stays None unless given: the boosting loop then checkpoints every
+        # BOOSTING_CHECKPOINT_ROUNDS rounds, spaced further where a checkpoint costs more.
         defaults = {}
-        if self.checkpoint_every_steps is None:
-            defaults["checkpoint_every_steps"] = BOOSTING_CHECKPOINT_ROUNDS
         if self.preemption_check_steps == _DEFAULTS["preemption_check_steps"]:
             defaults["preemption_check_steps"] = 1  # a round takes long enough to ask after each
         return dataclasses.replace(self, **defaults) if defaults else self

@@ -156,12 +156,12 @@ def stop_after_step_checkpoint(args: list[str], marks, until=None) -> dict:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("backend", ["native", "horovod"])
-def test_char_lm_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path, backend):
+def test_char_lm_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path):
+    # On Horovod where it is built (CI builds it): the native backend's mid-epoch resume is
+    # bitwise-checked by test_session_chaos::test_a_notice_costs_a_training_function_no_steps.
     from launcher.backends import horovod
 
-    if backend == "horovod" and horovod.probe("torch"):
-        pytest.skip(f"Horovod is not built here: {horovod.probe('torch')}")
+    backend = "native" if horovod.probe("torch") else "horovod"
     storage = str(tmp_path / "runs")
     args = ["--workload", CHAR_LM, "--data", topics_file(tmp_path / "data"), "--storage", storage,
             "--backend", backend, "--epochs", "2", "--checkpoint-every-steps", "4"]

@@ -23,6 +23,7 @@ from test_user_workloads import run_cli
 from workloads.tabular import Tabular, read_table
 
 TABULAR = Tabular()
+EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
 
 
 def diabetes_csv(folder) -> str:
@@ -48,12 +49,37 @@ def diabetes_csv(folder) -> str:
 
 def test_xgboost_trains_the_tabular_workload_with_round_checkpoints_by_default():
     spec = JobSpec(framework="xgboost").validated()
+    # No cadence fixed: the boosting loop checkpoints every 10 rounds, or further apart by cost.
     assert (spec.workload, spec.epochs, spec.checkpoint_every_steps, spec.preemption_check_steps) == \
-        ("tabular", 1, 10, 1)
+        ("tabular", 1, None, 1)
     assert spec.params["num_boost_round"] == 50
     given = JobSpec(framework="xgboost", checkpoint_every_steps=5, preemption_check_steps=3).validated()
     assert (given.checkpoint_every_steps, given.preemption_check_steps) == (5, 3)
     assert given.validated() == given  # a validated spec validates to itself
+
+
+def test_default_round_checkpoints_are_spaced_by_their_cost():
+    from launcher.worker.xgb_loop import checkpoint_spacing
+
+    assert checkpoint_spacing(0.005, 0.05) == 10       # cheap against the rounds: every 10
+    assert checkpoint_spacing(0.04, 0.028) == 72       # 40 ms on 28 ms rounds: 2 % of the rounds' time
+    assert checkpoint_spacing(0.0, 0.0) == 10          # nothing measured yet
+
+
+def test_a_workers_xgboost_error_is_told_by_its_message_not_its_native_stack():
+    from ray.train import WorkerGroupError
+
+    from launcher.driver.trainer import describe_failure
+
+    class XGBoostError(ValueError):
+        pass
+
+    text = ("[08:21:29] /__w/xgboost/xgboost/src/collective/result.cc:83: [comm.cc:220|08:21:29]:\n"
+            "- Failed to connect to the peer 1: connection refused\nStack trace:\n"
+            "  [bt] (0) /venv/lib/libxgboost.so(+0x2a8f3c) [0x7f00]\n"
+            "  [bt] (8) /lib/x86_64-linux-gnu/libffi.so.8(ffi_call+0xcd) [0x7fd4]\n")
+    line = describe_failure(WorkerGroupError("x", {0: XGBoostError(text)}))
+    assert line == "rank 0: XGBoostError: - Failed to connect to the peer 1: connection refused", line
 
 
 @pytest.mark.parametrize("changes, needle", [
@@ -179,6 +205,42 @@ def test_xgboost_on_2_workers_learns_resumes_at_the_round_and_exports_a_booster(
     np.testing.assert_allclose(served.predict(x[:20].tolist()), booster.predict(rows), rtol=1e-6)
 
 
+@pytest.mark.integration
+def test_a_ray_train_xgboost_function_runs_as_written_and_goes_on_from_its_checkpoint(ray_local, capsys, tmp_path):
+    """Ray's XGBoostTrainer example shape: get_dataset_shard("train"/"validation") made from --data by
+    Ray Data, RayTrainReportCallback checkpoints; a relaunch asking for more rounds goes on from the
+    last checkpoint and ends where an uninterrupted run ends."""
+    from ray.train import Checkpoint
+    from ray.train.xgboost import RayTrainReportCallback
+
+    storage = str(tmp_path / "runs")
+    args = ["run", "--workload", os.path.join(EXAMPLES, "xgboost_ray_train.py:train_fn_per_worker"), "--data",
+            diabetes_csv(tmp_path / "data"), "--param", "label=progression", "--param", "max_depth=3", "--param",
+            "eta=0.1", "--param", "checkpoint_every=4", "--workers", "2", "--storage", storage, "--json"]
+
+    def run(name: str, rounds: int) -> dict:
+        code, out, err = run_cli(capsys, *args, "--param", f"num_boost_round={rounds}", "--name", name)
+        summary = json.loads(out.strip().splitlines()[-1])
+        assert code == 0 and summary["status"] == "succeeded" and summary["framework"] == "xgboost", err[-2000:]
+        return summary
+
+    whole = run("whole", 12)
+    assert whole["metrics"]["validation-rmse"] < 65, whole["metrics"]  # it learned: the target's spread is ~77
+    assert run("part", 8)["steps_completed"] >= 8
+    resumed = run("part", 12)
+    assert resumed["steps_completed"] < 12  # only the rounds the checkpoint lacked
+    assert resumed["metrics"] == whole["metrics"]
+    booster = RayTrainReportCallback.get_model(Checkpoint(resumed["checkpoint"]))
+    assert booster.num_boosted_rounds() == 12
+
+
+def test_a_session_function_is_refused_for_xgboost_in_one_line(capsys, tmp_path):
+    code, _, err = run_cli(capsys, "run", "--framework", "xgboost", "--workload",
+                           os.path.join(os.path.dirname(EXAMPLES), "examples", "char_lm.py:train"),
+                           "--storage", str(tmp_path / "runs"))
+    assert code == 2 and "train(session) is a training function for torch or TensorFlow" in err, err
+
+
 def test_a_booster_export_without_its_model_bst_is_one_line(capsys, tmp_path):
     model = tmp_path / "runs" / "boosted" / "model"
     model.mkdir(parents=True)
@@ -193,9 +255,6 @@ def test_a_booster_export_without_its_model_bst_is_one_line(capsys, tmp_path):
 
 
 # -- scikit-learn and XGBoost trainer packages --------------------------------------------------------
-
-EXAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples")
-
 
 @pytest.mark.parametrize("folder, expected", [("sklearn_package", "sklearn"), ("xgboost_package", "xgboost"),
                                               ("trainer_package", None)])

@@ -77,6 +77,22 @@ def framework_of(fn: Callable) -> tuple[str, ...]:
     return ("torch", "tensorflow")
 
 
+def ray_train_framework(fn: Callable) -> tuple[str, ...]:
+    """What a Ray Train function trains: XGBoost where its module imports xgboost (or Ray Train's
+    XGBoost helpers) and not torch, then on Ray Train's XGBoost backend; else torch."""
+    found = set()
+    for value in getattr(fn, "__globals__", {}).values():
+        if inspect.ismodule(value):
+            found.add(value.__name__)
+        elif inspect.isclass(value) or inspect.isfunction(value):
+            found.add(getattr(value, "__module__", "") or "")
+
+    def uses(*packages: str) -> bool:
+        return any(name == p or name.startswith(p + ".") for name in found for p in packages)
+
+    return ("xgboost",) if uses("xgboost", "ray.train.xgboost") and not uses("torch") else ("torch",)
+
+
 def required_parameters(fn: Callable) -> list[str]:
     """The names of the parameters a call of ``fn`` must give (none for a class or a builtin)."""
     if not inspect.isfunction(fn):
@@ -142,7 +158,7 @@ class TrainingFunction(Workload):
             name=fn.__name__, description=declared.get("description") or (doc[0] if doc else
                                                                           f"training function {fn.__name__}"),
             defaults=declared.get("defaults", FALLBACK),
-            frameworks=framework_of(fn) if kind == SESSION else ("torch",),
+            frameworks=framework_of(fn) if kind == SESSION else ray_train_framework(fn),
             data_help=declared.get("data"), params=tuple(declared.get("params", ())))
         self.fn, self.kind = fn, kind
         self.free_params = "params" not in declared or not declared["params"]

@@ -7,6 +7,7 @@ import json
 import os
 import socket
 
+import workloads
 from launcher.backends.base import Backend, TFComm, TorchComm
 
 
@@ -153,7 +154,15 @@ class NativeBackend(Backend):
             # training function inside XGBoost's communicator.
             from ray.train.xgboost import XGBoostConfig
 
-            return raytrain.trainer(train_fn, loop_config, XGBoostConfig(), scaling_config, run_config)
+            datasets = None
+            if spec.data is not None and workloads.is_ray_train(spec.workload):
+                # A function written for XGBoostTrainer reads ray.train.get_dataset_shard("train")
+                # and ("validation"): the table as Ray Data datasets, each worker given its share.
+                from launcher.data.tables import DEFAULT_TEST_FRACTION, ray_datasets
+
+                datasets = ray_datasets(spec.data, float(spec.params.get("test_fraction", DEFAULT_TEST_FRACTION)))
+            return raytrain.trainer(train_fn, loop_config, XGBoostConfig(), scaling_config, run_config,
+                                    datasets=datasets)
         # Ray's TorchTrainer with TorchConfig, less torch in the driver and controller (raytrain.py).
         backend = raytrain.TorchProcessGroup(backend="nccl" if spec.gpus_per_worker > 0 else "gloo")
         return raytrain.trainer(train_fn, loop_config, backend, scaling_config, run_config)

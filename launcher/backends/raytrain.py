@@ -76,9 +76,9 @@ class FixedWithoutRequests(_ray.FixedScalingPolicy):
         pass
 
 
-def trainer(train_fn, loop_config, backend_config, scaling_config, run_config) -> LeanTrainer:
+def trainer(train_fn, loop_config, backend_config, scaling_config, run_config, datasets=None) -> LeanTrainer:
     return LeanTrainer(train_fn, train_loop_config=loop_config, backend_config=backend_config,
-                       scaling_config=scaling_config, run_config=run_config)
+                       scaling_config=scaling_config, run_config=run_config, datasets=datasets)
 
 
 # ---- torch.distributed without importing torch outside the workers ----

@@ -15,7 +15,11 @@ from launcher.worker.timing import describe, largest_share
 
 
 def format_epoch(m: dict[str, Any], epochs: int, elapsed: float) -> str:
-    parts = [f"epoch {m.get('epoch')}/{epochs}", f"step {m.get('global_step')}"]
+    epoch = m.get("epoch")
+    # A Ray Train function's reports count as epochs; one reporting more often than the run has
+    # epochs (an XGBoost function's callback: every round) has no total to show.
+    counted = isinstance(epoch, int) and epoch > epochs
+    parts = [f"epoch {epoch}" if counted else f"epoch {epoch}/{epochs}", f"step {m.get('global_step')}"]
     for key, fmt in (("train_loss", "train_loss {:.4f}"), ("loss", "loss {:.4f}"),
                      ("accuracy", "acc {:.4f}")):
         if isinstance(m.get(key), (int, float)):

@@ -273,10 +273,21 @@ def describe_failure(exc: BaseException, memory: dict[str, Any] | None = None) -
         rank = min(failures)
         inner = failures[rank]
         cause = getattr(inner, "cause", None) or inner
-        text = str(cause).strip().splitlines()
+        text = _without_native_stack(str(cause))
         return f"rank {rank}: {type(cause).__name__}: {text[-1] if text else ''}"
-    text = str(exc).strip().splitlines()
+    text = _without_native_stack(str(exc))
     return f"{type(exc).__name__}: {text[0] if text else ''}"
+
+
+def _without_native_stack(text: str) -> list[str]:
+    """``text``'s lines up to a native library's stack trace (XGBoost's errors end with
+    ``Stack trace:`` and ``[bt] (N) ...`` lines, whose last says nothing about the error)."""
+    lines = []
+    for line in text.strip().splitlines():
+        if line.strip() == "Stack trace:" or line.lstrip().startswith("[bt] ("):
+            break
+        lines.append(line)
+    return [line for line in lines if line.strip()]
 
 
 MEMORY_FIX = "--strategy fsdp to shard the model, more workers, or a smaller --batch-size"

@@ -61,17 +61,18 @@ def _train(spec: JobSpec, config: dict[str, Any], started: float) -> None:
         # Before anything imports TensorFlow (a training function's file does): the legacy
         # tf.keras, and TensorFlow's thread pools sized to the worker's CPUs.
         configure_tensorflow(max(1, int(spec.cpus_per_worker)))
+    function = _training_function(spec)
+    if function is not None and function.kind == workloads.function.RAY_TRAIN:
+        # Written for Ray Train's TorchTrainer or XGBoostTrainer (then inside XGBoost's
+        # communicator): Ray's own API inside, the run's values as config.
+        function.fn(dict(config["user_config"]))
+        return
     if spec.framework == "xgboost":
         from launcher.worker.xgb_loop import BoostingTraining, XGBComm
 
         comm = XGBComm()
         comm.setup()
         BoostingTraining(spec, comm).start(config, started)
-        return
-    function = _training_function(spec)
-    if function is not None and function.kind == workloads.function.RAY_TRAIN:
-        # Written for Ray Train's TorchTrainer: Ray's own API inside, the run's values as config.
-        function.fn(dict(config["user_config"]))
         return
     if spec.framework == "tensorflow":
         comm = backend.tf_comm(spec)

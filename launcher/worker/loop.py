@@ -292,7 +292,6 @@ class Session(abc.ABC):
         if self._epoch_ended and self._step_ended is not None:  # the first step after an epoch's end
             self.epoch_end_s = max(0.0, step_started - self._step_ended)
         self._epoch_ended = epoch_ends
-        every = self.spec.checkpoint_every_steps
         asked = time.perf_counter()
         action = self.preemption_action() if boundary else None
         resize = not action and boundary and self.resize_asked()
@@ -310,12 +309,22 @@ class Session(abc.ABC):
                 self.board.notice_saved.remote(self.attempt, self.checkpoint_s)
             if action == "hold":
                 self.hold()
-        elif every and boundary and self.pos.global_step % every == 0 and not epoch_ends:
+        elif boundary and not epoch_ends and self.step_checkpoint_due():
             self.send({"kind": "step", **values()})
+            self.step_checkpoint_taken()
             if self.rank == 0:
                 faultpoint.pause("step-checkpoint")
         self.clock.add("checkpoint", time.perf_counter() - saving)
         self._step_ended = time.perf_counter()
+
+    def step_checkpoint_due(self) -> bool:
+        """Whether the step just counted ends with a checkpoint (``--checkpoint-every-steps``);
+        the same answer on every rank, as the checkpoint is the group's."""
+        every = self.spec.checkpoint_every_steps
+        return bool(every) and self.pos.global_step % every == 0
+
+    def step_checkpoint_taken(self) -> None:
+        """After a step checkpoint, on every rank (the boosting loop spaces its next one here)."""
 
     # -- preemption -----------------------------------------------------------------------
     def note_progress(self) -> None:
