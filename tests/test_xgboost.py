@@ -216,7 +216,7 @@ def test_a_ray_train_xgboost_function_runs_as_written_and_goes_on_from_its_check
     storage = str(tmp_path / "runs")
     args = ["run", "--workload", os.path.join(EXAMPLES, "xgboost_ray_train.py:train_fn_per_worker"), "--data",
             diabetes_csv(tmp_path / "data"), "--param", "label=progression", "--param", "max_depth=3", "--param",
-            "eta=0.1", "--param", "checkpoint_every=4", "--workers", "2", "--storage", storage, "--json"]
+            "eta=0.1", "--param", "checkpoint_every=2", "--workers", "2", "--storage", storage, "--json"]
 
     def run(name: str, rounds: int) -> dict:
         code, out, err = run_cli(capsys, *args, "--param", f"num_boost_round={rounds}", "--name", name)
@@ -224,14 +224,29 @@ def test_a_ray_train_xgboost_function_runs_as_written_and_goes_on_from_its_check
         assert code == 0 and summary["status"] == "succeeded" and summary["framework"] == "xgboost", err[-2000:]
         return summary
 
-    whole = run("whole", 12)
+    whole = run("whole", 8)
     assert whole["metrics"]["validation-rmse"] < 65, whole["metrics"]  # it learned: the target's spread is ~77
-    assert run("part", 8)["steps_completed"] >= 8
-    resumed = run("part", 12)
-    assert resumed["steps_completed"] < 12  # only the rounds the checkpoint lacked
+    assert run("part", 4)["steps_completed"] >= 4
+    resumed = run("part", 8)
+    assert resumed["steps_completed"] < 8  # only the rounds the checkpoint lacked
     assert resumed["metrics"] == whole["metrics"]
     booster = RayTrainReportCallback.get_model(Checkpoint(resumed["checkpoint"]))
-    assert booster.num_boosted_rounds() == 12
+    assert booster.num_boosted_rounds() == 8
+
+
+def test_a_tables_validation_rows_are_chosen_by_their_values():
+    import pandas as pd
+
+    from launcher.data.tables import rows_on_side
+
+    rng = np.random.default_rng(0)
+    table = pd.DataFrame({"a": rng.normal(size=2000), "b": rng.integers(0, 5, 2000), "y": rng.normal(size=2000)})
+    held, kept = rows_on_side(table, 0.2, True), rows_on_side(table, 0.2, False)
+    assert len(held) + len(kept) == len(table) and not set(held.index) & set(kept.index)
+    assert 0.17 < len(held) / len(table) < 0.23
+    # the same rows in other blocks, another order: the same sides
+    parts = [rows_on_side(table.iloc[i:i + 300][::-1], 0.2, True) for i in range(0, 2000, 300)]
+    assert sorted(pd.concat(parts).index) == sorted(held.index)
 
 
 def test_a_session_function_is_refused_for_xgboost_in_one_line(capsys, tmp_path):
