@@ -205,8 +205,8 @@ class JobSpec:
             raise UserError(f"workload {workload.name} has no {self.framework} model",
                             f"use --framework {' or '.join(workload.frameworks)}")
         if getattr(workload, "kind", None) == workloads.function.RAY_TRAIN and self.backend != "native":
-            raise UserError(f"{workload.name}(config) is a Ray Train function: it runs on Ray Train's own torch "
-                            f"backend, not {self.backend}",
+            raise UserError(f"{workload.name}(config) is a Ray Train function: it runs on Ray Train's own "
+                            f"{'XGBoost' if self.framework == 'xgboost' else 'torch'} backend, not {self.backend}",
                             "drop --backend, or write it as def NAME(session) to train with Horovod")
         backend = _lookup(backends.REGISTRY, self.backend, "--backend")
         if self.framework not in backend.frameworks:

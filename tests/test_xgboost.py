@@ -237,7 +237,7 @@ def test_a_ray_train_xgboost_function_runs_as_written_and_goes_on_from_its_check
 def test_a_tables_validation_rows_are_chosen_by_their_values():
     import pandas as pd
 
-    from launcher.data.tables import rows_on_side
+    from launcher.data.tables import ray_datasets, rows_on_side
 
     rng = np.random.default_rng(0)
     table = pd.DataFrame({"a": rng.normal(size=2000), "b": rng.integers(0, 5, 2000), "y": rng.normal(size=2000)})
@@ -247,6 +247,9 @@ def test_a_tables_validation_rows_are_chosen_by_their_values():
     # the same rows in other blocks, another order: the same sides
     parts = [rows_on_side(table.iloc[i:i + 300][::-1], 0.2, True) for i in range(0, 2000, 300)]
     assert sorted(pd.concat(parts).index) == sorted(held.index)
+    for bad in ("abc", 0, 1.5):  # refused in one line before Ray Data is touched
+        with pytest.raises(UserError, match="test_fraction: the validation share must be a number between 0 and 1"):
+            ray_datasets("unused.csv", bad)
 
 
 def test_a_session_function_is_refused_for_xgboost_in_one_line(capsys, tmp_path):

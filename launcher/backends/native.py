@@ -160,7 +160,7 @@ class NativeBackend(Backend):
                 # and ("validation"): the table as Ray Data datasets, each worker given its share.
                 from launcher.data.tables import DEFAULT_TEST_FRACTION, ray_datasets
 
-                datasets = ray_datasets(spec.data, float(spec.params.get("test_fraction", DEFAULT_TEST_FRACTION)))
+                datasets = ray_datasets(spec.data, spec.params.get("test_fraction", DEFAULT_TEST_FRACTION))
             return raytrain.trainer(train_fn, loop_config, XGBoostConfig(), scaling_config, run_config,
                                     datasets=datasets)
         # Ray's TorchTrainer with TorchConfig, less torch in the driver and controller (raytrain.py).

@@ -15,6 +15,8 @@ on one side. Both datasets are materialized before the workers start.
 
 from __future__ import annotations
 
+import math
+
 import pyarrow.fs
 
 from launcher.errors import UserError
@@ -52,10 +54,14 @@ def table_files(data: str) -> tuple[Storage, list[str], str]:
     return storage, files, kinds.pop()
 
 
-def ray_datasets(data: str, test_fraction: float = DEFAULT_TEST_FRACTION) -> dict:
+def ray_datasets(data: str, test_fraction: object = DEFAULT_TEST_FRACTION) -> dict:
     """``{"train": ..., "validation": ...}``: Ray Data datasets of the table ``data`` names."""
+    try:
+        test_fraction = float(test_fraction)
+    except (TypeError, ValueError):
+        test_fraction = math.nan
     if not 0.0 < test_fraction < 1.0:
-        raise UserError(f"--param test_fraction={test_fraction}: the validation share must be between 0 and 1",
+        raise UserError("--param test_fraction: the validation share must be a number between 0 and 1",
                         "use e.g. --param test_fraction=0.2")
     import ray.data
 
@@ -76,5 +82,6 @@ def rows_on_side(batch, fraction: float, held_out: bool):
     buckets = pd.util.hash_pandas_object(batch, index=False).to_numpy() % BUCKETS
     mask = buckets < fraction * BUCKETS
     return batch[mask if held_out else ~mask]
+
 
 __all__ = ["ray_datasets", "rows_on_side", "table_files"]

@@ -7,11 +7,11 @@ and every worker ends each round with the same booster.
 
 A round is a step. The run is one epoch of ``num_boost_round`` steps, and everything the
 launcher promises for steps holds per round: a checkpoint every ``--checkpoint-every-steps``
-rounds (rank 0 writes the booster, UBJSON, then the manifest; without the flag every 10 rounds,
-spaced further while a checkpoint costs more than 2 % of the rounds between), resume at the round (the
-booster is loaded and the remaining rounds are trained on top of it; with ``subsample`` 1
-the result is bitwise the booster of an uninterrupted run), and a preemption notice
-checked between rounds (a checkpoint at once, then hold).
+rounds (rank 0 writes the booster, UBJSON, then the manifest; without the flag every 10
+rounds, spaced further while a checkpoint costs more than 2 % of the rounds between), resume
+at the round (the booster is loaded and the remaining rounds are trained on top of it; with
+``subsample`` 1 the result is bitwise the booster of an uninterrupted run), and a preemption
+notice checked between rounds (a checkpoint at once, then hold).
 """
 
 from __future__ import annotations
