@@ -69,7 +69,7 @@ def test_default_round_checkpoints_are_spaced_by_their_cost():
 def test_a_workers_xgboost_error_is_told_by_its_message_not_its_native_stack():
     from ray.train import WorkerGroupError
 
-    from launcher.driver.trainer import describe_failure
+    from launcher.driver.trainer import describe_failure, error_line
 
     class XGBoostError(ValueError):
         pass
@@ -80,6 +80,11 @@ def test_a_workers_xgboost_error_is_told_by_its_message_not_its_native_stack():
             "  [bt] (8) /lib/x86_64-linux-gnu/libffi.so.8(ffi_call+0xcd) [0x7fd4]\n")
     line = describe_failure(WorkerGroupError("x", {0: XGBoostError(text)}))
     assert line == "rank 0: XGBoostError: - Failed to connect to the peer 1: connection refused", line
+    # the progress line, from the error's text as the worker sent it
+    assert error_line(f"XGBoostError: {text}") == (
+        "XGBoostError: [08:21:29] /__w/xgboost/xgboost/src/collective/result.cc:83: [comm.cc:220|08:21:29]: "
+        "- Failed to connect to the peer 1: connection refused")
+    assert error_line("ValueError: bad --param\nmore") == "ValueError: bad --param"
 
 
 @pytest.mark.parametrize("changes, needle", [

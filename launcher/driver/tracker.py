@@ -247,7 +247,7 @@ class Tracker:
             self.progress.note(f"worker group failed: {killed}")
             return
         first = min(event.errors)
-        self.progress.note(f"worker group failed (rank {first}: {event.errors[first].splitlines()[0]})")
+        self.progress.note(f"worker group failed (rank {first}: {trainer.error_line(event.errors[first])})")
 
     def account(self, board: list[dict[str, Any]]) -> None:
         """Steps and time each restart lost, from the progress board's view of the attempts."""

@@ -279,6 +279,17 @@ def describe_failure(exc: BaseException, memory: dict[str, Any] | None = None) -
     return f"{type(exc).__name__}: {text[0] if text else ''}"
 
 
+def error_line(text: str) -> str:
+    """One line for a worker's error text (``Type: message``): its first line, and the next one
+    where the first only leads into it (XGBoost's ``[time] file.cc:83: [comm.cc:220]:``)."""
+    lines = _without_native_stack(text)
+    if not lines:
+        return ""
+    if lines[0].rstrip().endswith(":") and len(lines) > 1:
+        return f"{lines[0].rstrip()} {lines[1].strip()}"
+    return lines[0]
+
+
 def _without_native_stack(text: str) -> list[str]:
     """``text``'s lines up to a native library's stack trace (XGBoost's errors end with
     ``Stack trace:`` and ``[bt] (N) ...`` lines, whose last says nothing about the error)."""
