@@ -3,11 +3,12 @@
 Starts ``launcher run ARGS`` and samples every process that appeared after it started
 (psutil, once a second), grouped by what it is: the training workers, Ray Train's
 controller and synchronisation actor, the raylet, the GCS, the dashboard and runtime
-environment agents, Ray's log monitor and autoscaler monitor, idle Ray workers, the
-launcher's driver and its reaper. Prints each group's share of one core over the steady
-part of the run (from --skip seconds after the first worker appears to two seconds before
-the end), so a setting can be judged by what it saves without a long throughput
-benchmark; the throughput ratio itself is ``launcher bench scaling``'s.
+environment agents, Ray's log monitor, API server (started even without the dashboard)
+and autoscaler monitor, idle Ray workers, the launcher's driver and its reaper. Prints each
+group's share of one core over the steady part of the run (from --skip seconds after the
+first worker appears to two seconds before the end), so a setting can be judged by what it
+saves without a long throughput benchmark; the throughput ratio itself is ``launcher bench
+scaling``'s.
 
     python -m benchmarks.ray_tax --skip 20 -- --workload examples/char_lm.py:train \\
         --data /tmp/text.txt --workers 2 --epochs 2
@@ -33,9 +34,12 @@ GROUPS = (
     ("sync actor", "SynchronizationActor"),
     ("raylet", "core/src/ray/raylet/raylet"),  # a worker's own command line names the raylet too
     ("gcs", "core/src/ray/gcs/gcs_server"),
+    ("dashboard agent", "DashboardAgent"),  # its title once started; its command line before
     ("dashboard agent", "dashboard/agent.py"),
+    ("runtime env agent", "RuntimeEnvAgent"),
     ("runtime env agent", "runtime_env/agent/main.py"),
     ("log monitor", "log_monitor.py"),
+    ("api server", "dashboard/dashboard.py"),  # started even without the dashboard
     ("autoscaler monitor", "autoscaler/_private/monitor.py"),
     ("idle ray workers", "ray::IDLE"),
     ("launcher reaper", "launcher.driver.reaper"),

@@ -70,10 +70,14 @@ PRIVATE: dict[str, tuple[str, str]] = {
                    "the size of a user's code folder as Ray would ship it (.gitignore, .rayignore)"),
     "excludes_matcher": ("ray._private.runtime_env.packaging:_get_excludes",
                          "the runtime_env 'excludes' patterns as Ray applies them"),
-    # A local Ray this launch started: its autoscaler monitor, stopped before ray.shutdown().
+    # A local Ray this launch started: the daemons it needs not (session.IDLE_DAEMONS), stopped.
     "global_worker": ("ray._private.worker:global_worker", "the node this driver started (.node.all_processes)"),
     "PROCESS_TYPE_MONITOR": ("ray._private.ray_constants:PROCESS_TYPE_MONITOR",
                              "the autoscaler monitor's key in that node's processes"),
+    "PROCESS_TYPE_LOG_MONITOR": ("ray._private.ray_constants:PROCESS_TYPE_LOG_MONITOR",
+                                 "the log monitor's key there"),
+    "PROCESS_TYPE_DASHBOARD": ("ray._private.ray_constants:PROCESS_TYPE_DASHBOARD",
+                               "the API server's key there (started even with include_dashboard=False)"),
     "DrainNodeReason": ("ray.core.generated.autoscaler_pb2:DrainNodeReason", "the PREEMPTION drain reason"),
     # The autoscaling preemption lab: Ray's fake multi-node provider, made as slow as GCE.
     "FakeMultiNodeProvider": ("ray.autoscaler._private.fake_multi_node.node_provider:FakeMultiNodeProvider",

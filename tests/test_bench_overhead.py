@@ -113,6 +113,9 @@ def test_ray_tax_groups_processes_and_takes_shares_over_the_steady_window():
     assert ray_tax.group_of("/venv/lib/ray/core/src/ray/raylet/raylet --raylet_socket_name=x", False) == "raylet"
     agent = "python -u /venv/lib/ray/dashboard/agent.py --node-ip-address=1"
     assert ray_tax.group_of(agent, False) == "dashboard agent"
+    assert ray_tax.group_of("ray::DashboardAgent", False) == "dashboard agent"  # its title once started
+    api = "python /venv/lib/ray/dashboard/dashboard.py --host=127.0.0.1 --port=8265"
+    assert ray_tax.group_of(api, False) == "api server"
     assert ray_tax.group_of("ray::TrainController.run", False) == "controller"
     worker = "python default_worker.py --node-ip-address=127.0.0.1 --raylet-name=/tmp/ray/session/sockets/raylet"
     assert ray_tax.group_of(worker, False) == "other"  # not yet named by its actor, and not the raylet

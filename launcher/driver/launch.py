@@ -120,7 +120,7 @@ def _launch(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tupl
     with runpath.holding(storage, spec.name, progress) as lock:
         _say_where(spec, progress)
         with session.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
-                             verbose=verbose, workload=spec.workload) as nodes:
+                             verbose=verbose, workload=spec.workload, lean=True) as nodes:
             startup.mark("ray_ready")
             placement.check(spec, [n.labels for n in nodes], progress.note)
             session.check_fits(nodes, spec.min_workers or spec.workers, spec.cpus_per_worker, spec.gpus_per_worker)

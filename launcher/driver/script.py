@@ -132,7 +132,7 @@ def run_script(spec, program: Program, args: list[str], *, job_dir: bool = True,
     with runpath.holding(storage, spec.name, progress) as lock:
         runtime_env = program.runtime_env() if shipped and not session.in_ray_job() else None
         with session.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
-                             verbose=verbose, program=runtime_env) as nodes:
+                             verbose=verbose, program=runtime_env, lean=True) as nodes:
             placement.check(spec, [n.labels for n in nodes], progress.note)
             session.check_fits(nodes, spec.workers, spec.cpus_per_worker, spec.gpus_per_worker)
             program_config = program.to_config(shipped)
