@@ -103,6 +103,14 @@ def test_a_function_that_cannot_train_is_one_line(capsys, elsewhere, tmp_path, r
     assert code == 2 and len(lines) == 1 and needle in lines[0], err
 
 
+def test_a_function_importing_only_names_from_a_framework_trains_with_it(elsewhere):
+    # `from torch.utils.data import DataLoader` and no `import torch`: still a torch function
+    path = write(elsewhere, "from torch.utils.data import DataLoader\n" + FUNCTIONS, name="torch_names.py")
+    assert workloads.get(f"{path}:train").frameworks == ("torch",)
+    path = write(elsewhere, "from tensorflow.keras.layers import Dense\n" + FUNCTIONS, name="tf_names.py")
+    assert workloads.get(f"{path}:train").frameworks == ("tensorflow",)
+
+
 def test_a_torch_function_is_refused_for_tensorflow(capsys, elsewhere, tmp_path):
     path = write(elsewhere, "import torch\n" + FUNCTIONS)
     code, _, err = run_cli(capsys, "run", "--workload", f"{path}:train", "--framework", "tensorflow",

@@ -63,15 +63,31 @@ def training_function(*, epochs: int = FALLBACK.epochs, batch_size: int = FALLBA
     return attach
 
 
+def _imported(fn: Callable) -> set[str]:
+    """The modules ``fn``'s module imported: each module it holds, and the module of each class
+    and function it imported by name (``from torch.utils.data import DataLoader``)."""
+    found = set()
+    for value in getattr(fn, "__globals__", {}).values():
+        if inspect.ismodule(value):
+            found.add(value.__name__)
+        elif inspect.isclass(value) or inspect.isfunction(value):
+            found.add(getattr(value, "__module__", "") or "")
+    return found
+
+
+def _uses(found: set[str], *packages: str) -> bool:
+    """Whether any of ``found`` is one of ``packages`` or inside one."""
+    return any(name == p or name.startswith(p + ".") for name in found for p in packages)
+
+
 def framework_of(fn: Callable) -> tuple[str, ...]:
     """The frameworks a function can train with: the declared one, else the one its module
     imported (TensorFlow or Keras, torch); both where that says nothing."""
     declared = (getattr(fn, _ATTRIBUTE, None) or {}).get("framework")
     if declared:
         return (declared,)
-    names = {getattr(v, "__name__", "").split(".")[0] for v in getattr(fn, "__globals__", {}).values()
-             if inspect.ismodule(v)}
-    tf, torch = bool(names & {"tensorflow", "tf_keras", "keras"}), "torch" in names
+    found = _imported(fn)
+    tf, torch = _uses(found, "tensorflow", "tf_keras", "keras"), _uses(found, "torch")
     if tf != torch:
         return ("tensorflow",) if tf else ("torch",)
     return ("torch", "tensorflow")
@@ -80,17 +96,8 @@ def framework_of(fn: Callable) -> tuple[str, ...]:
 def ray_train_framework(fn: Callable) -> tuple[str, ...]:
     """What a Ray Train function trains: XGBoost where its module imports xgboost (or Ray Train's
     XGBoost helpers) and not torch, then on Ray Train's XGBoost backend; else torch."""
-    found = set()
-    for value in getattr(fn, "__globals__", {}).values():
-        if inspect.ismodule(value):
-            found.add(value.__name__)
-        elif inspect.isclass(value) or inspect.isfunction(value):
-            found.add(getattr(value, "__module__", "") or "")
-
-    def uses(*packages: str) -> bool:
-        return any(name == p or name.startswith(p + ".") for name in found for p in packages)
-
-    return ("xgboost",) if uses("xgboost", "ray.train.xgboost") and not uses("torch") else ("torch",)
+    found = _imported(fn)
+    return ("xgboost",) if _uses(found, "xgboost", "ray.train.xgboost") and not _uses(found, "torch") else ("torch",)
 
 
 def required_parameters(fn: Callable) -> list[str]:
