@@ -213,6 +213,11 @@ def test_killed_worker_restarts_from_latest_checkpoint(storage):
     assert any(t.startswith("ray::ProgressBoard") for t in titles), titles
     assert sum(t.startswith("ray::RayTrainWorker") for t in titles) == 2, titles
     assert not [t for t in titles if "PreemptionWatcher" in t or "AutoscalingCoordinator" in t], titles
+    # ... nor Ray's log monitor, API server and autoscaler monitor (nobody reads them without
+    # --verbose), while the raylet and the GCS run on.
+    assert not [t for t in titles if any(d in t for d in ("log_monitor.py", "dashboard/dashboard.py",
+                                                          "autoscaler/_private/monitor.py"))], titles
+    assert any("raylet/raylet" in t for t in titles) and any("gcs_server" in t for t in titles), titles
     os.kill(victims[-1], signal.SIGKILL)
     out, rest = proc.communicate(timeout=300)
     assert proc.returncode == 0, "".join(seen) + rest
