@@ -16,7 +16,9 @@ then rather than guess from timing. The points:
   ``--backend horovod`` run builds Horovod): a slow set-up, for the start-up profile;
 - ``tune-trials``: a ``launcher tune`` driver, at the end of Ray Tune's first step
   that leaves a trial made but not started: a signal now ends the search (once
-  the pause is over) before that trial starts.
+  the pause is over) before that trial starts;
+- ``shard-written``: ``launcher data shard``, its first shard in place (the set
+  unfinished: no index yet).
 
 Workers inherit the variable from a local Ray the launch starts itself.
 """

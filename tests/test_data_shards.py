@@ -301,7 +301,7 @@ GOOD = {"name": "s.jsonl", "samples": 1, "bytes": 3, "sha256": "a" * 64}
 
 
 @pytest.mark.parametrize("body,needle", [
-    (None, "has no index.json: not a shard set, or its writing did not finish; make one with `launcher data "
+    (None, "has no index.json: not a shard set; make one with `launcher data "
            "shard INPUT"),
     ("{not json", "index.json is not JSON (Expecting property name enclosed in double quotes at line 1)"),
     ({"format": "other/2", "kind": "jsonl", "samples": 1, "shards": [GOOD]}, "format 'other/2', expected"),
@@ -444,3 +444,161 @@ def test_a_set_written_to_and_read_from_the_emulator(gcs, bucket, capsys, tmp_pa
     code, out, err = run_cli(capsys, "data", "index", uri)
     assert code == 0, err
     assert read_set(uri, copies)[1] == samples
+
+
+# -- unfinished sets: a set cut off while it was written never passes as whole ------------------
+
+def stop_after(n: int, error: BaseException):
+    """A progress callback that raises ``error`` once ``n`` shards are written (as Ctrl-C would)."""
+
+    def note(line: str) -> None:
+        if line.startswith(f"shard {n}/"):
+            raise error
+    return note
+
+
+def twenty(tmp_path) -> str:
+    np.savez(tmp_path / "in.npz", x=np.arange(40, dtype=np.int64).reshape(20, 2))
+    return str(tmp_path / "in.npz")
+
+
+def assert_known_unfinished(capsys, folder, written: int) -> None:
+    """``data index``, ``bench input`` and a training read all refuse the folder, saying why."""
+    said = f"{folder} holds an unfinished shard set ({written} shard file"
+    code, _, err = run_cli(capsys, "data", "index", str(folder))
+    assert_one_line_error(code, err, said, "indexing it would pass a part off as the whole", "launcher data shard")
+    code, _, err = run_cli(capsys, "data", "index", str(folder), "--overwrite")
+    assert_one_line_error(code, err, said)
+    code, _, err = run_cli(capsys, "bench", "input", str(folder))
+    assert_one_line_error(code, err, said, "again: it replaces them")
+    from launcher.data import Shards
+
+    with pytest.raises(UserError, match="holds an unfinished shard set"):
+        Shards(str(folder))
+    assert not (folder / INDEX).exists()
+
+
+def test_an_interrupted_set_is_unfinished_to_every_reader_and_a_new_try_replaces_it(capsys, tmp_path):
+    source, out = twenty(tmp_path), tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        writer.shard(source, str(out), samples_per_shard=4, note=stop_after(3, KeyboardInterrupt()))
+    assert str(stopped.value) == (f"{out} now holds an unfinished shard set (3 of 5 shards), which no reader "
+                                  f"takes; run `launcher data shard {source} {out}` again to write it whole "
+                                  "(it replaces them)")
+    assert sorted(os.listdir(out)) == ["shard-00000.parquet", "shard-00001.parquet", "shard-00002.parquet",
+                                       "unfinished.json"]
+    assert_known_unfinished(capsys, out, 3)
+    # The same command again, with larger shards: the cut-off try's three shards do not stay beside them.
+    code, _, err = run_cli(capsys, "data", "shard", source, str(out), "--samples-per-shard", "10")
+    assert code == 0 and f"{out} holds an unfinished shard set (3 shard files of about 5" in err
+    assert sorted(os.listdir(out)) == ["index.json", "shard-00000.parquet", "shard-00001.parquet"]
+    _, samples = read_set(str(out))
+    assert [int(s["x"][0]) for s in samples] == list(range(0, 40, 2))
+
+
+def test_a_failure_while_writing_says_the_folder_holds_a_part(tmp_path):
+    source, out = twenty(tmp_path), tmp_path / "out"
+    with pytest.raises(UserError) as failed:
+        writer.shard(source, str(out), samples_per_shard=4, note=stop_after(2, UserError("the disk filled up")))
+    assert str(failed.value) == (f"the disk filled up; {out} now holds an unfinished shard set (2 of 5 shards), "
+                                 f"which no reader takes; run `launcher data shard {source} {out}` again to "
+                                 "write it whole (it replaces them)")
+    assert (out / "unfinished.json").exists() and not (out / INDEX).exists()
+
+
+def test_a_bad_json_line_is_refused_before_any_shard(capsys, tmp_path):
+    lines = [json.dumps({"a": i}) for i in range(50)] + ["{not json"]
+    (tmp_path / "t.jsonl").write_text("\n".join(lines) + "\n")
+    code, _, err = run_cli(capsys, "data", "shard", str(tmp_path / "t.jsonl"), str(tmp_path / "out"),
+                           "--samples-per-shard", "5")
+    assert_one_line_error(code, err, "t.jsonl: line 51 is not JSON")
+    assert not (tmp_path / "out").exists()  # checked before anything was written
+
+
+def test_shard_files_without_an_index_or_a_note_are_not_mixed_into_a_new_set(capsys, tmp_path):
+    source, out = twenty(tmp_path), tmp_path / "out"
+    writer.shard(source, str(out), samples_per_shard=4)
+    os.remove(out / INDEX)  # e.g. written by an older launcher that was cut off
+    code, _, err = run_cli(capsys, "data", "shard", source, str(out))
+    assert_one_line_error(code, err, f"OUTPUT {out} holds 5 shard files (shard-00000.parquet, shard-00001.parquet, "
+                          "...) and no index.json", f"launcher data index {out}")
+    code, _, err = run_cli(capsys, "bench", "input", str(out))
+    assert_one_line_error(code, err, "has no index.json: not a shard set", f"launcher data index {out}")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_a_signal_while_sharding_exits_130_naming_the_unfinished_set(capsys, tmp_path, signame):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    source, out, mark = twenty(tmp_path), tmp_path / "out", tmp_path / "mark"
+    env = dict(os.environ, LAUNCHER_FAULT_PAUSE="shard-written:60", LAUNCHER_FAULT_MARK=str(mark))
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "data", "shard", source, str(out),
+                             "--samples-per-shard", "4"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 60
+    while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(getattr(signal, signame))
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.splitlines()[-1] == (f"interrupted: {out} now holds an unfinished shard set (1 of 5 shards), which "
+                                    f"no reader takes; run `launcher data shard {source} {out}` again to write it "
+                                    "whole (it replaces them)")
+    assert_known_unfinished(capsys, out, 1)
+
+
+# -- what a reader checks -----------------------------------------------------------------------
+
+def test_a_damaged_local_shard_is_refused_on_its_first_read(tmp_path):
+    from launcher.data import Shards
+
+    index = writer.shard(twenty(tmp_path), str(tmp_path / "set"), samples_per_shard=5)
+    path = tmp_path / "set" / index.shards[1].name
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01  # one bit, same size
+    path.write_bytes(bytes(data))
+    whole = Shards(str(tmp_path / "set"))
+    assert int(whole[0]["x"][0]) == 0  # the undamaged shards read
+    with pytest.raises(ShardError, match=f"shard-00001.parquet of {index.uri}: its sha256 differs"):
+        whole[5]
+    assert whole._local.cache.verify_s > 0
+
+
+def test_a_missing_local_shard_is_named_as_missing_every_time(tmp_path):
+    from launcher.data import Shards
+
+    index = writer.shard(twenty(tmp_path), str(tmp_path / "set"), samples_per_shard=5)
+    os.remove(tmp_path / "set" / index.shards[2].name)
+    for _ in range(6):  # the read-ahead threads reach the shard first in some tries, the read in others
+        data = Shards(str(tmp_path / "set"), window=1)
+        data.upcoming(range(20))
+        with pytest.raises(ShardError) as missing:
+            [data[i] for i in range(20)]
+        assert str(missing.value) == (f"shard-00002.parquet of {index.uri}: the file is missing; put it back, or "
+                                      "write the set again with `launcher data shard`")
+        data.close()
+
+
+def test_files_that_are_not_images_are_left_out_and_named(capsys, tmp_path):
+    expected = image_folder(tmp_path / "imgs", classes=("cat", "dog"), per_class=3)
+    (tmp_path / "imgs" / "cat" / "notes.png").write_text("these are my notes, not a picture")
+    (tmp_path / "imgs" / "dog" / "README.txt").write_text("dogs")
+    code, out, err = run_cli(capsys, "data", "shard", str(tmp_path / "imgs"), str(tmp_path / "set"))
+    assert code == 0, err
+    assert "left out cat/notes.png (not an image pillow recognises)" in err
+    assert "left out dog/README.txt (not an image pillow recognises)" in err
+    assert "left out 2 files that pillow does not read as images" in err
+    index, samples = read_set(str(tmp_path / "set"))
+    assert index.samples == 6 and out.startswith("1 tar shards, 6 samples")
+    assert sorted(s["png"] for s in samples) == sorted(data for data, _ in expected)
+
+
+def test_bench_input_on_a_file_says_to_shard_it(capsys, tmp_path):
+    pyarrow.csv.write_csv(pa.table({"a": [1, 2]}), tmp_path / "t.csv")
+    code, _, err = run_cli(capsys, "bench", "input", str(tmp_path / "t.csv"))
+    assert_one_line_error(code, err, f"{tmp_path}/t.csv is a file, not a shard set",
+                          f"launcher data shard {tmp_path}/t.csv OUTPUT_FOLDER")

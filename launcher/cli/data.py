@@ -45,12 +45,13 @@ def _progress(line: str) -> None:
 
 def cmd_data(args: argparse.Namespace) -> int:
     if args.data_command == "shard":
+        from launcher.cli.run import sigterm_as_ctrl_c
         from launcher.data import writer
 
         sizes = {} if args.shard_mb is None else {"shard_mb": args.shard_mb}
-        made = writer.shard(args.input, args.output, kind=args.kind, samples_per_shard=args.samples_per_shard,
-                            shuffle_seed=None if args.keep_order else 0,
-                            note=_progress, **sizes)
+        with sigterm_as_ctrl_c():  # SIGTERM says what Ctrl-C says: where the unfinished set is
+            made = writer.shard(args.input, args.output, kind=args.kind, samples_per_shard=args.samples_per_shard,
+                                shuffle_seed=None if args.keep_order else 0, note=_progress, **sizes)
         print(f"{_summary(made)}: {made.uri} (give this to the training code)")
     elif args.data_command == "index":
         from launcher.data import writer

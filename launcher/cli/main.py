@@ -76,6 +76,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         # One line, whatever a library put into the message.
         print("error: " + " ".join(line.strip() for line in str(exc).splitlines() if line.strip()), file=sys.stderr)
         return exc.exit_code
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # a command may say what the interruption left behind
+        print(f"interrupted: {exc}" if str(exc) else "interrupted", file=sys.stderr)
         return EXIT_CANCELLED

@@ -10,7 +10,10 @@ only a shard no live process pins is evicted: first those nobody fetched ahead (
 recently used first), then, when a rank needs room for a shard it reads now, those fetched
 ahead (the furthest ahead first). Space for a download is
 reserved before it starts, so the folder's files never add up to more than the limit,
-downloads under way included. A local shard set is read where it is: nothing to cache.
+downloads under way included. A local shard set is read where it is: nothing to cache,
+but each of its shards is checked against the index's size and sha256 once per process
+before its first read (by the read-ahead threads where they run ahead), so a shard
+damaged on disk is one line naming it, not a sample that silently differs.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import hashlib
 import json
 import os
 import stat
+import threading
 import time
 from typing import Callable, Iterator
 
@@ -66,6 +70,9 @@ class ShardCache:
                             "(launcher data shard --shard-mb)")
         if not self.local:
             os.makedirs(self.dir, exist_ok=True)
+        self.checked: set[int] = set()  # local shards verified by this process
+        self.verify_s = 0.0             # seconds this process spent checking sizes and sha256s
+        self._verify_lock = threading.Lock()
 
     # -- where a shard is -------------------------------------------------------------------
     def path(self, n: int) -> str:
@@ -76,14 +83,27 @@ class ShardCache:
 
     def get(self, n: int) -> str:
         """The local path of shard ``n``, fetched (and pinned by this process) if it is not here."""
-        if self.local:
-            path = self.path(n)
-            if not os.path.isfile(path):
-                raise ShardError(self.index.shards[n].name, self.index.uri, "the file is missing",
-                                 "put it back, or write the set again with `launcher data shard`")
-            return path
         self.fetch(n)
         return self.path(n)
+
+    def _check_local(self, n: int) -> None:
+        """A local shard is there and matches the index (checked once per process)."""
+        if n in self.checked:
+            return
+        info, path = self.index.shards[n], self.path(n)
+        if not os.path.isfile(path):
+            raise ShardError(info.name, self.index.uri, "the file is missing",
+                             "put it back, or write the set again with `launcher data shard`")
+        self._verify(path, info)
+        self.checked.add(n)
+
+    def _verify(self, path: str, info) -> None:
+        start = time.perf_counter()
+        try:
+            verify(path, info, self.index.uri)
+        finally:
+            with self._verify_lock:
+                self.verify_s += time.perf_counter() - start
 
     # -- the ledger ---------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -170,7 +190,10 @@ class ShardCache:
         """Make shard ``n`` present: downloaded by this process, or waited for while another one
         downloads it. ``wait``: it is read now (pinned; waits for room, giving up this process's
         shards fetched ahead first). Without: fetched ahead of use, if there is room now
-        (False otherwise: a later prefetch tries again)."""
+        (False otherwise: a later prefetch tries again). A local shard is only checked."""
+        if self.local:
+            self._check_local(n)
+            return True
         info = self.index.shards[n]
         table = "pins" if wait else "ahead"
         waited_since = time.monotonic()
@@ -244,7 +267,7 @@ class ShardCache:
             self.note(f"fetching {info.name} ({info.bytes:,} bytes)")
         try:
             datacache.download_object(uri, part)
-            verify(part, info, self.index.uri)
+            self._verify(part, info)
             os.replace(part, self.path(n))
         except FileNotFoundError:
             raise ShardError(info.name, self.index.uri, "the object is missing from the bucket",

@@ -2,7 +2,11 @@
 
 The index is the only thing a reader trusts: it is written after every shard
 is in place, so a folder without one is a set whose writing did not finish
-(or not a set at all). Loading it checks everything a reader relies on and
+(or not a set at all). ``launcher data shard`` also writes ``unfinished.json``
+before its first shard and removes it after the index: a folder that holds it
+and no index is a set cut off while it was written, and every reader, ``data
+index`` and a new ``data shard`` into the folder say so instead of taking the
+shards there for a whole set. Loading it checks everything a reader relies on and
 turns each problem into one :class:`~launcher.errors.UserError` line; reading
 ``gs://`` goes through :class:`~launcher.storage.Storage`, whose outage errors
 pass through as they are.
@@ -22,6 +26,7 @@ from launcher.errors import UserError
 from launcher.storage import Storage, gcs
 
 INDEX = "index.json"
+UNFINISHED = "unfinished.json"  # written before the first shard, removed after the index
 FORMAT = "launcher-shards/1"
 KINDS = ("parquet", "jsonl", "tar", "tfrecord")
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
@@ -119,11 +124,10 @@ class ShardIndex:
             Unreachable: Cloud Storage (or its emulator) did not answer.
         """
         uri = normalise(uri)
-        text = read_index_text(Storage.resolve(uri))
+        storage = Storage.resolve(uri)
+        text = read_index_text(storage)
         if text is None:
-            raise UserError(f"{uri} has no {INDEX}: not a shard set, or its writing did not finish",
-                            f"make one with `launcher data shard INPUT {uri}`, or index shard files already "
-                            f"there with `launcher data index {uri}`")
+            raise _not_a_set(storage)
         return cls.from_json(text, uri)
 
     @classmethod
@@ -166,6 +170,59 @@ def read_index_text(storage: Storage) -> str | None:
         return storage.read_text(INDEX)
     except OSError as exc:
         raise storage_error(exc, storage, storage.uri_of(INDEX), "read") from None
+
+
+def read_unfinished(storage: Storage) -> dict | None:
+    """What ``unfinished.json`` under ``storage`` says (None: there is none): the set's writing
+    started there and did not end. A damaged note still counts (as an empty dict)."""
+    try:
+        text = storage.read_text(UNFINISHED)
+    except OSError as exc:
+        raise storage_error(exc, storage, storage.uri_of(UNFINISHED), "read") from None
+    if text is None:
+        return None
+    try:
+        note = json.loads(text)
+    except ValueError:
+        return {}
+    return note if isinstance(note, dict) else {}
+
+
+def unfinished_text(storage: Storage, note: dict, written: int | None = None) -> str:
+    """``URI holds an unfinished shard set (N shard files of about M, from INPUT)``."""
+    if written is None:
+        try:
+            written = len(shard_files(storage.list_files()))
+        except OSError as exc:
+            raise storage_error(exc, storage, storage.uri, "list") from None
+    planned = f" of about {note['shards']}" if note.get("shards") else ""
+    source = f", from {note['input']}" if note.get("input") else ""
+    return (f"{storage.uri} holds an unfinished shard set ({written} shard file{'s' if written != 1 else ''}"
+            f"{planned}{source}): its writing was stopped before the index")
+
+
+def shard_files(names: list[str]) -> list[str]:
+    """The names among ``names`` that ``launcher data shard`` gives its shards (shard-00042.parquet)."""
+    return [n for n in names if SHARD_NAME_RE.match(n)]
+
+
+SHARD_NAME_RE = re.compile(r"^shard-\d{5,}\.(parquet|jsonl|tar|tfrecord)$")
+
+
+def _not_a_set(storage: Storage) -> UserError:
+    """Why the folder without an index cannot be read, and what to do: an unfinished set, a file
+    that is the input rather than a set, or shards that were never indexed."""
+    uri = storage.uri
+    note = read_unfinished(storage)
+    if note is not None:
+        again = f"launcher data shard {note['input']} {uri}" if note.get("input") else f"launcher data shard INPUT {uri}"
+        return UserError(unfinished_text(storage, note), f"run `{again}` again: it replaces them")
+    if storage.is_local and os.path.isfile(uri):
+        return UserError(f"{uri} is a file, not a shard set (a folder with an {INDEX})",
+                         f"make a set of it with `launcher data shard {uri} OUTPUT_FOLDER`, then pass OUTPUT_FOLDER")
+    return UserError(f"{uri} has no {INDEX}: not a shard set",
+                     f"make one with `launcher data shard INPUT {uri}`, or index shard files already "
+                     f"there with `launcher data index {uri}`")
 
 
 def storage_error(exc: OSError, storage: Storage, uri: str, action: str) -> UserError:

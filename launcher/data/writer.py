@@ -16,27 +16,38 @@ come sorted, and a reader shuffles only within a window of neighbouring samples)
 * a ``.jsonl`` file -> ``jsonl`` shards (or ``parquet``).
 
 Sizes are measured on the samples before a parquet file compresses them, so
-parquet shards come out at ``shard_mb`` or less. Each shard is written to a
-local file first, then put in place through :class:`~launcher.storage.Storage`;
-``index.json`` goes last. :func:`index` writes the index for shard files that
-are already in a folder.
+parquet shards come out at ``shard_mb`` or less. ``unfinished.json`` (the input, the
+kind and the planned count) goes first; each shard is written to a local file, then
+put in place through :class:`~launcher.storage.Storage`; ``index.json`` goes last and
+``unfinished.json`` is removed after it. A set cut off on the way (Ctrl-C, SIGTERM, a
+bad line late in the input, storage that stops answering) is therefore known as
+unfinished by every reader and by :func:`index`, the line that ends the command says
+so, and writing it again replaces the shards the cut-off try left. :func:`index`
+writes the index for shard files that are already in a folder.
+
+An image folder's files are checked as they are written: a file pillow does not
+recognise as an image (a ``README.txt``, text saved as ``notes.png``) is left out and
+named, instead of failing a training read later.
 """
 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import math
 import os
 import shutil
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
+from launcher import faultpoint
 from launcher.data import formats
-from launcher.data.index import INDEX, ShardError, ShardIndex, ShardInfo, normalise, read_index_text, storage_error
-from launcher.errors import UserError
+from launcher.data.index import (INDEX, UNFINISHED, ShardError, ShardIndex, ShardInfo, normalise, read_index_text,
+                                  read_unfinished, shard_files, storage_error, unfinished_text)
+from launcher.errors import LauncherError, Unreachable, UserError
 from launcher.storage import Storage
 
 Note = Callable[[str], None] | None
@@ -56,6 +67,8 @@ class Input:
     nbytes: int
     fields: dict
     pieces: Callable[[str], Iterator[tuple[object, int]]]  # kind -> (a list or pyarrow batch, its bytes)
+    skipped: list[str] = field(default_factory=list)  # files left out while writing (not images), with why
+    said: int = 0  # how many of them the progress lines named
 
 
 def shard(input: str, output: str, *, kind: str | None = None, shard_mb: float = 64.0,
@@ -86,19 +99,36 @@ def shard(input: str, output: str, *, kind: str | None = None, shard_mb: float =
     source = read_input(input, shuffle_seed)
     kind = _output_kind(source, kind)
     storage = Storage.resolve(normalise(output))
-    _check_output(storage, source.path)
-    total = (f"{-(-source.samples // samples_per_shard)}" if samples_per_shard
-             else f"~{max(1, math.ceil(source.nbytes / limit))}")
+    _check_output(storage, source.path, note)
+    planned = -(-source.samples // samples_per_shard) if samples_per_shard else max(1, math.ceil(source.nbytes / limit))
+    total = f"{planned}" if samples_per_shard else f"~{planned}"
+    _begin(storage, {"input": source.path, "kind": kind, "samples": source.samples, "shards": total})
     shards: list[ShardInfo] = []
-    with _scratch(storage) as scratch:
-        for pieces in _cut(source.pieces(kind), limit, samples_per_shard):
-            name = f"shard-{len(shards):05d}{formats.EXTENSIONS[kind]}"
-            shards.append(_write_shard(storage, kind, pieces, name, os.path.join(scratch, f".{name}.part"),
-                                       source.fields))
-            if note:
-                info = shards[-1]
-                note(f"shard {len(shards)}/{total}: {info.samples:,} samples, {formats.size_text(info.bytes)}")
-    return _write_index(storage, ShardIndex(storage.uri, kind, tuple(shards), source.fields))
+    try:
+        with _scratch(storage) as scratch:
+            for pieces in _cut(source.pieces(kind), limit, samples_per_shard):
+                name = f"shard-{len(shards):05d}{formats.EXTENSIONS[kind]}"
+                shards.append(_write_shard(storage, kind, pieces, name, os.path.join(scratch, f".{name}.part"),
+                                           source.fields))
+                faultpoint.pause("shard-written")
+                if note:
+                    info = shards[-1]
+                    note(f"shard {len(shards)}/{total}: {info.samples:,} samples, {formats.size_text(info.bytes)}")
+                    _say_skipped(source, note)
+        if not shards:
+            raise UserError(f"INPUT {source.path} holds no file pillow reads as an image "
+                            f"({len(source.skipped)} left out)", "put the images in their class folders")
+        made = _write_index(storage, ShardIndex(storage.uri, kind, tuple(shards), source.fields))
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM as the CLI turns it into one
+        raise KeyboardInterrupt(_left_unfinished(storage, source, len(shards), total)) from None
+    except LauncherError as exc:
+        raise _unfinished_error(exc, _left_unfinished(storage, source, len(shards), total)) from None
+    if note and source.skipped:
+        _say_skipped(source, note)
+        note(f"left out {len(source.skipped)} file{'s' if len(source.skipped) > 1 else ''} that pillow does not "
+             "read as images (named above)")
+    _end(storage)
+    return made
 
 
 def index(folder: str, *, kind: str | None = None, overwrite: bool = False, note: Note = None) -> ShardIndex:
@@ -120,6 +150,11 @@ def index(folder: str, *, kind: str | None = None, overwrite: bool = False, note
         raise UserError(f"{storage.uri} already has an {INDEX}", "pass --overwrite to write it again")
     if storage.is_local and not os.path.isdir(storage.uri):
         raise UserError(f"{storage.uri} is not a folder", "pass the folder that holds the shard files")
+    unfinished = read_unfinished(storage)
+    if unfinished is not None and old is None:  # with an index, the note is one its writer could not remove
+        again = f"launcher data shard {unfinished.get('input') or 'INPUT'} {storage.uri}"
+        raise UserError(unfinished_text(storage, unfinished) + "; indexing it would pass a part off as the whole",
+                        f"run `{again}` again to write it whole")
     kind, names = _pick_shards(_list_files(storage), kind, storage.uri)
     fields = _kept_fields(old, storage.uri, kind)
     shards = []
@@ -189,15 +224,44 @@ def _image_input(root: str, shuffle_seed: int | None = None) -> Input:
     nbytes = sum(formats.tar_member_bytes(os.path.getsize(f)) + overhead for f, _ in files)
 
     def pieces(kind: str) -> Iterator[tuple[list, int]]:
-        for n, (file, label) in enumerate(files):
+        n = 0
+        for file, label in files:
             with open(file, "rb") as f:
                 data = f.read()
+            problem = _not_an_image(data)
+            if problem:
+                made.skipped.append(f"{os.path.relpath(file, root)} ({problem})")
+                continue
             ext = os.path.splitext(file)[1][1:].lower() or "bin"
             cls = str(label).encode()
             size = formats.tar_member_bytes(len(data)) + formats.tar_member_bytes(len(cls))
             yield [{formats.KEY: f"{n:08d}", ext: data, "cls": cls}], size
+            n += 1
 
-    return Input(root, ("tar",), len(files), nbytes, {"classes": entries}, pieces)
+    made = Input(root, ("tar",), len(files), nbytes, {"classes": entries}, pieces)
+    return made
+
+
+def _not_an_image(data: bytes) -> str | None:
+    """Why pillow cannot take ``data`` as an image (None: it can). Only the header is parsed, so
+    it costs little beside reading the file."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.size  # noqa: B018  (parsed with the header)
+    except UnidentifiedImageError:
+        return "not an image pillow recognises"
+    except (OSError, ValueError, SyntaxError) as exc:  # pillow raises SyntaxError for a broken header
+        return f"a damaged image: {formats.error_text(exc)}"
+    return None
+
+
+def _say_skipped(source: Input, note: Callable[[str], None]) -> None:
+    """Name each file left out since the last call (once each)."""
+    for entry in source.skipped[source.said:]:
+        note(f"left out {entry}")
+    source.said = len(source.skipped)
 
 
 def _table_input(path: str) -> Input:
@@ -277,8 +341,12 @@ def _dtype_name(dtype) -> str:
 
 
 def _jsonl_input(path: str) -> Input:
-    with open(path, "rb") as f:
-        rows = sum(1 for line in f if line.strip())
+    rows = 0
+    with open(path, "rb") as f:  # every line checked before the first shard is written
+        for number, line in enumerate(f, 1):
+            if line.strip():
+                _json_object(line, number, path)
+                rows += 1
     if rows == 0:
         raise UserError(f"INPUT {path} holds no lines", "pass a file with one JSON object per line")
 
@@ -400,7 +468,10 @@ def _scratch(storage: Storage) -> Iterator[str]:
 def _put(storage: Storage, local: str, name: str) -> None:
     """Move the finished local file ``local`` to ``name`` in the set."""
     if storage.is_local:
-        os.replace(local, storage.path(name))
+        try:
+            os.replace(local, storage.path(name))
+        except OSError as exc:
+            raise storage_error(exc, storage, storage.uri_of(name), "write") from None
         return
     try:
         with open(local, "rb") as src, storage.fs.open_output_stream(storage.path(name)) as dst:
@@ -411,21 +482,73 @@ def _put(storage: Storage, local: str, name: str) -> None:
         os.remove(local)
 
 
-def _check_output(storage: Storage, input_path: str) -> None:
-    """The output holds no set yet, is not inside the input folder, and can be written."""
+def _check_output(storage: Storage, input_path: str, note: Note = None) -> None:
+    """The output holds no set yet, is not inside the input folder, and can be written. The shards
+    of an unfinished set there (a try that was cut off) are removed; shard files that no try of
+    ours left are refused (they would stand beside the new index)."""
     if read_index_text(storage) is not None:
         raise UserError(f"OUTPUT {storage.uri} already holds a shard set ({INDEX})",
                         "pass another OUTPUT, or remove that set first")
     if not storage.is_local:
         storage.check_writable()
-        return
-    if os.path.isdir(input_path) and os.path.commonpath([storage.uri, input_path]) == input_path:
+    elif os.path.isdir(input_path) and os.path.commonpath([storage.uri, input_path]) == input_path:
         raise UserError(f"OUTPUT {storage.uri} is inside INPUT {input_path}",
                         "pass an OUTPUT outside the input folder (its shards would be read as a class)")
+    elif os.path.isfile(storage.uri):
+        raise UserError(f"OUTPUT {storage.uri} is a file", "pass a folder (it is made if missing) or gs://BUCKET/PREFIX")
+    else:
+        try:
+            storage.makedirs()
+        except OSError as exc:
+            raise storage_error(exc, storage, storage.uri, "write to") from None
+    left = shard_files(_list_files(storage))
+    if not left:
+        return
+    unfinished = read_unfinished(storage)
+    if unfinished is None:
+        raise UserError(f"OUTPUT {storage.uri} holds {len(left)} shard files ({', '.join(left[:2])}"
+                        f"{', ...' if len(left) > 2 else ''}) and no {INDEX}",
+                        f"index them with `launcher data index {storage.uri}`, remove them, or pass another OUTPUT")
+    if note:
+        note(f"{unfinished_text(storage, unfinished, len(left))}: removing its shards")
+    for name in left:
+        try:
+            storage.fs.delete_file(storage.path(name))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise storage_error(exc, storage, storage.uri_of(name), "remove") from None
+
+
+def _begin(storage: Storage, plan: dict) -> None:
+    """Write ``unfinished.json``: from now until the index, the folder is an unfinished set."""
     try:
-        storage.makedirs()
+        storage.write_text(json.dumps(plan, indent=1) + "\n", UNFINISHED)
     except OSError as exc:
-        raise storage_error(exc, storage, storage.uri, "write to") from None
+        raise storage_error(exc, storage, storage.uri_of(UNFINISHED), "write") from None
+
+
+def _end(storage: Storage) -> None:
+    """The index is written: the set is whole, so its ``unfinished.json`` goes."""
+    try:
+        storage.fs.delete_file(storage.path(UNFINISHED))
+    except FileNotFoundError:
+        pass
+    except OSError as exc:  # the index stands, and a reader trusts it over the note
+        raise storage_error(exc, storage, storage.uri_of(UNFINISHED), "remove") from None
+
+
+def _left_unfinished(storage: Storage, source: Input, written: int, total: str) -> str:
+    """What the cut-off command leaves behind, and what to do about it, in one phrase."""
+    return (f"{storage.uri} now holds an unfinished shard set ({written} of {total} shards), which no reader "
+            f"takes; run `launcher data shard {source.path} {storage.uri}` again to write it whole "
+            "(it replaces them)")
+
+
+def _unfinished_error(exc: LauncherError, left: str) -> LauncherError:
+    """``exc``'s line, with what the cut-off write left behind; the same exit code."""
+    kind = UserError if exc.exit_code == UserError.exit_code else Unreachable
+    return kind(exc.what, f"{exc.fix}; {left}" if exc.fix else left)
 
 
 def _write_index(storage: Storage, index: ShardIndex) -> ShardIndex:
