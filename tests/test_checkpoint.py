@@ -182,3 +182,53 @@ def test_where_a_run_resumes_counts_epochs_from_one_as_the_progress_line_does():
     assert resume_point({"epoch": 1, "step": 50}, 4) == "after step 50, in epoch 2/4"   # at the end of the first
     assert resume_point({"epoch": 4, "step": 200}, 4) == "after step 200: all 4 epochs are done"
     assert resume_point({"epoch": 2, "step": 7}, None) == "after step 7, in epoch 3"
+
+
+# -- launcher checkpoint export: bad input is one line, exit 2 ------------------------------------
+
+def sharded_checkpoint(folder: str, step: int) -> str:
+    """A --strategy fsdp checkpoint as a run writes it: DCP's shard and metadata files, the state
+    file naming the model, and the manifest listing every file (one rank, a small model)."""
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from launcher.worker.session import STATE_FILE
+    from launcher.worker.sharded import shard_files
+
+    dcp.save({"model": torch.nn.Linear(3, 2).state_dict()},
+             storage_writer=dcp.FileSystemWriter(folder, thread_count=1), no_dist=True)
+    torch.save({"_launcher": {"model": "model"}}, os.path.join(folder, STATE_FILE))
+    write_manifest(folder, Manifest(epoch=1, step_in_epoch=0, global_step=step, world_size=1, framework="torch",
+                                    backend="native", workload="digits-mlp", batch_size=32, seed=0,
+                                    strategy="fsdp"), shard_files(folder))
+    return folder
+
+
+def export(capsys, root, *argv: str) -> tuple[int, str]:
+    from launcher.cli.main import main
+
+    code = main(["checkpoint", "export", *argv, "--storage", str(root)])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return code, err
+
+
+def test_an_export_under_a_file_or_of_no_such_run_is_one_line(tmp_path, capsys):
+    make_checkpoint(str(tmp_path / "runs" / "r" / "checkpoint_000001"), step=5)
+    (tmp_path / "afile.pt").write_bytes(b"mine")
+    code, err = export(capsys, tmp_path / "runs", "r", "--out", str(tmp_path / "afile.pt" / "model.pt"))
+    assert code == 2 and f"{tmp_path / 'afile.pt'} is a file, not a folder" in err, err
+    assert (tmp_path / "afile.pt").read_bytes() == b"mine"
+    code, err = export(capsys, tmp_path / "runs", "nosuchrun")
+    assert code == 2 and f"no run nosuchrun under {tmp_path / 'runs'}" in err, err  # as `launcher runs NAME` says
+    assert "checkpoint" not in err, err
+
+
+def test_an_export_names_the_shard_file_a_sharded_checkpoint_lacks(tmp_path, capsys):
+    folder = sharded_checkpoint(str(tmp_path / "runs" / "s" / "checkpoint_000001"), step=7)
+    shard = next(n for n in os.listdir(folder) if n.endswith(".distcp"))
+    os.remove(os.path.join(folder, shard))
+    for step in ([], ["--step", "7"]):
+        code, err = export(capsys, tmp_path / "runs", "s", "--out", str(tmp_path / "s.pt"), *step)
+        assert code == 2 and f"run s has no complete checkpoint: {folder}: {shard} is missing" in err, err
+    assert not (tmp_path / "s.pt").exists()

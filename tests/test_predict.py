@@ -48,6 +48,47 @@ def test_a_model_predict_cannot_take_is_one_line_before_ray_starts(tmp_path, cap
     assert "Traceback" not in err and not (tmp_path / "out").exists()
 
 
+@pytest.fixture()
+def linear_model(tmp_path):
+    """A scikit-learn model folder (model.joblib) of 3 inputs, loaded without Ray."""
+    import joblib
+    from sklearn.linear_model import LinearRegression
+
+    folder = tmp_path / "linear"
+    folder.mkdir()
+    x = np.arange(30, dtype=np.float64).reshape(10, 3)
+    joblib.dump(LinearRegression().fit(x, x.sum(axis=1)), folder / "model.joblib")
+    return str(folder)
+
+
+@pytest.mark.parametrize("output", ["afile.pt", "afile.pt/predictions"])
+def test_an_output_that_is_a_file_is_one_line_before_ray_starts(tmp_path, capsys, linear_model, output):
+    (tmp_path / "in.csv").write_text("a,b,c\n1,2,3\n")
+    (tmp_path / "afile.pt").write_bytes(b"mine")
+    argv = ["predict", "--model", linear_model, "--input", str(tmp_path / "in.csv"), "--output",
+            str(tmp_path / output)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert f"{tmp_path / 'afile.pt'} is a file, not a folder" in err, err
+    assert (tmp_path / "afile.pt").read_bytes() == b"mine"
+
+
+@pytest.mark.parametrize("text", ["", "a,b,c\n", "\n\n"])
+def test_an_empty_csv_is_one_line_and_no_numpy_warning(tmp_path, capsys, linear_model, text):
+    (tmp_path / "in.csv").write_text(text)
+    argv = ["predict", "--model", linear_model, "--input", str(tmp_path / "in.csv"), "--output",
+            str(tmp_path / "out")]
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning numpy would print is an error here
+        assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "in.csv: it holds no instances" in err, err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.fixture(scope="module")
 def models(ray_local, tmp_path_factory):
     """framework -> (model folder, the run's reported accuracy), from real 1-epoch runs."""

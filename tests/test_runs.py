@@ -105,3 +105,18 @@ def test_a_tuning_run_lists_the_epochs_of_its_trials_and_its_best_trials_metrics
     assert rows["search"]["epochs"] == 12 and rows["search"]["trials"] == 4
     assert rows["search"]["metrics"]["loss"] == pytest.approx(1 / 6)
     assert "loss 0.1667  accuracy 0.8000" in table["search"] and "best accuracy 0.8000" in table["search"]
+
+
+def test_compare_with_a_metric_no_run_reported_is_one_line_before_the_table(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where a plot would go
+    root = str(tmp_path)
+    for name in ("a", "b"):
+        logged_run(root, name, [{"kind": "epoch", "epoch": e, "global_step": 10 * e, "loss": 1 / e,
+                                 "accuracy": 0.5 + e / 10} for e in (1, 2)])
+    for metric, said in (("los", "did you mean loss? plot one of: accuracy, loss"),
+                         ("nosuchmetric", "plot one of: accuracy, loss")):
+        assert main(["runs", "--storage", root, "--compare", "a", "b", "--plot", metric]) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.strip().splitlines()) == 1, out + err
+        assert err.strip().endswith(f"--plot {metric}: no run here reported {metric}; {said}"), err
+    assert not list(tmp_path.glob("*.png"))

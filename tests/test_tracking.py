@@ -169,6 +169,38 @@ def test_a_tracking_server_that_does_not_answer_stops_the_launch_in_one_line(tmp
     assert not (tmp_path / "r3").exists()  # nothing written
 
 
+def tree(root) -> dict[str, bytes | None]:
+    """Every file (its bytes) and folder (None) under ``root``."""
+    return {os.path.relpath(os.path.join(top, n), root): (open(os.path.join(top, n), "rb").read() if n in files
+                                                           else None)
+            for top, dirs, files in os.walk(root) for n in dirs + files}
+
+
+@pytest.mark.parametrize("earlier", [False, True])
+def test_a_launch_a_tracking_server_stops_leaves_the_run_folder_as_it_was(tmp_path, monkeypatch, earlier):
+    """As a launch goes: the run's checks, its lock (which makes the run's folder), Ray, then the log's
+    start, where MLflow is found not to answer. A new run leaves no folder; an earlier one's is as it was."""
+    from launcher.driver import runpath
+    from launcher.driver.progress import Progress
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    root = tmp_path / "runs"
+    spec = spec_from_args(build_parser().parse_args(["run", "--storage", str(root), "--name", "r9", "--epochs", "1",
+                                                     "--mlflow", f"http://127.0.0.1:{port}"]))
+    if earlier:
+        RunLog(Storage.resolve(spec.storage), spec.name).begin(spec.to_dict())
+    before = tree(root)
+    progress = Progress(1, enabled=False)
+    storage, log = runpath.open_run(spec, progress)
+    with pytest.raises(Unreachable):
+        with runpath.holding(storage, spec.name, progress):
+            log.begin(spec.to_dict())
+    assert tree(root) == before and (root / "r9").exists() == earlier
+
+
 def test_a_store_that_stops_taking_records_is_said_once_and_the_run_log_keeps_them(store, client, tmp_path):
     storage = Storage.resolve(str(tmp_path))
     notes: list[str] = []

@@ -17,7 +17,7 @@ import tempfile
 from launcher.cli.options import EXIT_OK, Parser
 from launcher.errors import UserError
 from launcher.storage import Storage
-from launcher.storage.checkpoint import complete_checkpoints
+from launcher.storage.checkpoint import Manifest, complete_checkpoints, incomplete_checkpoints
 from launcher.storage.uri import DEFAULT_STORAGE, normalize_storage
 
 
@@ -40,30 +40,77 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     if storage.is_local and not os.path.isdir(storage.root):
         raise UserError(f"--storage {args.storage}: no such folder ({storage.root})",
                         "give the folder your runs went to (`launcher run --storage`), ./runs by default")
-    found = complete_checkpoints(storage, args.name)
-    if not found:
-        raise UserError(f"run {args.name} under {storage.uri} has no complete checkpoint",
-                        "`launcher runs` lists the runs there; --storage names another root")
-    if args.step is not None:
-        found = [item for item in found if item[0].global_step == args.step]
-        if not found:
-            steps = ", ".join(str(m.global_step) for m, _ in complete_checkpoints(storage, args.name))
-            raise UserError(f"run {args.name} keeps no complete checkpoint of step {args.step}",
-                            f"its checkpoints are of steps {steps}")
-    manifest, path = found[-1]
+    manifest, path = chosen(storage, args.name, args.step)
     if manifest.framework != "torch":
         raise UserError(f"run {args.name} trained a {manifest.framework} model; its export is under "
                         f"{storage.path(args.name, 'model')}", "this command joins PyTorch checkpoints")
-    out = os.path.abspath(args.out or f"{args.name}_step{manifest.global_step}.pt")
-    if os.path.exists(out):
-        raise UserError(f"--out {out} exists", "give another file; an export never overwrites one")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
+    out = out_file(args.out, f"{args.name}_step{manifest.global_step}.pt")
     with tempfile.TemporaryDirectory(prefix="launcher-export-") as work:
         folder = path if storage.is_local else _download(storage, path, work)
         export_folder(folder, manifest.strategy, out)
     print(f"exported the model of run {args.name} at step {manifest.global_step} "
           f"({'joined from its shards' if manifest.strategy == 'fsdp' else 'copied'}) to {out}")
     return EXIT_OK
+
+
+UNFINISHED = "a checkpoint with a file missing or cut short cannot be exported: put the file back, or "
+
+
+def chosen(storage: Storage, name: str, step: int | None) -> tuple[Manifest, str]:
+    """The run's checkpoint to export (the newest complete one, or ``step``'s) as (manifest, path).
+
+    Raises:
+        UserError: no such run; no complete checkpoint (naming what the newest one lacks, a shard
+            file say); no complete checkpoint of ``step``.
+    """
+    found = complete_checkpoints(storage, name)
+    if not found:
+        broken = incomplete_checkpoints(storage, name)
+        if not broken and not storage.list_files(name) and not storage.list_dirs(name):  # no folder
+            from launcher.cli.runviews import no_run
+
+            raise no_run(storage, name)
+        if broken:
+            raise UserError(f"run {name} has no complete checkpoint: {broken[-1]}",
+                            UNFINISHED + "launch the run again to write a complete one")
+        raise UserError(f"run {name} under {storage.uri} has no complete checkpoint",
+                        "`launcher runs` lists the runs there; --storage names another root")
+    if step is None:
+        return found[-1]
+    kept = [item for item in found if item[0].global_step == step]
+    if kept:
+        return kept[-1]
+    broken = [exc for exc in incomplete_checkpoints(storage, name)
+              if exc.manifest is not None and exc.manifest.global_step == step]
+    if broken:
+        raise UserError(f"run {name}: its checkpoint of step {step} is incomplete ({broken[-1]})",
+                        UNFINISHED + "export another step (`launcher runs NAME` lists the complete ones)")
+    steps = ", ".join(str(m.global_step) for m, _ in found)
+    raise UserError(f"run {name} keeps no complete checkpoint of step {step}", f"its checkpoints are of steps {steps}")
+
+
+def out_file(given: str | None, default: str) -> str:
+    """``--out`` (or ``default``) as an absolute path whose folder exists; nothing is overwritten.
+
+    Raises:
+        UserError: the file exists, a folder on its path is a file, or the folder cannot be made.
+    """
+    out = os.path.abspath(given or default)
+    flag = f"--out {given or out}"
+    if os.path.exists(out):
+        raise UserError(f"{flag} exists", "give another file; an export never overwrites one")
+    above = os.path.dirname(out)
+    while not os.path.exists(above):
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        raise UserError(f"{flag}: {above} is a file, not a folder", "give a path in a folder (or one that does "
+                        "not exist yet, which is made)")
+    try:
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"{flag}: cannot make its folder ({exc.strerror or exc})",
+                        "give a path in a folder you can write to") from None
+    return out
 
 
 def export_folder(folder: str, strategy: str, out: str) -> None:

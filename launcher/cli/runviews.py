@@ -4,6 +4,7 @@ a run's metrics, of where its time went and of its workers' usage (``--plot``)."
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import re
 import sys
@@ -44,9 +45,11 @@ def compare(storage: Storage, names: list[str], args: argparse.Namespace) -> int
     if args.json:
         print(json.dumps({n: {"spec": specs[n], **runs[n].to_json()} for n in names}, indent=1))
         return EXIT_OK
-    print(format_comparison(runs, specs))
     rows = {n: metric_rows(storage, n) for n in names}
     metric = args.plot or _default_metric(rows)
+    if args.plot:  # a metric no run reported is one line, before the table
+        check_metric(rows, metric, special=False)
+    print(format_comparison(runs, specs))
     if metric is None:
         print("no metric to plot: the runs reported none yet")
         return EXIT_OK
@@ -93,13 +96,23 @@ def _save(fig, out: str) -> str:
     return out
 
 
+def check_metric(rows: dict[str, list], metric: str, special: bool = True) -> None:
+    """UserError unless some run in ``rows`` reported ``metric``: the line names the metrics they did
+    (``special``: and the plots that are not metrics, which only a single run's --plot draws)."""
+    if any(series(r, metric) for r in rows.values()):
+        return
+    known = sorted({m for r in rows.values() for m in plottable(r)})
+    close = difflib.get_close_matches(metric, known + ([TIME, USAGE] if special else []), n=1)
+    names = ", ".join(known) or "(none reported yet)"
+    others = f", or '{TIME}' or '{USAGE}'" if special else ""
+    raise UserError(f"--plot {metric}: no run here reported {metric}",
+                    (f"did you mean {close[0]}? " if close else "") + f"plot one of: {names}{others}")
+
+
 def plot_metric(rows: dict[str, list], metric: str, out: str) -> str:
     """METRIC over the steps, one line per run."""
+    check_metric(rows, metric, special=len(rows) == 1)
     drawn = {n: series(r, metric) for n, r in rows.items()}
-    if not any(drawn.values()):
-        known = sorted({m for r in rows.values() for m in plottable(r)})
-        raise UserError(f"--plot {metric}: no run here reported {metric}",
-                        f"plot one of: {', '.join(known) or '(none reported yet)'}, or '{TIME}' or '{USAGE}'")
     fig, axes = _figure()
     ax = axes[0][0]
     for name, points in drawn.items():

@@ -12,6 +12,7 @@ in what they train.
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Iterator
 
 from launcher.storage import Storage
@@ -45,8 +46,13 @@ def open_run(spec, progress) -> tuple[Storage, RunLog]:
 @contextlib.contextmanager
 def holding(storage: Storage, name: str, progress) -> Iterator[RunLock]:
     """The run's lock, held meanwhile (a second launch of the run is refused before anything is
-    written), with Ray Train's checkpoint list set aside if it is damaged."""
+    written), with Ray Train's checkpoint list set aside if it is damaged.
+
+    A launch stopped before it wrote anything (an MLflow server that does not answer, a Ray
+    cluster that does not) leaves no run folder behind: the lock made it, and it goes with the
+    lock when it is empty and was not there before."""
     lock = RunLock(storage, name)
+    new = storage.is_local and not storage.exists(name)  # on Cloud Storage a folder is only its files
     lock.acquire()
     try:
         damaged = set_aside_damaged_snapshot(storage, name)
@@ -55,3 +61,6 @@ def holding(storage: Storage, name: str, progress) -> Iterator[RunLock]:
         yield lock
     finally:
         lock.release()
+        if new:
+            with contextlib.suppress(OSError):  # not empty: the launch wrote something, which stays
+                os.rmdir(storage.path(name))

@@ -119,6 +119,8 @@ def parse(path: str, data: bytes) -> np.ndarray | list:
             float(lines[0].split(",")[0])
         except (ValueError, IndexError):
             lines = lines[1:]  # a header
+        if not lines:  # numpy would warn (with its source line) before the caller's one line
+            return np.empty((0, 1), dtype=np.float64)
         return np.loadtxt(io.StringIO("\n".join(lines)), delimiter=",", ndmin=2, dtype=np.float64)
     out: list = []
     for number, line in enumerate(text.splitlines(), 1):
@@ -212,6 +214,23 @@ PARTIAL = "_PARTIAL"     # written first: the folder holds an unfinished predict
 SUCCESS = "_SUCCESS"     # written last, with the summary: the folder holds a complete one
 
 
+def check_folder(out, output: str) -> None:
+    """UserError when ``--output``, or a folder on its way (on this machine), is a file."""
+    import pyarrow.fs as pafs
+
+    path = out.path()
+    while True:
+        kind = out.fs.get_file_info(path).type
+        if kind == pafs.FileType.File:
+            what = f"--output {output}" + ("" if path == out.path() else f": {out.to_uri(path)}")
+            raise UserError(f"{what} is a file, not a folder", "give a new folder for the predictions (JSON lines "
+                            "files, written there with a _SUCCESS marker)")
+        parent = posixpath.dirname(path)
+        if kind == pafs.FileType.Directory or not out.is_local or parent == path:
+            return
+        path = parent
+
+
 def prepare_output(out, output: str) -> str | None:
     """Check ``--output`` before anything runs. A complete prediction (``_SUCCESS``) or
     files of unknown origin are never overwritten; an interrupted predict's output (its
@@ -244,8 +263,9 @@ def predict(ref: ModelRef, pattern: str, output: str, *, workers: int = 1, addre
     interrupt changes nothing and the summary is returned.
     """
     fs, paths = input_files(pattern)
-    check_first(ref, fs, paths[0])
     out = Storage.resolve(normalize_storage(output))
+    check_folder(out, output)
+    check_first(ref, fs, paths[0])
     replacing = prepare_output(out, output)
     out.check_writable()
     say = note or (lambda text: None)

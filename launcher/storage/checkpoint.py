@@ -22,7 +22,12 @@ FORMAT_VERSION = 1
 
 
 class IncompleteCheckpoint(Exception):
-    """A checkpoint folder whose manifest is missing, unreadable or does not match its files."""
+    """A checkpoint folder whose manifest is missing, unreadable or does not match its files;
+    ``manifest``: the manifest when it could be read (its step names the checkpoint), else None."""
+
+    def __init__(self, what: str, manifest: "Manifest | None" = None) -> None:
+        super().__init__(what)
+        self.manifest = manifest
 
 
 @dataclass
@@ -108,16 +113,20 @@ def verify(fs, path: str) -> Manifest:
 
     try:
         with fs.open_input_stream(f"{path}/{MANIFEST}") as f:
-            manifest = parse_manifest(f.read().decode("utf-8"))
-    except (FileNotFoundError, OSError):
+            data = f.read()
+    except OSError:
         raise IncompleteCheckpoint(f"{path} has no {MANIFEST}") from None
+    try:
+        manifest = parse_manifest(data.decode("utf-8", errors="replace"))
+    except IncompleteCheckpoint as exc:  # said with the folder it is about
+        raise IncompleteCheckpoint(f"{path}: {exc}") from None
     names = list(manifest.files)
     for name, info in zip(names, fs.get_file_info([f"{path}/{n}" for n in names])):
         want = manifest.files[name]
         if info.type != pyarrow.fs.FileType.File:
-            raise IncompleteCheckpoint(f"{path}: {name} is missing")
+            raise IncompleteCheckpoint(f"{path}: {name} is missing", manifest)
         if info.size != want:
-            raise IncompleteCheckpoint(f"{path}: {name} has {info.size} bytes, manifest says {want}")
+            raise IncompleteCheckpoint(f"{path}: {name} has {info.size} bytes, manifest says {want}", manifest)
     return manifest
 
 
@@ -137,6 +146,20 @@ def complete_checkpoints(storage, run: str) -> list[tuple[Manifest, str]]:
         except IncompleteCheckpoint:
             continue
     return sorted(found, key=lambda item: (item[0].global_step, item[0].created))
+
+
+def incomplete_checkpoints(storage, run: str) -> list[IncompleteCheckpoint]:
+    """The run's checkpoint folders that :func:`complete_checkpoints` leaves out, by folder name,
+    each as the error saying what is wrong with it (a shard file missing, say), to name it to a
+    user who asked for one of them."""
+    found = []
+    for folder in storage.list_dirs(run):
+        if folder.startswith("checkpoint_"):
+            try:
+                verify(storage.fs, storage.path(run, folder))
+            except IncompleteCheckpoint as exc:
+                found.append(exc)
+    return found
 
 
 def newest_complete(options: list[tuple[object, str]]) -> tuple[object, str, Manifest] | None:
