@@ -11,7 +11,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import tarfile
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -413,9 +415,13 @@ def test_a_bucket_that_does_not_answer_is_the_storage_layers_outage(tmp_path, mo
     port = free_port()  # nothing listens there
     monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
     monkeypatch.setenv("LAUNCHER_GCS_RETRY_S", "0.5")
+    start = time.monotonic()
     with pytest.raises(Unreachable, match=f"cannot read gs://b-1/ds/index.json: the Cloud Storage emulator at "
-                                          f"http://127.0.0.1:{port} .* did not answer"):
+                                          f"http://127.0.0.1:{port} .* did not answer") as outage:
         ShardIndex.load("gs://b-1/ds")
+    # The line gives the time the call really took, not the retry setting (a hanging try outlasts it).
+    said = re.search(r"tried for (\d+) s, retries included \(LAUNCHER_GCS_RETRY_S=0.5 bounds", str(outage.value))
+    assert said and abs(int(said.group(1)) - (time.monotonic() - start)) < 1.5, str(outage.value)
 
 
 # -- on Cloud Storage ---------------------------------------------------------------------------

@@ -20,6 +20,7 @@ import json
 import os
 import posixpath
 import re
+import time
 from dataclasses import dataclass, field
 
 from launcher.errors import UserError
@@ -166,19 +167,21 @@ def normalise(uri: str) -> str:
 
 def read_index_text(storage: Storage) -> str | None:
     """The text of ``index.json`` under ``storage`` (None: there is none), storage errors explained."""
+    start = time.monotonic()
     try:
         return storage.read_text(INDEX)
     except OSError as exc:
-        raise storage_error(exc, storage, storage.uri_of(INDEX), "read") from None
+        raise storage_error(exc, storage, storage.uri_of(INDEX), "read", time.monotonic() - start) from None
 
 
 def read_unfinished(storage: Storage) -> dict | None:
     """What ``unfinished.json`` under ``storage`` says (None: there is none): the set's writing
     started there and did not end. A damaged note still counts (as an empty dict)."""
+    start = time.monotonic()
     try:
         text = storage.read_text(UNFINISHED)
     except OSError as exc:
-        raise storage_error(exc, storage, storage.uri_of(UNFINISHED), "read") from None
+        raise storage_error(exc, storage, storage.uri_of(UNFINISHED), "read", time.monotonic() - start) from None
     if text is None:
         return None
     try:
@@ -225,10 +228,11 @@ def _not_a_set(storage: Storage) -> UserError:
                      f"there with `launcher data index {uri}`")
 
 
-def storage_error(exc: OSError, storage: Storage, uri: str, action: str) -> UserError:
-    """One line for a filesystem error: the storage layer's own for gs://, the OS's reason for a local path."""
+def storage_error(exc: OSError, storage: Storage, uri: str, action: str, waited_s: float | None = None) -> UserError:
+    """One line for a filesystem error: the storage layer's own for gs:// (``waited_s``: how long the
+    call went on, when timed), the OS's reason for a local path."""
     if not storage.is_local:
-        return gcs.explain(exc, uri, action)
+        return gcs.explain(exc, uri, action, waited_s)
     reason = exc.strerror or str(exc).splitlines()[0]
     return UserError(f"cannot {action} {uri}: {reason}", "check the path and its permissions")
 

@@ -39,6 +39,7 @@ import math
 import os
 import shutil
 import tempfile
+import time
 import zipfile
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
@@ -473,11 +474,12 @@ def _put(storage: Storage, local: str, name: str) -> None:
         except OSError as exc:
             raise storage_error(exc, storage, storage.uri_of(name), "write") from None
         return
+    start = time.monotonic()
     try:
         with open(local, "rb") as src, storage.fs.open_output_stream(storage.path(name)) as dst:
             shutil.copyfileobj(src, dst, formats.CHUNK)
     except OSError as exc:
-        raise storage_error(exc, storage, storage.uri_of(name), "write") from None
+        raise storage_error(exc, storage, storage.uri_of(name), "write", time.monotonic() - start) from None
     finally:
         os.remove(local)
 
@@ -562,10 +564,11 @@ def _write_index(storage: Storage, index: ShardIndex) -> ShardIndex:
 # -- indexing shards already there --------------------------------------------------------------
 
 def _list_files(storage: Storage) -> list[str]:
+    start = time.monotonic()
     try:
         return storage.list_files()
     except OSError as exc:
-        raise storage_error(exc, storage, storage.uri, "list") from None
+        raise storage_error(exc, storage, storage.uri, "list", time.monotonic() - start) from None
 
 
 def _pick_shards(names: list[str], kind: str | None, uri: str) -> tuple[str, list[str]]:

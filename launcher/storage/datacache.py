@@ -16,6 +16,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import time
 from typing import Callable, Iterator
 
 import google_crc32c
@@ -149,6 +150,7 @@ def download_object(uri: str, dest: str) -> None:
     where = gcs.parse_gs_uri(uri, what="data")
     storage = Storage.resolve(f"gs://{where.bucket}")
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
+    start = time.monotonic()
     try:
         with storage.fs.open_input_stream(storage.path(where.prefix)) as src, open(dest, "wb") as out:
             while True:
@@ -159,7 +161,7 @@ def download_object(uri: str, dest: str) -> None:
     except FileNotFoundError:
         raise FileNotFoundError(uri) from None
     except OSError as exc:
-        raise gcs.explain(exc, uri, "download") from None
+        raise gcs.explain(exc, uri, "download", time.monotonic() - start) from None
 
 
 def _download(blob, dest: str) -> None:

@@ -98,9 +98,11 @@ def _shortened(text: str, limit: int = 200) -> str:
     return text[:limit].rsplit(" ", 1)[0] + " ..."
 
 
-def explain(exc: Exception, uri: str, action: str) -> LauncherError:
+def explain(exc: Exception, uri: str, action: str, waited_s: float | None = None) -> LauncherError:
     """Turn a google-cloud-storage error into one actionable line: bad input (a bucket that
-    does not exist, no permission) is a UserError; a service that does not answer is Unreachable."""
+    does not exist, no permission) is a UserError; a service that does not answer is Unreachable.
+    ``waited_s``: how long the call went on (its retries included), when the caller timed it: the
+    line then says that, not the retry setting (a try that hangs can outlast the setting)."""
     from google.api_core import exceptions as gexc
 
     if isinstance(exc, gexc.NotFound):
@@ -112,7 +114,7 @@ def explain(exc: Exception, uri: str, action: str) -> LauncherError:
     first = _shortened((str(exc).splitlines() or [""])[0])
     if isinstance(exc, (gexc.ServerError, gexc.TooManyRequests, gexc.RetryError, OSError)) or \
             "connection" in type(exc).__name__.lower():
-        why = outage_cause(exc)
+        why = outage_cause(exc, waited_s)
         if emulator_host():
             return Unreachable(f"cannot {action} {uri}: the Cloud Storage emulator at {emulator_host()} "
                                f"({EMULATOR_ENV}) did not answer ({why})",
@@ -122,9 +124,13 @@ def explain(exc: Exception, uri: str, action: str) -> LauncherError:
     return UserError(f"cannot {action} {uri}: {type(exc).__name__}: {first}")
 
 
-def outage_cause(exc: Exception) -> str:
+def outage_cause(exc: Exception, waited_s: float | None = None) -> str:
     """What happened, in a few words, for a service that did not answer (not the library's text)."""
-    retried = f"; retried for {float(os.environ.get(RETRY_ENV, '120')):g}s ({RETRY_ENV} sets it)"
+    limit = float(os.environ.get(RETRY_ENV, "120"))
+    if waited_s is None:
+        retried = f"; retried for {limit:g}s ({RETRY_ENV} sets it)"
+    else:
+        retried = f"; tried for {waited_s:.0f} s, retries included ({RETRY_ENV}={limit:g} bounds the retries)"
     exc = getattr(exc, "cause", None) or exc  # a RetryError: what the last try met
     text = str(exc).lower()
     if "refused" in text or "could not connect" in text:
