@@ -5,16 +5,23 @@ lives here, and only here: the GPU models (quota metric, the machine series
 they attach to or come with, their CUDA compute capability and whether the
 pinned torch's CUDA wheels still run on them), the machine types that bring
 their own GPUs (A2, A3, A4, G2: how many, which, how many vCPUs), the N1
-shapes Compute Engine allows per GPU model and count, and the boot disk types
-each machine series takes. :mod:`cluster.spec` and :mod:`cluster.config`
+shapes Compute Engine allows per GPU model and count, the boot disk types
+each machine series takes, and which machine types exist: the predefined
+sizes of the N1, N2, N2D, E2, C2, C2D and T2D families and the limits of
+N1/N2/N2D/E2 custom types (``custom-6-16384``), so ``n1-standard-7`` is
+refused offline, with the nearest types that exist (a series the table does
+not list passes unchecked). :mod:`cluster.spec` and :mod:`cluster.config`
 build cluster files from it, :mod:`cluster.preflight` checks files against it,
 and a fake Compute Engine API can refuse requests by it.
 
 Sources: Google's "GPU machine types" and "Accelerator-optimized machine
 family" pages (GPUs per type, vCPUs, N1 limits), each machine series' "supported
-disk types" table, PyPI's metadata of torch 2.13.0 (built against CUDA 13.0.3,
-which needs an NVIDIA driver >= 580 and compute capability >= 7.5), and
-PyTorch's CUDA support matrix (CUDA 12.8/13.0 builds: Turing and newer).
+disk types" table, the "General-purpose" and "Compute-optimized machine family"
+pages and "Create a VM with a custom machine type" (sizes, custom limits),
+PyPI's metadata of torch 2.13.0 (built against CUDA 13.0.3, which needs an
+NVIDIA driver >= 580 and compute capability >= 7.5), and PyTorch's CUDA
+support matrix (CUDA 12.8/13.0 builds: Turing and newer). Regions and zones
+live in :mod:`cluster.zones`.
 
 **Names.** A run names the Compute Engine machine type its ranks must run on as
 AI Platform's ``masterType`` / ``workerType`` plus ``acceleratorConfig``, or
@@ -152,16 +159,69 @@ HYPERDISK_ONLY = ("a3-ultragpu",)
 # Series whose VMs must use the gVNIC network interface.
 GVNIC_SERIES = ("a3", "a4")
 
+# Predefined machine types: family -> the vCPU counts Compute Engine offers, from Google's
+# "General-purpose machine family" and "Compute-optimized machine family" pages (2025). Only these
+# series are checked by name; another series (C3, C4, N4, M1-M4, T2A, H3, Z3, ...), or a family
+# of these series not listed (n1-megamem), passes unchecked, so a real type is never refused here
+# (preflight asks the project, which knows every type of its zone).
+_C2D = (2, 4, 8, 16, 32, 56, 112)
+PREDEFINED: dict[str, tuple[int, ...]] = {
+    "n1-standard": (1, 2, 4, 8, 16, 32, 64, 96), "n1-highmem": (2, 4, 8, 16, 32, 64, 96),
+    "n1-highcpu": (2, 4, 8, 16, 32, 64, 96),
+    "n2-standard": (2, 4, 8, 16, 32, 48, 64, 80, 96, 128), "n2-highmem": (2, 4, 8, 16, 32, 48, 64, 80, 96, 128),
+    "n2-highcpu": (2, 4, 8, 16, 32, 48, 64, 80, 96),
+    "n2d-standard": (2, 4, 8, 16, 32, 48, 64, 80, 96, 128, 224), "n2d-highmem": (2, 4, 8, 16, 32, 48, 64, 80, 96),
+    "n2d-highcpu": (2, 4, 8, 16, 32, 48, 64, 80, 96, 128, 224),
+    "e2-standard": (2, 4, 8, 16, 32), "e2-highmem": (2, 4, 8, 16), "e2-highcpu": (2, 4, 8, 16, 32),
+    "c2-standard": (4, 8, 16, 30, 60), "c2d-standard": _C2D, "c2d-highmem": _C2D, "c2d-highcpu": _C2D,
+    "t2d-standard": (1, 2, 4, 8, 16, 32, 48, 60),
+}
+SHARED_CORE = ("e2-micro", "e2-small", "e2-medium", "f1-micro", "g1-small")
+# Family words Compute Engine uses: an unlisted family of a checked series spelled so is taken as real.
+FAMILY_WORDS = ("standard", "highmem", "highcpu", "megamem", "ultramem", "hypermem", "custom")
+
+
+@dataclass(frozen=True)
+class CustomLimits:
+    """What a series' custom types (``custom-CPUS-MB``, ``n2-custom-CPUS-MB[-ext]``) may have."""
+
+    label: str           # how the rule is said: "1 or an even number up to 96"
+    vcpus: tuple[int, ...]
+    min_mb: int          # memory per vCPU, MB
+    max_mb: int
+    extended_mb: int = 0  # the most memory with extended memory (-ext); 0: none
+    total_mb: int = 0     # the most memory in all; 0: no other limit
+
+
+# Custom machine types: Google's "Create a VM with a custom machine type" page and its samples'
+# limits (compute_custom_machine_type_helper_class); memory is a multiple of 256 MB. N4 and newer
+# series' custom types are not checked here.
+CUSTOM: dict[str, CustomLimits] = {
+    "n1": CustomLimits("1 or an even number up to 96", (1, *range(2, 97, 2)), 922, 6656, 624 << 10),
+    "n2": CustomLimits("an even number up to 32, then multiples of 4 up to 128",
+                       (*range(2, 33, 2), *range(36, 129, 4)), 512, 8192, 624 << 10),
+    "n2d": CustomLimits("2, 4, 8, 16, 32, 48, 64, 80 or 96", (2, 4, 8, 16, 32, 48, 64, 80, 96), 512, 8192,
+                        768 << 10),
+    "e2": CustomLimits("an even number up to 32", tuple(range(2, 33, 2)), 512, 8192, total_mb=128 << 10),
+}
+CUSTOM_RE = re.compile(r"^(?:(?P<series>[a-z][a-z0-9]*)-)?custom-(?P<cpus>\d+)-(?P<mb>\d+)(?P<ext>-ext)?$")
+PREDEFINED_RE = re.compile(r"^(?P<family>[a-z][a-z0-9]*-[a-z]+)-(?P<size>\d+)$")
+# series-family-size[-suffix] (c3-standard-4-lssd, a2-highgpu-1g) or a custom/shared-core name
+TYPE_NAME_RE = re.compile(r"^[a-z][a-z0-9]*-[a-z]+-\d+[a-z0-9-]*$")
+
 
 def machine_series(machine_type: str) -> str:
-    return machine_type.split("-", 1)[0]
+    """n1-standard-8 -> n1; custom-6-16384 -> n1 (N1's custom types carry no series prefix)."""
+    series = machine_type.split("-", 1)[0]
+    return "n1" if series == "custom" else series
 
 
 def machine_vcpus(machine_type: str) -> int:
     """vCPUs of a machine type, from the table of GPU types or its name (n1-standard-8 -> 8)."""
     if machine_type in GPU_MACHINES:
         return GPU_MACHINES[machine_type].vcpus
-    m = re.match(r"^[a-z][a-z0-9]*-(standard|highmem|highcpu|megamem|ultramem|custom)-(\d+)", machine_type)
+    m = re.match(r"^(?:[a-z][a-z0-9]*-)?(standard|highmem|highcpu|megamem|ultramem|custom)-(\d+)",
+                 machine_type)
     if not m:
         raise UserError(f"machine type {machine_type!r} is not one whose vCPU count is known",
                         "use a type like n1-standard-8, n2-highmem-16, g2-standard-8 or a2-highgpu-1g")
@@ -198,6 +258,101 @@ def check_gpu_machine(machine_type: str) -> None:
             [t for t in GPU_MACHINES if t.startswith(series + "-")]
         raise UserError(f"machine type {machine_type!r} is not a known {series.upper()} type",
                         f"valid: {', '.join(known)}")
+
+
+def check_machine_type(machine_type: str, flag: str = "--machine-type") -> None:
+    """Offline: a type of a series the table knows must exist (n1-standard-7 does not).
+
+    Raises:
+        UserError: naming ``flag``, the type, why, and the nearest types that exist.
+    """
+    problem = machine_type_problem(machine_type)
+    if problem:
+        why, near = problem
+        hint = f"did you mean {' or '.join(near)}? " if near else ""
+        raise UserError(f"{flag} {machine_type}: {why}",
+                        f"{hint}set {flag} to a type of `gcloud compute machine-types list`")
+
+
+def machine_type_problem(machine_type: str) -> tuple[str, list[str]] | None:
+    """Why Compute Engine has no such machine type, and the nearest ones it has; None when it has
+    it or the table cannot tell (a series or family it does not list)."""
+    series = machine_series(machine_type)
+    if machine_type in GPU_MACHINES or machine_type in SHARED_CORE:
+        return None
+    if series in ("a2", "a3", "a4", "g2"):
+        near = difflib.get_close_matches(machine_type, GPU_MACHINES, n=2)
+        return f"not a known {series.upper()} type (it would bring GPUs the table does not know)", near
+    custom = CUSTOM_RE.match(machine_type)
+    if custom:
+        return _custom_problem(custom.group("series") or "n1", int(custom.group("cpus")),
+                               int(custom.group("mb")), bool(custom.group("ext")), machine_type)
+    predefined = PREDEFINED_RE.match(machine_type)
+    if predefined and predefined.group("family") in PREDEFINED:
+        return _size_problem(predefined.group("family"), int(predefined.group("size")))
+    if not TYPE_NAME_RE.match(machine_type) and not re.match(r"^e2-custom-(micro|small|medium)-\d+$", machine_type):
+        return "not a machine type name (SERIES-FAMILY-VCPUS, like n1-standard-8, or custom-VCPUS-MB)", []
+    family = machine_type.split("-")[1]
+    families = {f for f in PREDEFINED if f.startswith(series + "-")}
+    if families and family not in FAMILY_WORDS:
+        near = difflib.get_close_matches(machine_type, [f"{f}-{n}" for f in families for n in PREDEFINED[f]], n=2)
+        return f"{series.upper()} has no {family} family (it has {', '.join(sorted(families))})", near
+    return None
+
+
+def _size_problem(family: str, size: int) -> tuple[str, list[str]] | None:
+    sizes = PREDEFINED[family]
+    if size in sizes:
+        return None
+    near = sorted(sizes, key=lambda n: (abs(n - size), -n))[:2]
+    return (f"{family} types have {_or_list(sizes)} vCPUs, not {size}",
+            [f"{family}-{n}" for n in near])
+
+
+def _custom_problem(series: str, cpus: int, mb: int, ext: bool, name: str) -> tuple[str, list[str]] | None:
+    """A custom type against its series' limits (None for a series the table has no limits for)."""
+    limits = CUSTOM.get(series)
+    if limits is None:
+        return None
+    prefix, kind = name[:name.index("custom-") + len("custom")], f"{series.upper()} custom types"
+    if cpus not in limits.vcpus:
+        near = sorted(limits.vcpus, key=lambda v: (abs(v - cpus), -v))[:2]
+        return f"{kind} have {limits.label} vCPUs, not {cpus}", [_custom(limits, prefix, n, mb) for n in near]
+    low, high = _memory_range(limits, cpus)
+    fixed = [_custom(limits, prefix, cpus, mb)]
+    if mb % 256:
+        return f"{kind} take memory in multiples of 256 MB, not {mb} MB", fixed
+    if mb < low:
+        return f"{kind} take at least {limits.min_mb / 1024:.1f} GB per vCPU ({low} MB for {cpus}), not {mb} MB", fixed
+    if ext and not limits.extended_mb:
+        return f"{kind} have no extended memory (-ext)", fixed
+    if ext and mb > limits.extended_mb:
+        return (f"{kind} take at most {limits.extended_mb >> 10} GB with extended memory, not {mb} MB",
+                [f"{prefix}-{cpus}-{limits.extended_mb}-ext"])
+    if not ext and mb > high and limits.extended_mb and mb <= limits.extended_mb:
+        return (f"{kind} take at most {limits.max_mb / 1024:.1f} GB per vCPU ({high} MB for {cpus}) without "
+                "extended memory", [f"{name}-ext", *fixed])
+    if not ext and mb > high:
+        return f"{kind} take at most {high} MB with {cpus} vCPUs, not {mb} MB", fixed
+    return None
+
+
+def _memory_range(limits: CustomLimits, cpus: int) -> tuple[int, int]:
+    """The least and most MB (multiples of 256) a custom type with ``cpus`` vCPUs takes without -ext."""
+    low = -(-cpus * limits.min_mb // 256) * 256
+    high = cpus * limits.max_mb // 256 * 256
+    return low, min(high, limits.total_mb) if limits.total_mb else high
+
+
+def _custom(limits: CustomLimits, prefix: str, cpus: int, mb: int) -> str:
+    """A valid custom type with ``cpus`` vCPUs and the memory nearest ``mb``."""
+    low, high = _memory_range(limits, cpus)
+    return f"{prefix}-{cpus}-{min(max(round(mb / 256) * 256, low), high)}"
+
+
+def _or_list(values) -> str:
+    items = [str(v) for v in values]
+    return ", ".join(items[:-1]) + " or " + items[-1] if len(items) > 1 else items[0]
 
 
 def image_driver(image: str) -> int | None:

@@ -2,7 +2,9 @@
 
 Works on any GCP cluster file (ours or hand-written). From the file and the
 machine table (:mod:`cluster.machines`) alone: Ray's VM names fit Compute
-Engine's 63 characters; GPU nodes have onHostMaintenance TERMINATE; each boot
+Engine's 63 characters; each node_config's ``scheduling`` is one mapping
+(Ray's GCP examples write a list of one-key mappings, Ray sends it as is, and
+Compute Engine refuses the insert); GPU nodes have onHostMaintenance TERMINATE; each boot
 disk's type is one its machine series takes (no diskType means pd-standard,
 which G2 and A3 refuse); N1 GPU shapes exist (GPU count, vCPUs and memory per
 GPU model); Spot-only types are Spot; the pinned torch runs on the GPUs (a
@@ -167,9 +169,37 @@ def _accelerator_checks(plans: list[NodePlan], compute: Compute, zone: str, chec
 def table_checks(config: dict[str, Any], plans: list[NodePlan]) -> list[Check]:
     """What the file and the machine table alone can tell, before any API call."""
     checks = [_local_client_check(), _name_check(str(config.get("cluster_name", "")))]
+    for name, node in (config.get("available_node_types") or {}).items():
+        check = scheduling_check(name, (node or {}).get("node_config") or {})
+        checks += [check] if check else []
     for p in plans:
         checks += _node_table_checks(p)
     return checks
+
+
+def scheduling_check(node_type: str, node_config: dict[str, Any]) -> Check | None:
+    """A FAIL when a node_config's ``scheduling`` is not one mapping, as in Ray's own GCP examples
+    (``- preemptible: true``): Ray's provider sends node_config to Compute Engine as is, and its
+    Instance resource takes ``scheduling`` as an object, so every insert of the node type is refused."""
+    value = node_config.get("scheduling")
+    if value is None or isinstance(value, dict):
+        return None
+    shape = "a list (as Ray's GCP examples write it)" if isinstance(value, list) else f"a {type(value).__name__}"
+    return Check(FAIL, f"node type {node_type}: scheduling is {shape}, and Compute Engine takes one object: Ray "
+                 "sends node_config as is, so the insert would be refused (Invalid value for field "
+                 "'resource.scheduling')", f"write it as a mapping: scheduling: {scheduling_as_mapping(value)}")
+
+
+def scheduling_as_mapping(value: Any) -> str:
+    """``[{preemptible: true}, {onHostMaintenance: TERMINATE}]`` as the one YAML mapping Compute Engine
+    takes, in flow style: ``{preemptible: true, onHostMaintenance: TERMINATE}``."""
+    import yaml
+
+    merged: dict[str, Any] = {}
+    for item in value if isinstance(value, list) else []:
+        merged.update(item if isinstance(item, dict) else {})
+    merged = merged or {"preemptible": True, "onHostMaintenance": "TERMINATE"}  # an example when nothing reads
+    return yaml.safe_dump(merged, default_flow_style=True, sort_keys=False, width=1000).strip()
 
 
 def _local_client_check() -> Check:

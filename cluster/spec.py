@@ -6,7 +6,10 @@ A spec starts from a preset (named after AI Platform's scale tiers), then a
 YAML file's keys, then command-line flags (each layer wins over the one
 before). :meth:`ClusterSpec.validated` checks every field and fills the values
 that depend on others (region from zone, GPU image, vCPU counts). Everything
-here is pure: checks against a real project live in :mod:`cluster.preflight`.
+here is pure: zones and machine types are checked offline against the tables
+of :mod:`cluster.zones` and :mod:`cluster.machines` (``us-central1-z`` and
+``n1-standard-7`` do not exist), and checks against a real project live in
+:mod:`cluster.preflight`.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from cluster import machines
+from cluster import machines, zones
 # Re-exported: the machine facts live in cluster.machines (one table), older callers import them from here.
 from cluster.machines import ACCELERATORS, bundled_gpus, machine_series, machine_vcpus  # noqa: F401
 from launcher import schema
@@ -41,7 +44,6 @@ CLUSTER_NAME_RE = re.compile(r"^[a-z][a-z0-9-]*[a-z0-9]$")
 # Compute Engine refuses names over 63 characters, so the `ray up` that would start them fails.
 VM_NAME_EXTRA = len("ray--worker-12345678-compute")
 MAX_NAME = 63 - VM_NAME_EXTRA
-ZONE_RE = re.compile(r"^([a-z]+-[a-z]+[0-9]+)-[a-z]$")
 
 
 @dataclass(frozen=True)
@@ -117,21 +119,21 @@ class ClusterSpec:
         if not self.project:
             raise UserError("no Google Cloud project given",
                             "pass --project PROJECT_ID (or set GOOGLE_CLOUD_PROJECT)")
-        m = ZONE_RE.match(self.zone)
-        if not m:
-            raise UserError(f"zone {self.zone!r} is not a zone name", "write it like us-central1-a")
-        region = self.region or m.group(1)
-        if region != m.group(1):
+        zone_region = zones.check_zone(self.zone, _flag("zone"))  # offline, against cluster/zones.py
+        region = self.region or zone_region
+        if region != zone_region:
             raise UserError(f"zone {self.zone} is not in region {region}",
-                            f"use --region {m.group(1)} or a zone of {region}")
+                            f"use --region {zone_region} or a zone of {region}")
         _check_name(self.cluster_name)
         self = _split_gpus(self)
         _check_workers(self)
         _check_choices(self)
         _check_images(self.container_images)
-        for machine in (self.head_machine_type, self.worker_machine_type):
+        for machine, field in ((self.head_machine_type, "head_machine_type"),
+                               (self.worker_machine_type, "worker_machine_type")):
             machines.check_gpu_machine(machine)
             machine_vcpus(machine)  # raises when the count cannot be known
+            machines.check_machine_type(machine, _flag(field))  # n1-standard-7 does not exist
         spec = _with_built_in_gpus(self)
         gpus = _check_accelerator(spec)
         for name in ("disk_size_gb", "idle_timeout_minutes"):
@@ -265,6 +267,10 @@ def _check_choices(spec: ClusterSpec) -> None:
     if spec.provisioning != "standard" and spec.max_workers == 0:
         raise UserError(f"provisioning {spec.provisioning} applies to worker VMs, and this cluster has none",
                         "set --max-workers to 1 or more, or use --provisioning standard (the head is never Spot)")
+    if spec.termination_action != "DELETE" and spec.provisioning != "spot":
+        # Compute Engine takes instanceTerminationAction for Spot VMs only: the file would drop it.
+        raise UserError(f"--termination-action {spec.termination_action} applies only to Spot VMs, and the "
+                        f"workers are {spec.provisioning}", "add --provisioning spot, or drop --termination-action")
 
 
 def _check_accelerator(spec: ClusterSpec) -> int:

@@ -424,7 +424,7 @@ def test_every_node_has_a_boot_disk_type_its_series_takes():
      "set --worker-machine-type to n1-standard-8 or smaller"),
     ({"accelerator_type": "nvidia-tesla-t4", "worker_machine_type": "n1-standard-64"},
      "1 x nvidia-tesla-t4 allows at most 48 vCPUs on N1, not 64"),
-    ({"accelerator_type": "nvidia-tesla-v100", "worker_machine_type": "n1-custom-8-81920", "install": "true"},
+    ({"accelerator_type": "nvidia-tesla-v100", "worker_machine_type": "custom-8-81920-ext", "install": "true"},
      "1 x nvidia-tesla-v100 allows at most 78 GB of memory on N1, not 80"),
     # Ray's VM names must fit Compute Engine's 63 characters.
     ({"cluster_name": "a" * 36}, f"cluster name '{'a' * 36}' is 36 characters: Ray names the worker VMs "
@@ -546,3 +546,71 @@ def test_container_images_get_podman_and_are_pulled_on_every_node(capsys):
     setup = yaml.safe_load(capsys.readouterr().out)["setup_commands"]
     assert [c for c in setup if c.startswith("podman pull")] == ["podman pull --quiet gcr.io/p/a:1",
                                                                  "podman pull --quiet gcr.io/p/b:2"]
+
+
+# -- issue 66, items 6 and 7a: zones, machine types and Spot flags that do not exist -----------------
+
+def one_error_line(capsys) -> str:
+    """The CLI's stderr after a refused command: exactly one line, no traceback."""
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "Traceback" not in err[0], err
+    return err[0]
+
+
+@pytest.mark.parametrize("flags, said", [
+    (["--zone", "us-central1-z"], ["zone 'us-central1-z' does not exist: us-central1's zones are us-central1-a, "
+                                   "us-central1-b, us-central1-c, us-central1-f", "did you mean us-central1-f?",
+                                   "set --zone"]),
+    (["--zone", "us-east1-a"], ["zone 'us-east1-a' does not exist", "did you mean us-east1-b?"]),
+    (["--zone", "us-centrl1-a"], ["us-centrl1, which is not a Compute Engine region", "did you mean us-central1-a"]),
+    (["--worker-machine-type", "n1-standard-7"],
+     ["--worker-machine-type n1-standard-7: n1-standard types have 1, 2, 4, 8, 16, 32, 64 or 96 vCPUs, not 7",
+      "did you mean n1-standard-8 or n1-standard-4?", "set --worker-machine-type"]),
+    (["--head-machine-type", "e2-highmem-32"], ["e2-highmem types have 2, 4, 8 or 16 vCPUs, not 32",
+                                                "did you mean e2-highmem-16"]),
+    (["--worker-machine-type", "custom-7-16384"], ["N1 custom types have 1 or an even number up to 96 vCPUs, not 7",
+                                                   "did you mean custom-8-16384 or custom-6-16384?"]),
+    (["--worker-machine-type", "custom-6-16000"], ["multiples of 256 MB, not 16000 MB",
+                                                   "did you mean custom-6-15872?"]),
+    (["--worker-machine-type", "custom-6-48128"], ["at most 6.5 GB per vCPU", "did you mean custom-6-48128-ext"]),
+    (["--worker-machine-type", "n2d-custom-6-16384"], ["N2D custom types have 2, 4, 8, 16, 32, 48, 64, 80 or 96 "
+                                                       "vCPUs, not 6"]),
+    (["--worker-machine-type", "e2-custom-4-40960"], ["E2 custom types take at most 32768 MB with 4 vCPUs"]),
+    (["--termination-action", "STOP"], ["--termination-action STOP applies only to Spot VMs, and the workers are "
+                                        "standard; add --provisioning spot, or drop --termination-action"]),
+    (["--termination-action", "STOP", "--provisioning", "preemptible"], ["the workers are preemptible"]),
+])
+def test_what_does_not_exist_is_refused_offline_in_one_line(flags, said, capsys):
+    assert main(["cluster", "config", "--project", "p", *flags]) == 2
+    line = one_error_line(capsys)
+    for part in said:
+        assert part in line, line
+
+
+@pytest.mark.parametrize("machine", ["n1-standard-8", "n1-highcpu-96", "n2-highmem-128", "n2d-standard-224",
+                                     "e2-standard-32", "c2-standard-30", "c2d-highmem-56", "t2d-standard-60",
+                                     "custom-6-16384", "custom-1-1024", "custom-6-48128-ext", "n2-custom-36-65536",
+                                     "n2d-custom-8-16384", "e2-custom-8-16384", "g2-standard-8", "a3-highgpu-8g",
+                                     # series the table does not list pass unchecked: never refuse a real type
+                                     "c3-standard-22", "n4-standard-16", "c4-highmem-48", "n4-custom-4-16384"])
+def test_real_machine_types_pass(machine):
+    from cluster import machines
+
+    assert machines.machine_type_problem(machine) is None
+    spec = ClusterSpec.from_mapping({**BASE, "worker_machine_type": machine, "provisioning": "spot"}).validated()
+    assert worker_type(ray_cluster_config(spec, VERSION))[1]["resources"]["CPU"] == machines.machine_vcpus(machine)
+
+
+def test_real_zones_and_custom_types_make_a_cluster_file(capsys):
+    from cluster import zones
+
+    for zone in ("us-central1-f", "us-east1-b", "europe-west1-d", "asia-southeast1-c", "europe-north2-a"):
+        assert zones.zone_problem(zone) is None, zone
+    assert main(["cluster", "config", "--project", "p", "--zone", "europe-west1-b",
+                 "--worker-machine-type", "custom-6-16384", "--provisioning", "spot",
+                 "--termination-action", "STOP"]) == 0
+    config = yaml.safe_load(capsys.readouterr().out)
+    name, node = worker_type(config)
+    assert (name, node["resources"], config["provider"]["region"]) == ("custom-6-16384", {"CPU": 6}, "europe-west1")
+    assert node["node_config"]["scheduling"]["instanceTerminationAction"] == "STOP"
+    assert node["node_config"]["disks"][0]["initializeParams"]["diskType"].endswith("/pd-balanced")  # N1's

@@ -95,7 +95,11 @@ def test_zone_down(tmp_path, fake):
 
 
 def test_unknown_zone_stops_early(tmp_path, fake):
-    checks = checks_for(tmp_path, zone="us-central1-z")
+    # `launcher cluster config --zone us-central1-z` refuses it offline; a hand-edited file gets it past that.
+    with open(cluster_file(tmp_path)) as f:
+        config = yaml.safe_load(f)
+    config["provider"]["availability_zone"] = "us-central1-z"
+    checks = run_checks(config, Compute(PROJECT))
     assert checks[-1].status == FAIL and "zone us-central1-z does not exist" in checks[-1].what
     assert not any("quota" in c.what for c in checks)
 
@@ -125,6 +129,22 @@ def test_node_plans_of_a_hand_written_file():
     assert (head.count, head.accelerator, head.spot) == (1, None, False)
     assert (gpu.machine_type, gpu.count, gpu.accelerator, gpu.gpus, gpu.spot) == (
         "a2-highgpu-2g", 2, "nvidia-tesla-a100", 2, True)
+
+
+def test_a_list_scheduling_fails_offline():
+    """Ray's own GCP examples write scheduling as a list; Ray sends it as is and Compute Engine refuses it."""
+    from cluster.preflight import table_checks
+
+    config = {"cluster_name": "c", "head_node_type": "head", "max_workers": 1, "available_node_types": {
+        "head": {"node_config": {"machineType": "n1-standard-4"}},
+        "spot": {"max_workers": 1, "node_config": {"machineType": "n1-standard-8", "scheduling": [
+            {"preemptible": True}, {"onHostMaintenance": "TERMINATE"}]}}}}
+    failed = by_status(table_checks(config, node_plans(config)), FAIL)
+    assert [(c.what.split(":")[0], c.fix) for c in failed] == [
+        ("node type spot", "write it as a mapping: scheduling: {preemptible: true, onHostMaintenance: TERMINATE}")]
+    assert "Invalid value for field 'resource.scheduling'" in failed[0].what
+    config["available_node_types"]["spot"]["node_config"]["scheduling"] = {"preemptible": True}
+    assert by_status(table_checks(config, node_plans(config)), FAIL) == []
 
 
 @pytest.mark.gcs

@@ -310,3 +310,131 @@ def test_the_loopback_api_makes_the_head_this_machine_and_installs_the_metadata_
     assert nics["ray-x-head-1-compute"]["networkIP"] == "127.0.0.1"
     assert nics["ray-x-head-1-compute"]["accessConfigs"][0]["natIP"] == "127.0.0.1"
     assert nics["ray-x-worker-1-compute"]["networkIP"] != "127.0.0.1"  # a worker is never this machine
+
+
+# -- issue 66, items 6 and 7a: files written the way Ray's own GCP examples write them ---------------
+
+RAY_EXAMPLE = """\
+cluster_name: rayexample
+max_workers: 2
+provider: {type: gcp, region: us-west1, availability_zone: us-west1-a, project_id: my-project}
+auth: {ssh_user: ubuntu}
+available_node_types:
+  ray_head_default:
+    resources: {CPU: 2}
+    node_config:
+      machineType: n1-standard-2
+      disks:
+        - boot: true
+          autoDelete: true
+          type: PERSISTENT
+          initializeParams:
+            diskSizeGb: 50
+            sourceImage: projects/deeplearning-platform-release/global/images/family/common-cpu
+  ray_worker_small:
+    min_workers: 1
+    resources: {CPU: 6}
+    node_config:
+      machineType: custom-6-16384
+      disks:
+        - boot: true
+          autoDelete: true
+          type: PERSISTENT
+          initializeParams:
+            diskSizeGb: 50
+            sourceImage: projects/deeplearning-platform-release/global/images/family/common-cpu
+      scheduling:
+        - preemptible: true
+        - onHostMaintenance: TERMINATE
+head_node_type: ray_head_default
+"""
+
+
+def insert(api: ComputeAPI, body: dict, zone: str = "us-west1-a"):
+    """POST an instances.insert to the local API as Google's client would: (HTTP status, answer)."""
+    request = urllib.request.Request(f"{api.url}/compute/v1/projects/p/zones/{zone}/instances",
+                                     data=json.dumps(body).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.loads(refused.read())
+
+
+def test_rays_list_scheduling_is_one_line_naming_the_node_type(tmp_path, capsys):
+    path = tmp_path / "ray-example.yaml"
+    path.write_text(RAY_EXAMPLE)
+    assert main(["cluster", "rehearse", str(path)]) == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in captured.err, captured.err
+    assert err[0].startswith(f"error: {path}: node type ray_worker_small: scheduling is a list")
+    assert "Invalid value for field 'resource.scheduling'" in err[0]
+    assert err[0].endswith("write it as a mapping: scheduling: {preemptible: true, onHostMaintenance: TERMINATE}")
+    assert "insert" not in captured.out  # found before anything was sent
+
+
+def test_the_local_api_refuses_a_list_scheduling_as_compute_engine_does():
+    body = {"name": "vm-1", "machineType": "zones/us-west1-a/machineTypes/n1-standard-2",
+            "labels": {"ray-user-node-type": "ray_worker_small"},
+            "scheduling": [{"preemptible": True}, {"onHostMaintenance": "TERMINATE"}]}
+    with ComputeAPI("p") as api:
+        status, answer = insert(api, body)
+        assert status == 400 and answer["error"]["errors"][0]["reason"] == "invalid"
+        assert answer["error"]["message"].startswith("Invalid value for field 'resource.scheduling': "
+                                                     '[{"preemptible": true}, {"onHostMaintenance": "TERMINATE"}]')
+        refusal = api.calls[-1].refusal
+        assert (refusal.rule, api.calls[-1].node_type) == ("scheduling", "ray_worker_small")
+        assert refusal.fix == ("write scheduling as one mapping: scheduling: {preemptible: true, onHostMaintenance: "
+                               "TERMINATE} in node type ray_worker_small's node_config")
+        assert api.instances == {}
+
+
+def test_rays_example_with_scheduling_as_an_object_rehearses_clean():
+    """custom-6-16384 is a real N1 custom type, and Compute Engine sets automaticRestart false itself
+    for a preemptible VM that leaves it out."""
+    config = yaml.safe_load(RAY_EXAMPLE)
+    node = config["available_node_types"]["ray_worker_small"]["node_config"]
+    node["scheduling"] = {"preemptible": True, "onHostMaintenance": "TERMINATE"}
+    report, out = quietly(config, bootstrap=False)
+    assert report.refused == [], out
+    assert "custom-6-16384, pd-standard (default), preemptible  accepted" in out
+    with ComputeAPI("p") as api:
+        body = {"name": "vm-1", "machineType": "zones/us-west1-a/machineTypes/custom-6-16384",
+                "scheduling": {"preemptible": True}}
+        assert insert(api, body)[0] == 200
+        assert api.instances["vm-1"]["scheduling"] == {"preemptible": True, "automaticRestart": False,
+                                                       "onHostMaintenance": "TERMINATE"}  # as GCE stores it
+        status, answer = insert(api, {**body, "name": "vm-2", "scheduling": {"preemptible": True,
+                                                                              "automaticRestart": True}})
+        assert status == 400 and "Scheduling must have preemptible be false when AutomaticRestart is true" in \
+            answer["error"]["message"]
+
+
+def unknown_zone(config):
+    config["provider"]["availability_zone"] = "us-central1-z"
+
+
+def n1_standard_7(config):
+    worker(config)["node_config"]["machineType"] = "n1-standard-7"
+
+
+@pytest.mark.parametrize("breaks, rule, message, fix", [
+    (unknown_zone, "zone", "Invalid value for field 'zone': 'us-central1-z'. Unknown zone.",
+     "set provider.availability_zone to us-central1-f"),
+    (n1_standard_7, "machine type", "Machine type with name 'n1-standard-7' does not exist in zone 'us-central1-a'",
+     "did you mean n1-standard-8 or n1-standard-4?"),
+])
+def test_a_zone_or_machine_type_that_does_not_exist_is_refused(breaks, rule, message, fix, tmp_path, capsys):
+    config = build(min_workers=1)
+    breaks(config)
+    report, out = quietly(copy.deepcopy(config), bootstrap=False)
+    assert report.refused and report.refused[-1].refusal.rule == rule, out
+    assert message in report.refused[-1].refusal.message
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(config))
+    assert main(["cluster", "rehearse", str(path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"[{rule}] " in err[0] and message in err[0] and fix in err[0], err
+    assert "(node type " in err[0]

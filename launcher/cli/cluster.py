@@ -200,7 +200,10 @@ def _rehearse(args: argparse.Namespace) -> int:
     config = schema.load_yaml(args.cluster_file, "cluster file")
     if args.up:
         return _rehearse_up(config, parse_quotas(args.quota))
-    report = rehearse(config, parse_quotas(args.quota))
+    try:
+        report = rehearse(config, parse_quotas(args.quota))
+    except UserError as exc:  # the file cannot be rehearsed (or would be refused before any request)
+        raise UserError(f"{args.cluster_file}: {exc.what}", exc.fix) from None
     if report.refused:
         raise refusal_error(args.cluster_file, report)
     return EXIT_OK

@@ -14,9 +14,12 @@ paths as Google's servers (``/compute/v1/...``, ``/cloudresourcemanager/v1/...``
 - IAM: ``serviceAccounts`` get (404 until created) and create.
 
 Instances live in memory. Each insert is checked by Compute Engine's rules
-(:mod:`launcher.lab.compute_rules`, which reads :mod:`cluster.machines`); a
-refused one answers as Compute Engine does, HTTP 400 (403 for a quota) with
-an error body whose message names the rule, and creates nothing. Every call
+(:mod:`launcher.lab.compute_rules`, which reads :mod:`cluster.machines` and
+:mod:`cluster.zones`); a refused one answers as Compute Engine does, HTTP 400
+(403 for a quota) with an error body whose message names the rule, and
+creates nothing. An accepted one is stored with the scheduling defaults
+Compute Engine fills in (a preemptible VM without ``automaticRestart`` gets
+false). Every call
 is kept in :attr:`ComputeAPI.calls` for the rehearsal to print. Operations
 are done as soon as they are made: the rehearsal checks requests, not timing.
 """
@@ -47,6 +50,7 @@ class Call:
     target: str = ""
     refusal: Refusal | None = None
     detail: str = ""
+    node_type: str = ""  # the Ray node type an insert was for
 
 
 class ApiError(Exception):
@@ -120,8 +124,9 @@ class ComputeAPI:
                                                                      if k != "project"})
         raise ApiError(404, "notFound", f"the local Compute API does not answer {method} {path}")
 
-    def _log(self, verb: str, target: str = "", refusal: Refusal | None = None, detail: str = "") -> None:
-        self.calls.append(Call(verb, target, refusal, detail))
+    def _log(self, verb: str, target: str = "", refusal: Refusal | None = None, detail: str = "",
+             node_type: str = "") -> None:
+        self.calls.append(Call(verb, target, refusal, detail, node_type))
 
     # -- instances ----------------------------------------------------------------------------------
     def insert(self, zone: str, body: dict, query: dict) -> dict:
@@ -132,7 +137,7 @@ class ComputeAPI:
             refusal = Refusal(409, "instance name", f"The resource '{self._link(zone, name)}' already exists")
         else:
             refusal = compute_rules.check_insert(body, zone, *self._gpus_in_use(), quotas=self.quotas)
-        self._log("insert", name, refusal, compute_rules.describe(body))
+        self._log("insert", name, refusal, compute_rules.describe(body), compute_rules.node_type_of(body))
         if refusal:
             raise ApiError(refusal.status, "quotaExceeded" if refusal.rule == "quota" else "invalid",
                            f"{refusal.message} [rule: {refusal.rule}]")
@@ -155,6 +160,7 @@ class ComputeAPI:
             nic["networkIP"] = f"10.128.0.{n % 250 + 2}"
             for access in nic.get("accessConfigs", []):
                 access["natIP"] = f"203.0.113.{n % 250 + 2}"  # TEST-NET-3: never a real address
+        instance["scheduling"] = compute_rules.stored_scheduling(body)  # with the defaults GCE fills in
         instance.update({"kind": "compute#instance", "id": str(1000 + n), "status": RUNNING,
                          "zone": f"{API}/projects/{self.project}/zones/{zone}", "networkInterfaces": nics,
                          "labels": dict(body.get("labels") or {}), "labelFingerprint": f"fp{n}",
@@ -342,6 +348,8 @@ class _Handler(BaseHTTPRequestHandler):
                 {"message": exc.message, "domain": "global", "reason": exc.reason}]}}
         except ValueError:
             status, answer = 400, {"error": {"code": 400, "message": "Invalid JSON payload received."}}
+        except Exception as exc:  # noqa: BLE001  a bug here answers 500, not a dropped connection
+            status, answer = 500, {"error": {"code": 500, "message": f"the local Compute API failed: {exc!r}"}}
         data = json.dumps(answer).encode()
         self.send_response(status)
         self.send_header("Content-Type", "application/json; charset=UTF-8")

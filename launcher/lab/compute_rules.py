@@ -7,27 +7,40 @@ message in Compute Engine's words), or None. Every hardware fact comes from
 :mod:`cluster.machines`, the table the cluster file and preflight read, so the
 rehearsal cannot agree with the cluster file by holding its own copy.
 
-The rules: the VM name (at most 63 characters, GCE's pattern), its labels,
-the machine type, guest accelerators (only on N1, only in the counts and
-vCPU/memory shapes Compute Engine offers, never on a type with built-in GPUs),
+The rules: the zone (one :mod:`cluster.zones` knows), the body's shape
+(``scheduling``, ``labels`` and ``metadata`` are objects, ``disks`` and the
+like are lists: Ray's GCP examples write ``scheduling`` as a list, which
+Compute Engine refuses), the VM name (at most 63 characters, GCE's pattern),
+its labels, the machine type (one that exists: predefined sizes and custom
+limits from :mod:`cluster.machines`; a series the table does not list
+passes), guest accelerators (only on N1, only in the counts and vCPU/memory
+shapes Compute Engine offers, never on a type with built-in GPUs),
 onHostMaintenance TERMINATE for any VM with a GPU, the Spot/preemptible
 scheduling fields, the boot disk type per machine series, gVNIC where a
 series needs it, and GPU quotas (per region and ``GPUS_ALL_REGIONS``).
+
+Like Compute Engine, a Spot or preemptible VM that leaves out
+``automaticRestart`` and ``onHostMaintenance`` gets false and TERMINATE
+(:func:`stored_scheduling` fills them into the stored instance); only an
+explicit ``automaticRestart: true`` or ``MIGRATE`` is refused.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from cluster import machines
+from cluster import machines, zones
+from cluster.preflight import scheduling_as_mapping
 
 NAME_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 LABEL_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
 ALL_REGIONS = "GPUS_ALL_REGIONS"
-# Predefined machine type names per series (the name alone is enough to know it exists).
-PREDEFINED_RE = re.compile(r"^[a-z][a-z0-9]*-(standard|highmem|highcpu|megamem|ultramem)-\d+$")
+# The JSON type Compute Engine's Instance resource has for the fields a body may get wrong.
+SHAPES = {"scheduling": dict, "labels": dict, "metadata": dict, "disks": list, "guestAccelerators": list,
+          "networkInterfaces": list, "serviceAccounts": list}
 
 
 @dataclass(frozen=True)
@@ -37,6 +50,7 @@ class Refusal:
     status: int
     rule: str
     message: str
+    fix: str = ""  # what to write instead, where the rule knows better than the rehearsal's general advice
 
 
 @dataclass(frozen=True)
@@ -63,7 +77,8 @@ def check_insert(body: Mapping, zone: str, in_use: Iterable[Gpus], region_of_use
     metric missing from it has no limit.
     """
     machine = last_part(str(body.get("machineType", "")))
-    for check in (lambda: _name(body), lambda: _labels(body), lambda: _machine_type(machine, body, zone),
+    for check in (lambda: _zone(zone), lambda: _shape(body), lambda: _name(body), lambda: _labels(body),
+                  lambda: _machine_type(machine, body, zone),
                   lambda: _accelerators(machine, body), lambda: _scheduling(machine, body),
                   lambda: _disks(machine, body, zone), lambda: _network(machine, body)):
         refusal = check()
@@ -78,12 +93,11 @@ def check_insert(body: Mapping, zone: str, in_use: Iterable[Gpus], region_of_use
 def gpus_of(body: Mapping) -> Gpus | None:
     """The GPUs a (valid) insert body asks for, None for a VM without."""
     machine = last_part(str(body.get("machineType", "")))
-    scheduling = body.get("scheduling") or {}
-    preemptible = bool(scheduling.get("preemptible")) or scheduling.get("provisioningModel") == "SPOT"
+    preemptible = is_preemptible(_scheduling_of(body))
     built_in = machines.GPU_MACHINES.get(machine)
     if built_in:
         return Gpus(built_in.accelerator, built_in.gpus, True, preemptible)
-    guests = body.get("guestAccelerators") or []
+    guests = _items(body, "guestAccelerators")
     if guests:
         return Gpus(last_part(guests[0].get("acceleratorType", "")),
                     sum(int(g.get("acceleratorCount", 0)) for g in guests), False, preemptible)
@@ -101,8 +115,73 @@ def zone_region(zone: str) -> str:
     return zone.rsplit("-", 1)[0]
 
 
-def _invalid(rule: str, field: str, message: str) -> Refusal:
-    return Refusal(400, rule, f"Invalid value for field 'resource.{field}': {message}")
+def node_type_of(body: Mapping) -> str:
+    """The Ray node type an insert is for (the label Ray's provider puts on its VMs), or ""."""
+    labels = body.get("labels")
+    return str(labels.get("ray-user-node-type", "")) if isinstance(labels, Mapping) else ""
+
+
+def is_preemptible(scheduling: Mapping) -> bool:
+    return bool(scheduling.get("preemptible")) or scheduling.get("provisioningModel") == "SPOT"
+
+
+def stored_scheduling(body: Mapping) -> dict:
+    """The scheduling Compute Engine stores for an accepted insert: what the body says, with the
+    defaults it fills in (a Spot/preemptible VM does not restart and is not migrated)."""
+    scheduling = dict(_scheduling_of(body))
+    preemptible = is_preemptible(scheduling)
+    scheduling.setdefault("automaticRestart", not preemptible)
+    scheduling.setdefault("onHostMaintenance", "TERMINATE" if preemptible else "MIGRATE")
+    return scheduling
+
+
+def _scheduling_of(body: Mapping) -> Mapping:
+    scheduling = body.get("scheduling")
+    return scheduling if isinstance(scheduling, Mapping) else {}
+
+
+def _items(body: Mapping, field: str) -> list[Mapping]:
+    """The objects of a list field (none when the body has another shape: :func:`_shape` refuses it)."""
+    value = body.get(field)
+    return [item for item in value if isinstance(item, Mapping)] if isinstance(value, list) else []
+
+
+def _invalid(rule: str, field: str, message: str, fix: str = "") -> Refusal:
+    return Refusal(400, rule, f"Invalid value for field 'resource.{field}': {message}", fix)
+
+
+def _zone(zone: str) -> Refusal | None:
+    problem = zones.zone_problem(zone)
+    if problem is None:
+        return None
+    why, near = problem
+    return Refusal(400, "zone", f"Invalid value for field 'zone': '{zone}'. Unknown zone.",
+                   f"{why}; set provider.availability_zone to {' or '.join(near) or 'a zone Compute Engine has'} "
+                   "(launcher cluster config --zone)")
+
+
+def _shape(body: Mapping) -> Refusal | None:
+    """Compute Engine reads the body by its Instance schema: an object where it wants a list, or a
+    list where it wants an object (Ray's GCP examples' ``scheduling: [- preemptible: true]``), is refused."""
+    for field, kind in SHAPES.items():
+        value = body.get(field)
+        if value is None or isinstance(value, kind):
+            continue
+        node = node_type_of(body)
+        fix = (f"write scheduling as one mapping: scheduling: {scheduling_as_mapping(value)}"
+               if field == "scheduling" else f"write {field} as {_kind(kind())}")
+        return _invalid(field, field, f"{_json(value)}. '{field}' is {_kind(kind())}, not {_kind(value)}",
+                        f"{fix} in node type {node}'s node_config" if node else fix)
+    return None
+
+
+def _kind(value: object) -> str:
+    return {list: "a list", dict: "an object", str: "a string"}.get(type(value), type(value).__name__)
+
+
+def _json(value: object) -> str:
+    text = json.dumps(value, separators=(", ", ": "))
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _name(body: Mapping) -> Refusal | None:
@@ -128,20 +207,14 @@ def _machine_type(machine: str, body: Mapping, zone: str) -> Refusal | None:
     url = str(body.get("machineType", ""))
     if "/zones/" in "/" + url and f"zones/{zone}/" not in url:
         return _invalid("machine type", "machineType", f"'{url}' names another zone than the request's {zone}")
-    if not known_machine_type(machine):
+    problem = machines.machine_type_problem(machine)
+    if problem:
+        why, near = problem
         return _invalid("machine type", "machineType",
-                        f"Machine type with name '{machine}' does not exist in zone '{zone}'")
+                        f"Machine type with name '{machine}' does not exist in zone '{zone}' ({why})",
+                        (f"did you mean {' or '.join(near)}? " if near else "") + "set machineType to a type "
+                        "Compute Engine has (launcher cluster config --head-machine-type / --worker-machine-type)")
     return None
-
-
-def known_machine_type(machine: str) -> bool:
-    """A type the table knows (built-in GPUs) or a predefined name of a known series."""
-    if machine in machines.GPU_MACHINES:
-        return True
-    series = machines.machine_series(machine)
-    if series in ("a2", "a3", "a4", "g2"):
-        return False
-    return series in machines.DISK_TYPES and bool(PREDEFINED_RE.match(machine))
 
 
 def _accelerators(machine: str, body: Mapping) -> Refusal | None:
@@ -179,9 +252,9 @@ def _one_accelerator(machine: str, name: str, count: int) -> Refusal | None:
 
 
 def _scheduling(machine: str, body: Mapping) -> Refusal | None:
-    scheduling = body.get("scheduling") or {}
+    scheduling = _scheduling_of(body)
     model = scheduling.get("provisioningModel", "STANDARD")
-    preemptible = bool(scheduling.get("preemptible")) or model == "SPOT"
+    preemptible = is_preemptible(scheduling)
     if model not in ("STANDARD", "SPOT"):
         return _invalid("Spot fields", "scheduling.provisioningModel", f"'{model}' (STANDARD or SPOT)")
     action = scheduling.get("instanceTerminationAction")
@@ -190,15 +263,20 @@ def _scheduling(machine: str, body: Mapping) -> Refusal | None:
     if action is not None and not preemptible and "maxRunDuration" not in scheduling:
         return _invalid("Spot fields", "scheduling.instanceTerminationAction",
                         "is set only for Spot VMs (provisioningModel SPOT) or with maxRunDuration")
-    if preemptible and (scheduling.get("automaticRestart") is not False
-                        or scheduling.get("onHostMaintenance") != "TERMINATE"):
-        return _invalid("Spot fields", "scheduling",
-                        "Spot and preemptible VMs need automaticRestart false and onHostMaintenance TERMINATE")
+    # Left out, Compute Engine sets them itself for Spot/preemptible VMs; said otherwise, it refuses.
+    field = "preemptible" if scheduling.get("preemptible") else "provisioningModel"
+    said = f"'{str(scheduling.get(field)).lower() if field == 'preemptible' else model}'"
+    if preemptible and scheduling.get("automaticRestart", False) is not False:
+        return _invalid("Spot fields", f"scheduling.{field}",
+                        f"{said}. Scheduling must have preemptible be false when AutomaticRestart is true.")
+    if preemptible and scheduling.get("onHostMaintenance", "TERMINATE") != "TERMINATE":
+        return _invalid("Spot fields", f"scheduling.{field}",
+                        f"{said}. Scheduling must have preemptible be false when OnHostMaintenance isn't TERMINATE.")
     gpu = machines.GPU_MACHINES.get(machine)
     if gpu and gpu.spot_only and not preemptible:
         return _invalid("Spot only", "scheduling.provisioningModel",
                         f"{machine} is offered only as a Spot VM (provisioningModel SPOT)")
-    if gpus_of(body) and scheduling.get("onHostMaintenance", "MIGRATE") != "TERMINATE":
+    if gpus_of(body) and stored_scheduling(body)["onHostMaintenance"] != "TERMINATE":
         return _invalid("TERMINATE for GPUs", "scheduling.onHostMaintenance",
                         "Instances with guest accelerators do not support live migration: "
                         "set onHostMaintenance TERMINATE")
@@ -248,9 +326,9 @@ def describe(body: dict) -> str:
     gpus = gpus_of(body) if body.get("machineType") else None
     if gpus:
         parts.append(f"{gpus.count} x {gpus.accelerator}" + (" (built in)" if gpus.bundled else ""))
-    for disk in body.get("disks") or []:
+    for disk in _items(body, "disks"):
         parts.append(last_part(str((disk.get("initializeParams") or {}).get("diskType") or "pd-standard (default)")))
-    scheduling = body.get("scheduling") or {}
+    scheduling = _scheduling_of(body)
     if scheduling.get("provisioningModel") == "SPOT":
         parts.append(f"SPOT (on preemption: {scheduling.get('instanceTerminationAction', 'STOP')})")
     elif scheduling.get("preemptible"):

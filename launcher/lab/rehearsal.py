@@ -27,6 +27,11 @@ Not rehearsed here: SSH to the VMs, the setup and ``ray start`` commands
 (:mod:`launcher.lab.ray_up`, ``launcher cluster rehearse --up``, runs the real
 ``ray up`` over SSH to this machine for those); images, NVIDIA drivers, real
 quotas and stock (only a real project shows them).
+
+Before anything is sent, the file is read as preflight reads it offline: a
+node_config whose ``scheduling`` is a list (Ray's own GCP examples write
+``- preemptible: true``) stops the rehearsal with one line naming the node
+type and the mapping to write, since Compute Engine refuses every insert of it.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from ray.autoscaler.tags import (NODE_KIND_HEAD, NODE_KIND_WORKER, STATUS_UNINIT
                                  TAG_RAY_USER_NODE_TYPE)
 
 from cluster.compute import Compute, delete_left_vms
+from cluster.preflight import scheduling_check
 from launcher import _ray
 from launcher.errors import UserError
 from launcher.lab.compute_api import STOPPED, Call, ComputeAPI
@@ -72,6 +78,9 @@ FIXES = {
     "machine type": "use a machine type Compute Engine has (e.g. n1-standard-8, g2-standard-8)",
     "label": "node type names become label values: lowercase letters, digits, '-' and '_'",
     "gVNIC": "set nicType: GVNIC on the node type's networkInterfaces",
+    "zone": "set provider.availability_zone to a zone Compute Engine has (launcher cluster config --zone)",
+    "scheduling": "write scheduling as one mapping, e.g. scheduling: {preemptible: true, onHostMaintenance: "
+                  "TERMINATE}",
 }
 
 
@@ -235,9 +244,10 @@ def refusal_error(source: str, report: Report) -> UserError:
     call = report.refused[0]
     first = call.refusal
     who = "Ray's GCP provider" if call.target == NOT_SENT else "Compute Engine"
+    node = f" (node type {call.node_type})" if call.node_type else ""
     more = f" (and {len(report.refused) - 1} more)" if len(report.refused) > 1 else ""
-    return UserError(f"{source}: {who} would refuse it: [{first.rule}] {first.message}{more}",
-                     FIXES.get(first.rule, "regenerate the file with launcher cluster config"))
+    return UserError(f"{source}: {who} would refuse it: [{first.rule}] {first.message}{node}{more}",
+                     first.fix or FIXES.get(first.rule, "regenerate the file with launcher cluster config"))
 
 
 @contextlib.contextmanager
@@ -310,6 +320,10 @@ def _rehearsal_copy(config: dict) -> dict:
     for key in ("cluster_name", "head_node_type", "available_node_types"):
         if not config.get(key):
             raise UserError(f"the cluster file has no {key}", "regenerate it with launcher cluster config")
+    for name, node in config["available_node_types"].items():  # before anything is sent
+        check = scheduling_check(name, (node or {}).get("node_config") or {})
+        if check:
+            raise UserError(check.what, check.fix)
     config = copy.deepcopy(config)
     config.setdefault("auth", {}).setdefault("ssh_user", "ubuntu")
     config["provider"]["gcp_credentials"] = {"type": "credentials_token", "credentials": TOKEN}
