@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from launcher.cli.options import EXIT_OK, Parser
+from launcher.cli.run import sigterm_as_ctrl_c
 
 
 def add_parsers(sub) -> None:
@@ -45,7 +46,6 @@ def _progress(line: str) -> None:
 
 def cmd_data(args: argparse.Namespace) -> int:
     if args.data_command == "shard":
-        from launcher.cli.run import sigterm_as_ctrl_c
         from launcher.data import writer
 
         sizes = {} if args.shard_mb is None else {"shard_mb": args.shard_mb}
