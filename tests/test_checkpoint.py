@@ -192,7 +192,7 @@ def sharded_checkpoint(folder: str, step: int) -> str:
     import torch
     import torch.distributed.checkpoint as dcp
 
-    from launcher.worker.session import STATE_FILE
+    from launcher.worker.strategies import STATE_FILE
     from launcher.worker.sharded import shard_files
 
     dcp.save({"model": torch.nn.Linear(3, 2).state_dict()},

@@ -118,7 +118,7 @@ def export_folder(folder: str, strategy: str, out: str) -> None:
     import torch
 
     from launcher.worker.formats import TORCH_MODEL_FILE
-    from launcher.worker.session import STATE_FILE
+    from launcher.worker.strategies import STATE_FILE
 
     if strategy != "fsdp":
         shutil.copyfile(os.path.join(folder, TORCH_MODEL_FILE), out + ".tmp")

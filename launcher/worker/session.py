@@ -35,7 +35,6 @@ registers it like any other state: ``session.register(loader=stateful_loader)``.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import os
 import random
@@ -45,16 +44,14 @@ from typing import Any, Callable
 import numpy as np
 
 import workloads
-from launcher import _ray
 from launcher.spec import JobSpec
 from launcher.storage import Storage
 from launcher.storage.checkpoint import read_manifest
-from launcher.worker.formats import TORCH_MODEL_FILE, TORCH_OPTIMIZER_FILE, torch_rng_file
+from launcher.worker.formats import TORCH_OPTIMIZER_FILE, torch_rng_file
 from launcher.worker.loader import BatchOrder, ResumableLoader, SessionError, user_line
 from launcher.worker.loop import Position
+from launcher.worker.strategies import STATE_FILE, strategy_for
 from launcher.worker.usersession import UserSession
-
-STATE_FILE = "state.pt"           # every registered object's state_dict but the model's
 
 
 def _unwrap(model):
@@ -113,11 +110,8 @@ class TorchSession(UserSession):
         self.boundary = True   # the last counted step ended with an optimizer step
         self._counted_batches = 0  # the training loader's batches when the position was last counted
         self._stand_ins: dict[int, Any] = {}  # id of an optimizer given to prepare() -> the one returned
-        self._dcp = None        # --strategy fsdp: the sharded checkpoints' saver and loader (prepare() makes it)
-        self._sharded_dir: str | None = None   # a sharded checkpoint being restored from
-        self._sharded_left: list[str] = []     # its objects not loaded yet (model first, then optimizers)
-        self._sharded_model = "model"
-        self._manifest_after: tuple | None = None  # a sharded save's manifest, written once its shards are
+        self._strategy = strategy_for(self)   # --strategy: how the model is kept in step, saved, restored
+        self._prepared = False
         self._example: tuple | None = None  # rank 0: the model's first inputs, 2 rows, for the export
         self._example_hook = None
         _seed_all(spec.seed)  # the same initial weights on every rank
@@ -151,11 +145,18 @@ class TorchSession(UserSession):
     @property
     def strategy(self) -> str:
         """``--strategy``: ddp (the whole model on every worker) or fsdp (sharded)."""
-        return self.spec.strategy
+        return self._strategy.name
 
     @property
-    def sharded(self) -> bool:
-        return self._dcp is not None
+    def collective_forward(self) -> bool:
+        """Whether a forward pass is a collective (a sharded model gathers its weights): every
+        rank must then make as many passes, in evaluation too."""
+        return self._strategy.collective_forward
+
+    def gradient_sync(self, model, on: bool = True):
+        """A context for ``backward()``: with ``on`` False the gradients are only accumulated
+        (a batch inside a gradient-accumulation step), otherwise reduced over the workers."""
+        return self._strategy.gradient_sync(model, on)
 
     def prepare(self, model, optimizer=None, *, blocks=None):
         """The model on the session's device, wrapped for the backend (DDP, or as it is for
@@ -167,19 +168,11 @@ class TorchSession(UserSession):
         the model; default: every child holding a good share of the parameters) and then the
         whole model; the optimizer, made before, is pointed at the sharded parameters.
         ``blocks`` is ignored by ddp, so one function runs both ways."""
-        module = model.to(self.device)
-        if self.spec.strategy == "fsdp":
-            from launcher.worker import sharded
-
-            sharded.shard(module, optimizer, device=self.device, precision=self.spec.precision,
-                          offload=self.spec.fsdp_offload, blocks=blocks)
-            self._dcp = sharded.Checkpointer(self.device)
-            return module if optimizer is None else (module, optimizer)
-        wrapped = self.comm.wrap_model(module)
-        if optimizer is not None:
-            given, optimizer = optimizer, self.comm.wrap_optimizer(optimizer, module)
+        given = optimizer
+        wrapped, optimizer = self._strategy.prepare(model.to(self.device), optimizer, blocks)
+        self._prepared = True
+        if given is not None and optimizer is not given:
             self._stand_ins[id(given)] = optimizer  # Horovod's wrapper stands for the optimizer given
-        self.comm.after_restore(module, optimizer if optimizer is not None else _NoOptimizer())
         return wrapped if optimizer is None else (wrapped, optimizer)
 
     def clip_gradients(self, model, optimizer, max_norm: float):
@@ -213,7 +206,7 @@ class TorchSession(UserSession):
                 if self.model_name is None or name == "model":
                     self.model_name = name
                     self._watch_inputs(obj)
-                    if not self.sharded:  # FSDP2 reduces inside the backward pass: no end of it to see
+                    if not self._strategy.reduces_in_backward:  # no end of the reduction to see then
                         self.clock.watch_gradients(obj)
             self.objects[name] = obj
             if name in self._saved:
@@ -224,7 +217,7 @@ class TorchSession(UserSession):
                 obj.register_step_post_hook(self._model_updated)
                 self._watched = True
                 self.clock.watch_optimizer(obj)
-        self._load_sharded()
+        self._strategy.registered()
 
     def _watch_inputs(self, model) -> None:
         """Rank 0: keep the registered model's first inputs (2 rows), the example its program
@@ -249,10 +242,8 @@ class TorchSession(UserSession):
 
         if not isinstance(workloads.get(self.spec.workload), workloads.TrainingFunction):
             return super().export_model(directory)  # a workload's model: its own export, with its classes
-        program, why = None, "it was never called"
-        if self.sharded:
-            why = "--strategy fsdp shards it"
-        elif self._example is not None:
+        program, why = None, self._strategy.no_program() or "it was never called"
+        if self._strategy.no_program() is None and self._example is not None:
             program, why = torch_program(self.model(), self._example)
         if program is None:
             print(f"rank 0: the model is exported as its state_dict only, without a program predict and serve can "
@@ -263,27 +254,6 @@ class TorchSession(UserSession):
             print(f"rank 0: exporting the model failed ({type(exc).__name__}: {exc}); "
                   "the driver will export it from the final checkpoint", flush=True)
             return None
-
-    def _load_sharded(self) -> None:
-        """Load the registered objects a sharded checkpoint holds: the model, then (it needs
-        the model's sharding) each optimizer; the last one loaded lets the folder go."""
-        from launcher.worker import sharded
-
-        if not self._sharded_left or self.model_name not in self.objects:
-            return
-        model = self.objects[self.model_name]
-        if not self.sharded:
-            raise SessionError(f"session.register(...) at {user_line()}: the checkpoint was written by a run with "
-                               "--strategy fsdp (its state is sharded), but this run's model was not sharded; "
-                               "resume with --strategy fsdp (any worker count) and call session.prepare()")
-        for name in [n for n in self._sharded_left if n in self.objects]:
-            if name == self._sharded_model:
-                sharded.load_model(self._dcp, model, name, self._sharded_dir)
-            else:
-                sharded.load_optimizer(self._dcp, model, self.objects[name], name, self._sharded_dir)
-            self._sharded_left.remove(name)
-        if not self._sharded_left:
-            self.release_checkpoint()
 
     def _model_updated(self, *_: Any) -> None:
         self.updated = True
@@ -373,8 +343,12 @@ class TorchSession(UserSession):
             raise SessionError(f"`session.epochs()` at {user_line()} before any model was registered: call "
                                "session.register(model=model, optimizer=optimizer, ...) first, so checkpoints "
                                "hold the model and the run can export it")
-        if self._saved or self._sharded_left:
-            names = ", ".join(sorted([*self._saved, *self._sharded_left]))
+        if self._strategy.collective_forward and not self._prepared:
+            raise SessionError(f"`session.epochs()` at {user_line()}: --strategy {self.strategy} shards the model, "
+                               "but session.prepare(model, optimizer) was never called; call it before registering "
+                               "them")
+        if self._saved or self._strategy.waiting():
+            names = ", ".join(sorted([*self._saved, *self._strategy.waiting()]))
             raise SessionError(f"`session.epochs()` at {user_line()}: the checkpoint holds {names}, which this "
                                "run did not register; register the same objects as the run that wrote it")
         self._settle_position()
@@ -425,87 +399,33 @@ class TorchSession(UserSession):
     def weights_digest(self) -> str:
         from launcher.worker.torch_loop import weights_digest
 
-        if self.sharded:  # the whole weights, gathered on rank 0 (a collective)
-            from launcher.worker.sharded import full_model_state
-
-            return weights_digest(full_model_state(self.model()))
-        return weights_digest(self.model().state_dict())
+        return weights_digest(self._strategy.full_state(self.model()))  # a collective where sharded
 
     def step(self, *, boundary: bool = True, **metrics: Any) -> None:
         self._counted_batches = self._train_loader.batches if self._train_loader is not None else 0
         super().step(boundary=boundary, **metrics)
 
     def save(self, directory: str, metrics: dict[str, Any]) -> None:
-        if self.sharded:
-            self._save_sharded(directory, metrics, self.background_save)
-            return
-        rng = self._save_rng(directory)
-        others = self.sizes_over_ranks(torch_rng_file, os.path.getsize(rng))
-        if self.rank != 0:
-            return
-        loader = self._train_loader
-        cursor = self._save_state(directory, loader.batches if loader is not None else 0)
-        self.write_manifest(directory, metrics, others, cursor=cursor)
-
-    def _save_sharded(self, directory: str, metrics: dict[str, Any], background: bool) -> None:
-        """Every rank writes its shards of the model and optimizers (DCP), its RNG file, and rank 0
-        the other states; the manifest, naming every rank's files, is written once the shards are
-        (by :meth:`upload_fn` for a ``background`` save). The final checkpoint holds the whole
-        model too (``model.pt``, gathered on rank 0), for the export and ``launcher predict``."""
-        import torch
-
-        from launcher.worker import sharded
-
-        model = self.model()
-        states = {self.model_name: sharded.model_state(model)}
-        for name, obj in self.objects.items():
-            if isinstance(obj, torch.optim.Optimizer):
-                states[name] = sharded.optimizer_state(model, obj)
-        self._dcp.save(states, directory, background)
-        rng = self._save_rng(directory)
-        others = self.sizes_over_ranks(torch_rng_file, os.path.getsize(rng))
-        final = self.pos.epoch >= self.spec.epochs and not self.pos.step_in_epoch
-        whole = sharded.full_model_state(model) if final else None
-        if self.rank != 0:
-            return
-        if whole is not None:
-            torch.save(whole, os.path.join(directory, TORCH_MODEL_FILE))
-        loader = self._train_loader
-        batches = loader.batches if loader is not None else 0
-        state = {name: obj.state_dict() for name, obj in self.objects.items() if name not in states}
-        state["_launcher"] = {"batches": batches, "model": self.model_name, "sharded": sorted(states)}
-        torch.save(state, os.path.join(directory, STATE_FILE))
-        cursor = loader.order.cursor_at(batches) if loader is not None and batches else None
-        self._manifest_after = (directory, metrics, others, cursor, dataclasses.replace(self.pos))
-        if not background:
-            self._write_sharded_manifest()
-
-    def _write_sharded_manifest(self, after: tuple | None = None) -> None:
-        """The manifest of a sharded save (``after``: a background one's, kept by its upload)."""
-        from launcher.worker.sharded import shard_files
-
-        if after is None:
-            after, self._manifest_after = self._manifest_after, None
-        directory, metrics, others, cursor, pos = after
-        self.write_manifest(directory, metrics, {**others, **shard_files(directory)}, cursor=cursor, pos=pos)
+        self._strategy.save(directory, metrics, self.background_save)
 
     def upload_fn(self):
-        """For a background sharded save: what Ray's upload thread runs. It waits until this
-        rank's shards are written, then (rank 0) writes the manifest, then stores the folder."""
-        if not self.sharded or self._dcp.pending is None:
-            return None
-        import ray.train
+        """What Ray's upload thread runs for a background save (None: Ray's own upload)."""
+        return self._strategy.upload_fn()
 
-        written, manifest = self._dcp.pending, self._manifest_after
-        self._manifest_after = None  # this checkpoint's, whatever the next save does meanwhile
+    @property
+    def train_loader(self) -> ResumableLoader | None:
+        return self._train_loader
 
-        def upload(checkpoint, name: str):
-            written.result()  # this rank's shards are in the folder (and rank 0's metadata)
-            if manifest is not None:
-                self._write_sharded_manifest(manifest)
-            return _ray.persist_checkpoint(ray.train.get_context(), checkpoint, name)
+    def cursor_at(self, batches: int) -> int | None:
+        """The epoch's cursor in the global order after ``batches`` of the training loader (None
+        without one, or at the epoch's start)."""
+        loader = self._train_loader
+        return loader.order.cursor_at(batches) if loader is not None and batches else None
 
-        return upload
+    def rng_sizes(self, directory: str) -> dict[str, int]:
+        """Write this rank's RNG file; every rank's file and size (a collective)."""
+        rng = self._save_rng(directory)
+        return self.sizes_over_ranks(torch_rng_file, os.path.getsize(rng))
 
     def _save_rng(self, directory: str) -> str:
         """Each rank's RNG streams and its share of the epoch's metrics so far (a resumed epoch
@@ -516,36 +436,21 @@ class TorchSession(UserSession):
         torch.save({"rng": _rng_states(), "epoch": self._epoch_so_far()}, rng)
         return rng
 
-    def _save_state(self, directory: str, batches: int) -> int | None:
-        """Rank 0's files: the model, every other registered state, the loader's position;
-        returns the epoch's cursor in the global order after ``batches`` (None without one)."""
-        import torch
-
-        torch.save(self.model().state_dict(), os.path.join(directory, TORCH_MODEL_FILE))
-        state = {name: obj.state_dict() for name, obj in self.objects.items() if name != self.model_name}
-        loader = self._train_loader
-        state["_launcher"] = {"batches": batches, "model": self.model_name}
-        torch.save(state, os.path.join(directory, STATE_FILE))
-        return loader.order.cursor_at(batches) if loader is not None and batches else None
-
     def can_salvage(self) -> bool:
-        if self.sharded:  # no rank holds the whole state: the last complete checkpoint stands
+        if not self._strategy.whole_state_on_rank:  # the last complete checkpoint stands
             return False
         return (bool(self.rank_nodes) and self._watched and self.model_name is not None and self.trained
                 and self.boundary and not self.updated)
 
     def salvage(self, error: BaseException, gone: set[int]) -> str | None:
-        if self.sharded:  # said once, by the rank that would have written it
-            if gone and self.rank == min(set(range(self.world)) - gone, default=-1):
-                print(f"rank {self.rank}: ranks {sorted(gone)} went with their node; a sharded run (--strategy "
-                      "fsdp) has no survivors' checkpoint, as no rank holds the whole state: it resumes from its "
-                      f"last complete checkpoint (step {max(self.saved_step, 0)})", flush=True)
+        if not self._strategy.whole_state_on_rank:
+            self._strategy.lost_ranks(gone)
             return None
         return super().salvage(error, gone)
 
     def save_alone(self, directory: str, metrics: dict[str, Any]) -> bool:
         self._save_rng(directory)
-        cursor = self._save_state(directory, self._counted_batches if self.pos.step_in_epoch else 0)
+        cursor = self._strategy.save_state(directory, self._counted_batches if self.pos.step_in_epoch else 0)
         self.write_manifest(directory, metrics, cursor=cursor)
         return True
 
@@ -561,17 +466,7 @@ class TorchSession(UserSession):
             state["_launcher"] = {"batches": manifest.step_in_epoch}  # its steps were batches
         info = state.pop("_launcher", {})
         self._saved = state
-        if info.get("sharded"):  # loaded as the model and optimizers are registered (sharded like them)
-            self._sharded_dir, self._sharded_left = directory, list(info["sharded"])
-            self._sharded_model = info.get("model") or "model"
-            self.keep_checkpoint()
-        else:
-            if self.spec.strategy == "fsdp":
-                raise SessionError(f"the checkpoint at step {manifest.global_step} was written with --strategy "
-                                   "ddp (the whole model on each worker), not sharded; resume it with --strategy ddp, "
-                                   "or start a new run (a new --name) with --strategy fsdp")
-            self._saved[info.get("model") or "model"] = torch.load(os.path.join(directory, TORCH_MODEL_FILE),
-                                                                   map_location="cpu")
+        self._strategy.restore(directory, state, info, manifest)
         pos = Position(manifest.epoch, manifest.step_in_epoch, manifest.global_step)
         self.restored(pos, manifest, across_layouts=True)
         same_layout = manifest.world_size == self.world and manifest.batch_size == self.spec.batch_size
@@ -610,13 +505,6 @@ def _epoch_across_layouts(directory: str, old_world: int, rank: int) -> dict[str
             "samples": sum(int(p["samples"]) for p in parts) if rank == 0 else 0,
             "data_wait": sum(float(p.get("data_wait", 0.0)) for p in parts) / old_world,
             "seconds": max(float(p["seconds"]) for p in parts)}
-
-
-class _NoOptimizer:
-    """An optimizer with no state, for :meth:`TorchSession.prepare` without one."""
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"state": {}}
 
 
 class BareSession(TorchSession):

@@ -18,7 +18,6 @@ function of seed and epoch, each global batch split over the ranks).
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import inspect
 from typing import Any
@@ -110,10 +109,7 @@ def train_workload(session, workload) -> None:
         for x, y in loader:
             i = loader.batches  # batches done in this epoch, this one included
             boundary = i % accumulate == 0 or i == len(loader)
-            sync = contextlib.nullcontext() if boundary or not hasattr(model, "no_sync") else model.no_sync()
-            if session.sharded:  # FSDP2: reduce-scatter the gradients only on the last batch of a step
-                model.set_requires_gradient_sync(boundary)
-            with sync:
+            with session.gradient_sync(model, boundary):  # reduced on a step's last batch only
                 with session.autocast():
                     loss = workload.torch_loss(model(x), y, params)
                 if i == 1 or loss.dim():
@@ -159,7 +155,7 @@ def evaluate(session, workload, module, loader) -> None:
         for x, y in loader:
             outputs.append(module(x).float())
             labels.append(y)
-        if session.sharded and outputs:
+        if session.collective_forward and outputs:
             # Each forward pass of a sharded model gathers its weights (a collective): a rank with
             # fewer test batches makes as many passes as the others, on a batch it has seen.
             counts = np.zeros(session.world)
