@@ -26,6 +26,7 @@ import threading
 import time
 import warnings
 
+from launcher import frameworks
 from launcher.backends.base import Backend, TFComm, TorchComm
 
 HVD_VERSION = "0.28.1"
@@ -150,9 +151,7 @@ class HorovodBackend(Backend):
     def script_env(self, framework: str) -> dict[str, str]:
         # HorovodRayBackend.on_start already put the ring variables in this worker's environment.
         env = {k: v for k, v in os.environ.items() if k.startswith("HOROVOD_")}
-        if framework == "tensorflow":
-            env["TF_USE_LEGACY_KERAS"] = "1"  # horovod.tensorflow needs the legacy tf.keras
-        return env
+        return {**env, **frameworks.get(framework).horovod_env()}
 
     def torch_comm(self, spec=None) -> TorchComm:
         if spec is None:

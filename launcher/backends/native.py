@@ -7,7 +7,7 @@ import json
 import os
 import socket
 
-import workloads
+from launcher import frameworks
 from launcher.backends.base import Backend, TFComm, TorchComm
 
 
@@ -145,67 +145,24 @@ class NativeBackend(Backend):
     def trainer(self, spec, train_fn, loop_config, scaling_config, run_config):
         from launcher.backends import raytrain
 
-        if spec.framework == "tensorflow":
-            # Ray's TensorflowTrainer does the same, but importing ray.train.tensorflow
-            # imports TensorFlow into the driver (seconds, and C++ log noise) for nothing.
-            return raytrain.trainer(train_fn, loop_config, tf_config(), scaling_config, run_config)
-        if spec.framework == "xgboost":
-            # Ray Train's XGBoost backend: XGBoost's tracker on the controller, each worker's
-            # training function inside XGBoost's communicator.
-            from ray.train.xgboost import XGBoostConfig
+        backend, datasets = frameworks.get(spec.framework).native_backend(spec)
+        return raytrain.trainer(train_fn, loop_config, backend, scaling_config, run_config, datasets=datasets)
 
-            datasets = None
-            if spec.data is not None and workloads.is_ray_train(spec.workload):
-                # A function written for XGBoostTrainer reads ray.train.get_dataset_shard("train")
-                # and ("validation"): the table as Ray Data datasets, each worker given its share.
-                from launcher.data.tables import DEFAULT_TEST_FRACTION, ray_datasets
-
-                datasets = ray_datasets(spec.data, spec.params.get("test_fraction", DEFAULT_TEST_FRACTION))
-            return raytrain.trainer(train_fn, loop_config, XGBoostConfig(), scaling_config, run_config,
-                                    datasets=datasets)
-        # Ray's TorchTrainer with TorchConfig, less torch in the driver and controller (raytrain.py).
-        backend = raytrain.TorchProcessGroup(backend="nccl" if spec.gpus_per_worker > 0 else "gloo")
-        return raytrain.trainer(train_fn, loop_config, backend, scaling_config, run_config)
-
-    # Script mode: a script written for torchrun calls init_process_group("env://")
-    # itself, so its workers get a plain trainer (no process group of Ray's) and
-    # torchrun's variables, with rank 0's address and a free port as the master.
+    # Script mode: what each framework's program gets (a plain trainer and torchrun's variables,
+    # TF_CONFIG, or nothing for one that trains alone) is the framework's (launcher.frameworks).
     runs_scripts = True
 
-    # A TF_CONFIG script builds its own MultiWorkerMirroredStrategy: its workers get the
-    # same TF_CONFIG backend as our TensorFlow loop, and the variable in their environment.
     def script_trainer(self, spec, train_fn, config, scaling_config, run_config):
         from launcher.backends import raytrain
 
-        backend = tf_config() if spec.framework == "tensorflow" else None
+        backend = frameworks.get(spec.framework).program_backend(spec)
         return raytrain.trainer(train_fn, config, backend, scaling_config, run_config)
 
     def script_threads(self, framework: str) -> str | None:
-        # torchrun's default for several processes; a TF_CONFIG script, scikit-learn or XGBoost use every core
-        return "1" if framework == "torch" else None
+        return frameworks.get(framework).program_threads
 
     def script_env(self, framework: str) -> dict[str, str]:
-        if framework in ("sklearn", "xgboost"):  # a program that trains on its own: no rendezvous to give it
-            return {}
-        if framework == "tensorflow":
-            # tf-keras is installed: Keras 3's model.fit fails under MultiWorkerMirroredStrategy.
-            return {"TF_CONFIG": os.environ["TF_CONFIG"], "TF_USE_LEGACY_KERAS": "1"}
-
-        import ray
-        import ray.train
-        from ray.train.collective import broadcast_from_rank_zero
-
-        ctx = ray.train.get_context()
-        master = None
-        if ctx.get_world_rank() == 0:
-            with socket.socket() as s:
-                s.bind(("", 0))
-                master = (ray.util.get_node_ip_address(), s.getsockname()[1])
-        addr, port = broadcast_from_rank_zero(master)
-        return {"MASTER_ADDR": addr, "MASTER_PORT": str(port),
-                "RANK": str(ctx.get_world_rank()), "WORLD_SIZE": str(ctx.get_world_size()),
-                "LOCAL_RANK": str(ctx.get_local_rank()), "LOCAL_WORLD_SIZE": str(ctx.get_local_world_size()),
-                "GROUP_RANK": str(ctx.get_node_rank()), "NODE_RANK": str(ctx.get_node_rank())}
+        return frameworks.get(framework).program_env()
 
     def torch_comm(self, spec=None) -> TorchComm:
         return DDPComm()

@@ -18,7 +18,7 @@ import time
 from typing import Any
 
 import workloads
-from launcher import backends, faultpoint
+from launcher import backends, faultpoint, frameworks
 from launcher.spec import JobSpec
 from launcher.worker.ranklog import RankLog
 
@@ -53,46 +53,19 @@ def _rank_log(spec: JobSpec, config: dict[str, Any]) -> RankLog | None:
 
 
 def _train(spec: JobSpec, config: dict[str, Any], started: float) -> None:
+    """One of two paths: a function written for Ray Train runs as it is; everything else trains
+    on the framework's session (the user's loop, or the managed loop for a workload)."""
     faultpoint.pause("workers-start")
-    backend = backends.get(spec.backend)
-    if spec.framework == "tensorflow":
-        from launcher.worker.tf_loop import configure_tensorflow
-
-        # Before anything imports TensorFlow (a training function's file does): the legacy
-        # tf.keras, and TensorFlow's thread pools sized to the worker's CPUs.
-        configure_tensorflow(max(1, int(spec.cpus_per_worker)))
+    framework = frameworks.get(spec.framework)
+    framework.configure(spec)  # before anything imports the framework (a training function's file does)
     function = _training_function(spec)
     if function is not None and function.kind == workloads.function.RAY_TRAIN:
         # Written for Ray Train's TorchTrainer or XGBoostTrainer (then inside XGBoost's
         # communicator): Ray's own API inside, the run's values as config.
         function.fn(dict(config["user_config"]))
         return
-    if spec.framework == "xgboost":
-        from launcher.worker.xgb_loop import BoostingTraining, XGBComm
+    framework.train(spec, backends.get(spec.backend), function, config, started)
 
-        comm = XGBComm()
-        comm.setup()
-        BoostingTraining(spec, comm).start(config, started)
-        return
-    if spec.framework == "tensorflow":
-        comm = backend.tf_comm(spec)
-        comm.setup()
-        if function is not None:  # the user's Keras or GradientTape code
-            from launcher.worker.tf_session import TFSession
-
-            TFSession(spec, comm, function).start(config, started)
-        else:
-            from launcher.worker.tf_loop import TFTraining
-
-            TFTraining(spec, comm).start(config, started)
-        return
-    # torch: the user's own loop, or a workload in the managed loop (a training function of ours)
-    from launcher.worker.session import TorchSession
-    from launcher.worker.torch_loop import managed
-
-    comm = backend.torch_comm(spec)
-    comm.setup()
-    TorchSession(spec, comm, function or managed(workloads.get(spec.workload))).start(config, started)
 
 def _training_function(spec: JobSpec):
     """The user's training function the spec names (a session function), or None for a workload."""

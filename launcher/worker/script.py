@@ -36,7 +36,7 @@ import time
 import uuid
 from typing import Any
 
-from launcher import _ray
+from launcher import _ray, frameworks
 from launcher.worker import deps, vertex
 from launcher.worker.usage import Sampler
 
@@ -111,7 +111,7 @@ def roster_addresses(sink, attempt: str, rank: int, world: int, framework: str,
     servers use), else each rank's own address, gathered through the driver's mailbox."""
     import ray
 
-    if framework == "tensorflow" and env.get("TF_CONFIG"):
+    if "TF_CONFIG" in frameworks.get(framework).program_env_names and env.get("TF_CONFIG"):
         addresses = vertex.tf_addresses(env["TF_CONFIG"])
         if len(addresses) == world:
             return addresses

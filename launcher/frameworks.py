@@ -1,0 +1,183 @@
+"""The frameworks a run trains with (``--framework``), by name: what each needs from the rest.
+
+One entry per framework, and the one place that knows how they differ:
+
+- on the worker, what must happen before user code imports it (:meth:`Framework.configure`)
+  and which of our sessions trains with it (:meth:`Framework.train`: the communicator the
+  backend gives, then the session or loop);
+- on the driver, the Ray Train backend config of Ray's own (native) backend for it, and the
+  datasets a Ray Train function of it reads (:meth:`Framework.native_backend`);
+- for an unmodified program on the native backend, the environment its platform would give
+  it and how many threads it may use (:meth:`Framework.program_env`, ``program_threads``);
+- how a run's progress counts (``step_word``: XGBoost's steps are boosting rounds).
+
+``framework == "..."`` is written here and in the spec's validation, nowhere else. The
+registry sits below the worker and the backends in the import order (both read it), so it
+names their parts by path, imported when used (:func:`_part`), as TorchX's scheduler
+registry names its schedulers; torch, TensorFlow and XGBoost are never imported here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import socket
+from typing import Any
+
+import workloads
+from launcher.errors import UserError
+
+
+def _part(path: str) -> Any:
+    """``"package.module:name"`` imported (the worker's sessions, the backends' configs)."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+class Framework:
+    """The interface (see the module docstring)."""
+
+    name = ""
+    step_word = "steps"           # what one unit of progress is called in the summary
+    counts_epochs = True          # its runs go through epochs of steps (XGBoost's: one epoch of many rounds)
+    line_per_checkpoint = False   # progress says each checkpoint (one epoch of many rounds), not only epochs
+    joins_checkpoints = False     # `launcher checkpoint export` makes one model file of its checkpoints
+    program_threads: str | None = None  # OMP_NUM_THREADS for a program on the native backend (None: all cores)
+    program_env_names: tuple[str, ...] = ()  # what program_env() sets that a user would look for by name
+
+    def configure(self, spec) -> None:
+        """On the worker, before the training code (and with it the framework) is imported."""
+
+    def train(self, spec, backend, function, config: dict[str, Any], started: float) -> None:
+        """On the worker: join the backend's workers and train with our session (or loop)."""
+        raise UserError(f"--framework {self.name} trains only in a program of the user's (--script or --package)")
+
+    def native_backend(self, spec) -> tuple[Any, Any]:
+        """(Ray Train backend config, datasets or None) of Ray's own backend for this framework."""
+        raise UserError(f"--framework {self.name} has no training loop of the launcher's",
+                        "run it as a program (--script or --package)")
+
+    def program_backend(self, spec) -> Any:
+        """The Ray Train backend config a program of this framework runs under on the native
+        backend (None: a plain trainer; the program sets up its own process group)."""
+        return None
+
+    def program_env(self) -> dict[str, str]:
+        """On a program's worker, on the native backend: what its platform's launcher would set."""
+        return {}
+
+    def horovod_env(self) -> dict[str, str]:
+        """On a program's worker under Horovod, beside Horovod's ring variables."""
+        return {}
+
+
+class Torch(Framework):
+    name = "torch"
+    joins_checkpoints = True
+    program_threads = "1"  # torchrun's default for several processes
+
+    def train(self, spec, backend, function, config, started) -> None:
+        comm = backend.torch_comm(spec)
+        comm.setup()
+        # The user's own loop, or a workload in the managed loop (a training function of ours).
+        function = function or _part("launcher.worker.torch_loop:managed")(workloads.get(spec.workload))
+        _part("launcher.worker.session:TorchSession")(spec, comm, function).start(config, started)
+
+    def native_backend(self, spec):
+        # Ray's TorchTrainer with TorchConfig, less torch in the driver and controller (raytrain.py).
+        group = _part("launcher.backends.raytrain:TorchProcessGroup")
+        return group(backend="nccl" if spec.gpus_per_worker > 0 else "gloo"), None
+
+    def program_env(self) -> dict[str, str]:
+        """torchrun's variables: a script calls init_process_group("env://") itself, with rank 0's
+        address and a free port as the master."""
+        import ray
+        import ray.train
+        from ray.train.collective import broadcast_from_rank_zero
+
+        ctx = ray.train.get_context()
+        master = None
+        if ctx.get_world_rank() == 0:
+            with socket.socket() as s:
+                s.bind(("", 0))
+                master = (ray.util.get_node_ip_address(), s.getsockname()[1])
+        addr, port = broadcast_from_rank_zero(master)
+        return {"MASTER_ADDR": addr, "MASTER_PORT": str(port),
+                "RANK": str(ctx.get_world_rank()), "WORLD_SIZE": str(ctx.get_world_size()),
+                "LOCAL_RANK": str(ctx.get_local_rank()), "LOCAL_WORLD_SIZE": str(ctx.get_local_world_size()),
+                "GROUP_RANK": str(ctx.get_node_rank()), "NODE_RANK": str(ctx.get_node_rank())}
+
+
+class TensorFlow(Framework):
+    name = "tensorflow"
+    program_env_names = ("TF_CONFIG",)
+
+    def configure(self, spec) -> None:
+        # The legacy tf.keras, and TensorFlow's thread pools sized to the worker's CPUs.
+        _part("launcher.worker.tf_loop:configure_tensorflow")(max(1, int(spec.cpus_per_worker)))
+
+    def train(self, spec, backend, function, config, started) -> None:
+        comm = backend.tf_comm(spec)
+        comm.setup()
+        if function is not None:  # the user's Keras or GradientTape code
+            _part("launcher.worker.tf_session:TFSession")(spec, comm, function).start(config, started)
+        else:
+            _part("launcher.worker.tf_loop:TFTraining")(spec, comm).start(config, started)
+
+    def native_backend(self, spec):
+        # Ray's TensorflowTrainer does the same, but importing ray.train.tensorflow imports
+        # TensorFlow into the driver (seconds, and C++ log noise) for nothing.
+        return _part("launcher.backends.native:tf_config")(), None
+
+    def program_backend(self, spec):
+        # A TF_CONFIG script builds its own MultiWorkerMirroredStrategy: its workers get the same
+        # TF_CONFIG backend as our TensorFlow loop, and the variable in their environment.
+        return _part("launcher.backends.native:tf_config")()
+
+    def program_env(self) -> dict[str, str]:
+        # tf-keras is installed: Keras 3's model.fit fails under MultiWorkerMirroredStrategy.
+        return {"TF_CONFIG": os.environ["TF_CONFIG"], "TF_USE_LEGACY_KERAS": "1"}
+
+    def horovod_env(self) -> dict[str, str]:
+        return {"TF_USE_LEGACY_KERAS": "1"}  # horovod.tensorflow needs the legacy tf.keras
+
+
+class XGBoost(Framework):
+    name = "xgboost"
+    step_word = "rounds"
+    counts_epochs = False
+    line_per_checkpoint = True
+
+    def train(self, spec, backend, function, config, started) -> None:
+        comm = _part("launcher.worker.xgb_loop:XGBComm")()  # XGBoost's own collective, whatever the backend
+        comm.setup()
+        _part("launcher.worker.xgb_loop:BoostingTraining")(spec, comm).start(config, started)
+
+    def native_backend(self, spec):
+        # Ray Train's XGBoost backend: XGBoost's tracker on the controller, each worker's training
+        # function inside XGBoost's communicator.
+        from ray.train.xgboost import XGBoostConfig
+
+        datasets = None
+        if spec.data is not None and workloads.is_ray_train(spec.workload):
+            # A function written for XGBoostTrainer reads ray.train.get_dataset_shard("train") and
+            # ("validation"): the table as Ray Data datasets, each worker given its share.
+            from launcher.data.tables import DEFAULT_TEST_FRACTION, ray_datasets
+
+            datasets = ray_datasets(spec.data, spec.params.get("test_fraction", DEFAULT_TEST_FRACTION))
+        return XGBoostConfig(), datasets
+
+
+class ScikitLearn(Framework):
+    """Only a program's (a scikit-learn trainer package or script): it trains on its own."""
+
+    name = "sklearn"
+
+
+REGISTRY: dict[str, Framework] = {f.name: f for f in (Torch(), TensorFlow(), XGBoost(), ScikitLearn())}
+
+
+def get(name: str) -> Framework:
+    """The framework called ``name`` (the spec has checked it); a name no entry has (a run log
+    that does not say) gets the interface's defaults."""
+    return REGISTRY.get(name) or Framework()
