@@ -20,11 +20,17 @@ class LauncherError(Exception):
     def __str__(self) -> str:
         return f"{self.what}; {self.fix}" if self.fix else self.what
 
+    def __reduce__(self):  # Ray pickles an error a worker raised: the fix goes with it to the driver
+        return type(self), (self.what, self.fix)
+
 
 class UserError(LauncherError):
     """Bad input from the user (flags, YAML, data, storage URIs, cluster size, user code).
 
-    Found before any worker starts; the fix is the user's to make. Exit code 2.
+    Found before any worker starts where the driver can know it; one a worker raises (a shard
+    set's file missing, a user's function handing the launcher bad input) ends the run with
+    the same one line, and the user's file:line (launcher.driver.trainer.worker_user_error).
+    The fix is the user's to make. Exit code 2.
     """
 
     exit_code = 2

@@ -82,6 +82,9 @@ class RunSummary:
     backend: str
     workers: int
     epochs: int
+    # --strategy: how the launcher keeps the model in step (ddp: whole on every worker; fsdp:
+    # sharded); None where the code does that itself (a --script or --package program).
+    strategy: str | None = None
     epochs_completed: int = 0
     steps_completed: int = 0
     final_workers: int | None = None    # the group's size at the end (elastic runs shrink)
@@ -122,6 +125,7 @@ class RunSummary:
     run_dir: str = ""
     error: str | None = None
     model: str | None = None
+    model_note: str | None = None       # the model is weights only: why, and how to predict instead
     mlflow: str | None = None           # where the run is tracked (--mlflow): its MLflow run's page or id
     note: str | None = None
     startup: dict[str, Any] = field(default_factory=dict)
@@ -333,7 +337,7 @@ BOOKKEEPING = frozenset({
     "time_data", "time_compute", "time_sync", "time_optimizer", "time_checkpoint", "time_notice",
     "busy_s_ranks", "straggler_rank", "straggler_factor", "usage", "usage_ranks",
     "peak_rss_mb_max", "peak_rss_mb_ranks", "peak_gpu_mb_max", "peak_gpu_mb_ranks",
-    "weights_sha256", "model", "timestamp", "checkpoint_dir_name", "training_iteration",
+    "weights_sha256", "model", "model_note", "timestamp", "checkpoint_dir_name", "training_iteration",
     "launch", "source", "from_checkpoint",  # what the run log adds to a report
     "trial", "checkpoint_path"})  # a program's hypertune entry's
 

@@ -267,3 +267,37 @@ def test_the_summary_says_a_one_off_set_up_apart_from_the_wall_time():
     assert "  2,635 samples/s, wall 29.4s (+ 561.0s of one-off set-up: see --profile-startup)" in format_summary(s)
     s.setup_s = 0.0
     assert "  2,635 samples/s, wall 29.4s\n" in format_summary(s)
+
+
+def test_the_header_summary_and_json_say_the_strategy():
+    """A sharded run says so wherever its backend is said: the header, the summary, --json."""
+    from launcher.cli.run import format_summary
+    from launcher.driver.launch import starting_line
+    from launcher.spec import JobSpec
+    from launcher.summary import RunStatus, RunSummary
+
+    spec = JobSpec(workload="examples/gpt.py:train", strategy="fsdp", workers=2, name="gpt")
+    assert starting_line(spec) == "starting 2 torch/native workers (strategy fsdp) for examples/gpt.py:train, run gpt"
+    assert "torch/native workers (strategy ddp)" in starting_line(JobSpec())
+    s = RunSummary(name="gpt", status=RunStatus.SUCCEEDED, workload="examples/gpt.py:train", framework="torch",
+                   backend="native", strategy="fsdp", workers=2, epochs=1, model="runs/gpt/model")
+    assert "  examples/gpt.py:train / torch / native, strategy fsdp, 2 workers\n" in format_summary(s)
+    assert s.to_json()["strategy"] == "fsdp" and RunSummary.from_json(s.to_json()).strategy == "fsdp"
+    assert "strategy" not in format_summary(RunSummary.from_json({"name": "old", "status": "succeeded"}))
+
+
+def test_a_model_exported_as_weights_only_is_said_in_the_summary_with_how_to_predict():
+    from launcher.cli.run import format_summary
+    from launcher.summary import RunStatus, RunSummary, pick_metrics
+    from launcher.worker.export import weights_only_note
+
+    note = weights_only_note("its forward takes Tensor, str, and predict and serve send it tensors of a batch")
+    s = RunSummary(name="r", status=RunStatus.SUCCEEDED, workload="loop.py:train", framework="torch",
+                   backend="native", strategy="ddp", workers=2, epochs=1, model="runs/r/model", model_note=note)
+    lines = format_summary(s).splitlines()
+    at = lines.index("  model:      runs/r/model")
+    assert lines[at + 1].strip() == note and len(lines) == at + 2, lines
+    assert "no program launcher predict and serve can run" in note and "model.load_state_dict" in note
+    assert pick_metrics({"model_note": note, "loss": 0.5}) == {"loss": 0.5}
+    s.model_note = None
+    assert format_summary(s).splitlines()[-1] == "  model:      runs/r/model"

@@ -128,6 +128,139 @@ def test_input_wait_is_a_share_of_the_training_time_on_the_line_and_in_the_summa
                                                          framework="torch", backend="native", workers=2, epochs=2))
 
 
+# -- a cache too small, and bad input a worker finds (issue 65 item 3) ---------------------------
+
+def test_a_user_error_crosses_from_a_worker_with_its_fix_and_the_users_line(tmp_path):
+    """What a worker raises comes back to the driver pickled (Ray does it): a UserError keeps its
+    fix; raised in a training function it names the user's file:line, no RuntimeError around
+    it, and the driver finds it among the ranks' failures (exit 2, launcher.driver.launch)."""
+    import pickle
+    import sys
+
+    from launcher.driver.trainer import describe_failure, worker_user_error
+    from launcher.worker.usersession import UserSession
+
+    error = pickle.loads(pickle.dumps(UserError("the cache is too small", "raise --data-cache-gb")))
+    assert type(error) is UserError and str(error) == "the cache is too small; raise --data-cache-gb"
+    shard = pickle.loads(pickle.dumps(ShardError("shard-3", "/d/set", "the file is missing")))
+    assert isinstance(shard, UserError) and shard.fix.startswith("fetch it again")
+
+    source = tmp_path / "mine.py"
+    source.write_text("from launcher.data import Shards\n\ndef train(session):\n"
+                      "    Shards(session.params['shards'])[0]\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import mine
+    finally:
+        sys.path.remove(str(tmp_path))
+    missing = id_set(tmp_path, n=8, per_shard=4)
+    os.remove(os.path.join(missing, "shard-00000.jsonl"))
+    stub = types.SimpleNamespace(function=types.SimpleNamespace(fn=mine.train), params={"shards": missing})
+    with pytest.raises(UserError) as raised:
+        UserSession.run_function(stub)
+    line = str(raised.value)
+    assert line.startswith(f"train(session) at {source}:4: shard-00000.jsonl of ") and "the file is missing" in line
+    assert "RuntimeError" not in line and "\n" not in line, line
+
+    failed = types.SimpleNamespace(worker_failures={1: raised.value, 0: RuntimeError("rank 1 went")})
+    assert str(worker_user_error(failed)) == line
+    assert worker_user_error(types.SimpleNamespace(worker_failures={0: RuntimeError("x")})) is None
+    outage = types.SimpleNamespace(worker_failures={0: Unreachable("gs://b did not answer", "check the network")})
+    assert describe_failure(outage) == "rank 0: gs://b did not answer; check the network"
+
+
+@pytest.mark.gcs
+def test_a_cache_smaller_than_a_shard_is_refused_before_any_worker_starts(gcs, bucket, tmp_path, monkeypatch,
+                                                                          capsys):
+    """--data-cache-gb below the largest shard of a gs:// set the run streams (named by --param or
+    --data): one line, exit 2, from the driver's checks: Ray never starts (it took a worker
+    31 s to say so, wrapped in a RuntimeError, exit 1)."""
+    from launcher.cli.main import main
+    from launcher.data.cache import check_sets, gb_above
+
+    monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "cache"))
+    uri = id_set(tmp_path, n=64, per_shard=16, uri=f"gs://{bucket}/ids")
+    largest = max(s.bytes for s in Shards(uri).index.shards)
+    below = (largest - 1) / 2**30
+    with pytest.raises(UserError, match=r"^--param shards gs://.*/ids: the data cache's limit \(.* bytes\) is "
+                                        r"smaller than the largest shard of gs://.*/ids \(shard-\d+\.jsonl, "):
+        check_sets({"--param shards": uri, "--param out": f"gs://{bucket}/elsewhere"}, below)
+    # Room for the largest shard is not enough: any reader holds 3 at once (a window of 1 spans 2, and the next)
+    three = sum(sorted((s.bytes for s in Shards(uri).index.shards), reverse=True)[:3])
+    with pytest.raises(UserError, match=r"^--data gs://.*/ids: the data cache's limit \(.*\) cannot hold the 3 largest "
+                                        r"shards of gs://.*/ids \(.*\), and a reader of the set holds at least 3 at "
+                                        r"once .*; raise --data-cache-gb to "):
+        check_sets({"--data": uri}, largest / 2**30)
+    check_sets({"--param shards": uri, "--param out": f"gs://{bucket}/elsewhere", "--param n": 3}, three / 2**30)
+    check_sets({"--data": uri}, float(gb_above(three)))  # the value the line suggests is enough
+    with pytest.raises(UserError, match="cannot hold the 3 shards of gs://.* a window of 1 samples reads at once"):
+        Shards(uri, cache_gb=(three - 1) / 2**30, window=1)[0]  # what the reader would say: the same sum
+    check_sets({"--data": id_set(tmp_path / "local", n=64, per_shard=16)}, below)  # read where it is: no cache
+
+    source = tmp_path / "streamed.py"
+    source.write_text("from launcher.data import Shards\n\ndef train(session):\n"
+                      "    for epoch in session.epochs():\n        Shards(session.params['shards'])[0]\n")
+    code = main(["run", "--workload", f"{source}:train", "--param", f"shards={uri}", "--data-cache-gb",
+                 repr(below), "--storage", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: --param shards gs://"), err
+    assert "raise --data-cache-gb to" in lines[0] and "Traceback" not in err, err
+
+
+DAMAGED = """
+import torch
+import workloads
+from launcher.data import Shards
+
+
+@workloads.training_function(epochs=1, batch_size=4)
+def train(session):
+    model = torch.nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer = session.prepare(model, optimizer)
+    session.register(model=model, optimizer=optimizer)
+    loader = session.loader(Shards(session.params["data"], transform=lambda s: torch.tensor([float(s["id"])])))
+    for epoch in session.epochs():
+        for x in loader:  # the damaged shard is found here
+            loss = model(x).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            session.step(loss=loss)
+"""
+
+
+@pytest.mark.integration
+def test_a_damaged_shard_found_by_a_worker_is_one_line_with_the_users_line_and_exit_2(ray_local, tmp_path, capsys):
+    """Bad input only a worker can find (a shard whose bytes differ from the index: the driver
+    reads no shard) ends the launch as a bad flag does: `error: ` and one line naming the
+    shard and the user's file:line, exit 2, no RuntimeError around it; the run log says failed."""
+    from launcher.cli.main import main
+
+    uri = id_set(tmp_path / "data", n=32, per_shard=8)
+    for name in sorted(os.listdir(uri)):
+        if name.startswith("shard-"):
+            path = os.path.join(uri, name)
+            with open(path, "r+b") as f:  # the same size, other bytes
+                f.write(b"{" if f.read(1) != b"{" else b"[")
+    source = tmp_path / "code" / "damaged.py"
+    source.parent.mkdir()
+    source.write_text(DAMAGED)
+    line_no = 1 + DAMAGED.splitlines().index(next(t for t in DAMAGED.splitlines() if "is found here" in t))
+    code = main(["run", "--workload", f"{source}:train", "--param", f"data={uri}", "--workers", "2",
+                 "--storage", str(tmp_path / "runs"), "--name", "damaged"])
+    out, err = capsys.readouterr()
+    last = [line for line in err.splitlines() if line.strip()][-1]
+    assert code == 2, err
+    assert last.startswith(f"error: train(session) at {source}:{line_no}: shard-0000"), err
+    assert "its sha256 differs from the index's" in last and "fetch it again" in last, last
+    assert "RuntimeError" not in err and "Traceback" not in err and out == "", err
+    assert "worker group failed" not in err, err  # said once, as the launch's last line
+    summary = json.loads((tmp_path / "runs" / "damaged" / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"] == last[len("error: "):], summary
+
+
 # -- streaming from the Cloud Storage emulator ---------------------------------------------------
 
 def _cache_files(cache: ShardCache) -> int:

@@ -221,3 +221,36 @@ def test_transient_outage_is_retried(gcs, bucket, tmp_path, capsys):
     assert capsys.readouterr().out.strip() == f"gs://{bucket}/flaky"
     sizes = {b.name: b.size for b in client.list_blobs(bucket, prefix="flaky/")}
     assert sizes == {f"flaky/part{i}.bin": 1024 * (i + 1) for i in range(3)}
+
+
+def test_the_emulator_a_user_starts_by_hand_serves_its_buckets_until_stopped(tmp_path, monkeypatch):
+    """docs/guides/cloud-storage.md's command for one's own tries (issue 65 item 7): the emulator in the
+    foreground with the bucket asked for, the variable to export on its first line; SIGTERM (or
+    Ctrl-C) stops it and the server under it."""
+    import signal
+    import subprocess
+    import sys
+
+    from launcher.lab.gcs_emulator import free_port
+
+    guide = open(os.path.join(os.path.dirname(__file__), "..", "docs", "guides", "cloud-storage.md")).read()
+    assert "python -m launcher.lab.gcs_emulator --bucket my-bucket" in guide
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.lab.gcs_emulator", "--port", str(port), "--root",
+                             str(tmp_path / "objects"), "--bucket", "tries"], stdout=subprocess.PIPE, text=True)
+    try:
+        first, second = proc.stdout.readline(), proc.stdout.readline()
+        assert f"Cloud Storage emulator at http://127.0.0.1:{port} (buckets: tries;" in first, first
+        assert second.strip() == f"export STORAGE_EMULATOR_HOST=http://127.0.0.1:{port}"
+        monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+        local = tmp_path / "table.csv"
+        local.write_text("a,b\n1,2\n")
+        assert datacache.upload(str(local), "gs://tries/data", show_progress=False) == "gs://tries/data/table.csv"
+        assert [b.name for b in launcher_gcs.client().list_blobs("tries")] == ["data/table.csv"]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=15) == 0
+    with pytest.raises(Exception):  # the server went with it
+        import urllib.request
+
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/storage/v1/b", timeout=2)

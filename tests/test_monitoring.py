@@ -219,7 +219,7 @@ def _logged_run(root, name: str, lr: float, losses: list[float], usage: bool = F
                 "time_shares": {"data": 0.4, "compute": 0.5, "sync": 0.1}, "stragglers": []})
 
 
-def test_runs_compare_puts_differing_params_and_final_metrics_side_by_side(tmp_path, capsys):
+def test_runs_compare_puts_differing_params_and_final_metrics_side_by_side(tmp_path, capsys, monkeypatch):
     _logged_run(tmp_path, "slow_lr", 0.01, [0.9, 0.6, 0.5])
     _logged_run(tmp_path, "fast_lr", 0.1, [0.7, 0.3])
     png = tmp_path / "cmp.png"
@@ -230,6 +230,10 @@ def test_runs_compare_puts_differing_params_and_final_metrics_side_by_side(tmp_p
     assert table["lr"] == ["0.01", "0.1"] and table["epochs"] == ["3", "2"], out
     assert table["loss"] == ["0.5000", "0.3000"] and "batch_size" not in table and "name" not in table, out
     assert f"wrote {png}" in out and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    # Without --out the plot goes to the current folder, and the line says where (issue 65 item 7)
+    monkeypatch.chdir(tmp_path / "slow_lr")
+    code, out, err = run_cli(capsys, "runs", "--storage", str(tmp_path), "--compare", "slow_lr", "fast_lr")
+    assert code == 0 and out.splitlines()[-1] == f"wrote {tmp_path / 'slow_lr' / 'compare-loss.png'}", out
     code, _, err = run_cli(capsys, "runs", "--storage", str(tmp_path), "--compare", "slow_lr")
     assert code == 2 and "--compare needs two runs or more" in err
     code, _, err = run_cli(capsys, "runs", "--storage", str(tmp_path), "--compare", "slow_lr", "nope")

@@ -124,6 +124,11 @@ def test_a_keras_functions_model_keras_answers_as_the_model(tmp_path):
     assert served.ref.format == "keras"
     x = np.asarray([[1, 2, 3], [0, -1, 0.5]], np.float32)
     np.testing.assert_allclose(served.predict(x.tolist()), model(x).numpy(), rtol=1e-5)
+    # its one input by name, as Vertex's containers take it; another object is a line of the forms
+    assert served.predict([{"x": row} for row in x.tolist()]) == served.predict(x.tolist())
+    with pytest.raises(ValueError, match=r'instances\[0\] is an object with "y": send each instance as the value '
+                                         r'of x, as \{"x": value\}, or bytes as \{"b64": \.\.\.\}'):
+        served.inputs([{"y": [1, 2, 3]}])
 
 
 def test_a_folder_nothing_can_load_and_a_torch_functions_weights_are_one_line(tmp_path):
@@ -363,3 +368,67 @@ def test_serve_flags_and_aip_variables_that_cannot_work_are_one_line_before_ray(
     assert "--token-file" in err and "cannot read it" in err and len(err.strip().splitlines()) == 1, err
     assert main(["serve", "--max-body-mb", "-1"]) == 2
     assert "--max-body-mb -1: must be more than 0" in capsys.readouterr().err
+
+
+def test_vertex_instances_by_the_inputs_name_are_taken_and_a_400_lists_the_forms(tmp_path, digits):
+    """Issue 65 item 5: {"instances": [{"x": [...]}]} (the input as the V2 metadata names it) was a 400
+    ('instances[0] is an object, not a number'). Vertex's prebuilt containers take named inputs: a
+    run's model takes its one input by name, a booster fitted on a table its features by name too,
+    and an object that is neither is a 400 listing what the server takes."""
+    import pandas as pd
+    import torch
+    import xgboost as xgb
+
+    import workloads
+
+    x, y = digits
+    # A run's export of the default workload (digits-mlp, what `launcher run` trains)
+    workload = workloads.get("digits-mlp")
+    shape = workload.input_shape({})
+    program = torch.export.export(workload.torch_model({}).eval(), (torch.zeros(2, *shape),),
+                                  dynamic_shapes=({0: torch.export.Dim.AUTO},))
+    run_model = tmp_path / "run" / "model"
+    run_model.mkdir(parents=True)
+    torch.export.save(program, str(run_model / "model.pt2"))
+    (run_model / "model.json").write_text(json.dumps({"workload": "digits-mlp", "framework": "torch",
+                                                      "input_shape": list(shape), "num_classes": 10, "params": {}}))
+    endpoint = serve.Endpoint(locate(str(tmp_path / "run")), serve.routes({}, name="digits"))
+
+    async def direct(batch):
+        return (await endpoint._batch_impl([batch]))[0]
+
+    endpoint._batch = direct
+
+    def call(body):
+        response, _ = asyncio.run(endpoint.answer(request("POST", "/predict", json.dumps(body).encode())))
+        return response.status_code, json.loads(response.body)
+
+    meta, _ = asyncio.run(endpoint.answer(request("GET", "/v2/models/digits")))
+    assert [i["name"] for i in json.loads(meta.body)["inputs"]] == [formats.INPUT] == ["x"]
+    code, plain = call({"instances": x[:3].tolist()})
+    assert code == 200, plain
+    code, named = call({"instances": [{"x": row} for row in x[:3].tolist()]})
+    assert (code, named["predictions"]) == (200, plain["predictions"]), named
+    code, answer = call({"instances": [{"pixels": x[0].tolist()}]})
+    assert code == 400 and answer["error"].startswith(
+        'instances[0] is an object with "pixels": send each instance as its numbers ([...]), or as {"x": [...]}'), answer
+
+    # A booster fitted on a table: its features by name (in any order), or the row, or {"x": row}
+    names = [f"f{i}" for i in range(64)]
+    booster = xgb.train({"objective": "reg:squarederror", "max_depth": 2},
+                        xgb.DMatrix(pd.DataFrame(x, columns=names), label=y), 5)
+    (tmp_path / "bst").mkdir()
+    (tmp_path / "bst" / "model.bst").write_bytes(bytes(booster.save_raw("ubj")))
+    served = loaded(tmp_path / "bst")
+    expected = served.predict(x[:2].tolist())
+    assert served.predict([dict(reversed(list(zip(names, row)))) for row in x[:2].tolist()]) == expected
+    assert served.predict([{"x": row} for row in x[:2].tolist()]) == expected
+    with pytest.raises(ValueError, match=r'instances\[0\] is an object with "f0": send each instance as its numbers '
+                                         r'\(\[\.\.\.\]\), or as \{"x": \[\.\.\.\]\} or \{"f0": \.\.\., "f1": \.\.\., '
+                                         r'"f2": \.\.\., \.\.\.\} by its 64 features\' names'):
+        served.inputs([{"f0": 1.0}])
+
+    # scikit-learn: {"x": row} too
+    joblib.dump(LogisticRegression(max_iter=300).fit(x[:500], y[:500]), tmp_path / "model.joblib")
+    served = loaded(tmp_path)
+    assert served.predict([{"x": row} for row in x[500:503].tolist()]) == served.predict(x[500:503].tolist())

@@ -120,3 +120,21 @@ def test_compare_with_a_metric_no_run_reported_is_one_line_before_the_table(caps
         assert out == "" and len(err.strip().splitlines()) == 1, out + err
         assert err.strip().endswith(f"--plot {metric}: no run here reported {metric}; {said}"), err
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_runs_list_each_runs_strategy(capsys, tmp_path):
+    """The WORKLOAD column and --json say how each run kept its model in step (--strategy)."""
+    root = str(tmp_path)
+    epoch = {"kind": "epoch", "epoch": 1, "step_in_epoch": 0, "global_step": 10, "world_size": 2, "loss": 0.5}
+    logged_run(root, "whole", [epoch])
+    spec = JobSpec(name="sharded", storage=root, workload="examples/gpt.py:train", strategy="fsdp").validated()
+    log = RunLog(Storage.resolve(root), "sharded")
+    log.begin(spec.to_dict())
+    log.record(epoch, tensorboard=False)
+    rows, table = listed(capsys, root)  # before its launch has ended: the run's spec says it
+    assert rows["sharded"]["strategy"] == "fsdp" and "examples/gpt.py:train/torch/fsdp" in table["sharded"]
+    log.finish(RunSummary(name="sharded", status=RunStatus.SUCCEEDED, workload=spec.workload, framework="torch",
+                          backend="native", strategy="fsdp", workers=2, epochs=1).to_json())
+    rows, table = listed(capsys, root)
+    assert rows["sharded"]["strategy"] == "fsdp" and "examples/gpt.py:train/torch/fsdp" in table["sharded"]
+    assert rows["whole"]["strategy"] == "ddp" and "digits-mlp/torch/ddp" in table["whole"], table["whole"]

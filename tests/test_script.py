@@ -62,6 +62,37 @@ def test_missing_script_is_rejected_before_any_worker(tmp_path, capsys):
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_script_that_imports_torchvision_is_told_the_release_for_the_installed_torch(tmp_path, capsys):
+    """torchvision is released in step with torch (each pins its torch): the advice names the one for
+    the torch installed here, not a bare name whose newest release would bring another torch."""
+    from importlib import metadata
+
+    script = tmp_path / "vision.py"
+    script.write_text("import torch\nimport torchvision\n")
+    code = main(["run", "--script", str(script), "--storage", str(tmp_path / "runs")])
+    err = capsys.readouterr().err.strip().splitlines()
+    torch = metadata.version("torch")
+    minor, patch = torch.split(".")[1], torch.split(".")[2].split("+")[0]
+    assert code == 2 and len(err) == 1 and "line 2 imports torchvision" in err[0], err
+    assert f"add torchvision==0.{int(minor) + 15}.{patch} (the release for the torch {torch} installed here) to " \
+        f"{tmp_path / 'requirements.txt'}" in err[0], err
+
+
+@pytest.mark.parametrize("torch,torchvision", [("2.0.1", "0.15.2"), ("2.1.0", "0.16.0"), ("2.9.1", "0.24.1"), ("2.5.1", "0.20.1"),
+                                               ("2.13.0+cpu", "0.28.0"), ("1.13.1", None)])
+def test_the_torchvision_release_follows_torchs(monkeypatch, torch, torchvision):
+    """PyTorch's published pairs (2.0.1/0.15.2, 2.5.1/0.20.1; the 2.13.0+cpu and 0.28.0+cpu wheels this
+    stack installs); a torch 1.x is left unsaid."""
+    from importlib import metadata
+
+    from launcher.driver.program import release_for_torch
+
+    monkeypatch.setattr(metadata, "version", lambda name: torch)
+    said = release_for_torch("torchvision")
+    assert (said.split(" ")[0] if said else None) == (f"torchvision=={torchvision}" if torchvision else None)
+    assert release_for_torch("numpy") is None
+
+
 @pytest.mark.integration
 def test_a_signal_stops_a_script_run_with_exit_130(tmp_path, signum=signal.SIGINT):
     # SIGINT here, SIGTERM in tests/test_train_local.py: the CLI turns SIGTERM into Ctrl-C for both.

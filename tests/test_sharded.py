@@ -16,13 +16,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from launcher.errors import UserError
 from launcher.spec import JobSpec
-from test_session import CHAR_LM, epoch_records, finish, launch, stop_after_step_checkpoint, topics_file
+from test_session import CHAR_LM, ROOT, epoch_records, finish, launch, stop_after_step_checkpoint, topics_file
 
 
 # -- refusals -----------------------------------------------------------------------------------
@@ -150,6 +152,27 @@ def test_a_dcp_folder_lists_its_files_and_exports_one_model_file(tmp_path):
         assert torch.equal(fresh.state_dict()[name], tensor), name
 
 
+def test_the_export_skeleton_holds_no_weights_until_the_whole_state_is_loaded():
+    """What rank 0 keeps before sharding for the export: the model's own classes on the meta
+    device (its non-persistent buffers kept), then the gathered state assigned into it."""
+    import torch
+
+    from launcher.worker.sharded import load_skeleton, skeleton
+
+    model, Block = small_gpt()
+    model.register_buffer("scale", torch.full((1,), 2.0), persistent=False)  # in no state_dict
+    clone = skeleton(model)
+    assert type(clone) is type(model) and isinstance(clone.blocks[0], Block)
+    assert all(p.is_meta for p in clone.parameters()) and torch.equal(clone.scale, model.scale)
+    whole = {k: v.clone() for k, v in model.state_dict().items()}
+    loaded, why = load_skeleton(clone, whole)
+    assert why is None and loaded.embed.weight.data_ptr() == whole["embed.weight"].data_ptr()  # no copy
+    x = torch.randint(0, 50, (3, 7))
+    assert torch.equal(loaded(x), model(x))
+    missing, why = load_skeleton(skeleton(model), {k: v for k, v in whole.items() if k != "head.bias"})
+    assert missing is None and "do not fit the model" in why and "head.bias" in why, why
+
+
 # -- training -----------------------------------------------------------------------------------
 
 @pytest.mark.integration
@@ -229,6 +252,62 @@ def test_a_sharded_run_on_gcs_resumes_exports_and_predicts(ray_local, gcs, bucke
             for line in open(os.path.join(out, name))]
     predicted = np.array([r["prediction"] for r in sorted(rows, key=lambda r: r["row"])])
     assert np.mean(predicted == split.y) == pytest.approx(resumed["metrics"]["accuracy"], abs=1e-6)
+
+
+GPT = os.path.join(ROOT, "examples", "gpt.py") + ":train"
+
+
+@pytest.mark.integration
+def test_a_sharded_training_functions_model_is_predicted_and_served_as_its_own_class_computes(tmp_path,
+                                                                                              monkeypatch):
+    """examples/gpt.py (tiny) trained with --strategy fsdp on 2 workers exports a program, not
+    weights only: `launcher predict --run` and a real `launcher serve` answer what the user's own
+    class, holding the exported weights, computes."""
+    import importlib
+
+    import torch
+
+    from test_predict import Server, _ended, cli, free_port, post
+
+    storage = str(tmp_path / "runs")
+    done = finish(launch(["--workload", GPT, "--data", topics_file(tmp_path / "data"), "--storage", storage,
+                          "--name", "gpt", "--strategy", "fsdp", "--workers", "2", "--epochs", "1",
+                          "--batch-size", "8", "--param", "d_model=32", "--param", "layers=2", "--param", "heads=2",
+                          "--param", "context=16", "--param", "max_chars=3000", "--param", "eval_batches=1"]))
+    assert done["status"] == "succeeded" and done["strategy"] == "fsdp", done
+    assert done["model"] and not done["model_note"], done
+    model_dir = os.path.join(storage, "gpt", "model")
+    assert {"model.pt2", "state_dict.pt", "model.json"} <= set(os.listdir(model_dir))
+
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "examples"))  # gpt.py imports char_lm beside it
+    state = torch.load(os.path.join(model_dir, "state_dict.pt"))
+    vocab = state["tokens.weight"].shape[0]
+    net = importlib.import_module("gpt").GPT(vocab, 16, 32, 2, 2)
+    net.load_state_dict(state)
+    ids = torch.randint(0, vocab, (5, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = net.eval()(ids).numpy()
+
+    (tmp_path / "ids.jsonl").write_text(json.dumps({"instances": ids.tolist()}) + "\n")
+    env = {**os.environ, "LAUNCHER_STATE_DIR": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
+    predicted = subprocess.run([sys.executable, "-m", "launcher", "predict", "--run", "gpt", "--storage", storage,
+                                "--input", str(tmp_path / "ids.jsonl"), "--output", str(tmp_path / "preds")],
+                               capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    rows = sorted((json.loads(line) for name in os.listdir(tmp_path / "preds") if not name.startswith("_")
+                   for line in open(tmp_path / "preds" / name)), key=lambda r: r["row"])
+    np.testing.assert_allclose([r["prediction"] for r in rows], expected, rtol=1e-4, atol=1e-5)
+
+    server = Server(os.path.join(storage, "gpt"), free_port(), env, tmp_path / "serve.err")
+    try:
+        code, answer = post(server.ready() + "/predict", {"instances": ids.tolist()})
+        assert code == 200, answer
+        np.testing.assert_allclose(answer["predictions"], expected, rtol=1e-4, atol=1e-5)
+    finally:
+        stopped = cli(env, "--stop")
+        _ended(server.proc)  # killed only if the stop did not end it
+        server.close()
+    assert stopped.returncode == 0 and "stopped the model server" in stopped.stdout, stopped
 
 
 def test_a_model_without_parameters_is_refused_before_any_collective():

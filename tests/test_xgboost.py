@@ -214,7 +214,9 @@ def test_xgboost_on_2_workers_learns_resumes_at_the_round_and_exports_a_booster(
 def test_a_ray_train_xgboost_function_runs_as_written_and_goes_on_from_its_checkpoint(ray_local, capsys, tmp_path):
     """Ray's XGBoostTrainer example shape: get_dataset_shard("train"/"validation") made from --data by
     Ray Data, RayTrainReportCallback checkpoints; a relaunch asking for more rounds goes on from the
-    last checkpoint and ends where an uninterrupted run ends."""
+    last checkpoint and ends where an uninterrupted run ends. Its last booster is exported as
+    <run>/model/, which `launcher predict --run` takes."""
+    import xgboost as xgb
     from ray.train import Checkpoint
     from ray.train.xgboost import RayTrainReportCallback
 
@@ -237,6 +239,23 @@ def test_a_ray_train_xgboost_function_runs_as_written_and_goes_on_from_its_check
     assert resumed["metrics"] == whole["metrics"]
     booster = RayTrainReportCallback.get_model(Checkpoint(resumed["checkpoint"]))
     assert booster.num_boosted_rounds() == 8
+    # Its last checkpoint's booster is the run's model, exported as the built-in workload's (issue 65
+    # item 4: there was no <run>/model/), and `launcher predict --run` answers what it predicts.
+    assert whole["model"] == os.path.join(storage, "whole", "model"), whole
+    described = json.load(open(os.path.join(whole["model"], "model.json")))
+    assert described["framework"] == "xgboost" and described["rounds"] == 8 and described["features"][:2] == \
+        ["age", "sex"] and described["label"] == "progression", described
+    x, _, names = read_table(os.path.join(tmp_path, "data", "diabetes.csv"), "progression")
+    np.savetxt(tmp_path / "patients.csv", x[:30], delimiter=",", header=",".join(names), comments="")
+    out = str(tmp_path / "predicted")
+    code, _, err = run_cli(capsys, "predict", "--run", "whole", "--storage", storage, "--input",
+                           str(tmp_path / "patients.csv"), "--output", out)
+    assert code == 0, err[-2000:]
+    rows = sorted((json.loads(line) for name in os.listdir(out) if not name.startswith("_")
+                   for line in open(os.path.join(out, name))), key=lambda r: r["row"])
+    booster = RayTrainReportCallback.get_model(Checkpoint(whole["checkpoint"]))
+    np.testing.assert_allclose([r["prediction"] for r in rows],
+                               booster.predict(xgb.DMatrix(x[:30], feature_names=names)), rtol=1e-5)
 
 
 def test_a_tables_validation_rows_are_chosen_by_their_values():

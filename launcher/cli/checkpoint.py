@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 
+from launcher import frameworks
 from launcher.cli.options import EXIT_OK, Parser
 from launcher.errors import UserError
 from launcher.storage import Storage
@@ -41,7 +42,7 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
         raise UserError(f"--storage {args.storage}: no such folder ({storage.root})",
                         "give the folder your runs went to (`launcher run --storage`), ./runs by default")
     manifest, path = chosen(storage, args.name, args.step)
-    if manifest.framework != "torch":
+    if not frameworks.get(manifest.framework).joins_checkpoints:
         raise UserError(f"run {args.name} trained a {manifest.framework} model; its export is under "
                         f"{storage.path(args.name, 'model')}", "this command joins PyTorch checkpoints")
     out = out_file(args.out, f"{args.name}_step{manifest.global_step}.pt")

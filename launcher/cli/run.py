@@ -11,6 +11,7 @@ import signal
 import sys
 from typing import Iterator, TextIO
 
+from launcher import frameworks
 from launcher.cli.options import (EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, add_program_flags, add_run_flags, add_verbose,
                                   program_from_args, program_spec, spec_from_args, wants_job_dir)
 from launcher.driver import startup
@@ -121,9 +122,11 @@ def format_summary(s: RunSummary) -> str:
     lines = [f"run {s.name}: {s.status}"]
     if s.note:
         lines.append(f"  {s.note}")
-    lines.append(f"  {s.workload} / {s.framework} / {s.backend}, {s.workers} workers")
-    done = (f"rounds {s.steps_completed}" if s.framework == "xgboost"
-            else f"epochs {s.epochs_completed}/{s.epochs}, steps {s.steps_completed}")
+    strategy = f", strategy {s.strategy}" if s.strategy else ""
+    lines.append(f"  {s.workload} / {s.framework} / {s.backend}{strategy}, {s.workers} workers")
+    framework = frameworks.get(s.framework)
+    done = (f"epochs {s.epochs_completed}/{s.epochs}, steps {s.steps_completed}" if framework.counts_epochs
+            else f"{framework.step_word} {s.steps_completed}")
     lines.append(f"  {done}"
                  + (f", resumed {resume_point(s.resumed_from, s.epochs)}" if s.resumed_from else "")
                  + (f", {s.restarts} restart(s)" if s.restarts else ""))
@@ -149,6 +152,8 @@ def format_summary(s: RunSummary) -> str:
         lines.append(f"  checkpoint: {s.checkpoint}")
     if s.model:
         lines.append(f"  model:      {s.model}")
+        if s.model_note:
+            lines.append(f"              {s.model_note}")
     if s.mlflow:
         lines.append(f"  mlflow:     {s.mlflow}")
     return "\n".join(lines)

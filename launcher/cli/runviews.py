@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import os
 import re
 import sys
 import time
@@ -83,6 +84,8 @@ def _figure(nrows: int = 1):
 
 
 def _save(fig, out: str) -> str:
+    """Write the figure to ``out``; returns its absolute path (what `wrote ...` says: a default
+    name lands in the current folder, which the user should not have to guess)."""
     import matplotlib.pyplot as plt
 
     fig.tight_layout()
@@ -93,7 +96,7 @@ def _save(fig, out: str) -> str:
                         "give a path in a folder you can write to") from None
     finally:
         plt.close(fig)
-    return out
+    return os.path.abspath(out)
 
 
 def check_metric(rows: dict[str, list], metric: str, special: bool = True) -> None:

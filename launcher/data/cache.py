@@ -13,7 +13,9 @@ reserved before it starts, so the folder's files never add up to more than the l
 downloads under way included. A local shard set is read where it is: nothing to cache,
 but each of its shards is checked against the index's size and sha256 once per process
 before its first read (by the read-ahead threads where they run ahead), so a shard
-damaged on disk is one line naming it, not a sample that silently differs.
+damaged on disk is one line naming it, not a sample that silently differs. A launch
+checks a ``gs://`` set that its ``--data`` or a ``--param`` names against the limit before
+any worker starts (:func:`check_sets`), as every reader would on each node.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import stat
 import threading
@@ -28,9 +31,9 @@ import time
 from typing import Callable, Iterator
 
 from launcher.data.formats import verify
-from launcher.data.index import ShardError, ShardIndex
+from launcher.data.index import ShardError, ShardIndex, normalise, read_index_text
 from launcher.errors import UserError
-from launcher.storage import datacache
+from launcher.storage import Storage, datacache
 from launcher.storage.runs import pid_alive
 
 LIMIT_ENV = "LAUNCHER_DATA_CACHE_GB"
@@ -51,6 +54,83 @@ def limit_bytes(cache_gb: float | None = None) -> int:
     return int(cache_gb * 2**30)
 
 
+def size_text(n: float) -> str:
+    """``n`` bytes in the unit that reads best: "98 KiB", "3.5 MiB", "16 GiB"."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:,.3g} {unit}"
+    return f"{n:,.0f} bytes"
+
+
+def gb_above(n: float) -> str:
+    """A --data-cache-gb just above ``n`` bytes, rounded up to two figures, as a plain decimal."""
+    gb = n / 2**30
+    if gb <= 0:
+        return "0"
+    places = max(0, 1 - math.floor(math.log10(gb)))
+    return f"{math.ceil(gb * 10**places) / 10**places:.{places}f}"
+
+
+def too_small(uri: str, index: ShardIndex, limit: int) -> UserError | None:
+    """The one line for a cache whose ``limit`` cannot hold the largest shard of the set at
+    ``uri`` (None when it can, or when the set is local: read where it is, never cached)."""
+    if not index.shards or not uri.startswith("gs://"):
+        return None
+    largest = max(index.shards, key=lambda s: s.bytes)
+    if largest.bytes <= limit:
+        return None
+    return UserError(f"the data cache's limit ({size_text(limit)}) is smaller than the largest shard of {uri} "
+                     f"({largest.name}, {size_text(largest.bytes)})",
+                     f"raise --data-cache-gb to {gb_above(largest.bytes)} or more, or write the set with smaller "
+                     "shards (launcher data shard --shard-mb)")
+
+
+def shards_held(window: int, index: ShardIndex) -> int:
+    """How many shards a reader of ``index`` (:class:`launcher.data.Shards`) holds in the cache at
+    once with a shuffle window of ``window`` samples: those a window spans (one more than it
+    fills, as it may straddle a boundary), and the next, needed before they are done."""
+    fewest = min((s.samples for s in index.shards), default=1)
+    return math.ceil(window / max(1, fewest)) + 2
+
+
+def check_sets(named: dict[str, str], cache_gb: float | None) -> None:
+    """Before any worker starts: each of ``named`` (what names it, e.g. ``--param shards``, ->
+    its value) that is a shard set on gs:// fits the cache's limit (``--data-cache-gb``) as every
+    reader needs it to, whatever its window: its largest shard (:class:`ShardCache`'s own check
+    on every node), and the largest shards a window of one sample holds at once (the least any
+    ``Shards(..., window=N)`` holds; a larger window is checked by the reader).
+
+    A value that holds no ``index.json`` is not a set and is left alone (a parameter may be any
+    gs:// path); reading it costs one Cloud Storage request.
+
+    Raises:
+        UserError: a shard larger than the limit (what names the set, the sizes, the fix).
+        Unreachable: Cloud Storage (or its emulator) did not answer.
+    """
+    limit = limit_bytes(cache_gb)
+    for what, value in named.items():
+        if not (isinstance(value, str) and value.startswith("gs://")):
+            continue
+        try:
+            uri = normalise(value)
+        except UserError:
+            continue  # not a location at all: whatever reads it says so
+        text = read_index_text(Storage.resolve(uri))
+        if text is None:
+            continue
+        index = ShardIndex.from_json(text, uri)
+        problem = too_small(uri, index, limit)
+        if problem is not None:
+            raise UserError(f"{what} {value}: {problem.what}", problem.fix)
+        held = sorted((s.bytes for s in index.shards), reverse=True)[:shards_held(1, index)]
+        if sum(held) > limit:
+            raise UserError(f"{what} {value}: the data cache's limit ({size_text(limit)}) cannot hold the "
+                            f"{len(held)} largest shards of {uri} ({size_text(sum(held))}), and a reader of the set "
+                            f"holds at least {len(held)} at once (those its shuffle window spans, and the next)",
+                            f"raise --data-cache-gb to {gb_above(sum(held))} or more, or write the set with smaller "
+                            "shards (launcher data shard --shard-mb)")
+
+
 class ShardCache:
     """The shards of one set on this node (see the module docstring)."""
 
@@ -62,12 +142,9 @@ class ShardCache:
         self.dir = os.path.join(root or os.path.join(datacache.cache_root(), "shards"), digest)
         self.pid = os.getpid()
         self.sizes = {s.name: s.bytes for s in index.shards}
-        biggest = max((s.bytes for s in index.shards), default=0)
-        if not self.local and biggest > limit:
-            raise UserError(f"the data cache's limit ({limit / 2**30:.3g} GiB) is smaller than the largest shard of "
-                            f"{index.uri} ({biggest / 2**30:.3g} GiB)",
-                            "raise --data-cache-gb, or write the set with smaller shards "
-                            "(launcher data shard --shard-mb)")
+        problem = too_small(index.uri, index, limit)
+        if problem is not None:
+            raise problem
         if not self.local:
             os.makedirs(self.dir, exist_ok=True)
         self.checked: set[int] = set()  # local shards verified by this process

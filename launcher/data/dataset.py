@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from launcher.data.cache import ShardCache, limit_bytes
+from launcher.data.cache import ShardCache, limit_bytes, shards_held
 from launcher.data.formats import read_shard
 from launcher.data.index import ShardIndex
 from launcher.errors import UserError
@@ -120,7 +120,7 @@ class _Reader:
         self.cache = ShardCache(shards.index, limit_bytes(shards.cache_gb))
         if not self.cache.local:
             # A window's shards are read at once, and the next one is needed before they are done.
-            spans = math.ceil(shards.window / max(1, min(s.samples for s in shards.index.shards) or 1)) + 2
+            spans = shards_held(shards.window, shards.index)
             largest = sorted((s.bytes for s in shards.index.shards), reverse=True)[:spans]
             if sum(largest) > self.cache.limit:
                 raise UserError(

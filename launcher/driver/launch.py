@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import workloads
 from launcher import backends
+from launcher.data import cache as shard_cache
 from launcher.driver import localhead, placement, runpath, session, startup, trainer
 from launcher.driver.progress import Progress
 from launcher.driver.replacement import Replacements
@@ -34,9 +35,13 @@ RESUME_CANDIDATES = 5  # complete checkpoints offered to the workers, newest fir
 
 
 def preflight(spec: JobSpec, progress: Progress) -> tuple[Storage, RunLog, list[tuple[Manifest, str]]]:
-    """Every check that needs no Ray: storage, data, backend, the existing run."""
+    """Every check that needs no Ray: storage, data (a streamed shard set's largest shard against
+    the cache's limit too), backend, the existing run."""
     storage, log = runpath.open_run(spec, progress)
     workload = workloads.get(spec.workload)
+    # A shard set the workers will stream (named by --data or a --param) must fit the node's cache.
+    shard_cache.check_sets({"--data": spec.data, **{f"--param {k}": v for k, v in spec.params.items()}},
+                           spec.data_cache_gb)
     data = datacache.local_data(spec.data, progress.note)
     try:
         workload.check_data(data, spec.params)
@@ -71,7 +76,8 @@ def run(spec: JobSpec, *, verbose: bool = False, show_progress: bool = True,
     epoch, as a tuning trial hands them to Ray Tune.
 
     Raises:
-        UserError: bad input found before any worker started.
+        UserError: bad input found before any worker started, or by a worker (its run log
+            then records the launch as failed with the same line).
         Unreachable: the Ray cluster named by --address (or RAY_ADDRESS) does not answer.
     """
     startup.begin_run()
@@ -136,8 +142,7 @@ def _train(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tuple
     if checkpoints:
         m = checkpoints[-1][0]
         progress.note(f"run {spec.name} exists: resuming {resume_point(m.position, spec.epochs)}")
-    progress.note(f"starting {spec.workers} {spec.framework}/{spec.backend} workers "
-                  f"for {spec.workload}, run {spec.name}")
+    progress.note(starting_line(spec))
     resume = [path for _, path in reversed(checkpoints)][:RESUME_CANDIDATES]
     outcome = _fit(spec, storage, tracker, resume, verbose, lock)
     startup.mark("fit_returned")
@@ -149,11 +154,13 @@ def _train(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tuple
         tracker.resumed_from = checkpoints[-1][0].position
     model_uri = None
     result = outcome.result
-    # A Ray Train function's checkpoints are its own files: it exports its model itself, if at all.
-    if outcome.status == RunStatus.SUCCEEDED and result is not None and result.checkpoint is not None \
-            and not workloads.is_ray_train(spec.workload):
-        # Rank 0 exports with its final checkpoint; if that failed, export here.
-        model_uri = (result.metrics or {}).get("model") or _export(spec, storage, result.checkpoint)
+    if outcome.status == RunStatus.SUCCEEDED and result is not None and result.checkpoint is not None:
+        if workloads.is_ray_train(spec.workload):
+            # A Ray Train function's checkpoints are its own files: exported where they hold a model
+            # the launcher knows (Ray's XGBoost callback's booster); otherwise the function's to export.
+            model_uri = _export_ray_train(spec, storage, result.checkpoint)
+        else:  # rank 0 exports with its final checkpoint; if that failed, export here
+            model_uri = (result.metrics or {}).get("model") or _export(spec, storage, result.checkpoint)
     summary = tracker.summary(outcome.status, error=outcome.error, model=model_uri)
     try:
         log.finish(summary.to_json())
@@ -164,6 +171,8 @@ def _train(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tuple
                                                 ray_said)))
         if summary.status == RunStatus.SUCCEEDED:
             summary.status = RunStatus.FAILED
+    if outcome.user_error is not None:  # bad input a worker found: one line and exit 2, as before the start
+        raise outcome.user_error
     return summary
 
 
@@ -248,11 +257,34 @@ def on_membership(spec: JobSpec, event, replacements: Replacements, note) -> Non
                  "node's replacement (minutes for a Compute Engine VM; --min-workers goes on without it)")
 
 
+def starting_line(spec: JobSpec) -> str:
+    """The launch's header: what starts, how its model is kept in step (--strategy), which run."""
+    return (f"starting {spec.workers} {spec.framework}/{spec.backend} workers (strategy {spec.strategy}) "
+            f"for {spec.workload}, run {spec.name}")
+
+
 def _export(spec: JobSpec, storage: Storage, checkpoint) -> str | None:
     from launcher.worker.export import export
 
     with checkpoint.as_directory() as d:
         return export(spec, d, storage)
+
+
+# The file Ray Train's XGBoost callback (ray.train.xgboost.RayTrainReportCallback.CHECKPOINT_NAME)
+# checkpoints its booster to, as the launcher's own XGBoost loop does.
+RAY_XGBOOST_MODEL = "model.ubj"
+
+
+def _export_ray_train(spec: JobSpec, storage: Storage, checkpoint) -> str | None:
+    """A Ray Train function's last checkpoint as ``<run>/model/``, where it holds a booster that
+    Ray's ``RayTrainReportCallback`` wrote: ``model.bst`` and ``model.json`` as the built-in XGBoost
+    workload exports them, so ``launcher predict`` and ``serve`` take it. None otherwise."""
+    with checkpoint.as_directory() as d:
+        if not os.path.isfile(os.path.join(d, RAY_XGBOOST_MODEL)):
+            return None
+        from launcher.worker.export import export_xgboost
+
+        return export_xgboost(spec, d, storage)
 
 
 def already_done(spec: JobSpec, log: RunLog, manifest: Manifest, path: str) -> RunSummary:
@@ -270,7 +302,8 @@ def already_done(spec: JobSpec, log: RunLog, manifest: Manifest, path: str) -> R
             lock.release()
     return RunSummary(
         name=spec.name, status=RunStatus.SUCCEEDED, workload=spec.workload, framework=spec.framework,
-        backend=spec.backend, workers=spec.workers, final_workers=manifest.world_size, epochs=spec.epochs,
+        backend=spec.backend, strategy=spec.strategy, workers=spec.workers, final_workers=manifest.world_size,
+        epochs=spec.epochs,
         epochs_completed=manifest.epoch, steps_completed=manifest.global_step,
         metrics=pick_metrics(manifest.metrics), checkpoint=log.storage.to_uri(path),
         resumed_from=manifest.position, run_dir=log.uri(),
@@ -285,7 +318,7 @@ def stopped_before_training(spec: JobSpec, log: RunLog, checkpoints: list[tuple[
     m, path = checkpoints[-1] if checkpoints else (None, None)
     summary = RunSummary(
         name=spec.name, status=RunStatus.CANCELLED, workload=spec.workload, framework=spec.framework,
-        backend=spec.backend, workers=spec.workers, epochs=spec.epochs,
+        backend=spec.backend, strategy=spec.strategy, workers=spec.workers, epochs=spec.epochs,
         epochs_completed=m.epoch if m else 0, steps_completed=m.global_step if m else 0,
         checkpoint=log.storage.to_uri(path) if path else None, wall_s=time.time() - launched,
         launch=log.launch or None, run_dir=log.uri(), note="stopped before any worker trained")

@@ -41,6 +41,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher import frameworks
 from launcher.driver import archives, session
 from launcher.errors import UserError
 from launcher.storage.uri import URI_LIKE
@@ -165,7 +166,7 @@ def check_container(program: Program, args: list[str] | tuple[str, ...], spec) -
     if joining or shutil.which("podman"):
         return
     names = [name for name, _ in program.env] + ["CLUSTER_SPEC"] + \
-        (["TF_CONFIG"] if spec.framework == "tensorflow" else []) + \
+        list(frameworks.get(spec.framework).program_env_names) + \
         ["AIP_MODEL_DIR", "AIP_CHECKPOINT_DIR", "AIP_TENSORBOARD_LOG_DIR"]
     docker = " (docker is, but Ray starts images with podman)" if shutil.which("docker") else ""
     raise UserError(f"container job: {spec.workers} rank(s) would each run {shlex.join([*program.argv, *args])} "
@@ -434,9 +435,32 @@ def check_imports(program: Program, entry: str, what: str, declared: bool | None
                 continue  # import names and distribution names differ (yaml/PyYAML): pip will tell
             raise UserError(f"{what}: {rel} line {line} imports {top}, which is not in {where or program.folder}, "
                             "not installed here and not declared as a dependency",
-                            fix or f"add {top} to {os.path.join(program.folder, 'requirements.txt')}, or fix the "
-                            "import")
+                            fix or f"add {release_for_torch(top) or top} to "
+                            f"{os.path.join(program.folder, 'requirements.txt')}, or fix the import")
     return frozenset(libraries)
+
+
+def release_for_torch(library: str) -> str | None:
+    """``"torchvision==0.28.0 (the release for the torch 2.13.0+cpu installed here)"`` for
+    torchvision where torch is installed; None for anything else (or without torch).
+
+    torchvision is released in step with torch, 0.N with torch 2.(N - 15) (0.28 with 2.13),
+    their patch releases alike (but for 2.0.x, whose torchvision patches were one ahead:
+    0.15.2 with 2.0.1), and each torchvision pins its torch: an unpinned one is the newest,
+    which would bring a torch other than the one the workers run."""
+    if library != "torchvision":
+        return None
+    from importlib import metadata
+
+    try:
+        torch = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        return None
+    found = re.match(r"(\d+)\.(\d+)\.(\d+)", torch)
+    if not found or found[1] != "2":
+        return None
+    minor, patch = int(found[2]), int(found[3])
+    return f"torchvision==0.{minor + 15}.{patch + (minor == 0)} (the release for the torch {torch} installed here)"
 
 
 # Libraries through which a program trains across processes: one that imports none of them, but

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from launcher import frameworks
 from launcher.driver import startup, trainer
 from launcher.driver.progress import Progress, format_epoch, format_round
 from launcher.spec import JobSpec
@@ -123,7 +124,7 @@ class Tracker:
             self._note_wait(m)
             self.memory = peak_memory([self.memory, m])
             self.progress.epoch(m, self.elapsed())
-        if kind == "step" and self.spec.framework == "xgboost":  # one epoch of many rounds: a line per checkpoint
+        if kind == "step" and frameworks.get(self.spec.framework).line_per_checkpoint:
             self.progress.note(format_round(m, int(self.spec.params.get("num_boost_round", 0)), self.elapsed()))
         if kind in ("epoch", "step", "preemption"):
             self._record(m)
@@ -246,6 +247,8 @@ class Tracker:
         if killed:
             self.progress.note(f"worker group failed: {killed}")
             return
+        if not self.spec.max_failures and any(e.startswith("UserError: ") for e in event.errors.values()):
+            return  # bad input a worker found: the launch ends with its line alone (trainer.worker_user_error)
         first = min(event.errors)
         self.progress.note(f"worker group failed (rank {first}: {trainer.error_line(event.errors[first])})")
 
@@ -322,7 +325,8 @@ class Tracker:
         interruptions = self.interruptions()
         return RunSummary(
             name=self.spec.name, status=status, workload=self.spec.workload, framework=self.spec.framework,
-            backend=self.spec.backend, workers=self.spec.workers, final_workers=m.get("world_size"),
+            backend=self.spec.backend, strategy=self.spec.strategy, workers=self.spec.workers,
+            final_workers=m.get("world_size"),
             epochs=self.spec.epochs, epochs_completed=m.get("epoch", 0), steps_completed=m.get("global_step", 0),
             metrics=pick_metrics(m),
             samples_per_s=self.samples_per_s(),
@@ -339,7 +343,7 @@ class Tracker:
             interruptions=interruptions, attempts=self.attempt_log, recovery_s=self.recoveries,
             weights_sha256=m.get("weights_sha256"), wall_s=round(self.elapsed(), 2), setup_s=round(self.setup_s, 2),
             launch=self.log.launch, run_dir=self.log.uri(), error=error, model=model,
-            mlflow=self.log.tracked())
+            model_note=m.get("model_note") if model else None, mlflow=self.log.tracked())
 
 
 def checkpoint_report(manifest: Manifest) -> dict[str, Any]:

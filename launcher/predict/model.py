@@ -116,8 +116,9 @@ def _servable(info: dict[str, Any], files: list[str], what: str, where: str) -> 
     listed = ", ".join(sorted(files)) or "no files"
     if found is None and info.get("kind") == "training function":
         exported = ", ".join(sorted(info.get("files") or files))
-        raise UserError(f"{what}: {where} holds a training function's model ({exported}), whose class is in your "
-                        "code: predict and serve take a program they can run without it (model.pt2, model.keras, "
+        why = f"; no program was exported, as its model: {info['no_program']}" if info.get("no_program") else ""
+        raise UserError(f"{what}: {where} holds a training function's model ({exported}{why}), whose class is in "
+                        "your code: predict and serve take a program they can run without it (model.pt2, model.keras, "
                         f"a SavedModel) or {formats.ACCEPTED.split(', saved')[0]}",
                         f"load it as {where}/model.json says and predict in your own code")
     if found is None:

@@ -52,6 +52,7 @@ class RunRow:
     status: RunStatus
     workload: str = "?"
     framework: str = "?"
+    strategy: str | None = None                       # --strategy (ddp, fsdp); None: a program's own
     epochs: int = 0                                   # epochs trained (a tuning run's: over its trials)
     metrics: dict[str, float] = field(default_factory=dict)  # the run's final metrics, by their own names
     checkpoint: str | None = None                     # the newest complete one
@@ -148,7 +149,7 @@ def describe_run(storage: Storage, name: str) -> RunRow | None:
             samples.setdefault(u["rank"], []).append([float(u.get(f) or 0.0) for f in USAGE_FIELDS])
     return RunRow(
         name=name, status=_status(launches, summary), workload=info.get("workload") or "?",
-        framework=info.get("framework") or "?", epochs=epochs, metrics=shown,
+        framework=info.get("framework") or "?", strategy=_strategy(info, ends), epochs=epochs, metrics=shown,
         checkpoint=storage.to_uri(checkpoints[-1][1]) if checkpoints else None,
         checkpoints=[{"epoch": m.epoch, "step": m.global_step, "uri": storage.to_uri(path)}
                      for m, path in checkpoints],
@@ -165,6 +166,14 @@ def describe_run(storage: Storage, name: str) -> RunRow | None:
         time_shares=timed[-1].time_shares if timed else {}, stragglers=timed[-1].stragglers if timed else [],
         mlflow=next((e.mlflow for e in reversed(ends) if e.mlflow), None),
     )
+
+
+def _strategy(info: dict[str, Any], ends: list[RunSummary]) -> str | None:
+    """The strategy the last launch's summary names; before any has ended, the run's spec's
+    (a program's none: it keeps its own model in step)."""
+    said = [e.strategy for e in ends if e.strategy]
+    spec = info.get("spec") if isinstance(info.get("spec"), dict) else {}
+    return said[-1] if said else None if "program" in spec else spec.get("strategy")
 
 
 def final_metrics(lines: list[dict[str, Any]]) -> tuple[int, dict[str, float]]:
@@ -264,7 +273,8 @@ def format_table(runs: list[RunRow]) -> str:
     header = ("NAME", "STATUS", "WORKLOAD", "EPOCHS", "METRICS", "WALL", "RESTARTS", "LOST", "LAST CHECKPOINT")
     rows = [header]
     for r in runs:
-        rows.append((r.name, str(r.status), f"{r.workload}/{r.framework}", str(r.epochs), format_metrics(r.metrics),
+        trained = "/".join(filter(None, (r.workload, r.framework, r.strategy)))
+        rows.append((r.name, str(r.status), trained, str(r.epochs), format_metrics(r.metrics),
                      f"{r.wall_s:.0f}s", format_restarts(r), format_lost(r),
                      r.note or "-" if r.kind == "tuning" else os.path.basename(r.checkpoint or "-")))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]

@@ -95,10 +95,11 @@ def export_torch(spec, checkpoint_dir: str, storage: Storage) -> str:
     return storage.uri_of(spec.name, "model")
 
 
-def export_weights(spec, checkpoint_dir: str, storage: Storage, program: dict[str, Any] | None = None) -> str:
+def export_weights(spec, checkpoint_dir: str, storage: Storage, program: dict[str, Any] | None = None,
+                   why: str | None = None) -> str:
     """A training function's model: its weights and a model.json saying where the code is;
     with ``program`` (:func:`torch_program`) also the ``torch.export`` program, which predict
-    and serve run without the user's class."""
+    and serve run without the user's class (without, model.json says ``why`` not)."""
     import torch
 
     files = {"state_dict.pt": "the registered model's weights: build the model as your function does, then "
@@ -111,10 +112,20 @@ def export_weights(spec, checkpoint_dir: str, storage: Storage, program: dict[st
             torch.export.save(program["program"], os.path.join(d, "model.pt2"))
             files["model.pt2"] = "torch.export program (any batch size): torch.export.load(p).module()(*inputs)"
             described.update(inputs=program["inputs"], outputs=program["outputs"])
+        elif why:
+            described["no_program"] = why
         with open(os.path.join(d, "model.json"), "w", encoding="utf-8") as f:
             json.dump({**described, "files": files}, f, indent=1)
         storage.upload_dir(d, spec.name, "model")
     return storage.uri_of(spec.name, "model")
+
+
+def weights_only_note(why: str) -> str:
+    """What the summary says of a training function's model exported without a program: that
+    predict and serve cannot take it, why, and how to predict instead (one line)."""
+    return (f"weights only (state_dict.pt), no program launcher predict and serve can run (the model: {why}); "
+            "to predict, build the model in your own code as your function does and load them: "
+            "model.load_state_dict(torch.load(path))")
 
 
 def hook_fields(spec) -> dict[str, Any]:
@@ -161,9 +172,12 @@ def _free_sizes(program) -> list[tuple[bool, ...]]:
     return found
 
 
-def torch_program(model, example: tuple[tuple, dict[str, Any]]) -> tuple[dict[str, Any] | None, str | None]:
+def torch_program(model, example: tuple[tuple, dict[str, Any]], *,
+                  keep: bool = True) -> tuple[dict[str, Any] | None, str | None]:
     """(the program and its inputs and outputs described, None) or (None, why it cannot be
-    exported): ``model`` exported on the CPU from ``example`` with a dynamic batch size."""
+    exported): ``model`` exported on the CPU from ``example`` with a dynamic batch size.
+    ``keep``: leave ``model`` as it is (a copy is exported); False: it is a CPU copy already,
+    the export's own (no second copy of the weights)."""
     import torch
 
     args, kwargs = example
@@ -173,7 +187,7 @@ def torch_program(model, example: tuple[tuple, dict[str, Any]]) -> tuple[dict[st
         return None, f"its forward takes {kinds}, and predict and serve send it tensors of a batch"
     names = [n for n in inspect.signature(model.forward).parameters][:len(args)] + list(kwargs)
     try:
-        cpu = copy.deepcopy(model).cpu().eval()
+        cpu = (copy.deepcopy(model).cpu() if keep else model).eval()
 
         def free(value):  # every size may vary where the model allows it (the batch, a sequence's length)
             return {i: torch.export.Dim.AUTO for i in range(value.dim())}

@@ -126,6 +126,7 @@ class Session(abc.ABC):
         self.saved_step = -1     # the step of the last checkpoint this rank saw stored
         self.updated = False     # the model changed since the position was last counted
         self.background_save = False  # the checkpoint being saved is stored in the background
+        self.model_note: str | None = None  # what the summary says of an exported model (weights only: why)
         self._checkpoint_dir = contextlib.ExitStack()  # keeps a restored checkpoint's folder while needed
         self._keep_checkpoint = False
         self.clock = StepClock()  # this rank's seconds per phase of the epoch under way
@@ -249,6 +250,8 @@ class Session(abc.ABC):
             if self.rank == 0 and final:
                 faultpoint.pause("export")
                 metrics["model"] = self.export_model(d)
+                if self.model_note:
+                    metrics["model_note"] = self.model_note
             elif self.rank == 0:
                 faultpoint.pause("checkpoint")
             mode = ray.train.CheckpointUploadMode.ASYNC if background else ray.train.CheckpointUploadMode.SYNC

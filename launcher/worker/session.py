@@ -238,18 +238,25 @@ class TorchSession(UserSession):
     def export_model(self, directory: str) -> str | None:
         """Rank 0, final checkpoint: the weights, and the model as a ``torch.export`` program
         from the inputs it was first called with (why not, in one line, when it cannot be)."""
-        from launcher.worker.export import export_weights, torch_program
+        from launcher.worker.export import export_weights, torch_program, weights_only_note
 
         if not isinstance(workloads.get(self.spec.workload), workloads.TrainingFunction):
             return super().export_model(directory)  # a workload's model: its own export, with its classes
-        program, why = None, self._strategy.no_program() or "it was never called"
-        if self._strategy.no_program() is None and self._example is not None:
-            program, why = torch_program(self.model(), self._example)
+        program, why = None, "it was never called"
+        if self._example is not None:
+            try:
+                model, why = self._strategy.whole_model(directory)
+            except Exception as exc:  # noqa: BLE001 - the user's model (a deepcopy of it); the weights stay
+                model, why = None, f"the model could not be copied ({type(exc).__name__}: {str(exc)[:200]})"
+            if model is not None:
+                program, why = torch_program(model, self._example, keep=False)
+                del model
         if program is None:
             print(f"rank 0: the model is exported as its state_dict only, without a program predict and serve can "
                   f"run ({why})", flush=True)
+            self.model_note = weights_only_note(why)
         try:
-            return export_weights(self.spec, directory, Storage.resolve(self.spec.storage), program)
+            return export_weights(self.spec, directory, Storage.resolve(self.spec.storage), program, why)
         except Exception as exc:  # the checkpoint is what matters; the export can be redone
             print(f"rank 0: exporting the model failed ({type(exc).__name__}: {exc}); "
                   "the driver will export it from the final checkpoint", flush=True)

@@ -4,7 +4,9 @@ A strategy owns everything that differs between keeping the whole model on every
 and sharding it: how the model and optimizer are prepared, whether gradients are reduced
 inside the backward pass, how the registered state is written to a checkpoint and read
 back (one file on rank 0, or a share per rank), how the whole weights are gathered (for a
-digest, for the export), and whether the survivors of a lost node can write a checkpoint.
+digest, for the export), the whole model the export traces as a program (a copy of the
+model, or of the sharded one's skeleton kept before sharding), and whether the survivors of a
+lost node can write a checkpoint.
 :class:`~launcher.worker.session.TorchSession` asks its strategy and never tests which one
 it has; a new way of synchronising a model (fault-tolerant replica groups, say) is a new
 entry in :data:`STRATEGIES`, not a new branch in the session.
@@ -13,12 +15,14 @@ entry in :data:`STRATEGIES`, not a new branch in the session.
   communicator (torch DDP, or Horovod's broadcast and DistributedOptimizer); rank 0 writes
   the model and the other states, every rank its RNG file.
 - ``fsdp`` (:class:`Sharded`): FSDP2 (:mod:`launcher.worker.sharded`); every rank writes its
-  shards with torch.distributed.checkpoint, which loads them on any worker count.
+  shards with torch.distributed.checkpoint, which loads them on any worker count; the final
+  checkpoint's whole model, gathered on rank 0, is exported as a program like ddp's.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import os
 from typing import Any
@@ -53,9 +57,11 @@ class Strategy:
         """The whole model's state_dict on rank 0 (a collective where the model is sharded)."""
         return model.state_dict()
 
-    def no_program(self) -> str | None:
-        """Why the model cannot be exported as a program (None: it can)."""
-        return None
+    def whole_model(self, directory: str):
+        """Rank 0, at the final checkpoint (``directory``, written): (a CPU copy of the whole,
+        unsharded model with its final weights, for the export to trace; None) or (None, why
+        not). The copy is the export's own: it may change it (eval mode)."""
+        return copy.deepcopy(self.session.model()).cpu(), None
 
     def save(self, directory: str, metrics: dict[str, Any], background: bool) -> None:
         raise NotImplementedError
@@ -142,11 +148,17 @@ class Sharded(Strategy):
         self.left: list[str] = []           # its objects not loaded yet (model first, then optimizers)
         self.model_key = "model"
         self.manifest_after: tuple | None = None  # a save's manifest, written once its shards are
+        self.skeleton: tuple | None = None  # rank 0: (the prepared module, its copy on meta, or why none)
 
     def prepare(self, module, optimizer, blocks):
         from launcher.worker import sharded
 
         spec = self.session.spec
+        if self.session.rank == 0:  # what the final export loads the whole weights into
+            try:
+                self.skeleton = (module, sharded.skeleton(module), None)
+            except Exception as exc:  # noqa: BLE001 - the user's module; training goes on, the export says why
+                self.skeleton = (module, None, f"the model could not be copied ({type(exc).__name__}: {exc})")
         sharded.shard(module, optimizer, device=self.session.device, precision=spec.precision,
                       offload=spec.fsdp_offload, blocks=blocks)
         self.dcp = sharded.Checkpointer(self.session.device)
@@ -161,8 +173,22 @@ class Sharded(Strategy):
 
         return full_model_state(model)
 
-    def no_program(self) -> str | None:
-        return "--strategy fsdp shards it"
+    def whole_model(self, directory: str):
+        """The skeleton :meth:`prepare` kept, given the whole weights the final checkpoint
+        gathered on rank 0 (``model.pt``, read memory-mapped): no collective here, so rank 0
+        exports alone while the others go on."""
+        import torch
+
+        from launcher.worker.sharded import load_skeleton
+
+        if self.skeleton is None or self.skeleton[0] is not self.session.model():
+            return None, "the registered model is not the one session.prepare() sharded"
+        prepared, clone, why = self.skeleton
+        self.skeleton = (prepared, None, "it was exported already")  # the copy leaves with the export
+        path = os.path.join(directory, TORCH_MODEL_FILE)
+        if clone is None or not os.path.exists(path):
+            return None, why or "the final checkpoint holds no whole model"
+        return load_skeleton(clone, torch.load(path, map_location="cpu", mmap=True, weights_only=True))
 
     def save(self, directory: str, metrics: dict[str, Any], background: bool) -> None:
         """Every rank writes its shards of the model and optimizers (DCP), its RNG file, and rank 0

@@ -20,6 +20,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from launcher.errors import LauncherError, Unreachable, UserError
 from launcher.storage import Storage
 from launcher.storage.datacache import local_data
 from launcher.worker.loader import SessionError, user_line
@@ -276,6 +277,10 @@ class UserSession(Session):
             fn(self)
         except (SessionError, FloatingPointError):
             raise
+        except LauncherError as exc:  # bad input (exit 2) or a service down: its one line, where it came from
+            where = user_line(sys.exc_info()[2])
+            located = f"{fn.__name__}(session) at {where}: {exc.what}" if where != "?" else exc.what
+            raise (UserError if exc.exit_code == UserError.exit_code else Unreachable)(located, exc.fix) from None
         except Exception as exc:
             if self.lost_peers(exc):
                 self.hold("a node of the group went")  # never returns: Ray Train restarts the group
