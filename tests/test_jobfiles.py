@@ -1,4 +1,4 @@
-"""AI Platform and Vertex AI job files as ``--config`` (launcher/jobfile.py): every key of each
+"""AI Platform and Vertex AI job files as ``--config`` (launcher/jobfiles/): every key of each
 declared block is used or refused by name (a table that must cover them all), bad input is one
 line before anything starts, and the files run and tune the example trainer package."""
 
@@ -16,7 +16,7 @@ import typing
 import pytest
 import yaml
 
-from launcher import jobfile, schema
+from launcher import jobfiles, schema
 from launcher.cli.main import main
 from launcher.errors import UserError
 
@@ -59,8 +59,8 @@ BASES = {
 CONTAINER = {"imageUri": "us-docker.pkg.dev/p/r/trainer:1", "command": ["python", "-m", "trainer.task"]}
 BASES["container"] = {"displayName": "job", "jobSpec": {"workerPoolSpecs": [
     {"machineSpec": {"machineType": "n1-standard-4"}, "replicaCount": 1, "containerSpec": CONTAINER}]}}
-ROOTS = {"aip": jobfile.AipJob, "custom": jobfile.CustomJob, "tuning": jobfile.TuningJob,
-         "container": jobfile.CustomJob}
+ROOTS = {"aip": jobfiles.AipJob, "custom": jobfiles.CustomJob, "tuning": jobfiles.TuningJob,
+         "container": jobfiles.CustomJob}
 CUSTOM = {"trainingInput.scaleTier": "CUSTOM", "trainingInput.masterType": "n1-standard-4"}
 POOL1 = {"jobSpec.workerPoolSpecs[1]": {**POOL0, "replicaCount": 2}}
 T4 = {"acceleratorType": "NVIDIA_TESLA_T4", "acceleratorCount": 2}
@@ -227,7 +227,7 @@ def read(base: str, path: str | None = None, value=None, extra: dict | None = No
         put(doc, key, copy.deepcopy(v))
     if path is not None:
         put(doc, path, copy.deepcopy(value))
-    return jobfile.read(doc, "job.yaml", tuning=True)
+    return jobfiles.read(doc, "job.yaml", tuning=True)
 
 
 def _spec_of(cls, name):
@@ -268,7 +268,7 @@ def every_key(cls, seen=None) -> set[tuple[str, str]]:
     out = set()
     for f in schema.fields(cls):
         sub = _spec_of(cls, f.name)
-        if sub is not None and sub is not jobfile.Hyperparameters:
+        if sub is not None and sub is not jobfiles.Hyperparameters:
             if sub not in seen:
                 seen.add(sub)
                 out |= every_key(sub, seen)
@@ -295,7 +295,7 @@ def test_each_key_is_used_or_refused_by_name(base, path, value, outcome, extra):
     try:
         before = read(base, extra=extra)
     except UserError:  # the key is what makes the file whole (masterType for CUSTOM)
-        before = jobfile.JobFile("none", "job.yaml")
+        before = jobfiles.JobFile("none", "job.yaml")
     after = read(base, path, value, extra)
     new_notes = [n for n in after.notes if n not in before.notes]
     kind = outcome[0]
@@ -328,7 +328,7 @@ def test_each_key_is_used_or_refused_by_name(base, path, value, outcome, extra):
 
 
 def test_the_guide_config_and_the_scale_tiers():
-    job = jobfile.read(yaml.safe_load(GUIDE_CONFIG), "config.yaml", tuning=True)
+    job = jobfiles.read(yaml.safe_load(GUIDE_CONFIG), "config.yaml", tuning=True)
     assert job.fields == {"workers": 4, "machine_type": "n1-standard-4"}
     assert job.hyperparameters.params[0].parameterName == "learning_rate"
     assert any("parameterServerCount 2 (n1-standard-4): parameter servers are not started" in n for n in job.notes)
@@ -336,11 +336,11 @@ def test_the_guide_config_and_the_scale_tiers():
     assert read("aip", "trainingInput.scaleTier", "PREMIUM_1").fields["workers"] == 20
     # a job file with hyperparameters is a tuning job: `launcher run` says so
     with pytest.raises(UserError, match="launcher tune --config"):
-        jobfile.read(yaml.safe_load(GUIDE_CONFIG), "config.yaml")
+        jobfiles.read(yaml.safe_load(GUIDE_CONFIG), "config.yaml")
 
 
 def test_gclouds_worker_pool_spec_flags():
-    job = jobfile.worker_pool_flags(["machine-type=n1-standard-4,replica-count=1,python-module=trainer.task",
+    job = jobfiles.worker_pool_flags(["machine-type=n1-standard-4,replica-count=1,python-module=trainer.task",
                                      "machine-type=n1-standard-8,replica-count=2,accelerator-type=NVIDIA_TESLA_T4,"
                                      "accelerator-count=1"])
     assert job.fields == {"workers": 3, "gpus_per_worker": 1.0, "machine_type": "n1-standard-8+nvidia-tesla-t4x1",
@@ -350,7 +350,7 @@ def test_gclouds_worker_pool_spec_flags():
                        ("container-image-uri=x", "CustomJob file's containerSpec"),
                        ("replica-count", "not KEY=VALUE")):
         with pytest.raises(UserError) as err:
-            jobfile.worker_pool_flags([bad])
+            jobfiles.worker_pool_flags([bad])
         assert words in str(err.value)
 
 
@@ -500,7 +500,7 @@ def test_a_container_job_file_is_the_run_it_describes(tmp_path, capsys):
     from launcher.cli.options import program_from_args, program_spec, wants_job_dir
     from launcher.worker.script import command
 
-    job = jobfile.read(yaml.safe_load(CONTAINER_JOB), "job.yaml")
+    job = jobfiles.read(yaml.safe_load(CONTAINER_JOB), "job.yaml")
     assert (job.image, job.command, job.args, job.env) == (
         "us-docker.pkg.dev/p/r/trainer:1", ("python", "-m", "trainer.task"), ("--epochs", "3"), {"MODE": "fast"})
     assert job.fields["workers"] == 3 and job.notes == []
@@ -583,6 +583,6 @@ def test_a_cluster_runs_the_ranks_in_the_image(tmp_path):
 
 
 def test_the_container_keys_help_says_what_they_do():
-    helps = {f.name: f.help for f in schema.fields(jobfile.WorkerPoolSpec)}
+    helps = {f.name: f.help for f in schema.fields(jobfiles.WorkerPoolSpec)}
     assert not helps["containerSpec"].startswith("refused") and "podman" in helps["containerSpec"]
-    assert all(not f.help.startswith(("refused", "noted")) for f in schema.fields(jobfile.ContainerSpec))
+    assert all(not f.help.startswith(("refused", "noted")) for f in schema.fields(jobfiles.ContainerSpec))

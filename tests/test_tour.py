@@ -72,12 +72,12 @@ def test_a_long_workload_name_does_not_run_into_its_frameworks():
 
 
 def _image_note(image: str) -> str:
-    from launcher import jobfile
+    from launcher import jobfiles
 
     pool = {"machineSpec": {"machineType": "n1-standard-4"}, "replicaCount": 1,
             "pythonPackageSpec": {"executorImageUri": image, "packageUris": ["trainer-0.1.tar.gz"],
                                   "pythonModule": "trainer.task"}}
-    job = jobfile.read({"displayName": "job", "jobSpec": {"workerPoolSpecs": [pool]}}, "job.yaml")
+    job = jobfiles.read({"displayName": "job", "jobSpec": {"workerPoolSpecs": [pool]}}, "job.yaml")
     notes = [n for n in job.notes if "executorImageUri is not used" in n]
     assert len(notes) == 1, job.notes
     return notes[0]

@@ -76,18 +76,18 @@ def job_file(args: argparse.Namespace, *, tuning: bool = False):
     A job file's package, module and arguments stand where the flags name none."""
     if hasattr(args, "_job_file"):
         return args._job_file
-    from launcher import jobfile
+    from launcher import jobfiles
 
     job = None
     raw = schema.load_yaml(args.config, "--config") if getattr(args, "config", None) else None
-    if jobfile.kind_of(raw):
-        job = jobfile.read(raw, args.config, tuning=tuning)
+    if jobfiles.kind_of(raw):
+        job = jobfiles.read(raw, args.config, tuning=tuning)
     pools = getattr(args, "worker_pool_spec", None) or []
     if pools:
         if job is not None:
             raise UserError("--worker-pool-spec and a job file in --config both describe the job",
                             "give one of them")
-        job = jobfile.worker_pool_flags(pools)
+        job = jobfiles.worker_pool_flags(pools)
         if isinstance(raw, dict):  # the launcher's own YAML: the pools go over its keys
             job.fields = {**raw, **job.fields}
             job.source = args.config

@@ -35,7 +35,7 @@ STATE_DIR = "tune"           # Ray Tune's experiment state, under the tuning run
 
 def load(path: str) -> tuple[Hyperparameters, dict[str, Any]]:
     """The file's hyperparameters and its JobSpec keys (unchecked: flags go over them). AI Platform's
-    and Vertex AI's job files are read by :mod:`launcher.jobfile` instead."""
+    and Vertex AI's job files are read by :mod:`launcher.jobfiles` instead."""
     raw = schema.load_yaml(path, "--config")
     if not isinstance(raw, dict):
         raise UserError(f"{path}: expected a mapping with a hyperparameters block, got a {type(raw).__name__}",
