@@ -1,8 +1,10 @@
 """cluster.compute and cluster.preflight with the real google-cloud-compute client (REST transport,
-anonymous credentials) against a Compute Engine REST server on loopback, and `launcher cluster ...`."""
+anonymous credentials) against the local Compute Engine API (launcher.lab.compute_api), and
+`launcher cluster ...`."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import stat
 import sys
@@ -10,21 +12,79 @@ import sys
 import pytest
 import yaml
 
-from cluster.compute import ENDPOINT_ENV, Compute
+from cluster.compute import ENDPOINT_ENV, PREEMPTED, Compute
 from cluster.config import ray_cluster_config
 from cluster.preflight import FAIL, OK, WARN, node_plans, run_checks
 from cluster.spec import ClusterSpec
-from computefake import PROJECT, FakeCompute, operation
 from launcher.cli import cluster as cli_cluster
 from launcher.cli.main import main
+from launcher.lab import compute_api
+from launcher.lab.compute_world import API, World
+
+PROJECT = "test-project"
+OPERATION_IDS = itertools.count(9000)
+
+
+def project_world() -> World:
+    """The project these tests check files against: a zone that is down, zones that lack some types and
+    GPUs, a few quotas in use, two images, and lists two items a page (so the client's pager pages)."""
+    t4, v100, l4 = "nvidia-tesla-t4", "nvidia-tesla-v100", "nvidia-l4"
+    n1 = ["n1-standard-4", "n1-standard-8", "n1-standard-16", "n1-highmem-8"]
+    return World(
+        zones={"us-central1-a": "UP", "us-central1-b": "DOWN", "us-central1-f": "UP", "europe-west4-a": "UP"},
+        machine_types={"us-central1-a": n1 + ["g2-standard-8", "g2-standard-24", "a2-highgpu-1g"],
+                       "us-central1-b": n1, "us-central1-f": n1, "europe-west4-a": n1},
+        accelerators={"us-central1-a": {t4: 4, v100: 8, l4: 8, "nvidia-tesla-a100": 16}, "us-central1-b": {t4: 4},
+                      "us-central1-f": {t4: 4}, "europe-west4-a": {t4: 4, v100: 8}},
+        quotas={
+            "us-central1": {"CPUS": (96, 8), "PREEMPTIBLE_CPUS": (0, 0), "G2_CPUS": (48, 0), "A2_CPUS": (24, 0),
+                            "NVIDIA_T4_GPUS": (16, 0), "PREEMPTIBLE_NVIDIA_T4_GPUS": (4, 0),
+                            "NVIDIA_V100_GPUS": (8, 0), "NVIDIA_L4_GPUS": (4, 0), "NVIDIA_A100_GPUS": (2, 0),
+                            "INSTANCES": (1000, 3)},
+            "europe-west4": {"CPUS": (48, 0), "NVIDIA_T4_GPUS": (4, 0)},
+        },
+        project_quotas={"GPUS_ALL_REGIONS": (16, 0), "CPUS_ALL_REGIONS": (200, 8)},
+        images={"deeplearning-platform-release": {
+            "common-cpu": "common-cpu-v20261101-debian-11",
+            "common-cu129-ubuntu-2204-nvidia-580": "common-cu129-v20261101-ubuntu-2204-nvidia-580"}},
+        page_size=2)
+
+
+class ProjectAPI(compute_api.ComputeAPI):
+    """The local Compute API serving :func:`project_world`, keeping what these tests read back: the
+    paths the client asked for (``DELETE path`` for a deletion) and the VMs deleted (``zone/name``)."""
+
+    def __init__(self) -> None:
+        super().__init__(PROJECT, project_world())
+        self.requests: list[str] = []
+        self.deleted: list[str] = []
+
+    def answer(self, method: str, path: str, query: dict[str, str], body: dict) -> dict:
+        self.requests.append(path if method == "GET" else f"{method} {path}")
+        found = super().answer(method, path, query, body)
+        if method == "DELETE":
+            zone, name = path.split("/zones/", 1)[1].split("/instances/")
+            self.deleted.append(f"{zone}/{name}")
+        return found
+
+    def add_vms(self, zone: str, vms: list[tuple[str, str, dict]]) -> None:
+        """VMs (name, status, labels) already in the zone, as `instances.list` finds them."""
+        for name, status, labels in vms:
+            self.instances[name] = {"kind": "compute#instance", "name": name, "status": status, "labels": labels,
+                                    "zone": f"{API}/projects/{PROJECT}/zones/{zone}"}
+
+
+def operation(zone: str, instance: str, when: str, kind: str = PREEMPTED) -> dict:
+    """A zone operation as Compute Engine lists it (a preemption unless ``kind`` says otherwise)."""
+    message = "Instance was preempted." if kind == PREEMPTED else ""
+    return compute_api.operation(PROJECT, kind, zone, instance, next(OPERATION_IDS), when, message)
 
 
 @pytest.fixture()
 def fake(monkeypatch):
-    server = FakeCompute().start()
-    monkeypatch.setenv(ENDPOINT_ENV, server.url)
-    yield server
-    server.stop()
+    with ProjectAPI() as api:
+        monkeypatch.setenv(ENDPOINT_ENV, api.url)
+        yield api
 
 
 def cluster_file(tmp_path, **values) -> str:
@@ -165,7 +225,7 @@ def test_bucket_region(tmp_path, fake, bucket, capsys):
 
 
 def test_preemptions_of_a_cluster(fake, capsys):
-    fake.world["operations"]["us-central1-a"] = [
+    fake.world.operations["us-central1-a"] = [
         operation("us-central1-a", "ray-demo-worker-1a2b3c4d-compute", "2026-11-20T10:00:00.000-08:00"),
         operation("us-central1-a", "ray-demo-head-00aa11bb-compute", "2026-11-20T09:00:00.000-08:00",
                   kind="compute.instances.insert"),
@@ -262,7 +322,7 @@ def test_built_in_gpus_are_counted_in_the_quotas(tmp_path, fake):
 
 
 def test_global_gpu_quota_of_a_new_project(tmp_path, fake, capsys):
-    fake.world["project"]["quotas"] = [("GPUS_ALL_REGIONS", 0, 0)]
+    fake.world.project_quotas = {"GPUS_ALL_REGIONS": (0, 0)}
     path = cluster_file(tmp_path, preset="standard-1", accelerator_type="nvidia-tesla-t4")
     assert main(["cluster", "preflight", path]) == 1
     out = capsys.readouterr().out
@@ -274,7 +334,7 @@ def test_global_gpu_quota_of_a_new_project(tmp_path, fake, capsys):
 
 
 def test_os_login(tmp_path, fake):
-    fake.world["project"]["metadata"] = {"enable-oslogin": "TRUE"}
+    fake.metadata["items"] = [{"key": "enable-oslogin", "value": "TRUE"}]
     config = load(cluster_file(tmp_path, preset="standard-1"))
     ok = [c for c in run_checks(config, Compute(PROJECT)) if "OS Login" in c.what]
     assert [(c.status, c.what) for c in ok] == [
@@ -287,7 +347,7 @@ def test_os_login(tmp_path, fake):
         "OS Login is on for n1-standard-8, ray_head (project metadata enable-oslogin=TRUE): it ignores the SSH "
         "key Ray adds")
     assert "enable-oslogin: FALSE" in failed[0].fix
-    fake.world["project"]["metadata"] = {}
+    fake.metadata["items"] = []
     assert any(c.status == OK and c.what == "OS Login is off: Ray's SSH key will be accepted"
                for c in run_checks(config, Compute(PROJECT)))
 
@@ -332,12 +392,12 @@ def test_cluster_down_deletes_the_vms_ray_down_left_stopped(tmp_path, fake, monk
     log = fake_ray(tmp_path, monkeypatch)
     path = cluster_file(tmp_path, cluster_name="demo", provisioning="spot", termination_action="STOP")
     demo = {"ray-cluster-name": "demo"}
-    fake.world["instances"]["us-central1-a"] = [
+    fake.add_vms("us-central1-a", [
         ("ray-demo-head-00aa11bb-compute", "TERMINATED", demo),
         ("ray-demo-worker-1a2b3c4d-compute", "TERMINATED", demo),
         ("ray-other-worker-99887766-compute", "TERMINATED", {"ray-cluster-name": "other"}),
         ("my-own-vm", "RUNNING", {}),
-    ]
+    ])
     assert main(["cluster", "down", path, "--dry-run"]) == 0
     assert "would then delete the VMs labelled ray-cluster-name=demo in us-central1-a" in capsys.readouterr().out
     assert fake.deleted == [] and not os.path.exists(log)
@@ -348,8 +408,7 @@ def test_cluster_down_deletes_the_vms_ray_down_left_stopped(tmp_path, fake, monk
                             "us-central1-a/ray-demo-worker-1a2b3c4d-compute"]
     assert "deleting 2 VM(s) labelled ray-cluster-name=demo in us-central1-a that `ray down` left" in out
     assert "  ray-demo-worker-1a2b3c4d-compute (TERMINATED)" in out
-    assert [vm[0] for vm in fake.world["instances"]["us-central1-a"]] == ["ray-other-worker-99887766-compute",
-                                                                          "my-own-vm"]
+    assert list(fake.instances) == ["ray-other-worker-99887766-compute", "my-own-vm"]
     assert main(["cluster", "down", path]) == 0
     assert "no VMs labelled ray-cluster-name=demo in us-central1-a left" in capsys.readouterr().out
 

@@ -2,11 +2,14 @@
 
 Ray's GCP provider lists a cluster's VMs with a filter such as
 ``((labels.ray-node-kind = worker)) AND ((status = RUNNING) OR (status = STAGING))
-AND (labels.ray-cluster-name = c) AND (NOT labels.tpu_cores:*)``, and
-``launcher cluster down`` with ``labels.ray-cluster-name = c``. This reads
-AND, OR, NOT, parentheses, ``FIELD = VALUE``, ``FIELD != VALUE`` and
-``FIELD:*`` (the field is present), where a field is ``status``, ``name`` or
-``labels.KEY``. AND binds tighter than OR; an empty filter matches everything.
+AND (labels.ray-cluster-name = c) AND (NOT labels.tpu_cores:*)``,
+``launcher cluster down`` with ``labels.ray-cluster-name = c``, and
+``launcher cluster preemptions`` a zone's operations with
+``operationType = "compute.instances.preempted"``. This reads AND, OR, NOT,
+parentheses, ``FIELD = VALUE``, ``FIELD != VALUE`` and ``FIELD:*`` (the field
+is present), where a field is a top-level field of the resource (``status``,
+``name``, ``operationType``) or ``labels.KEY``. AND binds tighter than OR; an
+empty filter matches everything.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ TOKEN = re.compile(r'\s*(\(|\)|!=|=|"[^"]*"|[^\s()=!"]+)')
 
 
 def matches(expression: str, instance: Mapping) -> bool:
-    """Whether ``instance`` (an instance resource as JSON) passes ``expression``."""
+    """Whether ``instance`` (an instance or operation resource as JSON) passes ``expression``."""
     tokens = TOKEN.findall(expression or "")
     if not tokens:
         return True

@@ -69,12 +69,13 @@ def last_part(url: str) -> str:
 
 
 def check_insert(body: Mapping, zone: str, in_use: Iterable[Gpus], region_of_use: Iterable[str] = (),
-                 quotas: Mapping[str, float] | None = None) -> Refusal | None:
+                 quotas: Mapping[str, float] | None = None,
+                 used: Mapping[str, float] | None = None) -> Refusal | None:
     """The first rule ``body`` (an instances.insert body) breaks in ``zone``, or None.
 
     ``in_use`` are the GPUs of the VMs that hold quota now, ``region_of_use`` their regions (same
     order); ``quotas`` maps a quota metric (NVIDIA_L4_GPUS, GPUS_ALL_REGIONS) to its limit, a
-    metric missing from it has no limit.
+    metric missing from it has no limit; ``used`` is what the project uses of each besides ``in_use``.
     """
     machine = last_part(str(body.get("machineType", "")))
     for check in (lambda: _zone(zone), lambda: _shape(body), lambda: _name(body), lambda: _labels(body),
@@ -86,7 +87,7 @@ def check_insert(body: Mapping, zone: str, in_use: Iterable[Gpus], region_of_use
             return refusal
     gpus = gpus_of(body)
     if gpus and quotas:
-        return _quota(gpus, zone_region(zone), list(in_use), list(region_of_use), quotas)
+        return _quota(gpus, zone_region(zone), list(in_use), list(region_of_use), quotas, used or {})
     return None
 
 
@@ -309,14 +310,15 @@ def _network(machine: str, body: Mapping) -> Refusal | None:
 
 
 def _quota(gpus: Gpus, region: str, in_use: list[Gpus], regions: list[str],
-           quotas: Mapping[str, float]) -> Refusal | None:
+           quotas: Mapping[str, float], used: Mapping[str, float]) -> Refusal | None:
     metric = quota_metric(gpus, quotas)
-    here = sum(g.count for g, r in zip(in_use, regions) if r == region and quota_metric(g, quotas) == metric)
-    everywhere = sum(g.count for g in in_use)
-    for name, used, where in ((metric, here, f"in region {region}"), (ALL_REGIONS, everywhere, "globally")):
-        if name in quotas and used + gpus.count > quotas[name]:
+    here = used.get(metric, 0) + sum(g.count for g, r in zip(in_use, regions)
+                                     if r == region and quota_metric(g, quotas) == metric)
+    everywhere = used.get(ALL_REGIONS, 0) + sum(g.count for g in in_use)
+    for name, taken, where in ((metric, here, f"in region {region}"), (ALL_REGIONS, everywhere, "globally")):
+        if name in quotas and taken + gpus.count > quotas[name]:
             return Refusal(403, "quota", f"Quota '{name}' exceeded. Limit: {float(quotas[name])} {where} "
-                                         f"({used:g} in use, {gpus.count} asked for)")
+                                         f"({taken:g} in use, {gpus.count} asked for)")
     return None
 
 

@@ -44,6 +44,7 @@ import yaml
 
 from launcher.errors import LauncherError, UserError
 from launcher.lab.compute_api import Call, ComputeAPI
+from launcher.lab.compute_world import World
 from launcher.lab.rehearsal import SERVICES, _rehearsal_copy, format_call
 from launcher.lab.sshd import LoopbackSSHD, free_port
 
@@ -81,8 +82,8 @@ class RehearsalFailed(LauncherError):
 class LoopbackAPI(ComputeAPI):
     """The local Compute Engine API, whose head VM is this machine, reached through ``sshd``."""
 
-    def __init__(self, project: str, sshd: LoopbackSSHD, quotas: dict[str, float] | None = None) -> None:
-        super().__init__(project, quotas)
+    def __init__(self, project: str, sshd: LoopbackSSHD, world: World | None = None) -> None:
+        super().__init__(project, world)
         self.sshd = sshd
 
     def answer(self, method: str, path: str, query: dict[str, str], body: dict) -> dict:
@@ -357,7 +358,9 @@ def rehearse_up(config: dict, emulator_url: str, bucket: str, quotas: dict[str, 
         head_path = os.pathsep.join([paths["site"], os.path.join(paths["vm"], "launcher")])
         sshd = LoopbackSSHD(paths["sshd"], {"HOME": paths["vm"], "PYTHONPATH": head_path,
                                             "RAY_TMPDIR": ray_tmp, "RAY_USAGE_STATS_ENABLED": "0"})
-        api = LoopbackAPI(_rehearsal_copy(config)["provider"]["project_id"], sshd, quotas)
+        provider = _rehearsal_copy(config)["provider"]
+        world = World.with_limits(quotas or {}, provider["availability_zone"])
+        api = LoopbackAPI(provider["project_id"], sshd, world)
         with api:
             write_sitecustomize(paths["site"], api.url)
             with sshd:

@@ -57,6 +57,7 @@ from launcher import _ray
 from launcher.errors import UserError
 from launcher.lab.compute_api import STOPPED, Call, ComputeAPI
 from launcher.lab.compute_rules import Refusal
+from launcher.lab.compute_world import World
 
 # Where each Google API the provider builds lives on the local server (the paths Google's use).
 SERVICES = {"compute": "compute/v1/", "cloudresourcemanager": "cloudresourcemanager/", "iam": "iam/"}
@@ -112,7 +113,8 @@ def rehearse(config: dict, quotas: dict[str, float] | None = None, bootstrap: bo
     config = _rehearsal_copy(config)
     provider_config = config["provider"]
     report = Report()
-    api = ComputeAPI(provider_config["project_id"], quotas)
+    world = World.with_limits(quotas or {}, provider_config["availability_zone"])
+    api = ComputeAPI(provider_config["project_id"], world)
     with api, pointed_at(api.url), _temporary_home(), _quiet_provider():
         say(f"rehearsing `ray up` of cluster {config['cluster_name']!r} (project {provider_config['project_id']}, "
             f"zone {provider_config['availability_zone']}) against a local Compute Engine API at {api.url}")
@@ -233,7 +235,7 @@ def summary(report: Report, api: ComputeAPI) -> str:
         lines.append(f"  `ray down` stopped {len(report.stopped_by_down)} VM(s) instead of deleting them "
                      f"(cache_stopped_nodes); `launcher cluster down` deleted them")
     lines.append(f"  left in the API at the end: {', '.join(report.left) if report.left else 'nothing'}")
-    if not api.quotas:
+    if not (api.world.quotas or api.world.project_quotas):
         lines.append("  quotas: none set (a real project has them: rehearse yours with --quota "
                      "NVIDIA_L4_GPUS=8 --quota GPUS_ALL_REGIONS=8)")
     return "\n".join(lines)
