@@ -350,7 +350,7 @@ class TorchSession(UserSession):
             raise SessionError(f"`session.epochs()` at {user_line()} before any model was registered: call "
                                "session.register(model=model, optimizer=optimizer, ...) first, so checkpoints "
                                "hold the model and the run can export it")
-        if self._strategy.collective_forward and not self._prepared:
+        if self._strategy.requires_prepare and not self._prepared:
             raise SessionError(f"`session.epochs()` at {user_line()}: --strategy {self.strategy} shards the model, "
                                "but session.prepare(model, optimizer) was never called; call it before registering "
                                "them")

@@ -41,6 +41,7 @@ class Strategy:
     reduces_in_backward = False   # gradients are reduced inside backward(): no end of it to time
     collective_forward = False    # a forward pass is a collective: every rank makes as many
     whole_state_on_rank = True    # one rank holds the whole state (a survivors' checkpoint can be written)
+    requires_prepare = False      # a model not given to session.prepare() would train wrong
 
     def __init__(self, session) -> None:
         self.session = session
@@ -140,6 +141,7 @@ class Sharded(Strategy):
     reduces_in_backward = True
     collective_forward = True
     whole_state_on_rank = False
+    requires_prepare = True
 
     def __init__(self, session) -> None:
         super().__init__(session)
