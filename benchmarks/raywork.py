@@ -143,13 +143,14 @@ def hand_back(rank: int, result: dict[str, Any]) -> None:
 
 
 def run(backend, framework: str, workload: str, workers: int, threads: int, fn: Callable[[dict], None],
-        config: dict[str, Any], gpus_per_worker: float = 0.0) -> dict[str, Any]:
-    """Run ``fn(config)`` on ``workers`` Ray Train workers of ``backend``; return rank 0's result."""
+        config: dict[str, Any], gpus_per_worker: float = 0.0, local: bool = True) -> dict[str, Any]:
+    """Run ``fn(config)`` on ``workers`` Ray Train workers of ``backend``; return rank 0's result
+    (``local``: on a local Ray the benchmark started, as every benchmark here does)."""
     from ray.train import RunConfig, ScalingConfig
 
     from launcher import JobSpec
 
-    apply_ray_train_env()  # the Ray Train settings `launcher run` uses (its health-check period, ...)
+    apply_ray_train_env(local)  # the Ray Train settings `launcher run` uses (its health-check period, ...)
 
     spec = JobSpec(workload=workload, framework=framework, backend=backend.name, workers=workers,
                    cpus_per_worker=float(threads), gpus_per_worker=gpus_per_worker,
@@ -162,7 +163,7 @@ def run(backend, framework: str, workload: str, workers: int, threads: int, fn: 
         name = f"bench_{uuid.uuid4().hex[:8]}"
         run_config = RunConfig(name=name, storage_path=storage)
         try:
-            result = prepare_trainer(backend.trainer(spec, fn, config, scaling, run_config)).fit()
+            result = prepare_trainer(backend.trainer(spec, fn, config, scaling, run_config), local).fit()
         except Exception as exc:
             # Seen with TensorFlow's MultiWorkerMirroredStrategy on a loaded machine: rank 0 has
             # reported its result, then a worker health check fails while the group shuts down.

@@ -26,6 +26,5 @@ __all__, __getattr__ = lazy_exports(__name__, {
     "UserError": "launcher.errors",
     "Unreachable": "launcher.errors",
     "run": "launcher.driver.launch",
-    "run_script": "launcher.driver.script",
     "submit": "launcher.driver.jobs",
 })

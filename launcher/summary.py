@@ -130,6 +130,7 @@ class RunSummary:
     note: str | None = None
     startup: dict[str, Any] = field(default_factory=dict)
     exit_codes: dict[str, int] | None = None  # script and package runs: each rank's exit status
+    exit_status: int | None = None      # and the program's: the first failed rank's, 130 when interrupted
 
     @property
     def succeeded(self) -> bool:

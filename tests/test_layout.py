@@ -273,7 +273,7 @@ def test_the_deferred_import_check_reports_what_it_should(tmp_path):
     assert "launcher.driver.jobs" not in LOADED_AT_START["launcher.cli"]
     assert may_wait("launcher.cli.jobs", "cmd_submit", "launcher.driver.jobs")
     assert not may_wait("launcher.cli.jobs", "cmd_submit", "launcher.errors")
-    assert not may_wait("launcher.driver.script", "run_script", "launcher.driver.jobs")
+    assert not may_wait("launcher.driver.script", "run_program", "launcher.driver.jobs")
 
 
 def test_every_exception_to_the_rule_is_still_needed():

@@ -319,22 +319,17 @@ def test_ray_train_settings_leave_the_users_values_and_the_watcher_only_off_on_a
         monkeypatch.setenv(key, "")
         monkeypatch.delenv(key)
     monkeypatch.setattr(trainer, "_SET_HERE", {})
-    try:
-        trainer.set_local_ray(True)
-        trainer.apply_ray_train_env()
-        assert (os.environ[watcher], os.environ[period]) == ("0", str(trainer.HEALTH_CHECK_S))
-        trainer.set_local_ray(False)  # the next run is on a cluster: Ray Train's watcher is back
-        monkeypatch.setenv(trainer.START_TIMEOUT_ENV, "")
-        monkeypatch.delenv(trainer.START_TIMEOUT_ENV)
-        trainer.apply_ray_train_env(fixed=True)  # a fixed group waits for a GCE replacement's minutes
-        assert watcher not in os.environ
-        assert os.environ[trainer.START_TIMEOUT_ENV] == str(trainer.FIXED_START_TIMEOUT_S)
-        trainer.apply_ray_train_env(fixed=False)  # an elastic one keeps Ray's 60 s, to try another size
-        assert trainer.START_TIMEOUT_ENV not in os.environ
-        monkeypatch.setenv(period, "1")  # the user's own setting, made after the launcher's
-        monkeypatch.setenv(watcher, "1")
-        trainer.set_local_ray(True)
-        trainer.apply_ray_train_env()
-        assert (os.environ[watcher], os.environ[period]) == ("1", "1")
-    finally:
-        trainer.set_local_ray(False)
+    trainer.apply_ray_train_env(local=True)
+    assert (os.environ[watcher], os.environ[period]) == ("0", str(trainer.HEALTH_CHECK_S))
+    # The next run is on a cluster: Ray Train's watcher is back.
+    monkeypatch.setenv(trainer.START_TIMEOUT_ENV, "")
+    monkeypatch.delenv(trainer.START_TIMEOUT_ENV)
+    trainer.apply_ray_train_env(local=False, fixed=True)  # a fixed group waits for a GCE replacement's minutes
+    assert watcher not in os.environ
+    assert os.environ[trainer.START_TIMEOUT_ENV] == str(trainer.FIXED_START_TIMEOUT_S)
+    trainer.apply_ray_train_env(local=False, fixed=False)  # an elastic one keeps Ray's 60 s, to try another size
+    assert trainer.START_TIMEOUT_ENV not in os.environ
+    monkeypatch.setenv(period, "1")  # the user's own setting, made after the launcher's
+    monkeypatch.setenv(watcher, "1")
+    trainer.apply_ray_train_env(local=True)
+    assert (os.environ[watcher], os.environ[period]) == ("1", "1")

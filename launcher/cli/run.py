@@ -57,17 +57,18 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_program(args: argparse.Namespace, program) -> int:
     """``launcher run --script`` / ``--package --module``: check everything, then run;
     returns the program's exit status (130 when interrupted)."""
-    from launcher.driver.script import run_script
+    from launcher.driver import launch
+    from launcher.driver.script import ProgramRun
 
     spec = program_spec(args, program)
+    job = ProgramRun(program, tuple(args.program_args), job_dir=wants_job_dir(args, program))
     with sigterm_as_ctrl_c():
         with summary_stream() as out:
             # The ranks' lines are progress: stderr, as the docs say; stdout holds the summary alone.
-            code, summary = run_script(spec, program, args.program_args, job_dir=wants_job_dir(args, program),
-                                       out=sys.stderr, verbose=args.verbose)
+            summary = launch.run(spec, job, out=sys.stderr, verbose=args.verbose)
             text = json.dumps(summary.to_json(), sort_keys=True, default=str) if args.json else format_summary(summary)
             print(text, file=out, flush=True)
-    return code
+    return summary.exit_status
 
 
 @contextlib.contextmanager

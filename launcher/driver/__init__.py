@@ -10,7 +10,7 @@ from launcher._lazy import lazy_exports  # noqa: E402
 
 __all__, __getattr__ = lazy_exports(__name__, {
     "run": "launcher.driver.launch",
-    "run_script": "launcher.driver.script",
+    "ProgramRun": "launcher.driver.script",
     "connect": "launcher.driver.session",
     "check_fits": "launcher.driver.session",
     "describe_failure": "launcher.driver.trainer",

@@ -13,12 +13,12 @@ import importlib
 import os
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 import workloads
 from launcher import backends
 from launcher.data import cache as shard_cache
-from launcher.driver import localhead, placement, runpath, session, startup, trainer
+from launcher.driver import runpath, script, session, startup, trainer
 from launcher.driver.progress import Progress
 from launcher.driver.replacement import Replacements
 from launcher.driver.tracker import Tracker
@@ -30,6 +30,9 @@ from launcher.storage.runlock import RunLock
 from launcher.storage.runlog import RunLog
 from launcher.summary import Preempting, Restart, RunStatus, RunSummary, pick_metrics
 from launcher.worker import usage
+
+if TYPE_CHECKING:
+    from launcher.driver.script import ProgramRun
 
 RESUME_CANDIDATES = 5  # complete checkpoints offered to the workers, newest first
 
@@ -68,18 +71,26 @@ def preflight(spec: JobSpec, progress: Progress) -> tuple[Storage, RunLog, list[
     return storage, log, checkpoints
 
 
-def run(spec: JobSpec, *, verbose: bool = False, show_progress: bool = True,
-        on_epoch: Callable[[dict[str, Any]], None] | None = None) -> RunSummary:
+def run(spec: JobSpec, program: "ProgramRun | None" = None, *, verbose: bool = False, show_progress: bool = True,
+        on_report: Callable[[dict[str, Any]], None] | None = None, out: TextIO | None = None,
+        progress_out: TextIO | None = None) -> RunSummary:
     """Train ``spec`` (validated) and return the summary; resumes a run of the same name.
 
-    ``on_epoch``: called (on the driver's pump thread) with rank 0's metrics after each
-    epoch, as a tuning trial hands them to Ray Tune.
+    ``program``: run the user's own program (a --script, a --package's module, a container) on
+    the workers instead of a workload (:mod:`launcher.driver.script`); the summary's
+    ``exit_status`` is then the program's, its ranks' lines go to ``out`` (default stderr) and the
+    progress to ``progress_out``. ``on_report``: called on the driver's pump thread with rank 0's
+    metrics after each epoch (a program: each entry it writes to its hypertune file), as a
+    tuning trial hands them to Ray Tune.
 
     Raises:
         UserError: bad input found before any worker started, or by a worker (its run log
             then records the launch as failed with the same line).
         Unreachable: the Ray cluster named by --address (or RAY_ADDRESS) does not answer.
     """
+    if program is not None:
+        return script.run_program(spec, program, verbose=verbose, out=out, progress_out=progress_out,
+                                  on_metrics=on_report)
     startup.begin_run()
     launched = time.time()
     _prefetch_ray_train()
@@ -90,7 +101,9 @@ def run(spec: JobSpec, *, verbose: bool = False, show_progress: bool = True,
         summary = already_done(spec, log, *checkpoints[-1])
     else:
         try:
-            summary = _launch(spec, storage, log, checkpoints, progress, launched, verbose, on_epoch)
+            with runpath.connected(spec, storage, progress, verbose=verbose, workload=spec.workload,
+                                   workers_needed=spec.min_workers or spec.workers) as (lock, conn):
+                summary = _train(spec, storage, log, checkpoints, progress, launched, verbose, lock, conn, on_report)
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM before Ray Train took over (e.g. while Ray starts)
             progress.close()
             summary = stopped_before_training(spec, log, checkpoints, launched)
@@ -120,21 +133,9 @@ def _prefetch_ray_train() -> None:
     threading.Thread(target=load, name="launcher-prefetch", daemon=True).start()
 
 
-def _launch(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tuple[Manifest, str]],
-            progress: Progress, launched: float, verbose: bool, on_epoch=None) -> RunSummary:
-    """Take the run's lock (before Ray starts or anything is written), connect to Ray, train."""
-    with runpath.holding(storage, spec.name, progress) as lock:
-        _say_where(spec, progress)
-        with session.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
-                             verbose=verbose, workload=spec.workload, lean=True) as nodes:
-            startup.mark("ray_ready")
-            placement.check(spec, [n.labels for n in nodes], progress.note)
-            session.check_fits(nodes, spec.min_workers or spec.workers, spec.cpus_per_worker, spec.gpus_per_worker)
-            return _train(spec, storage, log, checkpoints, progress, launched, verbose, lock, on_epoch)
-
-
 def _train(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tuple[Manifest, str]],
-           progress: Progress, launched: float, verbose: bool, lock: RunLock, on_epoch=None) -> RunSummary:
+           progress: Progress, launched: float, verbose: bool, lock: RunLock, conn: session.Connection,
+           on_epoch=None) -> RunSummary:
     """Holding the run's lock: train, export, and write the run log's start and end."""
     log.begin(spec.to_dict())
     checkpoints = _prune(spec, storage, progress, checkpoints)  # what a launch killed hard left too
@@ -144,7 +145,7 @@ def _train(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tuple
         progress.note(f"run {spec.name} exists: resuming {resume_point(m.position, spec.epochs)}")
     progress.note(starting_line(spec))
     resume = [path for _, path in reversed(checkpoints)][:RESUME_CANDIDATES]
-    outcome = _fit(spec, storage, tracker, resume, verbose, lock)
+    outcome = _fit(spec, storage, tracker, resume, verbose, lock, conn)
     startup.mark("fit_returned")
     progress.close()
     found = complete_checkpoints(storage, spec.name)
@@ -197,27 +198,16 @@ def _oserror(exc: OSError) -> str:
     return f"{exc.strerror or type(exc).__name__}{where}"
 
 
-def _say_where(spec: JobSpec, progress: Progress) -> None:
-    head = localhead.warm_head_for(spec.address)
-    if not head and not (spec.address or os.environ.get("RAY_ADDRESS")):
-        session.check_local_fit(spec.workers, spec.cpus_per_worker)  # before saying Ray starts
-    if head:
-        progress.note(f"using the warm local Ray at {head['address']} (`launcher down` stops it)")
-    else:
-        address = spec.address or os.environ.get("RAY_ADDRESS")
-        progress.note(f"connecting to Ray at {address}" if address else "starting a local Ray instance")
-
-
 def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], verbose: bool,
-         lock: RunLock) -> trainer.FitOutcome:
+         lock: RunLock, conn: session.Connection) -> trainer.FitOutcome:
     """Run the trainer while the pump hands the controller's events to the tracker."""
     from launcher.driver.events import EventChannel
     from launcher.worker.entry import train_loop_per_worker
 
-    trainer.apply_ray_train_env(fixed=not trainer.is_elastic(spec))
+    trainer.apply_ray_train_env(conn.local, fixed=not trainer.is_elastic(spec))
     # The progress board (an actor, and a call from rank 0 every step) tells how much work each
     # restart lost: a run that cannot restart goes without.
-    channel = EventChannel(board=trainer.restarts_possible(spec))
+    channel = EventChannel(board=trainer.restarts_possible(spec, conn.local))
     config = trainer.run_config(spec, storage, max_failures=spec.max_failures,
                                 keep_checkpoints=spec.keep_checkpoints,
                                 callbacks=[channel.forwarder, channel.states])
@@ -228,16 +218,17 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
     ray_trainer = backends.get(spec.backend).trainer(spec, train_loop_per_worker, loop_config,
                                                      trainer.scaling_config(spec), config)
 
-    replacements = Replacements(spec, spec.replace_on_notice and trainer.on_cluster(), tracker.progress.note)
+    replacements = Replacements(spec, spec.replace_on_notice and not conn.local, tracker.progress.note)
 
     def drain() -> None:
         for event in channel.take():
             tracker.handle(event)
-            on_membership(spec, event, replacements, tracker.progress.note)
+            on_membership(spec, event, replacements, tracker.progress.note, on_cluster=not conn.local)
         lock.refresh()
 
     try:
-        return trainer.fit(ray_trainer, drain, verbose=verbose, abort=channel.abort, limit_s=spec.max_run_s,
+        return trainer.fit(ray_trainer, drain, local=conn.local, verbose=verbose, abort=channel.abort,
+                           limit_s=spec.max_run_s,
                            memory=lambda: tracker.memory)
     finally:
         replacements.withdraw()
@@ -245,14 +236,14 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
         channel.close()
 
 
-def on_membership(spec: JobSpec, event, replacements: Replacements, note) -> None:
+def on_membership(spec: JobSpec, event, replacements: Replacements, note, on_cluster: bool) -> None:
     """A notice: ask for the replacement now. A restart: the preempted node is gone; say what a
     fixed-size group waits for (an elastic one goes on with the nodes that remain)."""
     if isinstance(event, Preempting):
         replacements.on_notice(event.ranks)
     elif isinstance(event, Restart):
         replacements.withdraw()
-        if trainer.on_cluster() and spec.min_workers is None and event.cause == "preemption":
+        if on_cluster and spec.min_workers is None and event.cause == "preemption":
             note(f"waiting for a full group of {spec.workers} workers: the autoscaler brings the preempted "
                  "node's replacement (minutes for a Compute Engine VM; --min-workers goes on without it)")
 

@@ -15,6 +15,7 @@ import contextlib
 import os
 from typing import Iterator
 
+from launcher.driver import localhead, placement, session, startup
 from launcher.storage import Storage
 from launcher.storage.checkpoint import set_aside_damaged_snapshot
 from launcher.storage.runlock import RunLock
@@ -64,3 +65,31 @@ def holding(storage: Storage, name: str, progress) -> Iterator[RunLock]:
         if new:
             with contextlib.suppress(OSError):  # not empty: the launch wrote something, which stays
                 os.rmdir(storage.path(name))
+
+
+@contextlib.contextmanager
+def connected(spec, storage: Storage, progress, *, verbose: bool, workers_needed: int, workload: str | None = None,
+              program_env: dict | None = None) -> Iterator[tuple[RunLock, "session.Connection"]]:
+    """What every run does before its trainer: the run's lock taken (before Ray starts or anything
+    is written), where Ray is said, Ray connected (``workload``'s or the program's folder shipped,
+    see :func:`launcher.driver.session.connect`), and the job checked to fit the nodes
+    (``workers_needed``: the fewest workers it can start with)."""
+    with holding(storage, spec.name, progress) as lock:
+        _say_where(spec, progress)
+        with session.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
+                             verbose=verbose, workload=workload, program=program_env, lean=True) as conn:
+            startup.mark("ray_ready")
+            placement.check(spec, [n.labels for n in conn.nodes], progress.note)
+            session.check_fits(conn.nodes, workers_needed, spec.cpus_per_worker, spec.gpus_per_worker)
+            yield lock, conn
+
+
+def _say_where(spec, progress) -> None:
+    head = localhead.warm_head_for(spec.address)
+    if not head and not (spec.address or os.environ.get("RAY_ADDRESS")):
+        session.check_local_fit(spec.workers, spec.cpus_per_worker)  # before saying Ray starts
+    if head:
+        progress.note(f"using the warm local Ray at {head['address']} (`launcher down` stops it)")
+    else:
+        address = spec.address or os.environ.get("RAY_ADDRESS")
+        progress.note(f"connecting to Ray at {address}" if address else "starting a local Ray instance")

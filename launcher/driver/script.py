@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
-from launcher.driver import placement, runpath, session, startup, trainer
+from launcher.driver import runpath, session, startup, trainer
 from launcher.driver.program import Program, check_container
 from launcher.driver.progress import Progress
 from launcher.errors import UserError
@@ -100,46 +100,50 @@ def is_shipped(program: Program, address: str | None) -> bool:
     return program.kind == "module" or bool(program.requirements) or joining
 
 
-def run_script(spec, program: Program, args: list[str], *, job_dir: bool = True, out: TextIO | None = None,
-               progress_out: TextIO | None = None, verbose: bool = False, trial_id: str | None = None,
-               on_metrics: Callable[[dict[str, Any]], None] | None = None) -> tuple[int, RunSummary]:
-    """Run ``program`` with ``args`` on spec.workers workers as run ``spec.name``;
-    returns (exit status, summary). A run of the same name continues (the program
-    finds its checkpoints in AIP_CHECKPOINT_DIR).
+@dataclass(frozen=True)
+class ProgramRun:
+    """A program as a run (what :func:`launcher.driver.launch.run` takes besides the spec): what
+    runs, its arguments, whether it gets ``--job-dir RUN_DIR``, and the tuning trial it is
+    (CLOUD_ML_TRIAL_ID; the tuning driver has checked and shipped its folder already)."""
+
+    program: Program
+    args: tuple[str, ...] = ()
+    job_dir: bool = True
+    trial_id: str | None = None
+
+
+def run_program(spec, job: ProgramRun, *, verbose: bool = False, out: TextIO | None = None,
+                progress_out: TextIO | None = None,
+                on_metrics: Callable[[dict[str, Any]], None] | None = None) -> RunSummary:
+    """Run ``job.program`` on spec.workers workers as run ``spec.name`` (through
+    :func:`launcher.driver.launch.run`); the summary's ``exit_status`` is the program's. A run of
+    the same name continues (the program finds its checkpoints in AIP_CHECKPOINT_DIR).
 
     ``out``: where the ranks' ``[rank R]`` lines go (default stderr: progress, not the summary).
-    ``trial_id``: the tuning trial this run is (CLOUD_ML_TRIAL_ID); the tuning driver has
-    checked and shipped the folder already. ``on_metrics``: called with each entry rank 0
-    writes to its hypertune file (on the driver's pump thread).
-
-    Raises:
-        UserError: the backend cannot run here, or the program's dependencies cannot be
-            installed (before it starts).
-        Unreachable: the Ray cluster named by --address does not answer.
+    ``on_metrics``: called with each entry rank 0 writes to its hypertune file (on the driver's
+    pump thread).
     """
     from launcher.driver import code
 
+    program = job.program
     started = time.time()
     out = out or sys.stderr
-    check_container(program, args, spec)  # a container on a machine that cannot start it: one line, nothing started
+    check_container(program, list(job.args), spec)  # a container on a machine that cannot start it: one line
     progress = Progress(0, stream=progress_out or sys.stderr)
     setup_s = check_backend(spec)
     spec = dataclasses.replace(spec, workload=program.label)
     shipped = is_shipped(program, spec.address)
-    if shipped and not session.in_ray_job() and trial_id is None:
+    if shipped and not session.in_ray_job() and job.trial_id is None:
         code.check_size(program.folder, what=f"the {'package' if program.kind == 'module' else 'script'}'s folder")
     storage, log = runpath.open_run(spec, progress)
-    with runpath.holding(storage, spec.name, progress) as lock:
-        runtime_env = program.runtime_env() if shipped and not session.in_ray_job() else None
-        with session.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
-                             verbose=verbose, program=runtime_env, lean=True) as nodes:
-            placement.check(spec, [n.labels for n in nodes], progress.note)
-            session.check_fits(nodes, spec.workers, spec.cpus_per_worker, spec.gpus_per_worker)
-            program_config = program.to_config(shipped)
-            if program.requirements:
-                install_everywhere(program, program_config, nodes, progress)
-            return _run(spec, program, program_config, args, storage, log, lock, job_dir, out, progress, started,
-                        verbose, trial_id, on_metrics, setup_s=setup_s)
+    runtime_env = program.runtime_env() if shipped and not session.in_ray_job() else None
+    with runpath.connected(spec, storage, progress, verbose=verbose, workers_needed=spec.workers,
+                           program_env=runtime_env) as (lock, conn):
+        program_config = program.to_config(shipped)
+        if program.requirements:
+            install_everywhere(program, program_config, conn.nodes, progress)
+        return _run(spec, job, program_config, log, lock, conn, out, progress, started, verbose, on_metrics,
+                    setup_s=setup_s)
 
 
 def check_backend(spec) -> float:
@@ -197,14 +201,14 @@ def install_everywhere(program: Program, config: dict[str, Any], nodes, progress
                   + (f" (installed on {installed})" if installed else " (already there)"))
 
 
-def _run(spec, program: Program, program_config: dict[str, Any], args: list[str], storage, log, lock, job_dir: bool,
-         out: TextIO, progress, started: float, verbose: bool, trial_id: str | None,
-         on_metrics=None, setup_s: float = 0.0) -> tuple[int, RunSummary]:
+def _run(spec, job: ProgramRun, program_config: dict[str, Any], log, lock, conn, out: TextIO, progress,
+         started: float, verbose: bool, on_metrics=None, setup_s: float = 0.0) -> RunSummary:
     import ray
 
     from launcher import backends
     from launcher.driver.events import EventChannel, Mailbox, _on_this_node
 
+    program, args = job.program, list(job.args)
     log.begin({**spec.to_dict(), "program": {"kind": program.kind, "target": program.target,
                                              "folder": program.folder, "args": list(args),
                                              **({"packages": list(program.packages)} if program.archives else {})}})
@@ -213,12 +217,12 @@ def _run(spec, program: Program, program_config: dict[str, Any], args: list[str]
                   f"run {spec.name} (AIP_CHECKPOINT_DIR {run_uri.rstrip('/')}/checkpoints/)")
     sink = Mailbox.options(**_on_this_node()).remote()  # the ranks' lines, statuses, metrics; their roster
     channel = EventChannel(board=False)
-    config = {"program": program_config, "args": list(args), "job_dir": run_uri if job_dir else None, "run_uri": run_uri,
+    config = {"program": program_config, "args": args, "job_dir": run_uri if job.job_dir else None, "run_uri": run_uri,
               "run_name": spec.name, "cwd": os.getcwd(), "backend": spec.backend, "framework": spec.framework,
               "sink": sink, "env": {**gcs.worker_env(), **dict(program.env)}, "notice_s": NOTICE_S,
-              "trial_id": trial_id, "omp_threads": os.environ.get("OMP_NUM_THREADS")}
-    trainer.apply_ray_train_env(fixed=True)  # a program's group never shrinks
-    run_config = ranks_run_config(spec, program, storage, [channel.forwarder, channel.states])
+              "trial_id": job.trial_id, "omp_threads": os.environ.get("OMP_NUM_THREADS")}
+    trainer.apply_ray_train_env(conn.local, fixed=True)  # a program's group never shrinks
+    run_config = ranks_run_config(spec, program, log.storage, [channel.forwarder, channel.states])
     ray_trainer = backends.get(spec.backend).script_trainer(spec, script_worker, config,
                                                             trainer.scaling_config(spec, elastic=False), run_config)
     outcome = Outcome(out)
@@ -257,7 +261,8 @@ def _run(spec, program: Program, program_config: dict[str, Any], args: list[str]
         lock.refresh()
 
     try:
-        fitted = trainer.fit(ray_trainer, drain, verbose=verbose, poll_s=POLL_S, abort=channel.abort, limit_s=spec.max_run_s)
+        fitted = trainer.fit(ray_trainer, drain, local=conn.local, verbose=verbose, poll_s=POLL_S,
+                             abort=channel.abort, limit_s=spec.max_run_s)
     finally:
         channel.close()
         ray.kill(sink)
@@ -285,7 +290,7 @@ def run_reports(log, outcome: Outcome) -> list[dict[str, Any]]:
 
 
 def _finish(spec, program: Program, fitted, outcome: Outcome, restarts: list[Restart], log, progress,
-            started: float, setup_s: float = 0.0) -> tuple[int, RunSummary]:
+            started: float, setup_s: float = 0.0) -> RunSummary:
     if fitted.status == RunStatus.CANCELLED:
         code, message = EXIT_INTERRUPTED, "interrupted; the program was stopped on every worker (the same --name " \
                                           "continues the run)"
@@ -308,7 +313,7 @@ def _finish(spec, program: Program, fitted, outcome: Outcome, restarts: list[Res
         wall_s=round(time.time() - started - setup_s, 2), setup_s=round(setup_s, 2),
         launch=log.launch, run_dir=log.uri(), error=message,
         model=model_dir if log.storage.exists(spec.name, "model") else None, mlflow=log.tracked(),
-        exit_codes={str(r): s for r, s in sorted(outcome.last_statuses().items())})
+        exit_codes={str(r): s for r, s in sorted(outcome.last_statuses().items())}, exit_status=code)
     try:
         log.finish(summary.to_json())
     except OSError as exc:
@@ -316,4 +321,4 @@ def _finish(spec, program: Program, fitted, outcome: Outcome, restarts: list[Res
                                                 f"({exc.strerror or type(exc).__name__})")))
     if message:
         progress.note(f"error: {message}")
-    return code, summary
+    return summary

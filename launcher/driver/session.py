@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Mapping
 
 from launcher import _ray
 from launcher._ray import JOB_CONFIG_ENV
-from launcher.driver import localhead, trainer
+from launcher.driver import localhead
 from launcher.driver.reaper import Reaper
 from launcher.errors import Unreachable, UserError
 
@@ -62,11 +62,22 @@ def _quiet_ray_loggers(verbose: bool) -> None:
         logging.getLogger(name).setLevel(level)
 
 
+@dataclass(frozen=True)
+class Connection:
+    """This process's connection to Ray, as :func:`connect` yields it."""
+
+    nodes: list[NodeResources]   # the alive nodes when it connected
+    # A local Ray the launcher runs (this launch's own, or `launcher up`'s warm head): no node of it
+    # is preempted and no autoscaler answers resource requests. False on any other cluster, and
+    # where Ray was initialised before connect() (a tuning trial inside its search's Ray).
+    local: bool = False
+
+
 @contextlib.contextmanager
 def connect(address: str | None, *, workers: int, cpus_per_worker: float, verbose: bool = False,
             workload: str | None = None, program: dict | None = None,
-            lean: bool = False) -> Iterator[list[NodeResources]]:
-    """Yield the alive nodes' resources; shut Ray down afterwards only if we started it.
+            lean: bool = False) -> Iterator[Connection]:
+    """Yield the :class:`Connection`; shut Ray down afterwards only if we started it.
 
     ``lean``: a training launch; a local Ray it starts runs without :data:`IDLE_DAEMONS`.
 
@@ -83,8 +94,9 @@ def connect(address: str | None, *, workers: int, cpus_per_worker: float, verbos
     if not ray.is_initialized() and not address and not head:
         reaper = Reaper().start()  # a SIGKILLed driver leaves no Ray process of its own behind
     try:
-        with _ray_started(address, head, workers, cpus_per_worker, workload, verbose, program, lean):
-            yield alive_nodes()
+        with _ray_started(address, head, workers, cpus_per_worker, workload, verbose, program, lean) as started:
+            # A local Ray this launch started, or the warm head: nothing preempts this machine's node.
+            yield Connection(alive_nodes(), local=started and (bool(head) or not address))
     finally:
         if reaper is not None:
             reaper.done()
@@ -115,12 +127,9 @@ def _ray_started(address, head, workers, cpus_per_worker, workload, verbose, pro
             ray.shutdown()
             raise KeyboardInterrupt
 
-    # A local Ray this launch started, or the warm head: nothing preempts this machine's node.
-    trainer.set_local_ray(started and (bool(head) or not address))
     try:
         yield started
     finally:
-        trainer.set_local_ray(False)
         if started:
             if not (address or head):
                 # Ray's shutdown stops its processes one at a time, the GCS before the autoscaler

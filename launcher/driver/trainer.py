@@ -49,21 +49,6 @@ _SET_HERE: dict[str, str] = {}  # what apply_ray_train_env set, and to what (the
 # An elastic group looks for room to grow back this often (Ray Train's default: 60 s, so a
 # replacement node that joined waited up to a minute before the group used it).
 RESIZE_CHECK_S = 5.0
-_local_ray = False  # connected to a local Ray the launcher runs: this launch's own, or the warm head
-
-
-def set_local_ray(value: bool) -> None:
-    """Called by launcher.driver.session when it connects (True: a local Ray this launch started,
-    or `launcher up`'s warm head) and when it disconnects (False)."""
-    global _local_ray
-    _local_ray = bool(value)
-
-
-def on_cluster() -> bool:
-    """Connected to a cluster the launcher did not start (its nodes, and an autoscaler, come and go)."""
-    return not _local_ray
-
-
 def _watcher_on() -> bool:
     """Ray Train's preemption watcher is on (read as Ray reads its boolean settings)."""
     value = os.environ.get(PREEMPTION_WATCHER_ENV)
@@ -77,13 +62,13 @@ def notices_possible() -> bool:
     return _watcher_on()
 
 
-def restarts_possible(spec) -> bool:
+def restarts_possible(spec, local: bool) -> bool:
     """Whether Ray Train can restart this run's worker group (after :func:`apply_ray_train_env`):
     a failure budget, preemptions it watches for, or an elastic group on a cluster whose nodes
     come and go. Without any, nothing needs to track how far each group got."""
     if spec.max_failures != 0 or _watcher_on():
         return True
-    return not _local_ray and spec.min_workers is not None
+    return not local and spec.min_workers is not None
 
 
 # A fixed-size group waiting for a node Ray Train asks for (on GCE, a preempted VM's replacement:
@@ -92,10 +77,10 @@ START_TIMEOUT_ENV = "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
 FIXED_START_TIMEOUT_S = 900.0
 
 
-def apply_ray_train_env(fixed: bool = False) -> None:
+def apply_ray_train_env(local: bool, fixed: bool = False) -> None:
     """Set :func:`ray_train_env` here (values the user set win), before a trainer is built.
 
-    On a local Ray the launcher runs (:func:`set_local_ray`: the launch's own or the warm head) no
+    On a ``local`` Ray the launcher runs (see :class:`launcher.driver.session.Connection`) no
     node is preempted, so Ray Train's preemption watcher is left out: one process less starting
     while the workers set up (0.6-1.2 s of a warm 2-worker start on 2 cores), and no drain-state
     poll every second (on 2 cores an idle Ray actor costs about 0.7 % of a core). To rehearse a
@@ -103,7 +88,7 @@ def apply_ray_train_env(fixed: bool = False) -> None:
     RAY_TRAIN_ENABLE_PREEMPTION_WATCHER=1: a value the user set wins. On a cluster, a ``fixed``-size
     group waits up to :data:`FIXED_START_TIMEOUT_S` for its nodes."""
     wanted = ray_train_env()
-    if _local_ray:
+    if local:
         wanted[PREEMPTION_WATCHER_ENV] = "0"
     elif fixed:
         # An elastic group keeps Ray's 60 s: it tries again at the size that fits then.
@@ -191,16 +176,16 @@ def stop_running(reason: str, timeout_s: float = 30.0) -> int:
     return sum(bool(run.abort(timeout_s)) for run in running)
 
 
-def prepare_trainer(ray_trainer):
-    """The launcher's settings that depend on the Ray this process is connected to: on a local
+def prepare_trainer(ray_trainer, local: bool):
+    """The launcher's settings that depend on the Ray this process is connected to: on a ``local``
     Ray there is no autoscaler, so a fixed-size group sends it no resource requests (see
     launcher.backends.raytrain.FixedWithoutRequests). Returns ``ray_trainer``."""
-    if _local_ray and hasattr(ray_trainer, "request_resources"):
+    if local and hasattr(ray_trainer, "request_resources"):
         ray_trainer.request_resources = False
     return ray_trainer
 
 
-def fit(trainer, drain: Callable[[], None], *, verbose: bool = False, poll_s: float = POLL_S,
+def fit(trainer, drain: Callable[[], None], *, local: bool, verbose: bool = False, poll_s: float = POLL_S,
         abort: Callable[[float], bool] | None = None, limit_s: float | None = None,
         memory: Callable[[], dict[str, Any]] | None = None) -> FitOutcome:
     """``trainer.fit()`` while a thread calls ``drain()`` every ``poll_s`` (and once after).
@@ -210,8 +195,9 @@ def fit(trainer, drain: Callable[[], None], *, verbose: bool = False, poll_s: fl
     memory: its memory, from Ray's word and ``memory()``, the workers' peaks so far, and the fix).
     ``abort(timeout_s)`` lets :func:`stop_running` end the run from another thread, as
     CANCELLED too; so does ``limit_s`` (``--max-run-s``) once the fit has run that long.
+    ``local``: the Connection's (see :func:`prepare_trainer`).
     """
-    prepare_trainer(trainer)
+    prepare_trainer(trainer, local)
     stop = threading.Event()
     me = _Abortable(abort) if abort is not None else None
     if me is not None:

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, TextIO
 
-from launcher.driver.script import run_script
+from launcher.driver.script import ProgramRun
 from launcher.driver.trainer import stop_running
 from launcher.lab.metadata import FakeMetadataServer
 from launcher.preemption.drain import short_node_id
@@ -64,7 +64,7 @@ def run_in_background(spec, note: Callable[[str], None] | None = None, program=N
 
 class BackgroundRun:
     """A run in a thread of this process (connected to the lab's cluster): ``launcher.driver.run(spec)``,
-    or, given a ``program`` (a --script or --package), ``run_script`` with ``program_args``."""
+    or, given a ``program`` (a --script or --package), that program with ``program_args``."""
 
     def __init__(self, spec, note=None, program=None, program_args: list[str] | None = None,
                  job_dir: bool = True, out: TextIO | None = None) -> None:
@@ -95,14 +95,14 @@ class BackgroundRun:
 
     def _run(self) -> None:
         try:
-            if self.program is None:
-                from launcher.driver import launch
+            from launcher.driver import launch
 
+            if self.program is None:
                 self.summary = launch.run(self.spec, show_progress=self.note is not None)
             else:
-                self.exit_code, self.summary = run_script(self.spec, self.program, self.program_args,
-                                                          job_dir=self.job_dir, out=self.out or sys.stderr,
-                                                          progress_out=self.out)
+                job = ProgramRun(self.program, tuple(self.program_args), job_dir=self.job_dir)
+                self.summary = launch.run(self.spec, job, out=self.out or sys.stderr, progress_out=self.out)
+                self.exit_code = self.summary.exit_status
         except BaseException as exc:  # noqa: BLE001 - handed to the caller of wait()
             self.error = exc
         finally:

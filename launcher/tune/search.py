@@ -83,12 +83,12 @@ def run(study: Study, *, verbose: bool = False, out: TextIO | None = None) -> Ou
             session.check_local_fit(workers, study.spec.cpus_per_worker)
         with session.connect(study.spec.address, workers=workers, cpus_per_worker=study.spec.cpus_per_worker,
                              verbose=verbose, workload=study.spec.workload if study.program is None else None,
-                             program=study.program.runtime_env() if shipped else None) as nodes:
-            placement.check(study.spec, [n.labels for n in nodes], lambda text: note(out, text))
-            _check_fits(study, nodes)
+                             program=study.program.runtime_env() if shipped else None) as conn:
+            placement.check(study.spec, [n.labels for n in conn.nodes], lambda text: note(out, text))
+            _check_fits(study, conn.nodes)
             if study.program is not None and study.program.requirements:
-                install_everywhere(study.program, study.program.to_config(shipped), nodes, _Notes(out))
-            trials, tally = _fit(study, storage, verbose, out, lock)
+                install_everywhere(study.program, study.program.to_config(shipped), conn.nodes, _Notes(out))
+            trials, tally = _fit(study, storage, verbose, out, lock, conn.local)
     except BaseException:
         if tracking is not None:
             tracking.end(RunStatus.CANCELLED)
@@ -177,11 +177,11 @@ def _check_fits(study: Study, nodes) -> None:
                         f"set maxParallelTrials to {can // spec.workers} or less, use fewer --workers, or add nodes")
 
 
-def _fit(study: Study, storage, verbose: bool, out: TextIO, lock) -> tuple[list, Any]:
+def _fit(study: Study, storage, verbose: bool, out: TextIO, lock, local: bool) -> tuple[list, Any]:
     """Build (or restore) the Tuner, run it, and return its trials and the tally of what happened."""
     from ray import tune
 
-    trainer.apply_ray_train_env()
+    trainer.apply_ray_train_env(local)
     os.environ["TUNE_DISABLE_STRICT_METRIC_CHECKING"] = "1"  # the Watch names a missing metric in one line
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # verbose=0 then prints nothing: the Watch says it all
     if not verbose:

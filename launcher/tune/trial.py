@@ -8,8 +8,7 @@ preemptions. Because the run's name is the trial's id, a trial that Ray Tune
 starts again (its actor's node was lost, or the tuning run is launched again)
 resumes from that run's last checkpoint instead of starting over.
 
-The run's own driver (:func:`launcher.driver.launch.run` or
-:func:`launcher.driver.script.run_script`) hands each epoch's metrics (or each
+The run's own driver (:func:`launcher.driver.launch.run`, for a workload or a program) hands each epoch's metrics (or each
 hypertune entry of a program) to :class:`Reporter`, which reports them to Tune
 from the driver's pump thread; Tune's schedulers (ASHA) act on them.
 
@@ -27,7 +26,7 @@ import sys
 import threading
 from typing import Any
 
-from launcher.driver.script import run_script
+from launcher.driver.script import ProgramRun
 from launcher.driver.trainer import stop_running
 from launcher.summary import RunStatus
 from launcher.worker.vertex import metric_values
@@ -125,14 +124,13 @@ def run_trial(config: dict[str, Any], study) -> None:
                         last_epoch=None if study.program is not None else spec.epochs)
     print(f"trial {trial_id}: {values}", flush=True)
     try:
-        if study.program is not None:
-            code, summary = run_script(spec, study.program, study.trial_args(values), job_dir=study.job_dir,
-                                       out=sys.stdout, progress_out=sys.stderr, trial_id=trial_id,
-                                       on_metrics=reporter)
-        else:
-            from launcher.driver import launch
+        from launcher.driver import launch
 
-            summary = launch.run(spec, show_progress=False, on_epoch=reporter)
+        if study.program is not None:
+            job = ProgramRun(study.program, tuple(study.trial_args(values)), job_dir=study.job_dir, trial_id=trial_id)
+            summary = launch.run(spec, job, out=sys.stdout, progress_out=sys.stderr, on_report=reporter)
+        else:
+            summary = launch.run(spec, show_progress=False, on_report=reporter)
     finally:
         progress.ran.set()
     if summary.status == RunStatus.SUCCEEDED and not reporter.sent and summary.metrics:
