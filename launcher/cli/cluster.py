@@ -19,9 +19,9 @@ import subprocess
 import sys
 import tempfile
 
-import launcher
 from cluster.spec import ClusterSpec
 from launcher import __version__, schema
+from launcher._deferred import checkout
 from launcher.cli.options import EXIT_FAILED, EXIT_OK, Parser
 from launcher.errors import LauncherError, UserError
 
@@ -88,19 +88,8 @@ def spec_from_args(args: argparse.Namespace):
         overrides["project"] = _env_project()
     # The source goes to the nodes to be installed, or for scripts/install-horovod.
     if (spec.install is None and overrides.get("install") is None) or spec.horovod or overrides.get("horovod"):
-        overrides["source_dir"] = project_source_dir()
+        overrides["source_dir"] = checkout()
     return spec.merged(overrides).validated()
-
-
-def project_source_dir() -> str | None:
-    """This project's checkout (the folder with pyproject.toml above launcher/), or None if installed."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(launcher.__file__)))
-    path = os.path.join(root, "pyproject.toml")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return root if 'name = "launcher"' in f.read() else None
-    except OSError:
-        return None
 
 
 def _config(args: argparse.Namespace) -> int:
