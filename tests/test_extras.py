@@ -109,8 +109,16 @@ def test_an_import_of_a_missing_extra_anywhere_in_a_command_is_named_with_the_co
 def test_compute_engine_commands_name_the_cluster_extra(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "google.cloud.compute_v1", None)
     assert main(["cluster", "preemptions", "--project", "p", "--zone", "us-central1-a"]) == 2
-    assert one_line(capsys) == ("error: Compute Engine's API (launcher cluster preflight, up, down, preemptions) "
-                                "needs google.cloud.compute_v1, which is not installed here; " + install("cluster"))
+    assert one_line(capsys) == ("error: `launcher cluster preemptions` needs google.cloud.compute_v1, which is not "
+                                "installed here; " + install("cluster"))
+    monkeypatch.setitem(sys.modules, "googleapiclient", None)  # Ray's GCP provider: `ray up` / `ray down`
+    assert main(["cluster", "down", "cluster.yaml"]) == 2
+    assert "`launcher cluster down` needs google.cloud.compute_v1" in one_line(capsys)
+    from cluster.compute import Compute
+
+    with pytest.raises(UserError, match=r"^Compute Engine's API \(launcher cluster preflight, up, down, "
+                                        r"preemptions\) needs google.cloud.compute_v1"):
+        Compute("p")
 
 
 def test_the_cloud_storage_emulator_names_the_lab_extra(monkeypatch, capsys, tmp_path):
