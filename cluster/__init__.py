@@ -8,5 +8,6 @@ the node type names and Ray node labels that say which a node is), spec.py
 the GCP provider), compute.py (google-cloud-compute look-ups, and deleting the
 VMs `ray down` leaves), preflight.py (checks before `ray up`). Ray stays the
 provisioner. This package never imports workloads/; from launcher/ it
-uses only the leaf modules errors, schema and gcs.
+uses only the leaf modules errors, schema, gcs and _deferred (the cluster extra
+that google-cloud-compute comes in).
 """

@@ -18,6 +18,7 @@ import datetime as _dt
 import os
 from dataclasses import dataclass
 
+from launcher import _deferred
 from launcher.errors import Unreachable, UserError
 
 ENDPOINT_ENV = "LAUNCHER_COMPUTE_ENDPOINT"
@@ -75,6 +76,7 @@ class Compute:
     """One project's Compute Engine API; each method returns None for a resource that does not exist."""
 
     def __init__(self, project: str, endpoint: str | None = None) -> None:
+        _deferred.require("cluster", "Compute Engine's API (launcher cluster preflight, up, down, preemptions)")
         self.project = project
         self.endpoint = endpoint if endpoint is not None else os.environ.get(ENDPOINT_ENV) or None
         self._clients: dict[str, object] = {}

@@ -25,8 +25,10 @@ launcher adds over a hand-written file:
   carries Ray node labels saying which it is (:mod:`cluster.machines`), so a
   run's ``--machine-type`` places its ranks on those nodes;
 - the same launcher on every node: the project source is copied to
-  ``~/launcher`` and pip-installed (pinned dependencies included), or a
-  command of your own (``install``) runs instead.
+  ``~/launcher`` and pip-installed (pinned dependencies included) with the
+  extras the spec names (``extras``; the core alone by default, and
+  ``horovod`` when Horovod is built), or a command of your own (``install``)
+  runs instead.
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"  # CPU-only VMs skip GB
 UV_VERSION = "0.13.9"
 PYTHON_VERSION = "3.11"
 VENV = "~/launcher-venv"
-# Ray's GCP provider, run by the autoscaler on the head, imports these (pyproject.toml pins the same).
+# Ray's GCP provider, run by the autoscaler on the head, imports these (pyproject.toml's cluster extra pins the same).
 GOOGLE_API_CLIENT = ("google-api-python-client==2.202.0", "google-auth-httplib2==0.4.4")
 # How long a GPU node waits for its NVIDIA driver (installed at first boot on some images).
 DRIVER_WAIT_S = 300
@@ -280,8 +282,10 @@ def _install_commands(spec: ClusterSpec, version: str, gpu: bool, head: bool) ->
     if spec.install is not None:
         install = spec.install
     else:
-        extra = "" if gpu else f" --extra-index-url {CPU_TORCH_INDEX}"
-        install = f"pip install --quiet{extra} {REMOTE_SOURCE}"
+        index = "" if gpu else f" --extra-index-url {CPU_TORCH_INDEX}"
+        extras = sorted(set(spec.extras) | ({"horovod"} if spec.horovod else set()))
+        # ~ expands before the quote; the brackets are quoted (a glob to the shell otherwise)
+        install = f"pip install --quiet{index} {REMOTE_SOURCE}" + (f"'[{','.join(extras)}]'" if extras else "")
     commands = [install,
                 f"python -c 'import launcher, sys; v = launcher.__version__; "
                 f"sys.exit(0 if v == \"{version}\" else \"launcher \" + v + \" installed, {version} wanted\")'"]

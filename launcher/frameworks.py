@@ -9,7 +9,9 @@ One entry per framework, and the one place that knows how they differ:
   datasets a Ray Train function of it reads (:meth:`Framework.native_backend`);
 - for an unmodified program on the native backend, the environment its platform would give
   it and how many threads it may use (:meth:`Framework.program_env`, ``program_threads``);
-- how a run's progress counts (``step_word``: XGBoost's steps are boosting rounds).
+- how a run's progress counts (``step_word``: XGBoost's steps are boosting rounds);
+- which extra of the launcher installs it (``extra``; torch is in the core): a run of our
+  session or loop checks it on the driver and on each worker (:meth:`Framework.require`).
 
 ``framework == "..."`` is written here and in the spec's validation, nowhere else. The
 registry sits below the worker and the backends in the import order (both read it), so it
@@ -25,6 +27,7 @@ import socket
 from typing import Any
 
 import workloads
+from launcher import _deferred
 from launcher.errors import UserError
 
 
@@ -44,9 +47,17 @@ class Framework:
     joins_checkpoints = False     # `launcher checkpoint export` makes one model file of its checkpoints
     program_threads: str | None = None  # OMP_NUM_THREADS for a program on the native backend (None: all cores)
     program_env_names: tuple[str, ...] = ()  # what program_env() sets that a user would look for by name
+    extra: str | None = None      # the launcher's extra that installs it (pyproject.toml), None: the core
+
+    def require(self) -> None:
+        """The one-line UserError when our code would train with this framework and its extra is
+        not installed here (a program brings its own framework)."""
+        if self.extra:
+            _deferred.require(self.extra, f"--framework {self.name}")
 
     def configure(self, spec) -> None:
         """On the worker, before the training code (and with it the framework) is imported."""
+        self.require()  # a node set up without the extra
 
     def train(self, spec, backend, function, config: dict[str, Any], started: float) -> None:
         """On the worker: join the backend's workers and train with our session (or loop)."""
@@ -111,8 +122,10 @@ class Torch(Framework):
 class TensorFlow(Framework):
     name = "tensorflow"
     program_env_names = ("TF_CONFIG",)
+    extra = "tensorflow"
 
     def configure(self, spec) -> None:
+        super().configure(spec)
         # The legacy tf.keras, and TensorFlow's thread pools sized to the worker's CPUs.
         _part("launcher.worker.tf_loop:configure_tensorflow")(max(1, int(spec.cpus_per_worker)))
 
@@ -145,6 +158,7 @@ class TensorFlow(Framework):
 class XGBoost(Framework):
     name = "xgboost"
     step_word = "rounds"
+    extra = "xgboost"
     counts_epochs = False
     line_per_checkpoint = True
 

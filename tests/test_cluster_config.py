@@ -141,14 +141,34 @@ def test_install_source_and_horovod():
     assert {".venv", ".git", "/runs"} <= set(config["rsync_exclude"])
     for key in ("head_setup_commands", "worker_setup_commands"):
         commands = config[key]
+        # Horovod's build needs TensorFlow: the horovod extra
         assert commands[0].endswith("pip install --quiet --extra-index-url https://download.pytorch.org/whl/cpu "
-                                    "~/launcher")
+                                    "~/launcher'[horovod]'")
         assert '"0.1.0"' in commands[1]  # the node checks it got this very version
         # Horovod's build needs cmake 3 and a compiler, installed first; CPU nodes build with Gloo only.
         assert commands[-2].endswith("install -y cmake g++") and "apt-get" in commands[-2]
         assert commands[-1] == "cd ~/launcher && scripts/install-horovod"
     custom = build(preset="basic", install="pip install launcher==0.1.0", source_dir=None)
     assert custom["head_setup_commands"][0] == "pip install launcher==0.1.0" and custom["file_mounts"] == {}
+
+
+def test_nodes_install_the_core_and_the_extras_the_spec_names(tmp_path):
+    import subprocess
+
+    assert build(preset="standard-1")["worker_setup_commands"][0].endswith(" ~/launcher")  # the core alone
+    config = build(preset="standard-1", extras="xgboost,tensorflow", horovod=True)
+    install = config["worker_setup_commands"][0]
+    assert install.endswith(" ~/launcher'[horovod,tensorflow,xgboost]'")
+    # The shell expands ~ and leaves the brackets to pip (unquoted, they are a glob).
+    (tmp_path / "launcherh").mkdir()  # a file the glob [horovod,...] would match
+    said = subprocess.run(["bash", "-c", "echo " + install.split(" ")[-1]], env={"HOME": str(tmp_path)},
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert said == f"{tmp_path}/launcher[horovod,tensorflow,xgboost]"
+    with pytest.raises(UserError, match=r"--extras: unknown extra 'tensorfow' \(did you mean tensorflow\?\); "
+                                        r"valid: tensorflow, xgboost, horovod, tune, mlflow, cluster, lab, all"):
+        build(extras="tensorfow")
+    with pytest.raises(UserError, match="--install replaces that install"):
+        build(extras="mlflow", install="pip install launcher==0.1.0", source_dir=None)
 
 
 def test_horovod_on_gpu_nodes_builds_with_nccl(tmp_path):
@@ -482,7 +502,7 @@ def test_pyproject_pins_what_the_nodes_need():
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         project = tomllib.load(f)["project"]
     assert project["requires-python"] == ">=3.11"
-    assert set(GOOGLE_API_CLIENT) <= set(project["dependencies"])
+    assert set(GOOGLE_API_CLIENT) <= set(project["optional-dependencies"]["cluster"])
     # Ray's GCP provider imports it: `ray up` works from this environment.
     from ray.autoscaler._private.gcp import node_provider  # noqa: F401
 

@@ -237,7 +237,7 @@ def test_ray_up_over_ssh_trains_and_ray_down_leaves_nothing(gcs_emulator, bucket
     import time
 
     import launcher
-    from launcher.cli.cluster import project_source_dir
+    from launcher._deferred import checkout
     from launcher.lab.ray_up import RehearsalFailed, rehearse_up
     from launcher.lab.sshd import missing_tools
 
@@ -245,7 +245,7 @@ def test_ray_up_over_ssh_trains_and_ray_down_leaves_nothing(gcs_emulator, bucket
     if missing:
         pytest.skip(f"the ray up rehearsal needs {', '.join(missing)} (CI installs openssh-server and rsync)")
     config = ray_cluster_config(ClusterSpec.from_mapping({
-        "project": "my-project", "cluster_name": "rehearse-up", "source_dir": project_source_dir()}).validated(),
+        "project": "my-project", "cluster_name": "rehearse-up", "source_dir": checkout()}).validated(),
         launcher.__version__)
     lines: list[str] = []
     start = time.monotonic()

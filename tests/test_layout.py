@@ -298,6 +298,14 @@ def test_imports_point_one_way():
             assert not [t for t in targets if t.startswith("workloads")], f"{module} imports a workload"
 
 
+def test_the_lab_is_a_layer_only_commands_and_benchmarks_use():
+    # launcher/lab/ stands in for the cloud (`launcher cluster rehearse`, `launcher preemption demo`, the
+    # Cloud Storage emulator, `launcher bench preemption`): no run, tuning or prediction reaches it.
+    users = {m for m, targets in GRAPH.items()
+             if not m.startswith("launcher.lab") and any(t.startswith("launcher.lab") for t in targets)}
+    assert users and not [m for m in users if not m.startswith(("launcher.cli.", "benchmarks."))], users
+
+
 def test_benchmarks_use_only_the_public_api():
     for module in (m for m in MODULES if m.startswith("benchmarks")):
         tree = ast.parse(open(MODULES[module], encoding="utf-8").read())

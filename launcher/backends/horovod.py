@@ -26,7 +26,7 @@ import threading
 import time
 import warnings
 
-from launcher import frameworks
+from launcher import _deferred, frameworks
 from launcher.backends.base import Backend, TFComm, TorchComm
 
 HVD_VERSION = "0.28.1"
@@ -89,6 +89,7 @@ def build_on_first_use(framework: str, note) -> None:
     # the set-up the driver times (launcher.driver.startup.setup_phase) and leaves out of the run.
     if framework not in EXTENSIONS or installed() or not os.access(INSTALL_SCRIPT, os.X_OK):
         return
+    _deferred.require("horovod", "--backend horovod (its build, with TensorFlow's extension)")
     note(f"--backend horovod: Horovod {HVD_VERSION} is not installed in this environment yet; installing it "
          f"now, once (a build takes about 8 minutes on 2 idle cores, a cached wheel seconds; log: {BUILD_LOG})")
     started = time.time()

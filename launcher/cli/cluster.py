@@ -19,9 +19,8 @@ import subprocess
 import sys
 import tempfile
 
-import launcher
 from cluster.spec import ClusterSpec
-from launcher import __version__, schema
+from launcher import __version__, _deferred, schema
 from launcher.cli.options import EXIT_FAILED, EXIT_OK, Parser
 from launcher.errors import LauncherError, UserError
 
@@ -72,6 +71,8 @@ def add_parsers(sub) -> None:
 
 
 def cmd_cluster(args: argparse.Namespace) -> int:
+    if args.cluster_command in ("preflight", "up", "down", "preemptions") and not getattr(args, "dry_run", False):
+        _deferred.require("cluster", f"`launcher cluster {args.cluster_command}`")  # Compute Engine's clients
     return {"config": _config, "preflight": _preflight, "up": _up, "down": _down, "rehearse": _rehearse,
             "preemptions": _preemptions}[args.cluster_command](args)
 
@@ -88,19 +89,8 @@ def spec_from_args(args: argparse.Namespace):
         overrides["project"] = _env_project()
     # The source goes to the nodes to be installed, or for scripts/install-horovod.
     if (spec.install is None and overrides.get("install") is None) or spec.horovod or overrides.get("horovod"):
-        overrides["source_dir"] = project_source_dir()
+        overrides["source_dir"] = _deferred.checkout()
     return spec.merged(overrides).validated()
-
-
-def project_source_dir() -> str | None:
-    """This project's checkout (the folder with pyproject.toml above launcher/), or None if installed."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(launcher.__file__)))
-    path = os.path.join(root, "pyproject.toml")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return root if 'name = "launcher"' in f.read() else None
-    except OSError:
-        return None
 
 
 def _config(args: argparse.Namespace) -> int:

@@ -17,6 +17,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
+from launcher import _deferred
+
 FRAMEWORKS = ("torch", "tensorflow", "xgboost", "scikit-learn")
 SETUP_HINT = "run scripts/setup-env (or pip install -e .) to install the pinned dependencies"
 # How to import each framework the way the launcher does (TF: legacy tf.keras).
@@ -58,7 +60,9 @@ def probe_framework(name: str) -> tuple[bool, str]:
         return True, f"{name} {done.stdout.strip().splitlines()[-1]}"
     lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip()]
     why = lines[-1][:200] if lines else f"exit status {done.returncode}"
-    return False, f"{name} does not import ({why}); {SETUP_HINT}"
+    extra = _deferred.extra_of(name)  # TensorFlow and XGBoost come in extras of their own
+    fix = f"install the launcher's {extra} extra: {_deferred.install_command(extra)}" if extra else SETUP_HINT
+    return False, f"{name} does not import ({why}); {fix}"
 
 
 def backend_check(backend, framework: str, framework_ok: tuple[bool, str]) -> Check:

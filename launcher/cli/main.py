@@ -14,7 +14,7 @@ import sys
 import traceback
 from typing import Sequence
 
-from launcher import __version__
+from launcher import __version__, _deferred
 from launcher.cli import bench, checkpoint, cluster, data, doctor, jobs, local, predict, preemption, run, runs, tune
 from launcher.cli.options import EXIT_CANCELLED, EXIT_USAGE, Parser
 from launcher.driver import startup
@@ -57,6 +57,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     verbose = "-v" in argv or "--verbose" in argv
+    args = None
     try:
         args = parser.parse_args(argv)
         if not args.command:
@@ -70,12 +71,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         if argv_given is None and args.command == "run":
             _exit_now(code)
         return code
-    except LauncherError as exc:  # UserError: exit 2; Unreachable: exit 1
+    except (LauncherError, ModuleNotFoundError) as exc:  # UserError: exit 2; Unreachable: exit 1
         if verbose:
             traceback.print_exc()
+        if isinstance(exc, ModuleNotFoundError):  # a library of an extra that is not installed: name it
+            extra = _deferred.extra_of(exc.name or "")
+            if extra is None or args is None:
+                raise
+            exc = _deferred.extra_error(exc.name, extra, _command(args))
         # One line, whatever a library put into the message.
         print("error: " + " ".join(line.strip() for line in str(exc).splitlines() if line.strip()), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt as exc:  # a command may say what the interruption left behind
         print(f"interrupted: {exc}" if str(exc) else "interrupted", file=sys.stderr)
         return EXIT_CANCELLED
+
+
+def _command(args) -> str:
+    """``launcher cluster rehearse``: the command and its action, as typed."""
+    action = getattr(args, f"{args.command}_command", None)
+    return f"`launcher {args.command}{' ' + action if isinstance(action, str) else ''}`"

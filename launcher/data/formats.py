@@ -22,6 +22,7 @@ import json
 import os
 import tarfile
 
+from launcher import _deferred
 from launcher.data.index import KINDS, ShardError, ShardInfo
 from launcher.errors import UserError
 
@@ -81,7 +82,7 @@ def read_shard(kind: str, path: str, fields: dict | None = None) -> list:
         raise ShardError(path, "", "no such file")
     try:
         return reader(path, fields or {})
-    except ShardError:
+    except UserError:  # a ShardError, or an extra not installed: one line already
         raise
     except Exception as exc:  # each library's own parse errors: pyarrow's, tarfile's, TensorFlow's
         raise ShardError(path, "", f"not a readable {kind} shard ({error_text(exc)})") from None
@@ -300,6 +301,7 @@ def _add_member(tar: tarfile.TarFile, name: str, value) -> None:
 # -- tfrecord -----------------------------------------------------------------------------------
 
 def _tensorflow():
+    _deferred.require("tensorflow", "a tfrecord shard")
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf
 

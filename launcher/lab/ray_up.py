@@ -42,6 +42,7 @@ from typing import Callable
 
 import yaml
 
+from launcher import _deferred
 from launcher.errors import LauncherError, UserError
 from launcher.lab.compute_api import Call, ComputeAPI
 from launcher.lab.compute_world import World
@@ -344,7 +345,10 @@ def rehearse_up(config: dict, emulator_url: str, bucket: str, quotas: dict[str, 
 
     Raises:
         RehearsalFailed: a stage failed (what it printed last is said first); the cluster is taken down.
+        UserError: the lab extra is not installed.
     """
+    for extra in ("lab", "cluster"):
+        _deferred.require(extra, "`launcher cluster rehearse --up`")
     report = UpReport()
     root = tempfile.mkdtemp(prefix="lrh-", dir="/tmp")  # short: Ray's socket paths live under it
     try:

@@ -53,7 +53,7 @@ from ray.autoscaler.tags import (NODE_KIND_HEAD, NODE_KIND_WORKER, STATUS_UNINIT
 
 from cluster.compute import Compute, delete_left_vms
 from cluster.preflight import scheduling_check
-from launcher import _ray
+from launcher import _deferred, _ray
 from launcher.errors import UserError
 from launcher.lab.compute_api import STOPPED, Call, ComputeAPI
 from launcher.lab.compute_rules import Refusal
@@ -108,8 +108,10 @@ def rehearse(config: dict, quotas: dict[str, float] | None = None, bootstrap: bo
         say: where the lines go, one per request and phase.
 
     Raises:
-        UserError: the file is not a GCP cluster file the rehearsal can read.
+        UserError: the file is not a GCP cluster file the rehearsal can read, or the cluster extra
+            (Ray's GCP provider's Google API client) is not installed.
     """
+    _deferred.require("cluster", "`launcher cluster rehearse`")
     config = _rehearsal_copy(config)
     provider_config = config["provider"]
     report = Report()

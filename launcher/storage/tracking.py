@@ -39,6 +39,7 @@ import warnings
 from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
+from launcher import _deferred
 from launcher.errors import Unreachable, UserError
 from launcher.storage.runlog import read_jsonl
 from launcher.storage.store import Storage
@@ -202,6 +203,7 @@ class Tracking:
 
     def _connect_now(self) -> None:
         if self.client is None:
+            _deferred.require("mlflow", "--mlflow")
             with self._said():
                 from mlflow.tracking import MlflowClient
 

@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from launcher import schema
+from launcher import _deferred, schema
 from launcher.errors import UserError
 from launcher.spec import JobSpec
 from launcher.tune.hyperparams import Hyperparameters, parse
@@ -108,7 +108,10 @@ class Study:
         return out
 
     def check(self) -> None:
-        """UserError unless every parameter maps to something and its extremes are valid."""
+        """UserError unless every parameter maps to something and its extremes are valid, and the
+        search's library is installed."""
+        if self.hp.algorithm == "ALGORITHM_UNSPECIFIED":
+            _deferred.require("tune", f"{self.source}: the default search (algorithm ALGORITHM_UNSPECIFIED, Optuna's)")
         metric = self.metric()
         if self.program is None and not _is_user_workload(self.spec.workload) and metric not in BUILTIN_METRICS:
             raise UserError(f"{self.source}: hyperparameterMetricTag {metric!r} is not reported by "
