@@ -270,7 +270,6 @@ def write_results(rows: list[dict], skipped: list[dict], copy_bw: float, info: d
              title="allreduce time (latency at small sizes)")
     for ax in (ax_bw, ax_t):
         ax.legend()
-    fig.suptitle(f"{info['cpu_model']} ({info['cpu_cores']} cores), {info['date_utc']}", fontsize=8)
     payload = {"machine": info, "copy_bandwidth_gb_s": copy_bw / 1e9, "unavailable": skipped,
                "definitions": {"algbw": "bytes / time", "busbw": "algbw * 2(n-1)/n (nccl-tests)",
                                "vs_bare": "launcher busbw / bare busbw (torchrun or horovodrun, same loop)",

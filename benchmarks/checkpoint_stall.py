@@ -73,7 +73,6 @@ def write_results(rows: list[dict], info: dict, out_dir: str) -> list[str]:
     ax.set_xticks(range(len(ok)), labels)
     ax.set(ylabel="ms of training per checkpoint", title=f"a ~{ok[0]['state_mb']:.0f} MB state" if ok else "")
     ax.legend()
-    fig.suptitle(f"{info['cpu_model']} ({info['cpu_cores']} cores), {info['date_utc']}", fontsize=8)
     payload = {"machine": info, "rows": rows, "definitions": {
         "stall_ms": "mean checkpoint step minus median plain step, timed inside the worker",
         "serialise_ms": "median torch.save of the same state to local disk"}}

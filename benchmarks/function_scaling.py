@@ -95,6 +95,15 @@ def format_rows(rows: list[dict]) -> str:
 
 def write_results(rows: list[dict], measured: list[dict], info: dict, job: Job, out_dir: str) -> list[str]:
     """function-scaling.json, .csv and .png (samples/s against workers, launcher and bare)."""
+    fig = plot(rows, "samples/s (median)", os.path.basename(job.workload), "bare")
+    payload = {"machine": info, "job": asdict(job), "measurements": measured,
+               "definitions": {"samples_per_s": "all epochs' samples over their training time, as the run reports",
+                               "vs_bare": "median over repeats of launcher/bare, each pair run back to back"}}
+    return results.write(out_dir, "function-scaling", rows, payload, fig)
+
+
+def plot(rows: list[dict], ylabel: str, title: str, bare: str):
+    """Throughput against workers per (backend, variant), and the launcher's ratio to its ``bare`` twin."""
     fig, (ax_t, ax_r) = results.new_figure(ncols=2, figsize=(11, 4))
     for key in dict.fromkeys((r["backend"], r["variant"]) for r in rows):
         mine = sorted((r for r in rows if (r["backend"], r["variant"]) == key), key=lambda r: r["workers"])
@@ -102,15 +111,11 @@ def write_results(rows: list[dict], measured: list[dict], info: dict, job: Job, 
                   linestyle="-" if key[1] == "launcher" else "--", label=f"{key[0]} via {key[1]}")
         if key[1] == "launcher":
             ax_r.plot([r["workers"] for r in mine], [r["vs_bare"] or 0 for r in mine], marker="o", label=key[0])
-    ax_t.set(xlabel="workers", ylabel="samples/s (median)", title=os.path.basename(job.workload))
-    ax_r.set(xlabel="workers", ylabel="launcher / bare", title="launcher tax (1.0: none)", ylim=(0.5, 1.2))
+    ax_t.set(xlabel="workers", ylabel=ylabel, title=title)
+    ax_r.set(xlabel="workers", ylabel=f"launcher / {bare}", title="launcher tax (1.0: none)", ylim=(0.5, 1.2))
     ax_r.axhline(1.0, color="grey", linestyle=":")
     for ax in (ax_t, ax_r):
         ax.set_xticks(sorted({r["workers"] for r in rows}) or [1])
         if rows:
             ax.legend()
-    fig.suptitle(f"{info['cpu_model']} ({info['cpu_cores']} cores), {info['date_utc']}", fontsize=8)
-    payload = {"machine": info, "job": asdict(job), "measurements": measured,
-               "definitions": {"samples_per_s": "all epochs' samples over their training time, as the run reports",
-                               "vs_bare": "median over repeats of launcher/bare, each pair run back to back"}}
-    return results.write(out_dir, "function-scaling", rows, payload, fig)
+    return fig

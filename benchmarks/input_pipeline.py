@@ -85,7 +85,7 @@ TRANSFORMS: dict[str, tuple[Callable[[Any], Any] | None, tuple[str, ...]]] = {
 
 @dataclasses.dataclass(frozen=True)
 class Settings:
-    """What each reader does; checked on construction (one line naming the flag)."""
+    """What each reader does (``launcher bench input`` checks its flags' values)."""
 
     workers: int = 2
     batch_size: int = 32
@@ -95,22 +95,12 @@ class Settings:
     cache_gb: float | None = None
     seed: int = 0
 
-    def __post_init__(self) -> None:
-        if self.transform not in TRANSFORMS:
-            raise UserError(f"--transform {self.transform!r} is unknown", f"valid: {', '.join(TRANSFORMS)}")
-        for flag, value in (("--workers", self.workers), ("--batch-size", self.batch_size),
-                            ("--batches", 1 if self.batches is None else self.batches)):
-            if value < 1:
-                raise UserError(f"{flag} must be >= 1, got {value}")
-        if self.step_ms < 0:
-            raise UserError(f"--step-ms must be >= 0, got {self.step_ms:g}")
-        if self.cache_gb is not None and not self.cache_gb > 0:
-            raise UserError(f"--cache-gb must be > 0, got {self.cache_gb:g}")
-
 
 def check(uri: str, settings: Settings):
-    """The set's index (UserError: no index there, or a transform that does not read its kind)."""
-
+    """The set's index (UserError: an unknown transform, no index there, or a transform that does
+    not read its kind)."""
+    if settings.transform not in TRANSFORMS:
+        raise UserError(f"--transform {settings.transform!r} is unknown", f"valid: {', '.join(TRANSFORMS)}")
     index = ShardIndex.load(uri)
     kinds = TRANSFORMS[settings.transform][1]
     if kinds and index.kind not in kinds:
@@ -383,7 +373,6 @@ def write_results(rows: list[dict], per_rank: dict[str, list[dict]], info: dict,
     ax.set(ylabel="samples/s", title=f"{settings.workers} reader(s), batch {settings.batch_size}, transform "
            f"{settings.transform}" + (f", {settings.step_ms:g} ms step" if settings.step_ms else ""))
     ax.legend()
-    fig.suptitle(f"{info['cpu_model']} ({info['cpu_cores']} cores), {info['date_utc']}", fontsize=8)
     payload = {"machine": info, "settings": dataclasses.asdict(settings), "ranks": per_rank, "definitions": {
         "samples_per_s": "samples of all ranks over the slowest rank's wall time (from opening the set)",
         "mb_per_s": "index bytes of the shards the ranks touched, each once, over the slowest rank's wall time",

@@ -91,10 +91,21 @@ def recoveries(attempts: list[dict[str, Any]], removals: list[float]) -> list[fl
     return out
 
 
-STRATEGIES = ("wait", "elastic", "elastic-early")
-STRATEGY_HELP = {"wait": "a fixed group waits for the replacement node",
-                 "elastic": "--min-workers: train on the nodes that remain, grow back when the replacement joins",
-                 "elastic-early": "elastic, and the replacement asked for as the notice comes"}
+@dataclasses.dataclass(frozen=True)
+class Strategy:
+    """A way of meeting preemptions: what it changes in the run (``launcher bench preemption
+    --strategies`` takes the names of :data:`STRATEGIES`; a new one is an entry there)."""
+
+    help: str
+    elastic: bool = False            # goes on with --min-workers while a node is missing (a program cannot)
+    replace_on_notice: bool = False  # the replacement asked for as the notice comes
+
+
+STRATEGIES = {"wait": Strategy("a fixed group waits for the replacement node"),
+              "elastic": Strategy("--min-workers: train on the nodes that remain, grow back when the replacement "
+                                  "joins", elastic=True),
+              "elastic-early": Strategy("elastic, and the replacement asked for as the notice comes", elastic=True,
+                                        replace_on_notice=True)}
 
 
 def run(strategies: list[str], *, workers: int, min_workers: int, every_s: float, preemptions: int,
@@ -120,7 +131,7 @@ def run(strategies: list[str], *, workers: int, min_workers: int, every_s: float
         reference = run_program(base, program, program_args or [], job_dir, "reference", **lab_args, preempt=False)
         settings["reference_wall_s"] = reference["wall_s"]
     for strategy in strategies:
-        note(f"bench: strategy {strategy} ({STRATEGY_HELP[strategy]})")
+        note(f"bench: strategy {strategy} ({STRATEGIES[strategy].help})")
         if program is not None:
             r = run_program(base, program, program_args or [], job_dir, strategy, **lab_args)
             r["goodput"] = round(reference["wall_s"] / r["wall_s"], 4) if r["wall_s"] else 0.0
@@ -136,7 +147,7 @@ def _spec_for(base, strategy: str, root: str, address: str, **fields):
     base = base or JobSpec(checkpoint_every_steps=20)
     return dataclasses.replace(base, storage=root, name=f"bench_preemption_{strategy.replace('-', '_')}",
                                address=address, max_failures=-1, keep_checkpoints=3,
-                               replace_on_notice=strategy == "elastic-early", **fields).validated()
+                               replace_on_notice=STRATEGIES[strategy].replace_on_notice, **fields).validated()
 
 
 def _preempt_every(lab, job, every_s: float, preemptions: int, with_notice: bool) -> None:
@@ -161,7 +172,7 @@ def run_strategy(strategy: str, *, workers: int, min_workers: int, every_s: floa
                  note: Callable[[str], None], base=None) -> dict:
     from launcher.lab import AutoscalingLab, run_in_background
 
-    elastic = strategy != "wait"
+    elastic = STRATEGIES[strategy].elastic
     with tempfile.TemporaryDirectory(prefix="launcher-bench-preempt-") as root, \
             AutoscalingLab(nodes=workers, notice_s=notice_s, margin_s=min(5.0, notice_s / 3), boot_s=boot_s,
                            stockout_s=stockout_s, note=note) as lab:

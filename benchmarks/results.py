@@ -21,8 +21,13 @@ def new_figure(ncols: int = 1, figsize: tuple[float, float] = (7, 4), nrows: int
 
 
 def write(out_dir: str, stem: str, rows: list[dict], payload: dict[str, Any], fig) -> list[str]:
-    """<stem>.json ({"summary": rows, **payload}), <stem>.csv (rows) and <stem>.png (fig); returns the paths."""
+    """<stem>.json ({"summary": rows, **payload}), <stem>.csv (rows) and <stem>.png (fig, titled with
+    ``payload["machine"]`` unless it has a title); returns the paths."""
     import matplotlib.pyplot as plt
+
+    info = payload.get("machine")
+    if info and not fig.get_suptitle():
+        fig.suptitle(f"{info['cpu_model']} ({info['cpu_cores']} cores), {info['date_utc']}", fontsize=8)
 
     os.makedirs(out_dir, exist_ok=True)
     paths = [os.path.join(out_dir, f"{stem}.{ext}") for ext in ("json", "csv", "png")]

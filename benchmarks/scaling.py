@@ -344,7 +344,6 @@ def write_results(rows: list[dict], measured: list[dict], skipped: list[dict], i
         ax.set_xticks(all_workers)
         if rows:
             ax.legend()
-    fig.suptitle(f"{info['cpu_model']} ({info['cpu_cores']} cores), {info['date_utc']}", fontsize=8)
     payload = {"machine": info, "settings": asdict(settings), "measurements": measured, "unavailable": skipped,
                "definitions": {
                    "images_per_s": "sum over workers of batch*batches_per_iter/iteration time; mean over iterations",

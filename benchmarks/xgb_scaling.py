@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 from benchmarks import results
-from benchmarks.function_scaling import format_rows, summarize
+from benchmarks.function_scaling import format_rows, plot, summarize
 from benchmarks.raywork import failure_reason, last_json
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -80,22 +80,8 @@ def run(data: str, worker_counts: list[int], repeats: int, rounds: int, threads:
 
 def write_results(rows: list[dict], measured: list[dict], info: dict, setup: dict, out_dir: str) -> list[str]:
     """xgboost-scaling.json, .csv and .png (rows/s and efficiency against workers; launcher/alone)."""
-    fig, (ax_t, ax_r) = results.new_figure(ncols=2, figsize=(11, 4))
-    for variant in dict.fromkeys(r["variant"] for r in rows):
-        mine = sorted((r for r in rows if r["variant"] == variant), key=lambda r: r["workers"])
-        ax_t.plot([r["workers"] for r in mine], [r["samples_per_s"] for r in mine], marker="o",
-                  linestyle="-" if variant == "launcher" else "--", label=variant)
-        if variant == "launcher":
-            ax_r.plot([r["workers"] for r in mine], [r["vs_bare"] or 0 for r in mine], marker="o", label="launcher")
-    ax_t.set(xlabel="workers", ylabel="rows/s (median)", title=f"XGBoost, {setup['rows']:,} rows x "
-                                                                 f"{setup['features']} features")
-    ax_r.set(xlabel="workers", ylabel="launcher / XGBoost alone", title="launcher tax (1.0: none)", ylim=(0.5, 1.2))
-    ax_r.axhline(1.0, color="grey", linestyle=":")
-    for ax in (ax_t, ax_r):
-        ax.set_xticks(sorted({r["workers"] for r in rows}) or [1])
-        if rows:
-            ax.legend()
-    fig.suptitle(f"{info['cpu_model']} ({info['cpu_cores']} cores), {info['date_utc']}", fontsize=8)
+    fig = plot(rows, "rows/s (median)", f"XGBoost, {setup['rows']:,} rows x {setup['features']} features",
+               "XGBoost alone")
     payload = {"machine": info, "setup": setup, "measurements": measured,
                "definitions": {"samples_per_s": "rows x rounds over the time xgboost.train took (rank 0)",
                                "vs_bare": "median over repeats of launcher/XGBoost alone, each pair back to back",

@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import difflib
 import functools
+import operator
 import types
 import typing
 from dataclasses import dataclass
@@ -36,24 +37,28 @@ from launcher.errors import UserError
 _KINDS = {int: "int", float: "float", str: "str", bool: "bool"}
 _EXAMPLES = {"int": "2", "float": "0.5", "str": "text", "bool": "true", "dict": "{key: value}",
              "tuple": "[a, b]"}
+_BOUNDS = (("ge", operator.lt, "at least"), ("gt", operator.le, "more than"), ("le", operator.gt, "at most"))
 _WANT = {"int": "an integer", "float": "a number", "str": "a non-empty string", "bool": "true or false",
          "dict": "a mapping of name: value", "tuple": "a list of strings"}
 
 
 def option(default: Any = dataclasses.MISSING, *, help: str, flag: str | None = None, cli: bool = True,
            default_factory: Callable[[], Any] | Any = dataclasses.MISSING, metavar: str | None = None,
-           ge: float | None = None, min_items: int | None = None, const: Any = None) -> Any:
+           ge: float | None = None, gt: float | None = None, le: float | None = None,
+           min_items: int | None = None, const: Any = None, repeat: bool = False) -> Any:
     """A spec field: its default, its help, and whether (and as what) it is a command-line flag.
 
     Args:
-        flag: the flag's name when it is not ``--`` + the field name with dashes.
+        flag: the flag's name when it is not ``--`` + the field name with dashes; without dashes
+            (``URI``), the command's positional argument of that name.
         cli: False for fields set only by YAML or by the program (no flag).
         const: a string flag's value when it is given without one (``--mlflow`` alone).
-        ge: the smallest valid value of a number.
+        ge, gt, le: bounds of a number (each number of a list flag): at least, more than, at most.
         min_items: the fewest items a list may hold.
+        repeat: a list flag given once per item (``--param A --param B``), not comma-separated.
     """
-    metadata = {"help": help, "flag": flag, "cli": cli, "metavar": metavar, "ge": ge, "min_items": min_items,
-                "const": const}
+    metadata = {"help": help, "flag": flag, "cli": cli, "metavar": metavar, "ge": ge, "gt": gt, "le": le,
+                "min_items": min_items, "const": const, "repeat": repeat}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
@@ -71,10 +76,13 @@ class Field:
     metavar: str | None
     choices: tuple[Any, ...] = ()   # a choice's valid values
     item: Any = None                # a list's item: a kind ("float", "str") or a spec class; a spec's class
-    ge: float | None = None
+    ge: float | None = None         # bounds of a number: at least, more than, at most
+    gt: float | None = None
+    le: float | None = None
     min_items: int | None = None
     required: bool = False          # no default: a mapping must give it
     const: Any = None               # a string flag's value when given bare
+    repeat: bool = False            # a list flag given once per item
 
     @property
     def dest(self) -> str:
@@ -89,14 +97,14 @@ def fields(cls: type) -> tuple[Field, ...]:
     for f in dataclasses.fields(cls):
         kind, optional, extra = _kind(hints[f.name])
         meta = f.metadata or {}
-        flag = None
-        if meta.get("cli", True) and kind not in ("choice", "spec", "list"):
+        flag = None  # a list of numbers is a flag (comma-separated); a nested spec or a list of them is not
+        if meta.get("cli", True) and kind != "spec" and (kind != "list" or extra in ("int", "float")):
             flag = meta.get("flag") or "--" + f.name.replace("_", "-")
         required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
         out.append(Field(f.name, kind, optional, meta.get("help", ""), flag, meta.get("metavar"),
                          choices=extra if kind == "choice" else (), item=None if kind == "choice" else extra,
-                         ge=meta.get("ge"), min_items=meta.get("min_items"), required=required,
-                         const=meta.get("const")))
+                         required=required, **{k: meta.get(k) for k in ("ge", "gt", "le", "min_items", "const")},
+                         repeat=bool(meta.get("repeat"))))
     return tuple(out)
 
 
@@ -198,10 +206,16 @@ def coerce(field: Field, value: Any, source: str, where: str = "") -> Any:
     if not ok:
         raise UserError(f"{source}: {key} must be {_WANT[field.kind]}, got {value!r}",
                         f"for example {field.name}: {_EXAMPLES[field.kind]}")
-    if field.ge is not None and result < field.ge:
-        raise UserError(f"{source}: {key} = {value!r}: must be at least {field.ge:g}",
-                        f"for example {field.name}: {field.ge:g}")
+    broken = _broken_bound(field, result)
+    if broken:
+        raise UserError(f"{source}: {key} = {value!r}: must be {broken}", f"give {field.name} a value of {broken}")
     return result
+
+
+def _broken_bound(field: Field, value: Any) -> str | None:
+    """The bound of ``field`` that the number ``value`` breaks ("at least 1"); None: it keeps them all."""
+    bounds = ((getattr(field, key), breaks, words) for key, breaks, words in _BOUNDS)
+    return next((f"{words} {b:g}" for b, breaks, words in bounds if b is not None and breaks(value, b)), None)
 
 
 def _list(field: Field, value: Any, source: str, key: str) -> tuple[Any, ...]:
@@ -251,13 +265,17 @@ def build(cls: type, raw: Any, source: str, where: str = "") -> Any:
             raise UserError(f"{source}: {where + '.' if where else ''}{f.name} is missing",
                             getattr(cls, "HINT", f"add {f.name}: ..."))
     values = {key: coerce(known[key], value, source, where) for key, value in raw.items()}
-    instance = cls(**values)
+    return _checked(cls(**values), f"{source}: ", "fix the value")
+
+
+def _checked(instance: Any, prefix: str = "", hint: str | None = None) -> Any:
+    """``instance`` after its own ``check()`` (a rule across fields), whose ValueError becomes one line."""
     check = getattr(instance, "check", None)
     if callable(check):
         try:
             check()
         except ValueError as exc:
-            raise UserError(f"{source}: {exc}", getattr(cls, "HINT", "fix the value")) from None
+            raise UserError(f"{prefix}{exc}", getattr(type(instance), "HINT", hint)) from None
     return instance
 
 
@@ -308,28 +326,62 @@ def parse_bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-_PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str, "tuple": str}
+_PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
 
 
-def add_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = ()) -> None:
+def add_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (), switches: bool = False) -> None:
     """One flag per declared field of ``cls`` (except ``skip``); every default is None, so
-    :func:`given_flags` can tell a flag given from one left out (the YAML's value stands)."""
+    :func:`given_flags` can tell a flag given from one left out (the YAML's value stands).
+    ``switches``: a bool flag takes no value (``--emulator``), for commands without a YAML to override."""
     for f in fields(cls):
         if f.flag is None or f.name in skip:
             continue
-        if f.kind == "bool":
-            parser.add_argument(f.flag, dest=f.dest, nargs="?", const=True, default=None, type=parse_bool,
-                                metavar="true|false", help=f.help)
+        if not f.flag.startswith("-"):  # positional
+            parser.add_argument(f.dest, metavar=f.flag, help=f.help)
+        elif f.kind == "bool":
+            how = {"action": "store_const"} if switches else {"nargs": "?", "type": parse_bool, "metavar": "true|false"}
+            parser.add_argument(f.flag, dest=f.dest, const=True, default=None, help=f.help, **how)
         else:
             bare = {"nargs": "?", "const": f.const} if f.const is not None else {}
-            parser.add_argument(f.flag, dest=f.dest, type=_PARSERS[f.kind], default=None, help=f.help,
-                                metavar=f.metavar or f.flag[2:].upper().replace("-", "_"), **bare)
+            metavar = f.metavar or (None if f.choices else f.flag[2:].upper().replace("-", "_"))
+            parser.add_argument(f.flag, dest=f.dest, type=_PARSERS.get(f.kind, str), default=None, help=f.help,
+                                metavar=metavar, choices=f.choices or None,
+                                action="append" if f.repeat else "store", **bare)
 
 
 def given_flags(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     """The fields whose flags were given (parsed by :func:`add_flags`), by field name."""
     return {f.name: getattr(args, f.dest) for f in fields(cls)
             if f.flag is not None and getattr(args, f.dest, None) is not None}
+
+
+def from_flags(cls: type, args: argparse.Namespace) -> Any:
+    """An instance of ``cls`` from the flags :func:`add_flags` added (a command with no YAML): a flag
+    left out keeps its field's default; a given one is checked against the field's bounds, then
+    the instance's ``check()``. UserError: one line naming the flag."""
+    return _checked(cls(**{name: _flag_value(field_named(cls, name), raw)
+                           for name, raw in given_flags(args, cls).items()}))
+
+
+def _flag_value(f: Field, raw: Any) -> Any:
+    """A given flag's value as its field holds it (a list flag's text split at commas, each item
+    converted); UserError for a value out of the field's bounds or a list of no items."""
+    if f.kind not in ("tuple", "list"):
+        if _broken_bound(f, raw):
+            raise UserError(f"{f.flag} must be {_broken_bound(f, raw)}, got {raw}")
+        return raw
+    items = [t.strip() for t in (raw if f.repeat else raw.split(",")) if t.strip()]
+    if len(items) < max(f.min_items or 0, 1):
+        raise UserError(f"{f.flag} {raw!r} gives no value", f"for example {f.flag} {'1,2' if f.item else 'a,b'}")
+    try:
+        items = [_PARSERS[f.item or "str"](t) for t in items]
+    except ValueError:
+        raise UserError(f"{f.flag} {raw!r} is not a comma-separated list of {_WANT[f.item].split()[-1]}s",
+                        f"for example {f.flag} 1,2") from None
+    broken = [b for b in (_broken_bound(f, v) for v in items) if b]
+    if broken:
+        raise UserError(f"{f.flag} {raw!r}: every value must be {broken[0]}")
+    return tuple(items)
 
 
 def to_argv(spec: Any, skip: tuple[str, ...] = ()) -> list[str]:

@@ -59,10 +59,10 @@ def test_transforms_decode_images_and_turn_rows_into_float32():
 def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     uri = array_set(tmp_path)
     for argv, expected in [([str(tmp_path / "nothing")], "has no index.json"),
-                           ([uri, "--workers", "0"], "--workers must be >= 1"),
+                           ([uri, "--workers", "0"], "--workers must be at least 1"),
                            ([uri, "--transform", "resize"], "valid: none, decode-image, tensor"),
                            ([uri, "--transform", "decode-image"], "--transform decode-image reads tar sets"),
-                           ([uri, "--batch-size", "0"], "--batch-size must be >= 1")]:
+                           ([uri, "--batch-size", "0"], "--batch-size must be at least 1")]:
         assert main(["bench", "input", *argv, "--out", str(tmp_path / "out")]) == 2, argv
         err = capsys.readouterr().err
         assert expected in err and len(err.strip().splitlines()) == 1, err

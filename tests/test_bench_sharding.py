@@ -102,12 +102,12 @@ def test_each_run_gets_the_size_the_steps_and_the_strategy():
 @pytest.mark.parametrize("flags,needle", [
     (["--strategies", "ddp,zero3"], "--strategies: unknown zero3"),
     (["--workers-list", "1,two"], "--workers-list '1,two' is not a comma-separated list of integers"),
-    (["--workers-list", "0,2"], "--workers-list '0,2': every value must be >= 1"),
-    (["--steps", "0"], "--steps must be >= 1"),
+    (["--workers-list", "0,2"], "--workers-list '0,2': every value must be at least 1"),
+    (["--steps", "0"], "--steps must be at least 1"),
     (["--d-model", "30", "--heads", "4"], "--d-model 30 is not a multiple of --heads 4"),
     (["--stall", "fsdp,ddpp"], "--stall: unknown ddpp"),
     (["--steps", "3", "--every", "3"], "--steps 3 leaves no step checkpoint at --every 3"),
-    (["--stall-workers", "0"], "--stall-workers must be >= 1"),
+    (["--stall-workers", "0"], "--stall-workers must be at least 1"),
 ])
 def test_a_bad_flag_is_one_line_and_exit_2(capsys, flags, needle):
     code = main(["bench", "sharding", *flags, "--out", "/nonexistent/never-written"])
