@@ -338,11 +338,12 @@ def test_os_login(tmp_path, fake):
     config = load(cluster_file(tmp_path, preset="standard-1"))
     ok = [c for c in run_checks(config, Compute(PROJECT)) if "OS Login" in c.what]
     assert [(c.status, c.what) for c in ok] == [
-        (OK, "OS Login is on in the project and off on the cluster's VMs (instance metadata wins, unless an "
-             "organization policy requires OS Login)")]
+        (OK, "no organization policy requires OS Login (constraints/compute.requireOsLogin)"),
+        (OK, "OS Login is on in the project and off on the cluster's VMs (instance metadata wins over the "
+             "project's)")]
     for node in config["available_node_types"].values():  # a hand-written file without the override
         node["node_config"].pop("metadata")
-    failed = [c for c in by_status(run_checks(config, Compute(PROJECT)), FAIL) if "OS Login" in c.what]
+    failed = [c for c in by_status(run_checks(config, Compute(PROJECT)), FAIL) if c.what.startswith("OS Login")]
     assert len(failed) == 1 and failed[0].what.startswith(
         "OS Login is on for n1-standard-8, ray_head (project metadata enable-oslogin=TRUE): it ignores the SSH "
         "key Ray adds")
