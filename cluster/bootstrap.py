@@ -170,7 +170,7 @@ def api_checks(apis: ProjectApis) -> list[Check]:
         enabled = apis.enabled()
     except Refused as exc:
         return [Check(WARN, f"cannot list the APIs enabled in project {p} (Service Usage answered {exc.status}: "
-                      f"{exc.message[:120]})", f"see them with `gcloud services list --enabled --project {p}`; "
+                      f"{exc.message.split('. ')[0][:120]})", f"see them with `gcloud services list --enabled --project {p}`; "
                       f"Ray needs {', '.join(APIS)}")]
     off = [s for s in APIS if s not in enabled]
     if not off:
@@ -202,10 +202,15 @@ def access_checks(config: dict[str, Any], apis: ProjectApis) -> list[Check]:
         return [Check(FAIL, f"project {p}: {what}; Ray's bootstrap takes that for 'no such project' and tries to "
                       f"create one named {p}", f"gcloud services enable cloudresourcemanager.googleapis.com "
                       f"--project {p}" if exc.disabled else "check the project id (`gcloud projects list`)")]
-    checks, exists = _account_checks(config, apis, granted, account)
+    try:
+        checks, exists = _account_checks(config, apis, granted, account)
+        bound = exists and _roles_bound(apis, granted, account)
+    except Refused as exc:  # the IAM API is off (said above), or the policy cannot be read
+        checks, exists, bound = [Check(WARN, f"cannot look up service account {account} ({exc.status}: "
+                                       f"{exc.message.split('. ')[0][:120]})")], True, False
     if not exists:
         wanted["iam.serviceAccounts.create"] = maybe["iam.serviceAccounts.create"]
-    if not exists or not _roles_bound(apis, granted, account):
+    if not bound:
         wanted["resourcemanager.projects.setIamPolicy"] = maybe["resourcemanager.projects.setIamPolicy"]
     missing: dict[str, list[str]] = defaultdict(list)
     for permission in sorted(wanted):

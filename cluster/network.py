@@ -30,6 +30,8 @@ from launcher.errors import LauncherError
 SSH = 22
 RAY_PORTS = (6379, 8076, 10002, 19999, 33017)  # GCS, object manager, worker ports, one a raylet might pick
 IAP = ipaddress.ip_network("35.235.240.0/20")  # Identity-Aware Proxy's range: ssh through IAP, not Ray's
+# Addresses inside a VPC (RFC 1918 and shared address space): a rule from them lets no user in from outside.
+INSIDE = tuple(ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10"))
 
 
 def network_checks(config: dict[str, Any], compute: Compute, region: str) -> list[Check]:
@@ -38,12 +40,16 @@ def network_checks(config: dict[str, Any], compute: Compute, region: str) -> lis
         subnets = compute.subnets(region)
     except LauncherError as exc:  # no permission: said with the permissions
         return [Check(WARN, f"cannot list the subnets of {region}: {exc.what}")]
-    placed, checks = {}, []
+    placed, checks, seen = {}, [], {}
     for name, node_type in config["available_node_types"].items():
-        subnet, check = _placement(name, (node_type.get("node_config") or {}), subnets, compute, region)
-        checks += [check] if check else []
-        if subnet:
-            placed[name] = subnet
+        nc = node_type.get("node_config") or {}
+        key = _interface_key(node_type)
+        if key not in seen:  # node types that name the same interface land alike: one check for them
+            names = [n for n, t in config["available_node_types"].items() if _interface_key(t) == key]
+            seen[key] = _placement(", ".join(names), nc, subnets, compute, region)
+            checks += [seen[key][1]] if seen[key][1] else []
+        if seen[key][0]:
+            placed[name] = seen[key][0]
     if len(placed) < len(config["available_node_types"]):
         return checks
     networks = sorted({s.network for s in placed.values()})
@@ -107,6 +113,12 @@ def _placement(node_type: str, node_config: dict, subnets: list[Subnet], compute
     return own[0], None
 
 
+def _interface_key(node_type: dict) -> tuple[str, str, bool]:
+    nc = node_type.get("node_config") or {}
+    nic = (nc.get("networkInterfaces") or [None])[0] or {}
+    return _last(nic.get("network")), _last(nic.get("subnetwork")), "networkInterfaces" in nc
+
+
 def _firewall_checks(config: dict, placed: dict[str, Subnet], network: str, rules: list[Firewall],
                      p: str) -> list[Check]:
     types = config["available_node_types"]
@@ -143,7 +155,7 @@ def _ssh_check(head: dict, network: str, rules: list[Firewall], p: str) -> Check
             continue
         for source in rule.source_ranges or ("0.0.0.0/0",):
             net = ipaddress.ip_network(source, strict=False)
-            if net.is_private and net.prefixlen > 0 or net.overlaps(IAP) and net.prefixlen >= IAP.prefixlen:
+            if any(net.subnet_of(inside) for inside in INSIDE) or net.subnet_of(IAP):
                 continue
             probe = str(net.network_address + (1 if net.num_addresses > 1 else 0))
             if _covers(rule.allowed, "tcp", SSH) and _passes(rules, network, head, "tcp", SSH, probe, ()):

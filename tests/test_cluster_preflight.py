@@ -40,7 +40,7 @@ def project_world() -> World:
             "us-central1": {"CPUS": (96, 8), "PREEMPTIBLE_CPUS": (0, 0), "G2_CPUS": (48, 0), "A2_CPUS": (24, 0),
                             "NVIDIA_T4_GPUS": (16, 0), "PREEMPTIBLE_NVIDIA_T4_GPUS": (4, 0),
                             "NVIDIA_V100_GPUS": (8, 0), "NVIDIA_L4_GPUS": (4, 0), "NVIDIA_A100_GPUS": (2, 0),
-                            "INSTANCES": (1000, 3)},
+                            "INSTANCES": (1000, 3), "SSD_TOTAL_GB": (4096, 100), "IN_USE_ADDRESSES": (8, 1)},
             "europe-west4": {"CPUS": (48, 0), "NVIDIA_T4_GPUS": (4, 0)},
         },
         project_quotas={"GPUS_ALL_REGIONS": (16, 0), "CPUS_ALL_REGIONS": (200, 8)},
@@ -62,7 +62,7 @@ class ProjectAPI(compute_api.ComputeAPI):
     def answer(self, method: str, path: str, query: dict[str, str], body: dict) -> dict:
         self.requests.append(path if method == "GET" else f"{method} {path}")
         found = super().answer(method, path, query, body)
-        if method == "DELETE":
+        if method == "DELETE" and "/instances/" in path:
             zone, name = path.split("/zones/", 1)[1].split("/instances/")
             self.deleted.append(f"{zone}/{name}")
         return found
@@ -407,7 +407,7 @@ def test_cluster_down_deletes_the_vms_ray_down_left_stopped(tmp_path, fake, monk
     assert open(log).read() == f"down -y {path}\n"  # Ray's own teardown first
     assert fake.deleted == ["us-central1-a/ray-demo-head-00aa11bb-compute",
                             "us-central1-a/ray-demo-worker-1a2b3c4d-compute"]
-    assert "deleting 2 VM(s) labelled ray-cluster-name=demo in us-central1-a that `ray down` left" in out
+    assert "deleted 2 VM(s) labelled ray-cluster-name=demo in us-central1-a that `ray down` left" in out
     assert "  ray-demo-worker-1a2b3c4d-compute (TERMINATED)" in out
     assert list(fake.instances) == ["ray-other-worker-99887766-compute", "my-own-vm"]
     assert main(["cluster", "down", path]) == 0

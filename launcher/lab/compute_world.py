@@ -58,7 +58,8 @@ class World:
         services: the enabled APIs (``compute.googleapis.com``, ...); None: every one.
         permissions: the caller's permissions on the project; None: every one.
         networks: network -> ``{"auto": bool, "subnets": {region: (subnet, cidr)}}``; None: the default
-            VPC, auto mode, a subnet in every region :mod:`cluster.zones` knows (inside 10.128.0.0/9).
+            VPC, auto mode, a subnet in every region :mod:`cluster.zones` knows (inside 10.128.0.0/9;
+            us-central1's is 10.128.0.0/20, as Compute Engine's auto mode makes it).
         firewalls: the project's firewall rules as Compute Engine lists them (see :func:`firewall`);
             None: the default VPC's four.
         org_policies: constraint (``constraints/compute.requireOsLogin``) -> the effective policy
@@ -115,7 +116,8 @@ class World:
     def vpcs(self) -> dict[str, dict]:
         if self.networks is not None:
             return self.networks
-        return {"default": {"auto": True, "subnets": {r: ("default", f"10.{128 + i}.0.0/20")
+        known = {"us-central1": 128, "europe-west1": 132, "us-west1": 138, "asia-east1": 140, "us-east1": 142}
+        return {"default": {"auto": True, "subnets": {r: ("default", f"10.{known.get(r, 190 + i)}.0.0/20")
                                                       for i, r in enumerate(sorted(zones.REGIONS))}}}
 
     def rules(self, project: str) -> list[dict]:
