@@ -17,10 +17,14 @@ import urllib.request
 import pytest
 import yaml
 
+import launcher
 from cluster.bootstrap import NO_EXTERNAL_IP, OS_LOGIN
 from cluster.compute import Compute
-from cluster.preflight import FAIL, OK, WARN, run_checks
+from cluster.config import ray_cluster_config
+from cluster.preflight import FAIL, WARN, run_checks
+from cluster.spec import ClusterSpec
 from launcher.cli import cluster as cli_cluster
+from launcher.cli.cluster import project_source_dir
 from launcher.cli.main import main
 from launcher.errors import UserError
 from launcher.lab.compute_api import ComputeAPI
@@ -378,3 +382,35 @@ def test_cluster_down_purge_removes_rays_key_and_account_once_no_cluster_is_left
         "ssh-keys": "alice:ssh-rsa AAAAhers alice", "enable-oslogin": "FALSE"}
     assert fake.policy["bindings"] == [{"role": "roles/compute.admin", "members": ["user:a@b.c"]}]
     assert fake.service_accounts == {} and not key.exists() and not os.path.exists(str(key) + ".pub")
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("inject", [{"fail_head_setup": True}, {"stockout": ("n1-standard-4",)}],
+                         ids=["head-setup-fails", "stock-out"])
+def test_a_failed_launcher_cluster_up_leaves_nothing_in_the_api(inject, gcs_emulator):
+    """`launcher cluster rehearse --up` with a failure injected: the real `ray up` over SSH fails (the head's
+    setup exits 1, or the head's insert operation fails with ZONE_RESOURCE_POOL_EXHAUSTED), and `launcher
+    cluster up` deletes what it made: no VM, no disk left in the local API."""
+    from launcher.lab.ray_up import rehearse_up
+    from launcher.lab.sshd import missing_tools
+
+    missing = missing_tools()
+    if missing:
+        pytest.skip(f"the ray up rehearsal needs {', '.join(missing)} (CI installs openssh-server and rsync)")
+    config = ray_cluster_config(ClusterSpec.from_mapping({
+        "project": "my-project", "cluster_name": "rehearse-fail", "source_dir": project_source_dir()}).validated(),
+        launcher.__version__)
+    lines: list[str] = []
+    # no run starts, so the bucket is never written
+    report = rehearse_up(config, gcs_emulator.url, "no-run", say=lines.append, timeout_s=170, **inject)
+    text = "\n".join(lines)
+    assert report.ok and report.failed_as_injected and report.left == [] and report.ray_left == [], text
+    inserts = [c for c in report.calls if c.verb == "insert"]
+    assert len(inserts) == 1 and "-head-" in inserts[0].target, text
+    if "stockout" in inject:
+        assert inserts[0].refusal.rule == "stock-out" and "left no VM of cluster rehearse-fail" in text, text
+        assert not [c for c in report.calls if c.verb == "delete"]
+    else:
+        assert inserts[0].refusal is None and "rehearsal: the injected head setup failure" in text, text
+        assert [c.target for c in report.calls if c.verb == "delete"] == [inserts[0].target], text
+        assert "`ray up` failed: deleting the 1 VM(s) it made" in text, text
