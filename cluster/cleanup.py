@@ -53,9 +53,9 @@ def after_failed_up(compute: Compute, zone: str, cluster: str, before: set[str],
         say("  " + line)
     compute.delete_instances(zone, [vm.name for vm in made])
     kept_disks = [d for vm in made for d, _, auto in vm.disks if not auto]
-    say(f"deleted {', '.join(vm.name for vm in made)}" + (
+    say(f"deleted {', '.join(vm.name for vm in made)} and their auto-delete disks" + (
         f"; disk(s) {', '.join(kept_disks)} stay (autoDelete false): launcher cluster down {cluster_file} deletes "
-        "them" if kept_disks else ", with their disks"))
+        "them" if kept_disks else ""))
     return made
 
 

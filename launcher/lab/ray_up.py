@@ -401,6 +401,7 @@ def up_summary(report: UpReport) -> str:
     lines = [f"summary: {'OK' if report.ok else 'FAILED'} in {took:.0f} s; {len(report.calls)} API requests, "
              f"{len(inserts)} VM insert(s), {len(deletes)} delete(s); {outcome}",
              f"  left in the API: {', '.join(report.left) or 'nothing'}; Ray processes left: "
-             f"{len(report.ray_left) or 'none'}",
-             "  workers stayed simulated (min_workers 0 in the rehearsal's copy; the run fits on the head)"]
+             f"{len(report.ray_left) or 'none'}"]
+    if not report.injected:
+        lines.append("  workers stayed simulated (min_workers 0 in the rehearsal's copy; the run fits on the head)")
     return "\n".join(lines)
