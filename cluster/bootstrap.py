@@ -94,7 +94,8 @@ class ProjectApis:
             if self.endpoint:
                 from google.auth.credentials import AnonymousCredentials
 
-                credentials, options = AnonymousCredentials(), {"api_endpoint": f"{self.endpoint}/{SERVICE_PATHS[name]}"}
+                credentials = AnonymousCredentials()
+                options = {"api_endpoint": f"{self.endpoint}/{SERVICE_PATHS[name]}"}
             else:
                 import google.auth
 
@@ -170,7 +171,8 @@ def api_checks(apis: ProjectApis) -> list[Check]:
         enabled = apis.enabled()
     except Refused as exc:
         return [Check(WARN, f"cannot list the APIs enabled in project {p} (Service Usage answered {exc.status}: "
-                      f"{exc.message.split('. ')[0][:120]})", f"see them with `gcloud services list --enabled --project {p}`; "
+                      f"{exc.message.split('. ')[0][:120]})",
+                      f"see them with `gcloud services list --enabled --project {p}`; "
                       f"Ray needs {', '.join(APIS)}")]
     off = [s for s in APIS if s not in enabled]
     if not off:
@@ -282,8 +284,8 @@ def policy_checks(config: dict[str, Any], apis: ProjectApis) -> list[Check]:
     if os_login:
         checks.append(Check(FAIL, f"an organization policy ({OS_LOGIN}) requires OS Login on project {p}'s VMs: it "
                             "ignores the SSH key Ray adds to the project, so `ray up` would wait 900 s for SSH",
-                            f"gcloud resource-manager org-policies disable-enforce compute.requireOsLogin --project {p} "
-                            "(an organization policy administrator)"))
+                            "gcloud resource-manager org-policies disable-enforce compute.requireOsLogin "
+                            f"--project {p} (an organization policy administrator)"))
     else:
         checks.append(Check(OK, f"no organization policy requires OS Login ({OS_LOGIN})"))
     return checks

@@ -342,6 +342,9 @@ def _or_none(call):
     except gexc.NotFound:
         return None
     except (gexc.Forbidden, gexc.Unauthorized) as exc:
+        if "has not been used in project" in exc.message or "it is disabled" in exc.message:
+            raise UserError("the Compute Engine API is not enabled in the project",
+                            "gcloud services enable compute.googleapis.com --project PROJECT") from None
         raise UserError(f"Compute Engine API: permission denied ({exc.message[:160]})",
                         "enable the Compute Engine API in the project and grant your account "
                         "roles/compute.viewer") from None

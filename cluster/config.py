@@ -100,7 +100,8 @@ def to_yaml(config: dict[str, Any], spec: ClusterSpec, version: str) -> str:
 
     header = (f"# Ray cluster file for Compute Engine, written by launcher {version} (preset {spec.preset}).\n"
               f"# Check it:  launcher cluster preflight THIS_FILE [--bucket gs://...]\n"
-              f"# Start it:  launcher cluster up THIS_FILE   (preflight, then `ray up`; deletes what it made if it fails)\n"
+              f"# Start it:  launcher cluster up THIS_FILE   (preflight, then `ray up`; if that fails, deletes what "
+              f"it made)\n"
               f"# Dashboard: ray dashboard THIS_FILE         (SSH tunnel; Ray's ports stay closed)\n"
               f"# Stop it:   launcher cluster down THIS_FILE (`ray down`, then the VMs and disks it left)\n")
     header += "".join(f"# {line}\n" for line in cost_notes(spec))

@@ -159,8 +159,9 @@ def test_a_custom_mode_network_needs_a_subnetwork(tmp_path, fake):
     fake.world.networks = {"default": {"auto": True, "subnets": {"us-central1": ("default", "10.128.0.0/20")}},
                            "corp": {"auto": False, "subnets": {"us-central1": ("corp-us", "10.8.0.0/20")}}}
     assert failed(checks_of(tmp_path, network="corp"))[0] == (
-        "n1-standard-8, ray_head: network corp is a custom-mode VPC, and Compute Engine refuses a VM that names it without a "
-        "subnetwork (us-central1's subnets of it: corp-us)", "launcher cluster config --network corp --subnetwork SUBNET")
+        "n1-standard-8, ray_head: network corp is a custom-mode VPC, and Compute Engine refuses a VM that names it "
+        "without a subnetwork (us-central1's subnets of it: corp-us)",
+        "launcher cluster config --network corp --subnetwork SUBNET")
     checks = checks_of(tmp_path, network="corp", subnetwork="corp-us")
     assert "every node lands on subnet corp-us of network corp in us-central1" in [c.what for c in checks]
     assert "firewall: no rule of network corp lets SSH" in " ".join(w for w, _ in failed(checks))  # a new VPC
@@ -174,7 +175,8 @@ def test_rays_first_subnet_of_another_network_is_a_warning(tmp_path, fake):
     fake.world.networks = {"legacy": {"auto": False, "subnets": {"us-central1": ("old", "192.168.0.0/24")}},
                            "default": {"auto": True, "subnets": {"us-central1": ("default", "10.128.0.0/20")}}}
     warned = [c for c in by_status(checks_of(tmp_path), WARN) if "lands on" in c.what]
-    assert warned[0].what.startswith("n1-standard-8, ray_head lands on old of network legacy, the first of us-central1's subnets")
+    assert warned[0].what.startswith("n1-standard-8, ray_head lands on old of network legacy, the first of "
+                                     "us-central1's subnets")
     assert warned[0].fix == "name the one you want: launcher cluster config --subnetwork SUBNET"
 
 
@@ -210,6 +212,9 @@ def test_the_local_api_refuses_as_google_does(tmp_path):
                   permissions=AllBut({"compute.zones.get"}))
     with ComputeAPI(PROJECT, world) as api:
         with pytest.raises(UserError, match=r"permission denied \(GET .*: Required 'compute.zones.get' permission"):
+            Compute(PROJECT, endpoint=api.url).zone(ZONE)
+        world.services.discard("compute.googleapis.com")
+        with pytest.raises(UserError, match="the Compute Engine API is not enabled in the project"):
             Compute(PROJECT, endpoint=api.url).zone(ZONE)
         request = urllib.request.Request(f"{api.url}/iam/v1/projects/{PROJECT}/serviceAccounts/{RAY_SA}")
         with pytest.raises(urllib.error.HTTPError) as refused:
@@ -263,8 +268,9 @@ def test_spot_scheduling_is_filled_in_by_compute_engine_not_asked_of_the_client(
             "guestAccelerators": [{"acceleratorType": "nvidia-tesla-t4", "acceleratorCount": 1}],
             "scheduling": {"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE"}}
     fake.answer("POST", f"/compute/v1/projects/{PROJECT}/zones/{ZONE}/instances", {}, body)
-    assert fake.instances["spot-1"]["scheduling"] == {"provisioningModel": "SPOT", "instanceTerminationAction": "DELETE",
-                                                      "automaticRestart": False, "onHostMaintenance": "TERMINATE"}
+    assert fake.instances["spot-1"]["scheduling"] == {
+        "provisioningModel": "SPOT", "instanceTerminationAction": "DELETE", "automaticRestart": False,
+        "onHostMaintenance": "TERMINATE"}
     config = load(cluster_file(tmp_path, accelerator_type="nvidia-tesla-t4", provisioning="spot"))
     for node in config["available_node_types"].values():
         node["node_config"].get("scheduling", {}).pop("onHostMaintenance", None)

@@ -50,7 +50,8 @@ def gate(api, path: str, permissions: tuple[str, ...]) -> None:
 
 def get_project(api, body: dict, query: dict) -> dict:
     api.log("projects.get", api.project)
-    return {"kind": "compute#project", "name": api.project, "id": PROJECT_NUMBER, "commonInstanceMetadata": api.metadata,
+    return {"kind": "compute#project", "name": api.project, "id": PROJECT_NUMBER,
+            "commonInstanceMetadata": api.metadata,
             "quotas": quota_list(api.world.project_quotas, api.held(None)),
             "selfLink": f"{API}/projects/{api.project}"}
 

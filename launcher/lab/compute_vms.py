@@ -259,7 +259,8 @@ def operation(project: str, kind: str, zone: str | None, target: str, number: in
     op = {"kind": "compute#operation", "id": str(number), "name": f"operation-{number}", "operationType": kind,
           "status": "DONE", "progress": 100, "statusMessage": message, "insertTime": when, "startTime": when,
           "endTime": when, "selfLink": f"{API}/projects/{project}/{where}/operations/operation-{number}",
-          "targetLink": f"{API}/projects/{project}/{where}/{resource}/{target}" if zone else f"{API}/projects/{project}"}
+          "targetLink": (f"{API}/projects/{project}/{where}/{resource}/{target}" if zone
+                         else f"{API}/projects/{project}")}
     if zone:
         op["zone"] = f"{API}/projects/{project}/zones/{zone}"
     return op
