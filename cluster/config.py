@@ -102,24 +102,34 @@ def to_yaml(config: dict[str, Any], spec: ClusterSpec, version: str) -> str:
 
     header = (f"# Ray cluster file for Compute Engine, written by launcher {version} (preset {spec.preset}).\n"
               f"# Check it:  launcher cluster preflight THIS_FILE [--bucket gs://...]\n"
-              f"# Start it:  launcher cluster up THIS_FILE   (preflight, then `ray up`)\n"
+              f"# Start it:  launcher cluster up THIS_FILE   (preflight, then `ray up`; if that fails, deletes what "
+              f"it made)\n"
               f"# Dashboard: ray dashboard THIS_FILE         (SSH tunnel; Ray's ports stay closed)\n"
-              f"# Stop it:   launcher cluster down THIS_FILE (`ray down`, then deletes the VMs it left stopped)\n")
-    header += "".join(f"# {line}\n" for line in stopped_vm_notes(spec))
+              f"# Stop it:   launcher cluster down THIS_FILE (`ray down`, then the VMs and disks it left)\n")
+    header += "".join(f"# {line}\n" for line in cost_notes(spec))
     return header + yaml.safe_dump(config, sort_keys=False, default_flow_style=False, width=1000)
 
 
-def stopped_vm_notes(spec: ClusterSpec) -> list[str]:
-    """What this cluster can leave stopped (disks still billed), said in the file's header and the docs."""
-    if spec.max_workers == 0:
-        return []
-    if spec.provisioning == "preemptible":
-        return ["Preemptible workers: Compute Engine stops a preempted VM and Ray starts a new one; the stopped",
-                "VM (its disk billed) stays until `launcher cluster down`. Spot workers (DELETE) leave nothing."]
-    if spec.provisioning == "spot" and spec.termination_action == "STOP":
-        return ["STOP: a preempted worker, and a worker Ray scales down, is stopped (disk billed) and started",
-                "again when Ray needs one; plain `ray down` stops every VM. `launcher cluster down` deletes them."]
-    return []
+def cost_notes(spec: ClusterSpec) -> list[str]:
+    """What this cluster bills while idle, and what it can leave behind: said in the file's header and the docs."""
+    notes = []
+    if spec.max_workers and spec.node_gpus(head=False):
+        notes += ([f"GPU workers: min_workers {spec.min_workers}: that many run, and bill, while the cluster is idle.",
+                   "With 0 (the default) Ray's autoscaler starts them when a run asks for GPUs (minutes: boot and",
+                   "setup) and deletes them after idle_timeout_minutes idle."] if spec.min_workers else
+                  ["GPU workers: min_workers 0: none runs (or bills) while the cluster is idle; Ray's autoscaler",
+                   "starts them when a run asks for GPUs (minutes: boot and setup) and deletes them after",
+                   f"idle_timeout_minutes ({spec.idle_timeout_minutes}) idle. --min-workers N keeps N up."])
+    notes += ["External IPs: every node has one (an IN_USE_ADDRESSES quota unit, billed while it runs): `ray up`",
+              "reaches the head over SSH on it, and workers download their setup (uv, pip, images) through theirs.",
+              "Without them workers need Cloud NAT in the region (remove accessConfigs from their networkInterfaces)."]
+    if spec.provisioning == "preemptible" and spec.max_workers:
+        notes += ["Preemptible workers: Compute Engine stops a preempted VM and Ray starts a new one; the stopped",
+                  "VM (its disk billed) stays until `launcher cluster down`. Spot workers (DELETE) leave nothing."]
+    if spec.provisioning == "spot" and spec.termination_action == "STOP" and spec.max_workers:
+        notes += ["STOP: a preempted worker, and a worker Ray scales down, is stopped (disk billed) and started",
+                  "again when Ray needs one; plain `ray down` stops every VM. `launcher cluster down` deletes them."]
+    return notes
 
 
 def machine_type(spec: ClusterSpec, head: bool) -> machines.MachineType:
@@ -180,10 +190,16 @@ def _metadata(gpus: int) -> list[dict[str, str]]:
 
 def _network_interface(spec: ClusterSpec, machine: str) -> dict[str, Any] | None:
     """The VM's network interface when it is not Ray's default (the region's first subnet with an
-    external address): a network or subnetwork was given, or the series needs gVNIC (A3, A4)."""
+    external address): a network or subnetwork was given, or a node's series needs gVNIC (A3, A4). Then
+    every node type gets one, on the same network: Ray would put those without one on the region's
+    first subnet, which may be another network's."""
     gvnic = machine_series(machine) in machines.GVNIC_SERIES
-    if not (spec.network or spec.subnetwork or gvnic):
+    any_gvnic = any(machine_series(spec.node_machine(head)) in machines.GVNIC_SERIES for head in (True, False)
+                    if head or spec.max_workers)
+    if not (spec.network or spec.subnetwork or any_gvnic):
         return None
+    # Every node keeps an external IP: `ray up` reaches the head on it, workers download their setup through
+    # theirs (no Cloud NAT assumed); the file's header says so.
     interface: dict[str, Any] = {"accessConfigs": [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]}
     if spec.network or not spec.subnetwork:
         interface["network"] = _resource(spec, "global/networks", spec.network or "default")

@@ -4,47 +4,42 @@ Works on any GCP cluster file (ours or hand-written). From the file and the
 machine table (:mod:`cluster.machines`) alone: Ray's VM names fit Compute
 Engine's 63 characters; each node_config's ``scheduling`` is one mapping
 (Ray's GCP examples write a list of one-key mappings, Ray sends it as is, and
-Compute Engine refuses the insert); GPU nodes have onHostMaintenance TERMINATE; each boot
+Compute Engine refuses the insert); GPU nodes have onHostMaintenance TERMINATE (Spot
+and preemptible ones get it from Compute Engine when they leave it out); each boot
 disk's type is one its machine series takes (no diskType means pd-standard,
 which G2 and A3 refuse); N1 GPU shapes exist (GPU count, vCPUs and memory per
 GPU model); Spot-only types are Spot; the pinned torch runs on the GPUs (a
 warning otherwise). From the project: the zone exists and is UP; every node
 type's machine type and accelerator exist in the zone with an allowed GPU
-count; the region's quotas (CPUs per machine series, the GPU model's quota, or
-its PREEMPTIBLE_ variant for Spot/preemptible nodes) and the project-wide
-GPUS_ALL_REGIONS cover the head plus max workers; OS Login, which locks Ray's
-SSH key out, is off on the cluster's VMs; every boot image resolves;
-optionally the bucket exists and sits in the cluster's region. Each check is
-a :class:`Check` that says what is wrong and what to change.
+count; the region's quotas (vCPUs per machine series, the GPU model's quota,
+or their PREEMPTIBLE_ variants for Spot/preemptible nodes, SSD_TOTAL_GB,
+IN_USE_ADDRESSES: what :mod:`cluster.quotas` counts) and the project-wide
+GPUS_ALL_REGIONS and CPUS_ALL_REGIONS cover the head plus max workers; OS
+Login, which locks Ray's SSH key out, is off on the cluster's VMs; every boot
+image resolves; optionally the bucket exists and sits in the cluster's
+region. Before those, what Ray's bootstrap needs of the project
+(:mod:`cluster.bootstrap`: enabled APIs, the caller's permissions, the service
+account, organization policies) and, after them, the network
+(:mod:`cluster.network`: subnets, firewall rules). Each check is a
+:class:`~cluster.checks.Check` that says what is wrong and what to change.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from collections import defaultdict
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from cluster import machines
-from cluster.compute import Compute, MachineInfo, Quota
+from cluster import bootstrap, machines, quotas as quota_rules
+from cluster.checks import FAIL, OK, WARN, Check
+from cluster.compute import Compute, MachineInfo, Project, Quota
 from cluster.machines import ACCELERATORS, bundled_accelerator, bundled_gpus, machine_series
+from cluster.network import network_checks
 from cluster.spec import MAX_NAME, VM_NAME_EXTRA
 from launcher import _deferred
 from launcher.errors import UserError
 from launcher.storage import gcs
-
-OK, WARN, FAIL = "ok", "warn", "FAIL"
-
-
-@dataclass(frozen=True)
-class Check:
-    status: str  # ok | warn | FAIL
-    what: str
-    fix: str = ""
-
-    def line(self) -> str:
-        return f"  {self.status:<4}  {self.what}" + (f"\n        -> {self.fix}" if self.fix else "")
-
 
 @dataclass(frozen=True)
 class NodePlan:
@@ -60,6 +55,7 @@ class NodePlan:
     disk_type: str | None = None  # None: the API's default, pd-standard
     on_host_maintenance: str | None = None
     metadata: tuple[tuple[str, str], ...] = ()
+    node_config: dict = field(default_factory=dict, compare=False, repr=False)
 
 
 def node_plans(config: dict[str, Any]) -> list[NodePlan]:
@@ -81,7 +77,7 @@ def node_plans(config: dict[str, Any]) -> list[NodePlan]:
         metadata = tuple((str(i.get("key")), str(i.get("value"))) for i in items)
         count = 1 if name == head else int(node.get("max_workers", config.get("max_workers", 0)))
         plans.append(NodePlan(name, machine, count, accelerator, gpus, spot, init.get("sourceImage"), disk_type,
-                              sched.get("onHostMaintenance"), metadata))
+                              sched.get("onHostMaintenance"), metadata, nc))
     return plans
 
 
@@ -94,8 +90,10 @@ def _accelerator(node_config: dict[str, Any], machine: str) -> tuple[str | None,
 
 
 def run_checks(config: dict[str, Any], compute: Compute, bucket: str | None = None,
-               storage_client: Callable[[], Any] | None = None) -> list[Check]:
-    """Every preflight check for a cluster file; the caller prints them and fails on any FAIL."""
+               storage_client: Callable[[], Any] | None = None,
+               apis: bootstrap.ProjectApis | None = None) -> list[Check]:
+    """Every preflight check for a cluster file; the caller prints them and fails on any FAIL.
+    ``apis``: Service Usage, Resource Manager and IAM (default: for the compute's project and endpoint)."""
     provider = config.get("provider") or {}
     if provider.get("type") != "gcp":
         raise UserError(f"the cluster file's provider is {provider.get('type')!r}, not gcp",
@@ -106,6 +104,12 @@ def run_checks(config: dict[str, Any], compute: Compute, bucket: str | None = No
                         "regenerate it with `launcher cluster config`")
     plans = node_plans(config)
     checks = [_security(config), *table_checks(config, plans)]
+    if checks[1].status != FAIL:  # the Google API client imports: ask what Ray's bootstrap will need
+        apis = apis or bootstrap.ProjectApis(compute.project, compute.endpoint)
+        checks += bootstrap.api_checks(apis)
+        if checks[-1].status == FAIL and "Compute Engine" in checks[-1].what:
+            return checks  # every other answer would be the same 403
+        checks += bootstrap.access_checks(config, apis) + bootstrap.policy_checks(config, apis)
     z = compute.zone(zone)
     if z is None:
         checks.append(Check(FAIL, f"zone {zone} does not exist in project {compute.project}",
@@ -121,9 +125,11 @@ def run_checks(config: dict[str, Any], compute: Compute, bucket: str | None = No
     infos = _machine_checks(plans, compute, zone, checks)
     _accelerator_checks(plans, compute, zone, checks)
     _n1_shape_checks(plans, infos, checks)
-    _quota_checks(plans, {m: i.cpus for m, i in infos.items()}, compute, region, checks)
-    _project_checks(plans, compute, checks)
+    project = _project_checks(plans, compute, checks)
+    if project is not None:
+        _quota_checks(plans, {m: i.cpus for m, i in infos.items()}, compute, region, project, checks)
     _image_checks(plans, compute, checks)
+    checks += network_checks(config, compute, region)
     if bucket:
         checks.append(bucket_check(bucket, region, storage_client))
     return checks
@@ -230,7 +236,7 @@ def _node_table_checks(p: NodePlan) -> list[Check]:
                             f"({machine_series(p.machine_type).upper()} takes {', '.join(allowed)})",
                             f"set initializeParams.diskType to zones/ZONE/diskTypes/{allowed[0]} "
                             "(launcher cluster config writes it)"))
-    if p.gpus and p.on_host_maintenance != "TERMINATE":
+    if p.gpus and p.on_host_maintenance != "TERMINATE" and not (p.spot and p.on_host_maintenance is None):
         checks.append(Check(FAIL, f"{p.node_type}: a GPU VM without onHostMaintenance TERMINATE (GPUs cannot "
                             "live-migrate, so Compute Engine refuses it)",
                             "set scheduling.onHostMaintenance: TERMINATE in its node_config"))
@@ -278,23 +284,14 @@ def _n1_shape_checks(plans: list[NodePlan], infos: dict[str, MachineInfo], check
                                 "N1 offers"))
 
 
-def _project_checks(plans: list[NodePlan], compute: Compute, checks: list[Check]) -> None:
-    """Project-wide: the global GPU quota and OS Login in the project's metadata."""
+def _project_checks(plans: list[NodePlan], compute: Compute, checks: list[Check]) -> Project | None:
+    """The project's own answer (its quotas and metadata), and OS Login in its metadata."""
     project = compute.project_info()
     if project is None:
         checks.append(Check(FAIL, f"project {compute.project} cannot be read", "check --project / project_id"))
-        return
-    gpus = sum(p.gpus * p.count for p in plans)
-    q = project.quotas.get("GPUS_ALL_REGIONS")
-    if gpus and q is not None:
-        if gpus > q.free:
-            checks.append(Check(FAIL, f"quota GPUS_ALL_REGIONS (project-wide): the cluster needs {gpus} GPUs, "
-                                f"{q.free:g} free (limit {q.limit:g}; new projects get 0)",
-                                "request GPUS_ALL_REGIONS quota (IAM & Admin > Quotas, metric 'GPUs (all "
-                                "regions)') or lower --max-workers"))
-        else:
-            checks.append(Check(OK, f"quota GPUS_ALL_REGIONS (project-wide): needs {gpus}, {q.free:g} free"))
+        return None
     checks.append(_os_login_check(plans, project.metadata))
+    return project
 
 
 def _os_login_check(plans: list[NodePlan], project_metadata: dict[str, str]) -> Check:
@@ -308,44 +305,48 @@ def _os_login_check(plans: list[NodePlan], project_metadata: dict[str, str]) -> 
                      "add the metadata item enable-oslogin: FALSE to each node_config (launcher cluster config "
                      "does), or turn it off in the project's metadata")
     if in_project:
-        return Check(OK, "OS Login is on in the project and off on the cluster's VMs (instance metadata wins, "
-                     "unless an organization policy requires OS Login)")
+        return Check(OK, "OS Login is on in the project and off on the cluster's VMs (instance metadata wins over "
+                     "the project's)")
     return Check(OK, "OS Login is off: Ray's SSH key will be accepted")
 
 
-def _quota_checks(plans: list[NodePlan], cpus: dict[str, int], compute: Compute, region: str,
+HINTS = {"CPUS": "a smaller machine type", "GPUS": "fewer GPUs per VM", "TOTAL_GB": "a smaller --disk-size-gb",
+         "ADDRESSES": "fewer nodes (each has an external IP)", "INSTANCES": "fewer nodes"}
+
+
+def _quota_checks(plans: list[NodePlan], cpus: dict[str, int], compute: Compute, region: str, project: Project,
                   checks: list[Check]) -> None:
+    """What the head and every worker the file allows hold at once (:mod:`cluster.quotas`), against the
+    region's and the project's quotas."""
     quotas = compute.region_quotas(region)
     if quotas is None:
         checks.append(Check(FAIL, f"region {region} does not exist", "fix --region / --zone"))
         return
-    need: dict[str, int] = defaultdict(int)
+    limits = {m: q.limit for m, q in {**quotas, **project.quotas}.items()}
+    need: Counter = Counter()
     for p in plans:
-        if p.machine_type in cpus:
-            need[_metric(f"{machine_series(p.machine_type).upper()}_CPUS", "CPUS", p.spot, quotas)] += \
-                cpus[p.machine_type] * p.count
-        if p.accelerator and p.accelerator in ACCELERATORS:
-            need[_metric(ACCELERATORS[p.accelerator].quota, None, p.spot, quotas)] += p.gpus * p.count
+        for metric, amount in quota_rules.vm_usage(p.node_config, limits, cpus.get(p.machine_type)).items():
+            need[metric] += amount * p.count
     for metric, amount in sorted(need.items()):
-        q = quotas.get(metric, Quota(metric, 0.0, 0.0))
-        if amount > q.free:
-            checks.append(Check(FAIL, f"quota {metric} in {region}: the cluster needs {amount}, {q.free:g} free "
-                                f"(limit {q.limit:g}, in use {q.usage:g})",
-                                f"request more {metric} quota for {region} (IAM & Admin > Quotas) or lower "
-                                "--max-workers / the machine or accelerator size"))
+        wide = quota_rules.project_wide(metric)
+        q = (project.quotas if wide else quotas).get(metric)
+        if q is None and (wide or metric in quota_rules.OPTIONAL):
+            continue  # not listed: no such limit in this project
+        q = q or Quota(metric, 0.0, 0.0)
+        where = "(project-wide)" if wide else f"in {region}"
+        if amount <= q.free:
+            checks.append(Check(OK, f"quota {metric} {where}: needs {amount:g}, {q.free:g} free"))
+        elif metric == "GPUS_ALL_REGIONS":
+            checks.append(Check(FAIL, f"quota GPUS_ALL_REGIONS (project-wide): the cluster needs {amount:g} GPUs, "
+                                f"{q.free:g} free (limit {q.limit:g}; new projects get 0)",
+                                "request GPUS_ALL_REGIONS quota (IAM & Admin > Quotas, metric 'GPUs (all "
+                                "regions)') or lower --max-workers"))
         else:
-            checks.append(Check(OK, f"quota {metric} in {region}: needs {amount}, {q.free:g} free"))
-
-
-def _metric(specific: str, general: str | None, spot: bool, quotas: dict[str, Quota]) -> str:
-    """The quota a node draws on: per-series if the region lists one, PREEMPTIBLE_ for Spot where granted."""
-    base = specific if specific in quotas or general is None else general
-    if spot:
-        # Compute Engine charges Spot/preemptible VMs to the PREEMPTIBLE_ quota when the project has one.
-        for candidate in (f"PREEMPTIBLE_{base}", f"PREEMPTIBLE_{general}" if general else None):
-            if candidate and candidate in quotas and quotas[candidate].limit > 0:
-                return candidate
-    return base
+            hint = next((h for key, h in HINTS.items() if key in metric), "smaller nodes")
+            checks.append(Check(FAIL, f"quota {metric} {where}: the cluster needs {amount:g}, {q.free:g} free "
+                                f"(limit {q.limit:g}, in use {q.usage:g})",
+                                f"request more {metric} quota {'' if wide else f'for {region} '}(IAM & Admin > "
+                                f"Quotas) or lower --max-workers / {hint}"))
 
 
 def _image_checks(plans: list[NodePlan], compute: Compute, checks: list[Check]) -> None:

@@ -57,7 +57,8 @@ class ClusterSpec:
     cluster_name: str = option("launcher", flag="--name", help="cluster name (default launcher)")
     head_machine_type: str = option("n1-standard-4", help="head VM type (default n1-standard-4)")
     worker_machine_type: str = option("n1-standard-8", help="worker VM type (default n1-standard-8)")
-    min_workers: int = option(2, help="workers kept running (default: the preset's)")
+    min_workers: int | None = option(None, help="workers kept running, and billing, while idle (default: 0 for GPU "
+                                     "workers, which Ray's autoscaler starts on demand; max_workers for CPU workers)")
     max_workers: int = option(2, help="most workers (default: the preset's)")
     # on the workers, or on the head when max_workers is 0
     accelerator_type: str | None = option(None, flag="--accelerator", help="GPU type on the workers (on the head "
@@ -146,6 +147,8 @@ class ClusterSpec:
                                 f"set {_flag(name)} to at least {10 if name == 'disk_size_gb' else 1}")
         scopes = tuple(expand_scope(s) for s in self.scopes)
         spec = dataclasses.replace(spec, region=region, scopes=scopes, accelerator_count=gpus)
+        if spec.min_workers is None:  # GPU workers cost nothing idle; CPU workers are there when a run starts
+            spec = dataclasses.replace(spec, min_workers=0 if spec.node_gpus(head=False) else spec.max_workers)
         for head in (True, False) if spec.max_workers else (True,):
             _check_node(spec, head)
         return spec
@@ -181,12 +184,11 @@ class ClusterSpec:
 
 PRESETS: dict[str, dict[str, Any]] = {
     # AI Platform's BASIC: one machine. Here: a head VM that also trains.
-    "basic": {"head_machine_type": "n1-standard-8", "min_workers": 0, "max_workers": 0},
+    "basic": {"head_machine_type": "n1-standard-8", "max_workers": 0},
     # STANDARD_1: a master and several CPU workers.
-    "standard-1": {"head_machine_type": "n1-standard-4", "worker_machine_type": "n1-standard-8",
-                   "min_workers": 4, "max_workers": 4},
+    "standard-1": {"head_machine_type": "n1-standard-4", "worker_machine_type": "n1-standard-8", "max_workers": 4},
     # BASIC_GPU: one machine with one GPU (AI Platform used a K80; T4 is today's entry GPU).
-    "basic-gpu": {"head_machine_type": "n1-standard-8", "min_workers": 0, "max_workers": 0,
+    "basic-gpu": {"head_machine_type": "n1-standard-8", "max_workers": 0,
                   "accelerator_type": "nvidia-tesla-t4", "accelerator_count": 1},
     # CUSTOM: the dataclass defaults, every field set by flags or the YAML file.
     "custom": {},
@@ -243,6 +245,8 @@ def _check_name(name: str) -> None:
 
 
 def _check_workers(spec: ClusterSpec) -> None:
+    if spec.min_workers is None:
+        spec = dataclasses.replace(spec, min_workers=0)
     if spec.max_workers < 0 or spec.min_workers < 0:
         raise UserError(f"worker counts must be >= 0, got min {spec.min_workers}, max {spec.max_workers}",
                         "set --min-workers and --max-workers to 0 or more")

@@ -519,17 +519,52 @@ def test_os_login_is_off_on_every_node():
 
 
 def test_what_stopped_vms_a_cluster_can_leave_is_said():
-    from cluster.config import stopped_vm_notes
+    from cluster.config import cost_notes
 
     pre = ClusterSpec.from_mapping({**BASE, "provisioning": "preemptible"}).validated()
     assert "cache_stopped_nodes" not in ray_cluster_config(pre, VERSION)["provider"]
     text = to_yaml(ray_cluster_config(pre, VERSION), pre, VERSION)
     assert "# Preemptible workers: Compute Engine stops a preempted VM" in text
-    assert "launcher cluster down THIS_FILE (`ray down`, then deletes the VMs it left stopped)" in text
+    assert "launcher cluster down THIS_FILE (`ray down`, then the VMs and disks it left)" in text
     stop = ClusterSpec.from_mapping({**BASE, "provisioning": "spot", "termination_action": "STOP"}).validated()
-    assert "plain `ray down` stops every VM" in " ".join(stopped_vm_notes(stop))
+    assert "plain `ray down` stops every VM" in " ".join(cost_notes(stop))
     spot = ClusterSpec.from_mapping({**BASE, "provisioning": "spot"}).validated()
-    assert stopped_vm_notes(spot) == [] and "Preemptible" not in to_yaml(build(), spot, VERSION)
+    assert not [n for n in cost_notes(spot) if "stop" in n.lower()] and "Preemptible" not in to_yaml(build(), spot,
+                                                                                                      VERSION)
+
+
+def test_gpu_workers_cost_nothing_idle_unless_kept(tmp_path):
+    """GPU workers start at min_workers 0 (the autoscaler adds them on demand), said in the file; --min-workers
+    keeps some; CPU workers stay at max_workers; every node's external IP is a choice the file explains."""
+    gpu = ClusterSpec.from_mapping({**BASE, "accelerator_type": "nvidia-tesla-t4", "max_workers": 4}).validated()
+    config = ray_cluster_config(gpu, VERSION)
+    worker = config["available_node_types"]["n1-standard-8-t4x1"]
+    assert (worker["min_workers"], worker["max_workers"]) == (0, 4)
+    text = to_yaml(config, gpu, VERSION)
+    assert "# GPU workers: min_workers 0: none runs (or bills) while the cluster is idle" in text
+    assert "# External IPs: every node has one" in text and "Cloud NAT" in text
+    kept = ClusterSpec.from_mapping({**BASE, "accelerator_type": "nvidia-tesla-t4", "min_workers": 1}).validated()
+    assert kept.min_workers == 1 and "# GPU workers: min_workers 1: that many run, and bill, while the cluster is " \
+        "idle." in to_yaml(ray_cluster_config(kept, VERSION), kept, VERSION)
+    for preset in ("standard-1", "custom"):  # CPU workers: there when a run starts
+        cpu = ClusterSpec.from_mapping({**BASE, "preset": preset}).validated()
+        assert cpu.min_workers == cpu.max_workers > 0
+    g2 = ClusterSpec.from_mapping({**BASE, "preset": "standard-1", "worker_machine_type": "g2-standard-8"}).validated()
+    assert g2.min_workers == 0  # a type with built-in GPUs is a GPU worker too
+    with pytest.raises(UserError, match=r"min_workers \(3\) is above max_workers \(2\)"):
+        ClusterSpec.from_mapping({**BASE, "min_workers": 3}).validated()
+
+
+def test_every_node_is_on_the_network_an_a3_worker_names():
+    """An A3 worker needs gVNIC, so it names its interface (network default); the head then names the same
+    network, or Ray would put it on the region's first subnet, which may belong to another VPC."""
+    config = ray_cluster_config(ClusterSpec.from_mapping({**BASE, "worker_machine_type": "a3-highgpu-8g"})
+                                .validated(), VERSION)
+    nics = {n: t["node_config"]["networkInterfaces"][0] for n, t in config["available_node_types"].items()}
+    assert {nic["network"] for nic in nics.values()} == {"projects/my-project/global/networks/default"}
+    assert nics["ray_head"].get("nicType") is None and nics["a3-highgpu-8g-h100-80gbx8"]["nicType"] == "GVNIC"
+    cpu = ray_cluster_config(ClusterSpec.from_mapping(BASE).validated(), VERSION)
+    assert not any("networkInterfaces" in t["node_config"] for t in cpu["available_node_types"].values())
 
 
 def test_a_machine_type_written_with_its_gpus_is_split_into_the_type_and_accelerator(capsys):

@@ -40,7 +40,7 @@ def project_world() -> World:
             "us-central1": {"CPUS": (96, 8), "PREEMPTIBLE_CPUS": (0, 0), "G2_CPUS": (48, 0), "A2_CPUS": (24, 0),
                             "NVIDIA_T4_GPUS": (16, 0), "PREEMPTIBLE_NVIDIA_T4_GPUS": (4, 0),
                             "NVIDIA_V100_GPUS": (8, 0), "NVIDIA_L4_GPUS": (4, 0), "NVIDIA_A100_GPUS": (2, 0),
-                            "INSTANCES": (1000, 3)},
+                            "INSTANCES": (1000, 3), "SSD_TOTAL_GB": (4096, 100), "IN_USE_ADDRESSES": (8, 1)},
             "europe-west4": {"CPUS": (48, 0), "NVIDIA_T4_GPUS": (4, 0)},
         },
         project_quotas={"GPUS_ALL_REGIONS": (16, 0), "CPUS_ALL_REGIONS": (200, 8)},
@@ -62,7 +62,7 @@ class ProjectAPI(compute_api.ComputeAPI):
     def answer(self, method: str, path: str, query: dict[str, str], body: dict) -> dict:
         self.requests.append(path if method == "GET" else f"{method} {path}")
         found = super().answer(method, path, query, body)
-        if method == "DELETE":
+        if method == "DELETE" and "/instances/" in path:
             zone, name = path.split("/zones/", 1)[1].split("/instances/")
             self.deleted.append(f"{zone}/{name}")
         return found
@@ -338,11 +338,12 @@ def test_os_login(tmp_path, fake):
     config = load(cluster_file(tmp_path, preset="standard-1"))
     ok = [c for c in run_checks(config, Compute(PROJECT)) if "OS Login" in c.what]
     assert [(c.status, c.what) for c in ok] == [
-        (OK, "OS Login is on in the project and off on the cluster's VMs (instance metadata wins, unless an "
-             "organization policy requires OS Login)")]
+        (OK, "no organization policy requires OS Login (constraints/compute.requireOsLogin)"),
+        (OK, "OS Login is on in the project and off on the cluster's VMs (instance metadata wins over the "
+             "project's)")]
     for node in config["available_node_types"].values():  # a hand-written file without the override
         node["node_config"].pop("metadata")
-    failed = [c for c in by_status(run_checks(config, Compute(PROJECT)), FAIL) if "OS Login" in c.what]
+    failed = [c for c in by_status(run_checks(config, Compute(PROJECT)), FAIL) if c.what.startswith("OS Login")]
     assert len(failed) == 1 and failed[0].what.startswith(
         "OS Login is on for n1-standard-8, ray_head (project metadata enable-oslogin=TRUE): it ignores the SSH "
         "key Ray adds")
@@ -406,7 +407,7 @@ def test_cluster_down_deletes_the_vms_ray_down_left_stopped(tmp_path, fake, monk
     assert open(log).read() == f"down -y {path}\n"  # Ray's own teardown first
     assert fake.deleted == ["us-central1-a/ray-demo-head-00aa11bb-compute",
                             "us-central1-a/ray-demo-worker-1a2b3c4d-compute"]
-    assert "deleting 2 VM(s) labelled ray-cluster-name=demo in us-central1-a that `ray down` left" in out
+    assert "deleted 2 VM(s) labelled ray-cluster-name=demo in us-central1-a that `ray down` left" in out
     assert "  ray-demo-worker-1a2b3c4d-compute (TERMINATED)" in out
     assert list(fake.instances) == ["ray-other-worker-99887766-compute", "my-own-vm"]
     assert main(["cluster", "down", path]) == 0

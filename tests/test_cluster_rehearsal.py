@@ -47,11 +47,11 @@ def quietly(config: dict, **kwargs):
 FAMILIES = {
     "n1-t4": ({"worker_machine_type": "n1-standard-8", "accelerator_type": "nvidia-tesla-t4", "min_workers": 1},
               "1 x nvidia-tesla-t4"),
-    "g2-standard-24": ({"worker_machine_type": "g2-standard-24"}, "2 x nvidia-l4 (built in)"),
+    "g2-standard-24": ({"worker_machine_type": "g2-standard-24", "min_workers": 2}, "2 x nvidia-l4 (built in)"),
     "a2-highgpu-1g": ({"worker_machine_type": "a2-highgpu-1g"}, "1 x nvidia-tesla-a100 (built in)"),
     "a3-highgpu-8g": ({"worker_machine_type": "a3-highgpu-8g"}, "8 x nvidia-h100-80gb (built in)"),
-    "spot-stop": ({"accelerator_type": "nvidia-tesla-t4", "provisioning": "spot", "termination_action": "STOP"},
-                  "SPOT (on preemption: STOP)"),
+    "spot-stop": ({"accelerator_type": "nvidia-tesla-t4", "provisioning": "spot", "termination_action": "STOP",
+                   "min_workers": 2}, "SPOT (on preemption: STOP)"),
 }
 
 
@@ -80,7 +80,7 @@ def test_bootstrap_runs_as_ray_up_does():
 
 
 def test_spot_with_stop_is_stopped_by_ray_down_then_deleted():
-    config = build(accelerator_type="nvidia-tesla-t4", provisioning="spot", termination_action="STOP")
+    config = build(accelerator_type="nvidia-tesla-t4", provisioning="spot", termination_action="STOP", min_workers=2)
     assert config["provider"]["cache_stopped_nodes"] is True
     report, out = quietly(config, bootstrap=False)
     assert len(report.stopped_by_down) == 3 and report.left == []
@@ -157,7 +157,7 @@ def test_a_broken_file_is_refused_naming_the_rule(family, breaks, quotas, rule, 
 
 
 def test_a_quota_counts_what_is_running_not_just_one_request():
-    config = build(worker_machine_type="g2-standard-24")  # 2 workers x 2 L4
+    config = build(worker_machine_type="g2-standard-24", min_workers=2)  # 2 workers x 2 L4
     report, _ = quietly(config, quotas={"NVIDIA_L4_GPUS": 4}, bootstrap=False)
     assert report.refused == []
     report, out = quietly(config, quotas={"NVIDIA_L4_GPUS": 3}, bootstrap=False)
@@ -268,7 +268,7 @@ def test_ray_up_over_ssh_trains_and_ray_down_leaves_nothing(gcs_emulator, bucket
 def test_the_up_rehearsals_copy_says_what_it_skips(tmp_path):
     """The copy `ray up` runs: SSH through the loopback sshd, workers simulated, free ports for the head,
     and each setup command run, checked (pinned pip installs) or skipped with the reason."""
-    from launcher.lab.ray_up import up_copy
+    from launcher.lab.up_copy import up_copy
     from launcher.lab.sshd import LoopbackSSHD
 
     sshd = LoopbackSSHD(str(tmp_path), {"HOME": str(tmp_path)})

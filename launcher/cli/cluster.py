@@ -1,9 +1,12 @@
 """``launcher cluster ...``: Compute Engine cluster files, preflight, up/down, rehearsal, preemption history.
 
 Ray stays the provisioner: ``cluster up`` runs the preflight and then Ray's own
-``ray up``; ``cluster down`` runs ``ray down`` and then deletes the cluster's
-VMs it left (stopped ones: Ray's provider stops rather than deletes with
-``cache_stopped_nodes``, and preempted workers are stopped by Compute Engine).
+``ray up``, and when that fails deletes the VMs it made (:mod:`cluster.cleanup`);
+``cluster down`` runs ``ray down`` and then deletes the cluster's VMs it left
+(stopped ones: Ray's provider stops rather than deletes with
+``cache_stopped_nodes``, and preempted workers are stopped by Compute Engine)
+and its disks no VM uses, and with ``--purge`` what Ray's bootstrap added to
+the project.
 ``cluster rehearse`` runs Ray's GCP provider against a local Compute Engine API
 (:mod:`launcher.lab.rehearsal`).
 Everything else is a library call into :mod:`cluster`.
@@ -46,11 +49,16 @@ def add_parsers(sub) -> None:
     up.add_argument("--bucket", help="also check this gs:// bucket (see preflight)")
     up.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
     up.add_argument("--skip-preflight", action="store_true", help="go straight to `ray up`")
+    up.add_argument("--keep-on-failure", action="store_true", help="when `ray up` fails, keep the VMs it made (to "
+                    "look at them) and say what they bill; by default they are deleted")
 
     down = actions.add_parser("down", help="`ray down -y CLUSTER_FILE`, then delete the cluster's VMs it left "
                               "(stopped ones too)")
     down.add_argument("cluster_file")
     down.add_argument("--dry-run", action="store_true", help="print what would run, run nothing")
+    down.add_argument("--purge", action="store_true", help="also remove what Ray's bootstrap added to the project: "
+                      "this machine's SSH key in its metadata and the service account ray-autoscaler-sa-v1 with its "
+                      "roles (only when no Ray cluster VM is left in the project)")
 
     rh = actions.add_parser("rehearse", help="rehearse `ray up`/`ray down` of a cluster file: Ray's GCP provider "
                             "against a local Compute Engine API that checks each request (no cloud needed)")
@@ -62,6 +70,12 @@ def add_parsers(sub) -> None:
                     help="the whole path on this machine: the real `ray up` over SSH to a loopback sshd (the head "
                          "VM), setup commands and ray start, a 1-epoch run checkpointing to the Cloud Storage "
                          "emulator, `ray status`, `ray down` (a few minutes; needs openssh-server and rsync)")
+    rh.add_argument("--stockout", action="append", default=[], metavar="MACHINE_TYPE",
+                    help="the zone has none of this machine type (`all`: of any): its inserts fail as Compute "
+                         "Engine's do, with ZONE_RESOURCE_POOL_EXHAUSTED (repeatable)")
+    rh.add_argument("--fail-head-setup", action="store_true",
+                    help="with --up: the head's setup fails (an extra command exits 1), to see `launcher cluster up` "
+                         "delete what it made")
 
     pe = actions.add_parser("preemptions", help="list the preemptions of a cluster's VMs, with times")
     pe.add_argument("--project", help="project id (default: GOOGLE_CLOUD_PROJECT)")
@@ -138,68 +152,123 @@ def _up(args: argparse.Namespace) -> int:
             print(f"would run: launcher cluster preflight {shlex.quote(args.cluster_file)}"
                   + (f" --bucket {shlex.quote(args.bucket)}" if args.bucket else ""))
         print("would run: " + shlex.join(command))
+        print("and if it fails: " + ("keep the VMs it made and say what they bill" if args.keep_on_failure
+                                     else "delete the VMs it made"))
         return EXIT_OK
+    project, zone, name = _where(schema.load_yaml(args.cluster_file, "cluster file"))
     if not args.skip_preflight:
         checks = run_preflight(args.cluster_file, args.bucket)
         print(format_checks(checks), flush=True)
         if any(c.status == FAIL for c in checks):
             print("not starting the cluster: fix the failed checks (or pass --skip-preflight)", file=sys.stderr)
             return EXIT_FAILED
-    return _run(command)
+    before = _vm_names(project, zone, name)
+    try:
+        rc = _run(command)
+    except KeyboardInterrupt:
+        rc = 130
+    if rc != 0 and before is not None:
+        from cluster.cleanup import after_failed_up
+        from cluster.compute import Compute
+
+        after_failed_up(Compute(project), zone, name, before, args.keep_on_failure, print, args.cluster_file)
+    elif rc != 0:
+        print(f"`ray up` failed; check what it left: gcloud compute instances list --project {project} "
+              f"--filter labels.ray-cluster-name={name}", file=sys.stderr)
+    return rc
+
+
+def _where(config) -> tuple[str, str, str]:
+    provider = (config.get("provider") or {}) if isinstance(config, dict) else {}
+    return (str(provider.get("project_id") or ""), str(provider.get("availability_zone") or ""),
+            str(config.get("cluster_name") or "") if isinstance(config, dict) else "")
+
+
+def _vm_names(project: str, zone: str, name: str) -> set[str] | None:
+    """The cluster's VMs before `ray up`, so a failure deletes only what it made; None: cannot tell."""
+    from cluster.compute import Compute
+
+    if not (project and zone and name):
+        return None
+    try:
+        return {vm.name for vm in Compute(project).instances(zone, name)}
+    except LauncherError as exc:
+        print(f"warning: cannot list cluster {name}'s VMs ({exc.what}): if `ray up` fails, what it made is not "
+              "deleted", file=sys.stderr)
+        return None
 
 
 def _down(args: argparse.Namespace) -> int:
     config = schema.load_yaml(args.cluster_file, "cluster file")  # a clear error for a missing file, before Ray's
     command = [_ray(), "down", "-y", args.cluster_file]
-    provider = (config.get("provider") or {}) if isinstance(config, dict) else {}
-    project, zone, name = provider.get("project_id"), provider.get("availability_zone"), config.get("cluster_name")
+    project, zone, name = _where(config)
     where = f"labelled ray-cluster-name={name} in {zone}"
     if args.dry_run:
         print("would run: " + shlex.join(command))
         if project and zone and name:
-            print(f"would then delete the VMs {where} that it left (stopped ones included)")
+            print(f"would then delete the VMs {where} that it left (stopped ones included), and the cluster's "
+                  "disks no VM uses" + ("; then Ray's SSH key and service account" if args.purge else ""))
         return EXIT_OK
     rc = _run(command)
     if project and zone and name:
-        _delete_left_vms(project, zone, str(name), where)
+        _delete_left(project, zone, name, where)
+        if args.purge:
+            from cluster.bootstrap import ProjectApis
+            from cluster.cleanup import purge_bootstrap
+            from cluster.compute import Compute
+
+            region = str((config.get("provider") or {}).get("region") or zone.rsplit("-", 1)[0])
+            user = str((config.get("auth") or {}).get("ssh_user") or "ubuntu")
+            if not purge_bootstrap(Compute(project), ProjectApis(project), region, user, print):
+                rc = rc or EXIT_FAILED
     return rc
 
 
-def _delete_left_vms(project: str, zone: str, name: str, where: str) -> None:
-    """`ray down` lists running VMs only: delete the cluster's stopped ones too, and say which."""
-    from cluster.compute import Compute, delete_left_vms
+def _delete_left(project: str, zone: str, name: str, where: str) -> None:
+    """`ray down` lists running VMs only: delete the cluster's stopped ones too, then its detached disks."""
+    from cluster.compute import Compute, delete_left_disks, delete_left_vms
 
     try:
-        left = delete_left_vms(Compute(project), zone, name)
+        compute = Compute(project)
+        left = delete_left_vms(compute, zone, name)
+        disks = delete_left_disks(compute, zone, name)
     except LauncherError as exc:  # no credentials, no permission, no answer: say so, `ray down` has run
         print(f"warning: could not look for VMs {where} left after `ray down` ({exc.what}); check with: "
               f"gcloud compute instances list --project {project} --filter labels.ray-cluster-name={name}",
               file=sys.stderr)
         return
-    if not left:
+    if left:
+        print(f"deleted {len(left)} VM(s) {where} that `ray down` left (their auto-delete disks with them):")
+        for vm in left:
+            print(f"  {vm.name} ({vm.status})")
+    else:
         print(f"no VMs {where} left")
-        return
-    print(f"deleting {len(left)} VM(s) {where} that `ray down` left (their boot disks go with them):")
-    for vm in left:
-        print(f"  {vm.name} ({vm.status})")
+    if disks:
+        print(f"deleted {len(disks)} disk(s) of cluster {name} that no VM used: "
+              + ", ".join(f"{d.name} ({d.size_gb} GB {d.type})" for d in disks))
 
 
 def _rehearse(args: argparse.Namespace) -> int:
     from launcher.lab.rehearsal import refusal_error, rehearse
 
     config = schema.load_yaml(args.cluster_file, "cluster file")
+    stockout = tuple("*" if m == "all" else m for m in args.stockout)
     if args.up:
-        return _rehearse_up(config, parse_quotas(args.quota))
+        return _rehearse_up(config, parse_quotas(args.quota), stockout, args.fail_head_setup)
+    if args.fail_head_setup:
+        raise UserError("--fail-head-setup needs --up (the head's setup runs only there)", "add --up")
     try:
-        report = rehearse(config, parse_quotas(args.quota))
+        report = rehearse(config, parse_quotas(args.quota), stockout=stockout)
     except UserError as exc:  # the file cannot be rehearsed (or would be refused before any request)
         raise UserError(f"{args.cluster_file}: {exc.what}", exc.fix) from None
     if report.refused:
         raise refusal_error(args.cluster_file, report)
+    if report.left:
+        raise LauncherError(f"the rehearsal left {', '.join(report.left)} in the local API", "a bug: please report it")
     return EXIT_OK
 
 
-def _rehearse_up(config: dict, quotas: dict[str, float]) -> int:
+def _rehearse_up(config: dict, quotas: dict[str, float], stockout: tuple[str, ...], fail_setup: bool) -> int:
     from launcher.lab.gcs_emulator import Emulator
     from launcher.lab.ray_up import create_bucket, rehearse_up
 
@@ -209,7 +278,8 @@ def _rehearse_up(config: dict, quotas: dict[str, float]) -> int:
             create_bucket(emulator.url, "launcher-rehearsal")
             print(f"Cloud Storage emulator at {emulator.url}, bucket gs://launcher-rehearsal", flush=True)
             report = rehearse_up(config, emulator.url, "launcher-rehearsal", quotas,
-                                 say=lambda line: print(line, flush=True))
+                                 say=lambda line: print(line, flush=True), stockout=stockout,
+                                 fail_head_setup=fail_setup)
         finally:
             emulator.stop()
     if not report.ok:

@@ -2,38 +2,29 @@
 
 It answers the REST calls Ray 2.60's GCP node provider and its bootstrap
 (``bootstrap_gcp``) send through google-api-python-client, and the ones
-preflight, ``launcher cluster down`` and ``launcher cluster preemptions``
-send through google-cloud-compute, at the same paths as Google's servers
-(``/compute/v1/...``, ``/cloudresourcemanager/v1/...``, ``/iam/v1/...``):
+preflight, ``launcher cluster up`` / ``down`` and ``launcher cluster
+preemptions`` send through google-cloud-compute and the API client, at the
+same paths as Google's servers (``/compute/v1/...``,
+``/cloudresourcemanager/v1/...``, ``/iam/v1/...``, ``/serviceusage/v1/...``):
 
-- Compute: ``instances`` insert / list (with a filter such as Ray's label and
-  status one) / get / delete / stop / start / setLabels (label fingerprints
-  checked), ``zoneOperations`` list (filter, pages) / get / wait,
-  ``globalOperations`` get, ``projects`` get (quotas, metadata) and
-  setCommonInstanceMetadata, ``subnetworks`` list, and the read-only
-  ``zones``, ``machineTypes``, ``acceleratorTypes``, ``regions`` (quotas) and
-  ``images`` getFromFamily, answered from the API's
-  :class:`~launcher.lab.compute_world.World` (plain data a test may change;
-  by default what :mod:`cluster.zones` and :mod:`cluster.machines` know);
-- Resource Manager: ``projects`` get, getIamPolicy, setIamPolicy;
-- IAM: ``serviceAccounts`` get (404 until created) and create.
+- Compute: the VMs, their disks and operations (:mod:`launcher.lab.compute_vms`),
+  ``projects`` get and setCommonInstanceMetadata, ``subnetworks`` list,
+  ``networks`` get, ``firewalls`` list, and the read-only ``zones``,
+  ``machineTypes``, ``acceleratorTypes``, ``regions`` (quotas) and ``images``
+  getFromFamily, answered from the API's :class:`~launcher.lab.compute_world.World`
+  (plain data a test may change; by default a project set up for Ray, and
+  what :mod:`cluster.zones` and :mod:`cluster.machines` know);
+- Resource Manager: ``projects`` get, create (409: it exists), getIamPolicy,
+  setIamPolicy, testIamPermissions, getEffectiveOrgPolicy;
+- IAM: ``serviceAccounts`` get (404 until created), create, delete;
+- Service Usage: ``services`` list (the enabled ones).
 
-The project-level handlers live in :mod:`launcher.lab.compute_project`, the
-world's resources in :mod:`launcher.lab.compute_world`; this module holds the
-server, the instances and the operations.
-
-Instances live in memory (:attr:`ComputeAPI.instances`, resources as Compute
-Engine returns them). Each insert is checked by Compute Engine's rules
-(:mod:`launcher.lab.compute_rules`, which reads :mod:`cluster.machines` and
-:mod:`cluster.zones`); a refused one answers as Compute Engine does, HTTP 400
-(403 for a quota) with an error body whose message names the rule, and
-creates nothing. An accepted one is stored with the scheduling defaults
-Compute Engine fills in (a preemptible VM without ``automaticRestart`` gets
-false); the GPUs of VMs that are not stopped count against the world's
-quotas, and show in their usage. Every call is kept in
-:attr:`ComputeAPI.calls` for the rehearsal to print. Operations are done as
-soon as they are made (the rehearsal checks requests, not timing) and kept in
-the world's zone operations.
+Each route names the permissions a caller needs, as Google's documentation
+lists them for the method; a request to an API the world has disabled, or
+without one of those permissions, is answered 403 the way Google answers it
+(:func:`launcher.lab.compute_project.gate`). The project-level handlers live in
+:mod:`launcher.lab.compute_project`. Every call is kept in
+:attr:`ComputeAPI.calls` for the rehearsal to print.
 """
 
 from __future__ import annotations
@@ -43,19 +34,14 @@ import json
 import re
 import threading
 import urllib.parse
-from collections import Counter
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable
 
 from launcher.lab import compute_project
-from launcher.lab import compute_rules
-from launcher.lab.compute_filter import matches
-from launcher.lab.compute_rules import ALL_REGIONS, Gpus, Refusal, last_part, quota_metric, zone_region
-from launcher.lab.compute_world import API, World
-
-RUNNING, STOPPED = "RUNNING", "TERMINATED"  # Compute Engine calls a stopped VM TERMINATED
-TIME = "2026-01-01T00:00:00.000-00:00"  # when the API's own operations ran
+from launcher.lab.compute_rules import ApiError, Refusal
+from launcher.lab.compute_vms import RUNNING, STOPPED, VMs, operation  # noqa: F401  (re-exported)
+from launcher.lab.compute_world import World
 
 
 @dataclass
@@ -69,15 +55,7 @@ class Call:
     node_type: str = ""  # the Ray node type an insert was for
 
 
-class ApiError(Exception):
-    """An error answer: HTTP status, reason and message, as Compute Engine's error body has them."""
-
-    def __init__(self, status: int, reason: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.reason, self.message = status, reason, message
-
-
-class ComputeAPI:
+class ComputeAPI(VMs):
     """The local API's state (instances, project metadata, IAM, its world) and its server.
 
     Args:
@@ -90,6 +68,8 @@ class ComputeAPI:
         self.project = project
         self.world = world if world is not None else World()
         self.instances: dict[str, dict] = {}  # name -> the instance resource
+        self.disks: dict[str, dict] = {}  # name -> the disk resource
+        self.operations: dict[str, dict] = {}  # name -> the operation
         self.calls: list[Call] = []
         self.metadata: dict = {"kind": "compute#metadata", "fingerprint": "0", "items": []}
         self.service_accounts: dict[str, dict] = {}
@@ -132,12 +112,13 @@ class ComputeAPI:
     def answer(self, method: str, path: str, query: dict[str, str], body: dict) -> dict:
         """The JSON answer to one request; raises :class:`ApiError` for an error answer."""
         with self._lock:
-            for pattern, verb, handler in ROUTES:
+            for pattern, verb, handler, permissions in ROUTES:
                 m = pattern.match(path)
                 if m and method == verb:
                     groups = m.groupdict()
                     if groups.get("project", self.project) != self.project:
                         raise ApiError(404, "notFound", f"The resource 'projects/{groups['project']}' was not found")
+                    compute_project.gate(self, path, permissions)
                     found = handler(self, body=body, query=query, **{k: v for k, v in groups.items()
                                                                       if k != "project"})
                     if found is None:  # a resource the world does not have
@@ -150,168 +131,10 @@ class ComputeAPI:
         """Keep one answered request in :attr:`calls`."""
         self.calls.append(Call(verb, target, refusal, detail, node_type))
 
-    # -- instances ----------------------------------------------------------------------------------
-    def insert(self, zone: str, body: dict, query: dict) -> dict:
-        name = str(body.get("name", ""))
-        if query.get("sourceInstanceTemplate"):
-            refusal = Refusal(400, "instance template", "the rehearsal does not read instance templates")
-        elif name in self.instances:
-            refusal = Refusal(409, "instance name", f"The resource '{self._link(zone, name)}' already exists")
-        else:
-            refusal = self._check(body, zone)
-        self.log("insert", name, refusal, compute_rules.describe(body), compute_rules.node_type_of(body))
-        if refusal:
-            raise ApiError(refusal.status, "quotaExceeded" if refusal.rule == "quota" else "invalid",
-                           f"{refusal.message} [rule: {refusal.rule}]")
-        self.instances[name] = self._new_instance(zone, body)
-        return self.finished("insert", zone, name)
-
-    def _gpus_in_use(self) -> tuple[list[Gpus], list[str]]:
-        """GPUs held by VMs that are not stopped (a stopped VM holds no GPU quota), and their regions."""
-        held = [(compute_rules.gpus_of(i), zone_region(_zone_of(i)))
-                for i in self.instances.values() if i["status"] != STOPPED]
-        held = [(g, r) for g, r in held if g]
-        return [g for g, _ in held], [r for _, r in held]
-
-    def _check(self, body: dict, zone: str) -> Refusal | None:
-        """Compute Engine's rules for a VM in ``zone``, against the quotas there and the GPUs in use."""
-        limits, used = self.world.limits(zone_region(zone))
-        return compute_rules.check_insert(body, zone, *self._gpus_in_use(), quotas=limits, used=used)
-
-    def held(self, region: str | None) -> Counter[str]:
-        """Quota the API's VMs hold: their GPUs per metric in ``region``, and GPUS_ALL_REGIONS."""
-        limits = self.world.limits(region)[0]
-        held: Counter[str] = Counter()
-        for gpus, where in zip(*self._gpus_in_use()):
-            held[ALL_REGIONS] += gpus.count
-            if where == region:
-                held[quota_metric(gpus, limits)] += gpus.count
-        return held
-
-    def _new_instance(self, zone: str, body: dict) -> dict:
-        n = next(self._ids)
-        instance = json.loads(json.dumps(body))
-        nics = instance.get("networkInterfaces") or [{"accessConfigs": [{"name": "External NAT",
-                                                                          "type": "ONE_TO_ONE_NAT"}]}]
-        for nic in nics:
-            nic["networkIP"] = f"10.128.0.{n % 250 + 2}"
-            for access in nic.get("accessConfigs", []):
-                access["natIP"] = f"203.0.113.{n % 250 + 2}"  # TEST-NET-3: never a real address
-        instance["scheduling"] = compute_rules.stored_scheduling(body)  # with the defaults GCE fills in
-        instance.update({"kind": "compute#instance", "id": str(1000 + n), "status": RUNNING,
-                         "zone": f"{API}/projects/{self.project}/zones/{zone}", "networkInterfaces": nics,
-                         "labels": dict(body.get("labels") or {}), "labelFingerprint": f"fp{n}",
-                         "selfLink": f"{API}/{self._link(zone, body['name'])}"})
-        return instance
-
-    def list_instances(self, zone: str, body: dict, query: dict) -> dict:
-        # Any zone lists (none found in one Compute Engine lacks): the insert's zone rule says why it is wrong.
-        found = [dict(i) for i in self.instances.values()
-                 if _zone_of(i) == zone and matches(query.get("filter", ""), i)]
-        wanted = "stopped VMs to reuse (cache_stopped_nodes)" if "TERMINATED" in query.get("filter", "") else ""
-        self.log("list", f"{len(found)} found", detail=wanted)
-        return self._page("compute#instanceList", found, query)
-
-    def get_instance(self, zone: str, name: str, body: dict, query: dict) -> dict:
-        self.log("get", name)
-        return dict(self._instance(zone, name))
-
-    def delete_instance(self, zone: str, name: str, body: dict, query: dict) -> dict:
-        self._instance(zone, name, "delete")
-        self.log("delete", name)
-        del self.instances[name]
-        return self.finished("delete", zone, name)
-
-    def stop_instance(self, zone: str, name: str, body: dict, query: dict) -> dict:
-        self._instance(zone, name, "stop")["status"] = STOPPED
-        self.log("stop", name)
-        return self.finished("stop", zone, name)
-
-    def start_instance(self, zone: str, name: str, body: dict, query: dict) -> dict:
-        instance = self._instance(zone, name, "start")
-        refusal = self._check(instance, zone) if instance["status"] == STOPPED else None
-        self.log("start", name, refusal)
-        if refusal:
-            raise ApiError(refusal.status, "quotaExceeded", f"{refusal.message} [rule: {refusal.rule}]")
-        instance["status"] = RUNNING
-        return self.finished("start", zone, name)
-
-    def set_labels(self, zone: str, name: str, body: dict, query: dict) -> dict:
-        instance = self._instance(zone, name, "setLabels")
-        if body.get("labelFingerprint") != instance["labelFingerprint"]:
-            self.log("setLabels", name, Refusal(412, "label fingerprint", "stale fingerprint"))
-            raise ApiError(412, "conditionNotMet",
-                           "Labels fingerprint either invalid or resource labels have changed")
-        refusal = compute_rules.check_insert({"name": name, "labels": body.get("labels") or {},
-                                              "machineType": instance["machineType"]}, zone, [])
-        self.log("setLabels", name, refusal if refusal and refusal.rule == "label" else None)
-        if refusal and refusal.rule == "label":
-            raise ApiError(400, "invalid", f"{refusal.message} [rule: label]")
-        instance["labels"] = dict(body.get("labels") or {})
-        instance["labelFingerprint"] = f"fp{next(self._ids)}"
-        return self.finished("setLabels", zone, name)
-
-    def _instance(self, zone: str, name: str, verb: str = "") -> dict:
-        instance = self.instances.get(name)
-        if instance is None or _zone_of(instance) != zone:
-            if verb:
-                self.log(verb, name, Refusal(404, "not found", "no such instance"))
-            raise ApiError(404, "notFound", f"The resource '{self._link(zone, name)}' was not found")
-        return instance
-
-    def _link(self, zone: str, name: str) -> str:
-        return f"projects/{self.project}/zones/{zone}/instances/{name}"
-
-    # -- operations and lists -----------------------------------------------------------------------
-    def finished(self, kind: str, zone: str | None, target: str) -> dict:
-        """A new operation of ``kind`` on ``target``, done at once; a zone's is kept in the world."""
-        op = operation(self.project, kind, zone, target, next(self._ids))
-        if zone:
-            self.world.operations.setdefault(zone, []).append(op)
-        return op
-
-    def get_operation(self, name: str, body: dict, query: dict, zone: str | None = None) -> dict:
-        # Every operation is done when made: answer DONE for any name, as a finished one would.
-        return {"kind": "compute#operation", "name": name, "status": "DONE", "progress": 100}
-
-    def list_operations(self, zone: str, body: dict, query: dict) -> dict | None:
-        if self.world.zone_status(zone) is None:
-            return None
-        found = [op for op in self.world.operations.get(zone, []) if matches(query.get("filter", ""), op)]
-        self.log("zoneOperations.list", zone, detail=query.get("filter", ""))
-        return self._page("compute#operationList", found, query)
-
-    def _page(self, kind: str, items: list[dict], query: dict) -> dict:
-        """One page of a list, as Compute Engine gives it: ``nextPageToken`` while more follow."""
-        size = min(self.world.page_size, int(query.get("maxResults") or self.world.page_size))
-        start = int(query.get("pageToken") or 0)
-        page = {"kind": kind, "items": items[start:start + size]} if items else {"kind": kind}
-        if start + size < len(items):
-            page["nextPageToken"] = str(start + size)
-        return page
-
     # -- the world's read-only resources -------------------------------------------------------------
     def get_region(self, region: str, body: dict, query: dict) -> dict | None:
         self.log("regions.get", region)
         return self.world.region(self.project, region, self.held(region))
-
-
-def operation(project: str, kind: str, zone: str | None, target: str, number: int, when: str = TIME,
-              message: str = "") -> dict:
-    """A finished operation as Compute Engine lists it: of ``kind`` (``insert``, or a system event such as
-    ``compute.instances.preempted``) on instance ``target`` of ``zone`` (None: on the project)."""
-    where = f"zones/{zone}" if zone else "global"
-    op = {"kind": "compute#operation", "id": str(number), "name": f"operation-{number}", "operationType": kind,
-          "status": "DONE", "progress": 100, "statusMessage": message, "insertTime": when, "startTime": when,
-          "endTime": when, "selfLink": f"{API}/projects/{project}/{where}/operations/operation-{number}",
-          "targetLink": f"{API}/projects/{project}/{where}/instances/{target}" if zone else f"{API}/projects/{project}"}
-    if zone:
-        op["zone"] = f"{API}/projects/{project}/zones/{zone}"
-    return op
-
-
-def _zone_of(instance: dict) -> str:
-    return last_part(str(instance.get("zone", "")))
 
 
 def _read(verb: str, resource: Callable[..., dict | None]) -> Callable[..., dict | None]:
@@ -337,35 +160,70 @@ def _route(pattern: str) -> re.Pattern:
 
 
 _ZONE = "compute/v1/projects/{project}/zones/{zone}"
-ROUTES = [
-    (_route(_ZONE), "GET", _read("zones.get", World.zone)),
-    (_route(_ZONE + "/machineTypes/{name}"), "GET", _read("machineTypes.get", World.machine_type)),
-    (_route(_ZONE + "/acceleratorTypes/{name}"), "GET", _read("acceleratorTypes.get", World.accelerator_type)),
-    (_route("compute/v1/projects/{project}/regions/{region}"), "GET", ComputeAPI.get_region),
-    (_route("compute/v1/projects/{image_project}/global/images/family/{family}"), "GET", _image),
-    (_route(_ZONE + "/operations"), "GET", ComputeAPI.list_operations),
-    (_route(_ZONE + "/instances"), "GET", ComputeAPI.list_instances),
-    (_route(_ZONE + "/instances"), "POST", ComputeAPI.insert),
-    (_route(_ZONE + "/instances/{name}"), "GET", ComputeAPI.get_instance),
-    (_route(_ZONE + "/instances/{name}"), "DELETE", ComputeAPI.delete_instance),
-    (_route(_ZONE + "/instances/{name}/stop"), "POST", ComputeAPI.stop_instance),
-    (_route(_ZONE + "/instances/{name}/start"), "POST", ComputeAPI.start_instance),
-    (_route(_ZONE + "/instances/{name}/setLabels"), "POST", ComputeAPI.set_labels),
-    (re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/operations/(?P<name>[^/]+)"
-                r"(?:/wait)?$"), "GET", ComputeAPI.get_operation),
-    (re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/operations/(?P<name>[^/]+)"
-                r"/wait$"), "POST", ComputeAPI.get_operation),
-    (_route("compute/v1/projects/{project}/global/operations/{name}"), "GET", ComputeAPI.get_operation),
-    (_route("compute/v1/projects/{project}"), "GET", compute_project.get_project),
-    (_route("compute/v1/projects/{project}/setCommonInstanceMetadata"), "POST", compute_project.set_metadata),
-    (re.compile(r"^/compute/v1/projects/(?P<project>[^/]+)/regions/(?P<region>[^/]+)/subnetworks$"), "GET",
-     compute_project.list_subnets),
-    (_route("cloudresourcemanager/v1/projects/{project}"), "GET", compute_project.crm_project),
-    (_route("cloudresourcemanager/v1/projects/{project}:getIamPolicy"), "POST", compute_project.get_policy),
-    (_route("cloudresourcemanager/v1/projects/{project}:setIamPolicy"), "POST", compute_project.set_policy),
-    (re.compile(r"^/iam/v1/projects/(?P<project>[^/]+)/serviceAccounts/(?P<email>[^/]+)$"), "GET",
-     compute_project.get_account),
-    (_route("iam/v1/projects/{project}/serviceAccounts"), "POST", compute_project.create_account),
+_OP = r"^/compute/v1/projects/(?P<project>[^/]+)/zones/(?P<zone>[^/]+)/operations/(?P<name>[^/]+)"
+_SA = r"^/iam/v1/projects/(?P<project>[^/]+)/serviceAccounts/(?P<email>[^/]+)$"
+_CRM = "cloudresourcemanager/v1/projects"
+# What instances.insert needs besides compute.instances.create (Compute Engine's IAM page lists them):
+# the disks it makes, the subnet and its external address, the metadata, labels and service account it
+# sets, and acting as that account.
+INSERT = ("compute.instances.create", "compute.disks.create", "compute.subnetworks.use",
+          "compute.subnetworks.useExternalIp", "compute.instances.setMetadata", "compute.instances.setLabels",
+          "compute.instances.setServiceAccount", "iam.serviceAccounts.actAs")
+
+
+def _c(name: str) -> tuple[str, ...]:
+    return (f"compute.{name}",)
+
+
+ROUTES = [  # (path, method, handler, the permissions it needs)
+    (_route(_ZONE), "GET", _read("zones.get", World.zone), _c("zones.get")),
+    (_route(_ZONE + "/machineTypes/{name}"), "GET", _read("machineTypes.get", World.machine_type),
+     _c("machineTypes.get")),
+    (_route(_ZONE + "/acceleratorTypes/{name}"), "GET", _read("acceleratorTypes.get", World.accelerator_type),
+     _c("acceleratorTypes.get")),
+    (_route("compute/v1/projects/{project}/regions/{region}"), "GET", ComputeAPI.get_region, _c("regions.get")),
+    (_route("compute/v1/projects/{image_project}/global/images/family/{family}"), "GET", _image, ()),  # public
+    (_route(_ZONE + "/operations"), "GET", ComputeAPI.list_operations, _c("zoneOperations.list")),
+    (_route(_ZONE + "/instances"), "GET", ComputeAPI.list_instances, _c("instances.list")),
+    (_route(_ZONE + "/instances"), "POST", ComputeAPI.insert, INSERT),
+    (_route(_ZONE + "/instances/{name}"), "GET", ComputeAPI.get_instance, _c("instances.get")),
+    (_route(_ZONE + "/instances/{name}"), "DELETE", ComputeAPI.delete_instance, _c("instances.delete")),
+    (_route(_ZONE + "/instances/{name}/stop"), "POST", ComputeAPI.stop_instance, _c("instances.stop")),
+    (_route(_ZONE + "/instances/{name}/start"), "POST", ComputeAPI.start_instance, _c("instances.start")),
+    (_route(_ZONE + "/instances/{name}/setLabels"), "POST", ComputeAPI.set_labels, _c("instances.setLabels")),
+    (_route("compute/v1/projects/{project}/aggregated/instances"), "GET", ComputeAPI.aggregated_instances,
+     _c("instances.list")),
+    (_route(_ZONE + "/disks"), "GET", ComputeAPI.list_disks, _c("disks.list")),
+    (_route(_ZONE + "/disks/{name}"), "DELETE", ComputeAPI.delete_disk, _c("disks.delete")),
+    (re.compile(_OP + r"(?:/wait)?$"), "GET", ComputeAPI.get_operation, _c("zoneOperations.get")),
+    (re.compile(_OP + r"/wait$"), "POST", ComputeAPI.get_operation, _c("zoneOperations.get")),
+    (_route("compute/v1/projects/{project}/global/operations/{name}"), "GET", ComputeAPI.get_operation,
+     _c("globalOperations.get")),
+    (_route("compute/v1/projects/{project}"), "GET", compute_project.get_project, _c("projects.get")),
+    (_route("compute/v1/projects/{project}/setCommonInstanceMetadata"), "POST", compute_project.set_metadata,
+     _c("projects.setCommonInstanceMetadata")),
+    (_route("compute/v1/projects/{project}/regions/{region}/subnetworks"), "GET", compute_project.list_subnets,
+     _c("subnetworks.list")),
+    (_route("compute/v1/projects/{project}/global/networks/{name}"), "GET", compute_project.get_network,
+     _c("networks.get")),
+    (_route("compute/v1/projects/{project}/global/firewalls"), "GET", compute_project.list_firewalls,
+     _c("firewalls.list")),
+    (_route(_CRM + "/{project}"), "GET", compute_project.crm_project, ("resourcemanager.projects.get",)),
+    (re.compile(r"^/cloudresourcemanager/v1/projects$"), "POST", compute_project.create_project,
+     ("resourcemanager.projects.create",)),
+    (_route(_CRM + "/{project}:getIamPolicy"), "POST", compute_project.get_policy,
+     ("resourcemanager.projects.getIamPolicy",)),
+    (_route(_CRM + "/{project}:setIamPolicy"), "POST", compute_project.set_policy,
+     ("resourcemanager.projects.setIamPolicy",)),
+    (_route(_CRM + "/{project}:testIamPermissions"), "POST", compute_project.test_permissions, ()),
+    (_route(_CRM + "/{project}:getEffectiveOrgPolicy"), "POST", compute_project.effective_policy,
+     ("orgpolicy.policy.get",)),
+    (re.compile(_SA), "GET", compute_project.get_account, ("iam.serviceAccounts.get",)),
+    (re.compile(_SA), "DELETE", compute_project.delete_account, ("iam.serviceAccounts.delete",)),
+    (_route("iam/v1/projects/{project}/serviceAccounts"), "POST", compute_project.create_account,
+     ("iam.serviceAccounts.create",)),
+    (_route("serviceusage/v1/projects/{project}/services"), "GET", compute_project.list_services,
+     ("serviceusage.services.list",)),
 ]
 
 

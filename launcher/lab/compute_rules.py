@@ -17,7 +17,8 @@ passes), guest accelerators (only on N1, only in the counts and vCPU/memory
 shapes Compute Engine offers, never on a type with built-in GPUs),
 onHostMaintenance TERMINATE for any VM with a GPU, the Spot/preemptible
 scheduling fields, the boot disk type per machine series, gVNIC where a
-series needs it, and GPU quotas (per region and ``GPUS_ALL_REGIONS``).
+series needs it, and quotas (what :mod:`cluster.quotas` says the VM holds: vCPUs,
+GPUs, disk gigabytes, external addresses, per region and project-wide).
 
 Like Compute Engine, a Spot or preemptible VM that leaves out
 ``automaticRestart`` and ``onHostMaintenance`` gets false and TERMINATE
@@ -30,17 +31,24 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Mapping
 
-from cluster import machines, zones
+from cluster import machines, quotas as quota_rules, zones
 from cluster.preflight import scheduling_as_mapping
 
 NAME_RE = re.compile(r"^[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 LABEL_RE = re.compile(r"^[a-z0-9_-]{0,63}$")
-ALL_REGIONS = "GPUS_ALL_REGIONS"
 # The JSON type Compute Engine's Instance resource has for the fields a body may get wrong.
 SHAPES = {"scheduling": dict, "labels": dict, "metadata": dict, "disks": list, "guestAccelerators": list,
           "networkInterfaces": list, "serviceAccounts": list}
+
+
+class ApiError(Exception):
+    """An error answer: HTTP status, reason and message, as Google's error body has them."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.reason, self.message = status, reason, message
 
 
 @dataclass(frozen=True)
@@ -53,29 +61,18 @@ class Refusal:
     fix: str = ""  # what to write instead, where the rule knows better than the rehearsal's general advice
 
 
-@dataclass(frozen=True)
-class Gpus:
-    """The GPUs a VM asks for: model, count, and whether the machine type brings them."""
-
-    accelerator: str
-    count: int
-    bundled: bool
-    preemptible: bool = False  # Spot or preemptible: PREEMPTIBLE_ quota, where the project has it
-
-
 def last_part(url: str) -> str:
     """``zones/us-central1-a/machineTypes/n1-standard-8`` -> ``n1-standard-8``."""
     return url.rstrip("/").rsplit("/", 1)[-1]
 
 
-def check_insert(body: Mapping, zone: str, in_use: Iterable[Gpus], region_of_use: Iterable[str] = (),
-                 quotas: Mapping[str, float] | None = None,
+def check_insert(body: Mapping, zone: str, quotas: Mapping[str, float] | None = None,
                  used: Mapping[str, float] | None = None) -> Refusal | None:
     """The first rule ``body`` (an instances.insert body) breaks in ``zone``, or None.
 
-    ``in_use`` are the GPUs of the VMs that hold quota now, ``region_of_use`` their regions (same
-    order); ``quotas`` maps a quota metric (NVIDIA_L4_GPUS, GPUS_ALL_REGIONS) to its limit, a
-    metric missing from it has no limit; ``used`` is what the project uses of each besides ``in_use``.
+    ``quotas`` maps a quota metric that holds in the zone's region or project-wide (CPUS,
+    NVIDIA_L4_GPUS, GPUS_ALL_REGIONS) to its limit, a metric missing from it has no limit; ``used``
+    is what the project holds of each now.
     """
     machine = last_part(str(body.get("machineType", "")))
     for check in (lambda: _zone(zone), lambda: _shape(body), lambda: _name(body), lambda: _labels(body),
@@ -85,31 +82,7 @@ def check_insert(body: Mapping, zone: str, in_use: Iterable[Gpus], region_of_use
         refusal = check()
         if refusal:
             return refusal
-    gpus = gpus_of(body)
-    if gpus and quotas:
-        return _quota(gpus, zone_region(zone), list(in_use), list(region_of_use), quotas, used or {})
-    return None
-
-
-def gpus_of(body: Mapping) -> Gpus | None:
-    """The GPUs a (valid) insert body asks for, None for a VM without."""
-    machine = last_part(str(body.get("machineType", "")))
-    preemptible = is_preemptible(_scheduling_of(body))
-    built_in = machines.GPU_MACHINES.get(machine)
-    if built_in:
-        return Gpus(built_in.accelerator, built_in.gpus, True, preemptible)
-    guests = _items(body, "guestAccelerators")
-    if guests:
-        return Gpus(last_part(guests[0].get("acceleratorType", "")),
-                    sum(int(g.get("acceleratorCount", 0)) for g in guests), False, preemptible)
-    return None
-
-
-def quota_metric(gpus: Gpus, quotas: Mapping[str, float]) -> str:
-    """The regional quota GPUs count against: PREEMPTIBLE_<metric> for Spot and preemptible VMs
-    where the project has that quota, else the GPU model's own."""
-    metric = machines.ACCELERATORS[gpus.accelerator].quota
-    return f"PREEMPTIBLE_{metric}" if gpus.preemptible and f"PREEMPTIBLE_{metric}" in quotas else metric
+    return _quota(body, zone_region(zone), quotas or {}, used or {})
 
 
 def zone_region(zone: str) -> str:
@@ -122,15 +95,11 @@ def node_type_of(body: Mapping) -> str:
     return str(labels.get("ray-user-node-type", "")) if isinstance(labels, Mapping) else ""
 
 
-def is_preemptible(scheduling: Mapping) -> bool:
-    return bool(scheduling.get("preemptible")) or scheduling.get("provisioningModel") == "SPOT"
-
-
 def stored_scheduling(body: Mapping) -> dict:
     """The scheduling Compute Engine stores for an accepted insert: what the body says, with the
     defaults it fills in (a Spot/preemptible VM does not restart and is not migrated)."""
     scheduling = dict(_scheduling_of(body))
-    preemptible = is_preemptible(scheduling)
+    preemptible = quota_rules.is_preemptible(body)
     scheduling.setdefault("automaticRestart", not preemptible)
     scheduling.setdefault("onHostMaintenance", "TERMINATE" if preemptible else "MIGRATE")
     return scheduling
@@ -255,7 +224,7 @@ def _one_accelerator(machine: str, name: str, count: int) -> Refusal | None:
 def _scheduling(machine: str, body: Mapping) -> Refusal | None:
     scheduling = _scheduling_of(body)
     model = scheduling.get("provisioningModel", "STANDARD")
-    preemptible = is_preemptible(scheduling)
+    preemptible = quota_rules.is_preemptible(body)
     if model not in ("STANDARD", "SPOT"):
         return _invalid("Spot fields", "scheduling.provisioningModel", f"'{model}' (STANDARD or SPOT)")
     action = scheduling.get("instanceTerminationAction")
@@ -277,7 +246,7 @@ def _scheduling(machine: str, body: Mapping) -> Refusal | None:
     if gpu and gpu.spot_only and not preemptible:
         return _invalid("Spot only", "scheduling.provisioningModel",
                         f"{machine} is offered only as a Spot VM (provisioningModel SPOT)")
-    if gpus_of(body) and stored_scheduling(body)["onHostMaintenance"] != "TERMINATE":
+    if quota_rules.gpus(body)[1] and stored_scheduling(body)["onHostMaintenance"] != "TERMINATE":
         return _invalid("TERMINATE for GPUs", "scheduling.onHostMaintenance",
                         "Instances with guest accelerators do not support live migration: "
                         "set onHostMaintenance TERMINATE")
@@ -309,25 +278,22 @@ def _network(machine: str, body: Mapping) -> Refusal | None:
     return None
 
 
-def _quota(gpus: Gpus, region: str, in_use: list[Gpus], regions: list[str],
-           quotas: Mapping[str, float], used: Mapping[str, float]) -> Refusal | None:
-    metric = quota_metric(gpus, quotas)
-    here = used.get(metric, 0) + sum(g.count for g, r in zip(in_use, regions)
-                                     if r == region and quota_metric(g, quotas) == metric)
-    everywhere = used.get(ALL_REGIONS, 0) + sum(g.count for g in in_use)
-    for name, taken, where in ((metric, here, f"in region {region}"), (ALL_REGIONS, everywhere, "globally")):
-        if name in quotas and taken + gpus.count > quotas[name]:
+def _quota(body: Mapping, region: str, quotas: Mapping[str, float], used: Mapping[str, float]) -> Refusal | None:
+    for name, asked in sorted(quota_rules.vm_usage(body, quotas).items()):
+        if name in quotas and used.get(name, 0) + asked > quotas[name]:
+            where = "globally" if quota_rules.project_wide(name) else f"in region {region}"
             return Refusal(403, "quota", f"Quota '{name}' exceeded. Limit: {float(quotas[name])} {where} "
-                                         f"({taken:g} in use, {gpus.count} asked for)")
+                                         f"({used.get(name, 0):g} in use, {asked:g} asked for)")
     return None
 
 
 def describe(body: dict) -> str:
     """What an insert asks for, in a few words: type, GPUs, boot disk, provisioning."""
     parts = [last_part(str(body.get("machineType", "?")))]
-    gpus = gpus_of(body) if body.get("machineType") else None
-    if gpus:
-        parts.append(f"{gpus.count} x {gpus.accelerator}" + (" (built in)" if gpus.bundled else ""))
+    model, count = quota_rules.gpus(body) if body.get("machineType") else (None, 0)
+    if count:
+        built_in = last_part(str(body.get("machineType"))) in machines.GPU_MACHINES
+        parts.append(f"{count} x {model}" + (" (built in)" if built_in else ""))
     for disk in _items(body, "disks"):
         parts.append(last_part(str((disk.get("initializeParams") or {}).get("diskType") or "pd-standard (default)")))
     scheduling = _scheduling_of(body)

@@ -3,9 +3,13 @@
 Zones and their status, the machine and accelerator types each zone offers,
 quotas per region and for the project (limit and usage), images by family,
 the zone operations Compute Engine keeps (preemptions among them), and the
-page size of its lists. A test builds one, or changes the one an API holds,
-as data. A field left None answers from the tables the cluster file and
-preflight read: :mod:`cluster.zones` (every zone it knows, UP) and
+page size of its lists; and what a real project answers before it creates
+anything: which APIs are enabled, which permissions the caller has, its VPC
+networks, subnets and firewall rules, the organization policies in effect,
+and machine types out of stock. A test builds one, or changes the one an API
+holds, as data. A field left None answers as a fresh project set up for Ray does
+(every API enabled, every permission, the default VPC with its four firewall
+rules), or from the tables the cluster file and preflight read: :mod:`cluster.zones` (every zone it knows, UP) and
 :mod:`cluster.machines` (every machine type it accepts, every GPU Compute
 Engine still offers, with the most one VM takes). vCPUs, memory and built-in
 GPUs always come from :mod:`cluster.machines`, so the local API cannot
@@ -23,11 +27,17 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from cluster import machines, zones
+from cluster.quotas import PROJECT_WIDE
 from launcher.errors import UserError
 from launcher.lab.compute_rules import zone_region
 
 API = "https://www.googleapis.com/compute/v1"
-PROJECT_WIDE = "_ALL_REGIONS"  # how project-wide quota metrics end (GPUS_ALL_REGIONS, CPUS_ALL_REGIONS)
+ALL = "0-65535"
+# The default VPC's rules, as a new project has them (Compute Engine's "Pre-populated rules").
+DEFAULT_RULES = (("default-allow-internal", ["10.128.0.0/9"], [("tcp", ALL), ("udp", ALL), ("icmp", None)]),
+                 ("default-allow-ssh", ["0.0.0.0/0"], [("tcp", "22")]),
+                 ("default-allow-rdp", ["0.0.0.0/0"], [("tcp", "3389")]),
+                 ("default-allow-icmp", ["0.0.0.0/0"], [("icmp", None)]))
 
 
 @dataclass
@@ -45,6 +55,16 @@ class World:
         operations: zone -> its operations, as Compute Engine lists them (see
             :func:`launcher.lab.compute_api.operation`); the API adds those it makes.
         page_size: the most items one page of a list holds (Compute Engine's default, 500).
+        services: the enabled APIs (``compute.googleapis.com``, ...); None: every one.
+        permissions: the caller's permissions on the project; None: every one.
+        networks: network -> ``{"auto": bool, "subnets": {region: (subnet, cidr)}}``; None: the default
+            VPC, auto mode, a subnet in every region :mod:`cluster.zones` knows (inside 10.128.0.0/9;
+            us-central1's is 10.128.0.0/20, as Compute Engine's auto mode makes it).
+        firewalls: the project's firewall rules as Compute Engine lists them (see :func:`firewall`);
+            None: the default VPC's four.
+        org_policies: constraint (``constraints/compute.requireOsLogin``) -> the effective policy
+            (``{"booleanPolicy": {"enforced": True}}``, ``{"listPolicy": {"allValues": "DENY"}}``).
+        stocked_out: machine types whose inserts fail with ZONE_RESOURCE_POOL_EXHAUSTED (``*``: all).
     """
 
     zones: dict[str, str] | None = None
@@ -55,6 +75,12 @@ class World:
     images: dict[str, dict[str, str]] = field(default_factory=dict)
     operations: dict[str, list[dict]] = field(default_factory=dict)
     page_size: int = 500
+    services: set[str] | None = None
+    permissions: set[str] | None = None
+    networks: dict[str, dict] | None = None
+    firewalls: list[dict] | None = None
+    org_policies: dict[str, dict] = field(default_factory=dict)
+    stocked_out: set[str] = field(default_factory=set)
 
     @classmethod
     def with_limits(cls, limits: Mapping[str, float], zone: str) -> "World":
@@ -86,6 +112,21 @@ class World:
         """(limit, usage) per metric that holds in ``region``: its own quotas and the project's."""
         table = {**(self.quotas.get(region, {}) if region else {}), **self.project_quotas}
         return {m: float(q[0]) for m, q in table.items()}, {m: float(q[1]) for m, q in table.items()}
+
+    def vpcs(self) -> dict[str, dict]:
+        if self.networks is not None:
+            return self.networks
+        known = {"us-central1": 128, "europe-west1": 132, "us-west1": 138, "asia-east1": 140, "us-east1": 142}
+        return {"default": {"auto": True, "subnets": {r: ("default", f"10.{known.get(r, 190 + i)}.0.0/20")
+                                                      for i, r in enumerate(sorted(zones.REGIONS))}}}
+
+    def rules(self, project: str) -> list[dict]:
+        if self.firewalls is not None:
+            return self.firewalls
+        return [firewall(project, name, "default", ranges, allowed) for name, ranges, allowed in DEFAULT_RULES]
+
+    def out_of_stock(self, machine_type: str) -> bool:
+        return bool({"*", machine_type} & self.stocked_out)
 
     def offers_machine(self, zone: str, machine_type: str) -> bool:
         if self.machine_types is None:
@@ -145,6 +186,27 @@ class World:
                 "quotas": quota_list(self.quotas.get(region, {}), held),
                 "selfLink": f"{API}/projects/{project}/regions/{region}"}
 
+    def network(self, project: str, name: str) -> dict | None:
+        vpc = self.vpcs().get(name)
+        if vpc is None:
+            return None
+        return {"kind": "compute#network", "id": "4000", "name": name, "autoCreateSubnetworks": bool(vpc["auto"]),
+                "subnetworks": [s["selfLink"] for r in vpc["subnets"] for s in self.subnets(project, r)
+                                if s["network"].endswith(f"/networks/{name}")],
+                "selfLink": f"{API}/projects/{project}/global/networks/{name}"}
+
+    def subnets(self, project: str, region: str) -> list[dict]:
+        """The region's subnets, of every network, in the order the networks are listed."""
+        found = []
+        for network, vpc in self.vpcs().items():
+            if region in vpc["subnets"]:
+                name, cidr = vpc["subnets"][region]
+                found.append({"kind": "compute#subnetwork", "name": name, "ipCidrRange": cidr,
+                              "network": f"{API}/projects/{project}/global/networks/{network}",
+                              "region": f"{API}/projects/{project}/regions/{region}",
+                              "selfLink": f"{API}/projects/{project}/regions/{region}/subnetworks/{name}"})
+        return found
+
     def image(self, project: str, family: str) -> dict | None:
         """The newest image of ``family`` in image project ``project`` (deeplearning-platform-release)."""
         name = self.images.get(project, {}).get(family)
@@ -160,3 +222,16 @@ def quota_list(table: Mapping[str, tuple[float, float]], held: Mapping[str, floa
     return [{"metric": m, "limit": float(limit), "usage": float(usage) + held.get(m, 0.0)}
             for m, (limit, usage) in table.items()]
 
+
+
+def firewall(project: str, name: str, network: str, sources: list[str], allowed: list[tuple[str, str | None]],
+             priority: int = 65534, denied: bool = False, targets: list[str] | None = None) -> dict:
+    """An ingress firewall rule as Compute Engine lists it: ``allowed`` (or ``denied``) is (protocol,
+    ports) pairs, ports like ``"22"`` or ``"0-65535"`` (None: every port); ``targets``: target tags."""
+    rules = [{"IPProtocol": proto, **({"ports": [ports]} if ports else {})} for proto, ports in allowed]
+    rule = {"kind": "compute#firewall", "name": name, "network": f"{API}/projects/{project}/global/networks/{network}",
+            "direction": "INGRESS", "priority": priority, "sourceRanges": list(sources), "disabled": False,
+            "denied" if denied else "allowed": rules, "selfLink": f"{API}/projects/{project}/global/firewalls/{name}"}
+    if targets:
+        rule["targetTags"] = list(targets)
+    return rule

@@ -7,20 +7,27 @@
    bootstrap puts in the project's metadata are installed for the VM's sshd)
    and the "VM", a real sshd on a free loopback port in a PID namespace
    (:mod:`launcher.lab.sshd`);
-2. runs Ray's own CLI, ``ray up -y``, in a subprocess whose Google API client
-   is pointed at the local API by a ``sitecustomize`` module on PYTHONPATH (the
-   head's sessions get it too, so the autoscaler Ray starts on the head talks
-   to the same API): bootstrap, the head's insert, SSH, the file mounts
-   (rsync of the project), the initialization and setup commands, ``ray start
-   --head``;
+2. runs ``launcher cluster up --skip-preflight`` (Ray's own ``ray up -y``,
+   and the deletion of what it made if it fails) in a subprocess whose Google
+   API clients are pointed at the local API by a ``sitecustomize`` module on
+   PYTHONPATH and ``LAUNCHER_COMPUTE_ENDPOINT`` (the head's sessions get the
+   module too, so the autoscaler Ray starts on the head talks to the same
+   API): bootstrap, the head's insert, SSH, the file mounts (rsync of the
+   project), the initialization and setup commands, ``ray start --head``;
 3. ``ray exec ... 'ray status'``, then ``launcher submit --follow`` of a short
    run (digits-mlp, one epoch) whose checkpoints go to the Cloud Storage
    emulator, and lists them there;
-4. ``ray down -y``, then checks that the API holds no VM and that no process
-   of the rehearsal's Ray is left; stopping sshd ends its PID namespace.
+4. ``launcher cluster down`` (``ray down -y``, then the VMs and disks it
+   left), then checks that the API holds no VM or disk and that no process of
+   the rehearsal's Ray is left; stopping sshd ends its PID namespace.
+
+With an injected failure (``fail_head_setup``: the head's setup ends with a
+command that exits 1; ``stockout``: the zone has none of the head's machine
+type, and its insert fails with ZONE_RESOURCE_POOL_EXHAUSTED), ``launcher
+cluster up`` must fail, and the rehearsal checks it left nothing in the API.
 
 What the rehearsal's copy of the file changes, and why (also in
-docs/guides/compute-engine.md): see :func:`up_copy` and :data:`SKIPS`.
+docs/guides/compute-engine.md): :mod:`launcher.lab.up_copy`.
 Workers stay simulated: min_workers is 0 in the copy, and the run fits on
 the head, so the autoscaler launches none.
 """
@@ -42,22 +49,19 @@ from typing import Callable
 
 import yaml
 
+from cluster.compute import ENDPOINT_ENV
 from launcher import _deferred
-from launcher.errors import LauncherError, UserError
+from launcher.errors import LauncherError
 from launcher.lab.compute_api import Call, ComputeAPI
 from launcher.lab.compute_world import World
-from launcher.lab.rehearsal import SERVICES, _rehearsal_copy, format_call
+from launcher.lab.rehearsal import _rehearsal_copy, format_call
 from launcher.lab.sshd import LoopbackSSHD, free_port
+from launcher.lab.up_copy import prepare_vm_home, snapshot_mounts, up_copy, write_sitecustomize
 
 HEAD_LABEL = ("ray-node-type", "head")  # the label Ray's GCP provider gives the head VM (TAG_RAY_NODE_KIND)
 LOOPBACK = "127.0.0.1"
 RUN_NAME = "rehearsal"
 KEEP = "LAUNCHER_REHEARSAL_KEEP"  # set: the rehearsal's folder stays (to read its logs)
-
-# Setup commands the rehearsal does not run as they are: (test, what it runs instead, why).
-SKIPPED = "skipped"
-CHECKED = "checked"
-
 
 @dataclass
 class UpReport:
@@ -67,13 +71,18 @@ class UpReport:
     commands: list[tuple[str, str]] = field(default_factory=list)  # (command, "ran" | "skipped: why" | ...)
     job_status: str = ""
     checkpoints: list[str] = field(default_factory=list)
-    left: list[str] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)  # VMs, then disks
     ray_left: list[str] = field(default_factory=list)
     calls: list[Call] = field(default_factory=list)
+    injected: str = ""  # the failure asked for ("" none)
+    failed_as_injected: bool = False  # `launcher cluster up` failed, as it had to
 
     @property
     def ok(self) -> bool:
-        return self.job_status == "SUCCEEDED" and bool(self.checkpoints) and not self.left and not self.ray_left
+        clean = not self.left and not self.ray_left
+        if self.injected:
+            return self.failed_as_injected and clean
+        return self.job_status == "SUCCEEDED" and bool(self.checkpoints) and clean
 
 
 class RehearsalFailed(LauncherError):
@@ -100,173 +109,6 @@ class LoopbackAPI(ComputeAPI):
                         for access in nic.get("accessConfigs", []):
                             access["natIP"] = LOOPBACK
             return result
-
-
-def _pinned_only(command: str) -> bool:
-    """``pip install`` of name==version requirements only (no path, no unpinned name)."""
-    words = [w for w in shlex.split(command)[2:] if not w.startswith("-") and "://" not in w]
-    return bool(words) and all(re.fullmatch(r"[A-Za-z0-9_.\-\[\],]+==[A-Za-z0-9_.+!\-]+", w) for w in words)
-
-
-# (test, replacement kind, why); the first that matches decides. Everything else runs as it is.
-SKIPS: list[tuple[Callable[[str], bool], str, str]] = [
-    (lambda c: "nvidia-smi" in c, SKIPPED, "no GPU here: the wait for the NVIDIA driver would time out"),
-    (lambda c: "install-horovod" in c or "apt-get" in c, SKIPPED,
-     "Horovod's build (apt-get cmake g++, then minutes of compiling) is not rehearsed"),
-    (lambda c: c.startswith("pip install") and _pinned_only(c), CHECKED,
-     "pip install --dry-run --no-index: ~/launcher-venv (the project's venv) must already have these versions"),
-    (lambda c: c.startswith("pip install"), SKIPPED,
-     "~/launcher-venv is the project's own venv, which has the project; pip would rebuild it into that venv "
-     "(the next command still checks the version that imports)"),
-]
-
-
-def rehearsed_command(command: str) -> tuple[str, str]:
-    """(what the rehearsal runs, what it says about it) for one setup command."""
-    for test, kind, why in SKIPS:
-        if test(command.strip()):
-            if kind == CHECKED:
-                rest = command.strip()[len("pip install"):]
-                return f"pip install --dry-run --no-index{rest}", f"checked only ({why})"
-            return f"echo {shlex.quote('rehearsal skipped: ' + command)}", f"skipped ({why})"
-    return command, "ran"
-
-
-def up_copy(config: dict, sshd: LoopbackSSHD, ports: dict[str, int]) -> tuple[dict, list[tuple[str, str]]]:
-    """The cluster file as the rehearsal's ``ray up`` runs it, and what happens to each setup command.
-
-    Changed: SSH (this machine's user, through ``auth.ssh_proxy_command`` to sshd's port, since Ray's SSH
-    runner dials port 22), the placeholder token, min_workers 0 (workers stay simulated), free ports for
-    ``ray start --head`` (other Rays on this machine keep theirs), and the setup commands in :data:`SKIPS`.
-    Initialization, setup and start commands otherwise run as written. (File mounts: :func:`snapshot_mounts`.)
-    """
-    config = _rehearsal_copy(config)
-    config["auth"] = {"ssh_user": sshd.user, "ssh_proxy_command": sshd.proxy_command}
-    for name, node_type in config["available_node_types"].items():
-        if name != config["head_node_type"]:
-            node_type["min_workers"] = 0
-    said: list[tuple[str, str]] = []
-    for key in ("initialization_commands", "setup_commands", "head_setup_commands"):
-        commands = []
-        for command in config.get(key) or []:
-            run, what = rehearsed_command(command)
-            commands.append(run)
-            said.append((command, what))
-        config[key] = commands
-    config["head_start_ray_commands"] = [_head_start(c, ports) for c in config.get("head_start_ray_commands") or []]
-    said += [(c, "ran") for c in config["head_start_ray_commands"]]
-    return config, said
-
-
-def snapshot_mounts(config: dict, folder: str) -> list[tuple[str, str]]:
-    """Point each local folder of ``file_mounts`` at a copy of what rsync sends from it.
-
-    ``ray up`` first hashes every file under each mount (``hash_runtime_conf``), ignoring rsync_exclude and
-    .gitignore: with the project's .venv under the checkout that is gigabytes read on every ``ray up``. The
-    copy, made by rsync with the file's own excludes and filters, is what the head receives either way.
-    Returns (remote path, source) for each copied mount.
-    """
-    filters = [a for x in config.get("rsync_exclude") or [] for a in ("--exclude", x)]
-    filters += [a for f in config.get("rsync_filter") or [] for a in ("--filter", f"dir-merge,- {f}")]
-    copied = []
-    for n, (remote, local) in enumerate(sorted((config.get("file_mounts") or {}).items())):
-        if not os.path.isdir(os.path.expanduser(local)):
-            continue
-        target = os.path.join(folder, str(n))
-        subprocess.run(["rsync", "-a", *filters, os.path.expanduser(local).rstrip("/") + "/", target + "/"],
-                       check=True, capture_output=True)
-        config["file_mounts"][remote] = target
-        copied.append((remote, local))
-    return copied
-
-
-def _head_start(command: str, ports: dict[str, int]) -> str:
-    if "ray start" not in command:
-        return command
-    command = re.sub(r"--port[= ]\d+", f"--port={ports['gcs']}", command)
-    command = re.sub(r"--object-manager-port[= ]\d+", f"--object-manager-port={ports['object_manager']}", command)
-    extra = {"--dashboard-port": ports["dashboard"], "--ray-client-server-port": ports["client"],
-             "--dashboard-agent-listen-port": ports["agent"]}
-    return command + "".join(f" {flag}={value}" for flag, value in extra.items() if flag not in command)
-
-
-SITECUSTOMIZE = '''\
-"""Written by launcher's `ray up` rehearsal: every Google API client built in this process talks to
-the local Compute Engine API at {url} (client_options api_endpoint). Nothing else changes."""
-import sys
-
-_URL = {url!r}
-_SERVICES = {services!r}
-
-
-def _point(module):
-    real = module.build
-
-    def build(service_name, version, *args, **kwargs):
-        if service_name in _SERVICES:
-            options = dict(kwargs.pop("client_options", None) or {{}})
-            options["api_endpoint"] = _URL + "/" + _SERVICES[service_name]
-            kwargs["client_options"] = options
-            kwargs.pop("discoveryServiceUrl", None)
-        return real(service_name, version, *args, **kwargs)
-
-    module.build = build
-
-
-class _Finder:
-    """Wraps googleapiclient.discovery.build when (if ever) the module is imported."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != "googleapiclient.discovery":
-            return None
-        import importlib.util
-        sys.meta_path.remove(self)
-        try:
-            spec = importlib.util.find_spec(name)
-        finally:
-            sys.meta_path.insert(0, self)
-        if spec is not None and spec.loader is not None:
-            loader, real_exec = spec.loader, spec.loader.exec_module
-
-            def exec_module(module):
-                real_exec(module)
-                _point(module)
-
-            loader.exec_module = exec_module
-        return spec
-
-
-sys.meta_path.insert(0, _Finder())
-'''
-
-
-def write_sitecustomize(folder: str, url: str) -> str:
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, "sitecustomize.py"), "w", encoding="utf-8") as f:
-        f.write(SITECUSTOMIZE.format(url=url, services=SERVICES))
-    return folder
-
-
-UV_STAND_IN = "#!/bin/sh\necho 'rehearsal: no uv on this machine; ~/launcher-venv is the project venv' >&2\nexit 1\n"
-
-
-def prepare_vm_home(home: str) -> None:
-    """The VM's home as a node looks after its first ``ray up``: the venv (this project's) and uv exist."""
-    if sys.prefix == sys.base_prefix:
-        raise UserError("the `ray up` rehearsal runs from the project's virtual environment (it becomes the "
-                        "head's ~/launcher-venv)", "run it with .venv/bin/launcher (scripts/setup-env makes it)")
-    os.makedirs(os.path.join(home, ".local", "bin"), exist_ok=True)
-    os.symlink(sys.prefix, os.path.join(home, "launcher-venv"))
-    uv = shutil.which("uv")
-    target = os.path.join(home, ".local", "bin", "uv")
-    if uv:
-        os.symlink(uv, target)
-    else:
-        with open(target, "w", encoding="utf-8") as f:
-            f.write(UV_STAND_IN)
-        os.chmod(target, 0o755)
-    with open(os.path.join(home, ".bashrc"), "w", encoding="utf-8") as f:
-        f.write("# the ray up rehearsal's VM home\n")
 
 
 class _Stages:
@@ -334,7 +176,8 @@ def _ray_step(line: str) -> bool:
 
 
 def rehearse_up(config: dict, emulator_url: str, bucket: str, quotas: dict[str, float] | None = None,
-                workers: int = 2, say: Callable[[str], None] = print, timeout_s: float = 600) -> UpReport:
+                workers: int = 2, say: Callable[[str], None] = print, timeout_s: float = 600,
+                stockout: tuple[str, ...] = (), fail_head_setup: bool = False) -> UpReport:
     """Rehearse ``ray up`` -> ``launcher submit`` -> ``ray down`` of ``config`` on this machine.
 
     Args:
@@ -342,14 +185,18 @@ def rehearse_up(config: dict, emulator_url: str, bucket: str, quotas: dict[str, 
         bucket: a bucket in it; the run's storage is ``gs://BUCKET/rehearsal``.
         workers: the run's workers (each 1 CPU, on the head).
         timeout_s: the most any one command may take.
+        stockout: machine types (``*``: all) out of stock in the zone.
+        fail_head_setup: the head's setup fails (a last command exits 1).
 
     Raises:
         RehearsalFailed: a stage failed (what it printed last is said first); the cluster is taken down.
-        UserError: the lab extra is not installed.
+        UserError: the lab or cluster extra is not installed (from _deferred.require).
     """
     for extra in ("lab", "cluster"):
         _deferred.require(extra, "`launcher cluster rehearse --up`")
-    report = UpReport()
+    report = UpReport(injected=" and ".join(
+        ([f"a stock-out of {', '.join(stockout)}"] if stockout else []) + (["a failing head setup"]
+                                                                           if fail_head_setup else [])))
     root = tempfile.mkdtemp(prefix="lrh-", dir="/tmp")  # short: Ray's socket paths live under it
     try:
         paths = {k: os.path.join(root, k) for k in ("sshd", "site", "laptop", "vm", "logs", "tmp", "mounts")}
@@ -364,13 +211,14 @@ def rehearse_up(config: dict, emulator_url: str, bucket: str, quotas: dict[str, 
                                             "RAY_TMPDIR": ray_tmp, "RAY_USAGE_STATS_ENABLED": "0"})
         provider = _rehearsal_copy(config)["provider"]
         world = World.with_limits(quotas or {}, provider["availability_zone"])
+        world.stocked_out |= set(stockout)
         api = LoopbackAPI(provider["project_id"], sshd, world)
         with api:
             write_sitecustomize(paths["site"], api.url)
             with sshd:
                 try:
                     _up_run_down(config, api, sshd, paths, ray_tmp, report, emulator_url, bucket, workers, say,
-                                 timeout_s)
+                                 timeout_s, fail_head_setup)
                 except RehearsalFailed:
                     say(f"   sshd's log ends: {sshd.log_tail()}")
                     raise
@@ -384,14 +232,15 @@ def rehearse_up(config: dict, emulator_url: str, bucket: str, quotas: dict[str, 
     return report
 
 
-def _up_run_down(config, api, sshd, paths, ray_tmp, report, emulator_url, bucket, workers, say, timeout_s):
+def _up_run_down(config, api, sshd, paths, ray_tmp, report, emulator_url, bucket, workers, say, timeout_s,
+                 fail_head_setup=False):
     ports = {k: free_port() for k in ("gcs", "object_manager", "dashboard", "client", "agent")}
-    config, report.commands = up_copy(config, sshd, ports)
+    config, report.commands = up_copy(config, sshd, ports, fail_head_setup)
     # this side's commands import the launcher this process runs (the venv's editable install may point elsewhere)
     python_path = os.pathsep.join(p for p in (paths["site"], _source_root(), os.environ.get("PYTHONPATH")) if p)
     # TMPDIR: where `ray up` caches the bootstrapped file (ray exec and ray down read it), removed with the rest
     env = {**os.environ, "HOME": paths["laptop"], "PYTHONPATH": python_path, "RAY_TMPDIR": ray_tmp,
-           "TMPDIR": paths["tmp"],
+           "TMPDIR": paths["tmp"], ENDPOINT_ENV: api.url,
            "RAY_USAGE_STATS_ENABLED": "0", "STORAGE_EMULATOR_HOST": emulator_url}
     # The head VM's Ray runs in sshd's clean environment, with Ray's default authentication; this
     # side talks to it as a laptop with the defaults does (a token mode set here, e.g. by a warm local
@@ -399,6 +248,7 @@ def _up_run_down(config, api, sshd, paths, ray_tmp, report, emulator_url, bucket
     for name in ("RAY_ADDRESS", "RAY_API_SERVER_ADDRESS", "RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"):
         env.pop(name, None)
     ray = os.path.join(os.path.dirname(sys.executable), "ray")
+    launcher = [sys.executable, "-m", "launcher"]
     stages = _Stages(api, report, say, paths["logs"])
     say(f"rehearsing `ray up` of cluster {config['cluster_name']!r} on this machine: local Compute Engine API at "
         f"{api.url}; the head VM is {sshd.user}@127.0.0.1 through sshd on port {sshd.port} (own PID namespace)")
@@ -408,12 +258,16 @@ def _up_run_down(config, api, sshd, paths, ray_tmp, report, emulator_url, bucket
     cluster_file = os.path.join(paths["laptop"], "cluster.yaml")
     with open(cluster_file, "w", encoding="utf-8") as f:
         yaml.safe_dump(config, f, sort_keys=False)
+    up_command = launcher + ["cluster", "up", "--skip-preflight", cluster_file]
+    if report.injected:
+        _injected_up(stages, up_command, env, timeout_s, api, ray_tmp, report, say)
+        return
     up = False
     try:
-        with stages.stage("`ray up -y` (Ray's CLI: bootstrap, the head's insert, SSH, file mounts, "
-                          "initialization and setup commands, ray start --head)"):
+        with stages.stage("`launcher cluster up --skip-preflight` (Ray's `ray up -y`: bootstrap, the head's insert, "
+                          "SSH, file mounts, initialization and setup commands, ray start --head)"):
             up = True
-            stages.run("ray-up", [ray, "up", "-y", cluster_file], env, timeout_s, _ray_step)
+            stages.run("cluster-up", up_command, env, timeout_s, _ray_step)
             for command, what in report.commands:
                 say(f"   setup: {what}: {command}")
         dashboard = f"http://127.0.0.1:{ports['dashboard']}"
@@ -422,8 +276,8 @@ def _up_run_down(config, api, sshd, paths, ray_tmp, report, emulator_url, bucket
             stages.run("ray-status", [ray, "exec", cluster_file, "ray status"], env, timeout_s, _after("Autoscaler"))
         with stages.stage(f"`launcher submit --follow` to {dashboard}: digits-mlp, 1 epoch, {workers} workers, "
                           f"checkpoints to gs://{bucket}/{RUN_NAME} (the Cloud Storage emulator)"):
-            out = stages.run("launcher-submit", [
-                sys.executable, "-m", "launcher", "submit", "--address", dashboard, "--workload", "digits-mlp", "--epochs", "1",
+            out = stages.run("launcher-submit", launcher + [
+                "submit", "--address", dashboard, "--workload", "digits-mlp", "--epochs", "1",
                 "--workers", str(workers), "--storage", f"gs://{bucket}/{RUN_NAME}", "--name", RUN_NAME,
                 "--follow"], env, timeout_s, _summary_line)
             ended = re.findall(r"^job \S+: (\w+)\s*$", out, re.MULTILINE)
@@ -434,17 +288,35 @@ def _up_run_down(config, api, sshd, paths, ray_tmp, report, emulator_url, bucket
     except BaseException:
         if up:  # take down what was made, then the first failure is the one raised
             with contextlib.suppress(Exception):
-                _down(stages, ray, cluster_file, env, timeout_s, api, ray_tmp, report, say)
+                _down(stages, launcher, cluster_file, env, timeout_s, api, ray_tmp, report, say)
         raise
-    _down(stages, ray, cluster_file, env, timeout_s, api, ray_tmp, report, say)
+    _down(stages, launcher, cluster_file, env, timeout_s, api, ray_tmp, report, say)
 
 
-def _down(stages, ray, cluster_file, env, timeout_s, api, ray_tmp, report, say) -> None:
-    with stages.stage("`ray down -y` (ray stop on the head, then Ray's provider deletes the VMs)"):
+def _injected_up(stages, up_command, env, timeout_s, api, ray_tmp, report, say) -> None:
+    """`launcher cluster up` with the injected failure: it must fail, and leave nothing in the API."""
+    with stages.stage(f"`launcher cluster up --skip-preflight` with {report.injected} (it must fail and delete "
+                      "what `ray up` made)"):
         try:
-            stages.run("ray-down", [ray, "down", "-y", cluster_file], env, timeout_s, _ray_step)
+            stages.run("cluster-up", up_command, env, timeout_s,
+                       lambda line: _ray_step(line) or line.startswith(("`ray up` failed", "deleted ", "  ray-")))
+        except RehearsalFailed:
+            report.failed_as_injected = True
+        report.left = sorted(api.instances) + sorted(api.disks)
+        report.ray_left = ray_processes(ray_tmp)
+        deleted = [c.target for c in api.calls if c.verb == "delete" and not c.refusal]
+        say(f"   `launcher cluster up` {'failed, as injected' if report.failed_as_injected else 'did NOT fail'}; "
+            f"deleted: {', '.join(deleted) or 'nothing'}; left in the API: {', '.join(report.left) or 'nothing'}")
+
+
+def _down(stages, launcher, cluster_file, env, timeout_s, api, ray_tmp, report, say) -> None:
+    with stages.stage("`launcher cluster down` (`ray down -y`: ray stop on the head, Ray's provider deletes the VMs; "
+                      "then the VMs and disks it left)"):
+        try:
+            stages.run("cluster-down", launcher + ["cluster", "down", cluster_file], env, timeout_s,
+                       lambda line: _ray_step(line) or line.startswith(("no VMs", "deleted ")))
         finally:
-            report.left = sorted(api.instances)
+            report.left = sorted(api.instances) + sorted(api.disks)
             report.ray_left = ray_processes(ray_tmp)
             say(f"   left in the API: {', '.join(report.left) or 'nothing'}; Ray processes of the rehearsal "
                 f"left: {len(report.ray_left) or 'none'}")
@@ -526,10 +398,14 @@ def up_summary(report: UpReport) -> str:
     took = sum(s for _, s in report.stages)
     inserts = [c for c in report.calls if c.verb == "insert" and not c.refusal]
     deletes = [c for c in report.calls if c.verb == "delete" and not c.refusal]
+    outcome = (f"injected {report.injected}: `launcher cluster up` "
+               f"{'failed as it had to' if report.failed_as_injected else 'did not fail'}" if report.injected else
+               f"run {report.job_status or 'not finished'}, {len(report.checkpoints)} checkpoint object(s) in the "
+               "emulator")
     lines = [f"summary: {'OK' if report.ok else 'FAILED'} in {took:.0f} s; {len(report.calls)} API requests, "
-             f"{len(inserts)} VM insert(s), {len(deletes)} delete(s); run {report.job_status or 'not finished'}, "
-             f"{len(report.checkpoints)} checkpoint object(s) in the emulator",
+             f"{len(inserts)} VM insert(s), {len(deletes)} delete(s); {outcome}",
              f"  left in the API: {', '.join(report.left) or 'nothing'}; Ray processes left: "
-             f"{len(report.ray_left) or 'none'}",
-             "  workers stayed simulated (min_workers 0 in the rehearsal's copy; the run fits on the head)"]
+             f"{len(report.ray_left) or 'none'}"]
+    if not report.injected:
+        lines.append("  workers stayed simulated (min_workers 0 in the rehearsal's copy; the run fits on the head)")
     return "\n".join(lines)

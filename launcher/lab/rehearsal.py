@@ -51,7 +51,7 @@ from ray.autoscaler.tags import (NODE_KIND_HEAD, NODE_KIND_WORKER, STATUS_UNINIT
                                  TAG_RAY_LAUNCH_CONFIG, TAG_RAY_NODE_KIND, TAG_RAY_NODE_NAME, TAG_RAY_NODE_STATUS,
                                  TAG_RAY_USER_NODE_TYPE)
 
-from cluster.compute import Compute, delete_left_vms
+from cluster.compute import SERVICE_PATHS, Compute, delete_left_disks, delete_left_vms
 from cluster.preflight import scheduling_check
 from launcher import _deferred, _ray
 from launcher.errors import UserError
@@ -60,7 +60,7 @@ from launcher.lab.compute_rules import Refusal
 from launcher.lab.compute_world import World
 
 # Where each Google API the provider builds lives on the local server (the paths Google's use).
-SERVICES = {"compute": "compute/v1/", "cloudresourcemanager": "cloudresourcemanager/", "iam": "iam/"}
+SERVICES = SERVICE_PATHS
 NOT_SENT = "(not sent)"  # the target of an insert Ray's provider refused to send
 TOKEN = "rehearsal-token"  # sent as a bearer token to 127.0.0.1 only; not a credential
 FIXES = {
@@ -74,8 +74,11 @@ FIXES = {
     "TERMINATE for GPUs": "set scheduling.onHostMaintenance: TERMINATE on every node type with a GPU",
     "Spot fields": "regenerate with launcher cluster config --provisioning spot [--termination-action STOP]",
     "Spot only": "regenerate with --provisioning spot, or use a type offered on demand",
-    "quota": "ask for more quota (console: IAM & Admin > Quotas) or fewer GPUs (--min-workers / --max-workers); "
-             "--quota METRIC=N sets the rehearsal's limits",
+    "quota": "ask for more quota (console: IAM & Admin > Quotas) or fewer or smaller nodes (--min-workers / "
+             "--max-workers); --quota METRIC=N sets the rehearsal's limits",
+    "permission": "grant the missing permission (launcher cluster preflight names the role and the gcloud command)",
+    "API disabled": "gcloud services enable compute.googleapis.com iam.googleapis.com "
+                    "cloudresourcemanager.googleapis.com",
     "machine type": "use a machine type Compute Engine has (e.g. n1-standard-8, g2-standard-8)",
     "label": "node type names become label values: lowercase letters, digits, '-' and '_'",
     "gVNIC": "set nicType: GVNIC on the node type's networkInterfaces",
@@ -91,21 +94,29 @@ class Report:
 
     calls: list[Call] = field(default_factory=list)
     stopped_by_down: list[str] = field(default_factory=list)
-    left: list[str] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)  # VMs, then disks
 
     @property
     def refused(self) -> list[Call]:
-        return [c for c in self.calls if c.refusal and c.refusal.status not in (404, 412)]
+        """Requests Compute Engine would refuse for the file's sake (not a stock-out, which is the zone's)."""
+        return [c for c in self.calls if c.refusal and c.refusal.status not in (404, 409, 412, 503)]
+
+    @property
+    def stocked_out(self) -> list[Call]:
+        return [c for c in self.calls if c.refusal and c.refusal.rule == "stock-out"]
 
 
 def rehearse(config: dict, quotas: dict[str, float] | None = None, bootstrap: bool = True,
-             say: Callable[[str], None] = print) -> Report:
+             say: Callable[[str], None] = print, stockout: tuple[str, ...] = (), world: World | None = None) -> Report:
     """Rehearse ``ray up`` / ``ray down`` of ``config`` (a Ray cluster file as a dict).
 
     Args:
         quotas: quota metric -> limit for the local API (``NVIDIA_T4_GPUS``, ``GPUS_ALL_REGIONS``).
         bootstrap: run Ray's ``bootstrap_gcp`` first, as ``ray up`` does.
         say: where the lines go, one per request and phase.
+        stockout: machine types (``*``: every one) the zone has none of: their inserts fail as Compute
+            Engine's do, after the request is taken, with ZONE_RESOURCE_POOL_EXHAUSTED.
+        world: the project the local API answers for (default: the tables' world with ``quotas``).
 
     Raises:
         UserError: the file is not a GCP cluster file the rehearsal can read, or the cluster extra
@@ -115,7 +126,8 @@ def rehearse(config: dict, quotas: dict[str, float] | None = None, bootstrap: bo
     config = _rehearsal_copy(config)
     provider_config = config["provider"]
     report = Report()
-    world = World.with_limits(quotas or {}, provider_config["availability_zone"])
+    world = world or World.with_limits(quotas or {}, provider_config["availability_zone"])
+    world.stocked_out |= set(stockout)
     api = ComputeAPI(provider_config["project_id"], world)
     with api, pointed_at(api.url), _temporary_home(), _quiet_provider():
         say(f"rehearsing `ray up` of cluster {config['cluster_name']!r} (project {provider_config['project_id']}, "
@@ -143,17 +155,21 @@ class _Phases:
 
     def __init__(self, api: ComputeAPI, report: Report, say: Callable[[str], None]) -> None:
         self.api, self.report, self.say, self.seen = api, report, say, 0
+        self.failed = False  # the last phase ended with an error Ray raised
 
     @contextlib.contextmanager
     def __call__(self, title: str) -> Iterator[None]:
         self.say(title + ":")
+        self.failed = False
         try:
             yield
         except AssertionError as exc:  # Ray's own check of a VM name's length, before any request
             self.api.calls.append(Call("insert", NOT_SENT, Refusal(400, "instance name", _name_assertion(exc))))
-        except Exception:  # noqa: BLE001  the API refused a request (it is in its calls): go on
-            if not (self.api.calls[self.seen:] and self.api.calls[-1].refusal):
+            self.failed = True
+        except Exception:  # noqa: BLE001  the API refused a request, or its operation failed (in its calls): go on
+            if not any(c.refusal for c in self.api.calls[self.seen:]):
                 raise
+            self.failed = True
         for call in self.api.calls[self.seen:]:
             self.say("  " + format_call(call))
         self.seen = len(self.api.calls)
@@ -173,6 +189,8 @@ def _up(config: dict, provider, phase: _Phases) -> None:
     types = config["available_node_types"]
     with phase(f"head ({head_type}), as `ray up` creates it"):
         _create(provider, config, head_type, NODE_KIND_HEAD, 1)
+    if phase.failed:  # `ray up` ends here
+        return
     for name, node_type in types.items():
         if name == head_type or int(node_type.get("max_workers", config.get("max_workers", 0)) or 0) < 1:
             continue
@@ -210,17 +228,19 @@ def _ray_down(config: dict, provider, phase: _Phases) -> None:
 def _cluster_down(config: dict, phase: _Phases, report: Report) -> None:
     with phase("`launcher cluster down` after it (deletes the VMs `ray down` left, stopped ones too)"):
         provider_config = config["provider"]
-        delete_left_vms(Compute(provider_config["project_id"], endpoint=phase.api.url),
-                        provider_config["availability_zone"], config["cluster_name"])
-    report.left = sorted(phase.api.instances)
+        compute = Compute(provider_config["project_id"], endpoint=phase.api.url)
+        delete_left_vms(compute, provider_config["availability_zone"], config["cluster_name"])
+        delete_left_disks(compute, provider_config["availability_zone"], config["cluster_name"])
+    report.left = sorted(phase.api.instances) + sorted(phase.api.disks)
 
 
 def format_call(call: Call) -> str:
     """One request as a line: verb, target, what it asked for, and accepted or refused (the rule)."""
-    verdict = "accepted"
-    if call.refusal:
-        verdict = (f"refused [{call.refusal.rule}]: {call.refusal.message}"
-                   if call.refusal.status not in (404,) else f"not found ({call.refusal.message})")
+    verdict, refusal = "accepted", call.refusal
+    if refusal:
+        verdict = (f"not found ({refusal.message})" if refusal.status == 404 else
+                   f"taken, then its operation failed [{refusal.rule}]: {refusal.message}" if refusal.status == 503
+                   else f"refused [{refusal.rule}]: {refusal.message}")
     detail = f"  {call.detail}" if call.detail else ""
     return f"{call.verb:<12} {call.target}{detail}  {verdict}"
 
@@ -236,6 +256,9 @@ def summary(report: Report, api: ComputeAPI) -> str:
     if report.stopped_by_down:
         lines.append(f"  `ray down` stopped {len(report.stopped_by_down)} VM(s) instead of deleting them "
                      f"(cache_stopped_nodes); `launcher cluster down` deleted them")
+    if report.stocked_out:
+        lines.append(f"  stock-out: {len(report.stocked_out)} insert(s) taken, then failed with ZONE_RESOURCE_POOL_"
+                     "EXHAUSTED (Ray's provider raised the operation's error); no VM was made for them")
     lines.append(f"  left in the API at the end: {', '.join(report.left) if report.left else 'nothing'}")
     if not (api.world.quotas or api.world.project_quotas):
         lines.append("  quotas: none set (a real project has them: rehearse yours with --quota "
