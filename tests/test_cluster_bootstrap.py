@@ -24,7 +24,7 @@ from cluster.config import ray_cluster_config
 from cluster.preflight import FAIL, WARN, run_checks
 from cluster.spec import ClusterSpec
 from launcher.cli import cluster as cli_cluster
-from launcher.cli.cluster import project_source_dir
+from launcher._deferred import checkout
 from launcher.cli.main import main
 from launcher.errors import UserError
 from launcher.lab.compute_api import ComputeAPI
@@ -404,7 +404,7 @@ def test_a_failed_launcher_cluster_up_leaves_nothing_in_the_api(inject, gcs_emul
     if missing:
         pytest.skip(f"the ray up rehearsal needs {', '.join(missing)} (CI installs openssh-server and rsync)")
     config = ray_cluster_config(ClusterSpec.from_mapping({
-        "project": "my-project", "cluster_name": "rehearse-fail", "source_dir": project_source_dir()}).validated(),
+        "project": "my-project", "cluster_name": "rehearse-fail", "source_dir": checkout()}).validated(),
         launcher.__version__)
     lines: list[str] = []
     # no run starts, so the bucket is never written
