@@ -48,6 +48,19 @@ APIS = {"compute.googleapis.com": "Compute Engine", "iam.googleapis.com": "IAM",
 NO_EXTERNAL_IP = "constraints/compute.vmExternalIpAccess"
 OS_LOGIN = "constraints/compute.requireOsLogin"
 ME = "user:$(gcloud config get-value account)"
+
+
+def external_ip_forbidden(list_policy: dict, instance: str | None = None) -> bool:
+    """Whether an effective ``compute.vmExternalIpAccess`` list policy forbids an external IP on ``instance``
+    (``projects/P/zones/Z/instances/NAME``; None: a VM whose name is not known in advance, as Ray's are).
+    Compute Engine allows one only where the policy allows all values or lists the instance."""
+    if list_policy.get("allValues") == "ALLOW":
+        return False
+    if list_policy.get("allValues") == "DENY":
+        return True
+    if instance is not None and instance in (list_policy.get("deniedValues") or []):
+        return True
+    return bool(list_policy.get("allowedValues")) and instance not in list_policy["allowedValues"]
 # What `ray up` does with each permission; the predefined role to ask for, by permission prefix.
 VM_WORK = "`ray up` creates, lists, labels and deletes the cluster's VMs"
 PERMISSIONS = {
@@ -273,8 +286,7 @@ def policy_checks(config: dict[str, Any], apis: ProjectApis) -> list[Check]:
                       " (and compute.vmExternalIpAccess), or ask for roles/orgpolicy.policyViewer")]
     heads = [n for n, t in config["available_node_types"].items()
              if n == config.get("head_node_type") and _external(t.get("node_config") or {})]
-    if heads and (external.get("allValues") == "DENY" or (external.get("allowedValues")
-                                                          and external.get("allValues") != "ALLOW")):
+    if heads and external_ip_forbidden(external):
         checks.append(Check(FAIL, f"an organization policy ({NO_EXTERNAL_IP}) forbids external IPs on project {p}'s "
                             "VMs: Compute Engine refuses the head, which Ray reaches over SSH on its external IP",
                             f"gcloud resource-manager org-policies delete compute.vmExternalIpAccess --project {p} "

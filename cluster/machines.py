@@ -158,6 +158,9 @@ DISK_TYPES: dict[str, tuple[str, ...]] = {
 HYPERDISK_ONLY = ("a3-ultragpu",)
 # Series whose VMs must use the gVNIC network interface.
 GVNIC_SERIES = ("a3", "a4")
+# Arm series (Ampere Altra, Google Axion): they boot ARM64 images only. Every other series, GPU types
+# included, is x86-64, and so is every Deep Learning VM image.
+ARM_SERIES = ("t2a", "c4a", "n4a")
 
 # Predefined machine types: family -> the vCPU counts Compute Engine offers, from Google's
 # "General-purpose machine family" and "Compute-optimized machine family" pages (2025). Only these
@@ -360,6 +363,35 @@ def image_driver(image: str) -> int | None:
     (``common-cu129-ubuntu-2204-nvidia-580`` -> 580), None when the name does not say."""
     m = re.search(r"nvidia-(\d{3})(?:\D|$)", image.rsplit("/", 1)[-1])
     return int(m.group(1)) if m else None
+
+
+def machine_architecture(machine_type: str) -> str:
+    """ARM64 for an Arm series' type (t2a-standard-8), else X86_64: Compute Engine's names for them."""
+    return "ARM64" if machine_series(machine_type) in ARM_SERIES else "X86_64"
+
+
+def image_architecture(image: str) -> str:
+    """An image's architecture from its family or name: Google's Arm images say so (ubuntu-2204-lts-arm64,
+    debian-12-arm64); the others, the Deep Learning VM families among them, are X86_64."""
+    return "ARM64" if "arm64" in image.rstrip("/").rsplit("/", 1)[-1] else "X86_64"
+
+
+def architecture_problem(machine_type: str, image: str) -> str | None:
+    """Why a VM of ``machine_type`` cannot boot ``image`` (an x86-64 image on an Arm type, or the reverse)."""
+    machine, boot = machine_architecture(machine_type), image_architecture(image)
+    if machine == boot:
+        return None
+    return (f"{machine_type} is an {'Arm' if machine == 'ARM64' else 'x86-64'} ({machine}) machine type and image "
+            f"{image.rstrip('/').rsplit('/', 1)[-1]} is {boot}: Compute Engine refuses to boot it")
+
+
+def architecture_fix(machine_type: str, image: str) -> str:
+    """What to change when :func:`architecture_problem` finds one."""
+    series = machine_series(machine_type)
+    if series in ARM_SERIES:  # the x86 series of the same shapes: t2a-standard-8 -> t2d-standard-8
+        twin = {"t2a": "t2d", "c4a": "c4", "n4a": "n4"}[series] + machine_type[len(series):]
+        return f"use an x86-64 machine type ({twin}, or another series), or an arm64 image"
+    return "use an x86-64 image, or an Arm machine type (t2a-, c4a-)"
 
 
 def disk_types(machine_type: str) -> tuple[str, ...]:

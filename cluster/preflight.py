@@ -8,7 +8,8 @@ Compute Engine refuses the insert); GPU nodes have onHostMaintenance TERMINATE (
 and preemptible ones get it from Compute Engine when they leave it out); each boot
 disk's type is one its machine series takes (no diskType means pd-standard,
 which G2 and A3 refuse); N1 GPU shapes exist (GPU count, vCPUs and memory per
-GPU model); Spot-only types are Spot; the pinned torch runs on the GPUs (a
+GPU model); Spot-only types are Spot; each boot image is of its machine's architecture (no x86-64 image on
+an Arm type); the pinned torch runs on the GPUs (a
 warning otherwise). From the project: the zone exists and is UP; every node
 type's machine type and accelerator exist in the zone with an allowed GPU
 count; the region's quotas (vCPUs per machine series, the GPU model's quota,
@@ -246,6 +247,9 @@ def _node_table_checks(p: NodePlan) -> list[Check]:
                             "make the node type Spot (scheduling.provisioningModel: SPOT) or use a3-highgpu-8g"))
     if p.gpus and p.image:
         checks += _driver_check(p)
+    if p.image and machines.architecture_problem(p.machine_type, p.image):
+        checks.append(Check(FAIL, f"{p.node_type}: {machines.architecture_problem(p.machine_type, p.image)}",
+                            f"{machines.architecture_fix(p.machine_type, p.image)} (its node_config's sourceImage)"))
     acc = ACCELERATORS.get(p.accelerator or "")
     if acc and not acc.torch_runs:
         checks.append(Check(WARN, f"{p.node_type}: {acc.name} ({acc.generation}) cannot run torch "

@@ -362,6 +362,10 @@ def _check_node(spec: ClusterSpec, head: bool) -> None:
                 raise UserError(f"{machine} with {gpus} x {accelerator}: {problem}",
                                 f"set {flag} to {machines.n1_largest_type(accelerator, gpus)} or smaller, "
                                 "or attach more GPUs")
+    problem = machines.architecture_problem(machine, spec.node_image(head))
+    if problem:
+        raise UserError(f"{flag}: {problem}", f"{machines.architecture_fix(machine, spec.node_image(head))} "
+                        "(--image)")
     allowed = machines.disk_types(machine)
     if spec.disk_type and spec.disk_type not in allowed:
         raise UserError(f"boot disk type {spec.disk_type} is not offered for {machine} "

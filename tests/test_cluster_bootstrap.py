@@ -236,6 +236,40 @@ def test_rays_provider_meets_the_403_preflight_warns_of(tmp_path):
     assert not [c for c in report.calls if c.verb == "insert"] and report.left == []
 
 
+def test_an_external_ip_an_org_policy_forbids_is_refused_as_compute_engine_does(tmp_path):
+    """Preflight's FAIL for the policy is what Ray's provider meets: the head's insert, 412 conditionNotMet."""
+    from launcher.lab.rehearsal import rehearse
+
+    config = load(cluster_file(tmp_path, preset="basic"))
+    world = World(org_policies={NO_EXTERNAL_IP: {"listPolicy": {"allValues": "DENY"}}})
+    lines: list[str] = []
+    report = rehearse(config, world=world, say=lines.append)
+    [refused] = report.refused
+    assert (refused.verb, refused.refusal.status, refused.refusal.rule) == ("insert", 412, "org policy")
+    assert refused.refusal.message.startswith(f"Constraint {NO_EXTERNAL_IP} violated for project 1. Add instance "
+                                              f"projects/{PROJECT}/zones/{ZONE}/instances/ray-")
+    assert refused.refusal.message.endswith("to the constraint to use external IP with it.")
+    assert report.left == []
+    # an interface without accessConfigs has no external IP: the same policy lets it in
+    head = config["available_node_types"][config["head_node_type"]]["node_config"]
+    head["networkInterfaces"] = [{"network": f"projects/{PROJECT}/global/networks/default"}]
+    assert rehearse(config, world=world, say=lines.append).refused == []
+
+
+@pytest.mark.parametrize("policy, allowed", [
+    ({}, True), ({"allValues": "ALLOW"}, True), ({"allValues": "DENY"}, False),
+    ({"allowedValues": ["projects/p/zones/z/instances/vm"]}, True),
+    ({"allowedValues": ["projects/p/zones/z/instances/other"]}, False),
+    ({"deniedValues": ["projects/p/zones/z/instances/vm"]}, False),
+])
+def test_the_external_ip_policy_reads_as_compute_engine_applies_it(policy, allowed):
+    from cluster.bootstrap import external_ip_forbidden
+
+    assert external_ip_forbidden(policy, "projects/p/zones/z/instances/vm") is not allowed
+    # a VM whose name nobody knows in advance (Ray's) is in no allow list, and in no deny list
+    assert external_ip_forbidden(policy) is (policy.get("allValues") == "DENY" or "allowedValues" in policy)
+
+
 def test_a_stock_out_fails_the_operation_and_leaves_nothing(tmp_path, capsys):
     path = tmp_path / "g2.yaml"
     path.write_text(yaml.safe_dump(load(cluster_file(tmp_path, worker_machine_type="g2-standard-8",

@@ -634,6 +634,10 @@ def one_error_line(capsys) -> str:
     (["--termination-action", "STOP"], ["--termination-action STOP applies only to Spot VMs, and the workers are "
                                         "standard; add --provisioning spot, or drop --termination-action"]),
     (["--termination-action", "STOP", "--provisioning", "preemptible"], ["the workers are preemptible"]),
+    (["--worker-machine-type", "t2a-standard-8"], ["--worker-machine-type: t2a-standard-8 is an Arm (ARM64) machine "
+                                                   "type and image common-cpu is X86_64", "t2d-standard-8"]),
+    (["--head-machine-type", "c4a-standard-4"], ["is an Arm (ARM64) machine type", "(c4-standard-4, or another "
+                                                 "series), or an arm64 image (--image)"]),
 ])
 def test_what_does_not_exist_is_refused_offline_in_one_line(flags, said, capsys):
     assert main(["cluster", "config", "--project", "p", *flags]) == 2
@@ -654,6 +658,13 @@ def test_real_machine_types_pass(machine):
     assert machines.machine_type_problem(machine) is None
     spec = ClusterSpec.from_mapping({**BASE, "worker_machine_type": machine, "provisioning": "spot"}).validated()
     assert worker_type(ray_cluster_config(spec, VERSION))[1]["resources"]["CPU"] == machines.machine_vcpus(machine)
+
+
+def test_an_arm_type_with_an_arm_image_makes_a_cluster_file():
+    spec = ClusterSpec.from_mapping({**BASE, "worker_machine_type": "t2a-standard-8",
+                                     "image": "projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts-arm64",
+                                     "head_machine_type": "t2a-standard-4"}).validated()
+    assert worker_type(ray_cluster_config(spec, VERSION))[1]["resources"] == {"CPU": 8}
 
 
 def test_real_zones_and_custom_types_make_a_cluster_file(capsys):

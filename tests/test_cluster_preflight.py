@@ -372,6 +372,16 @@ def test_hand_written_files_are_checked_against_the_machine_table(tmp_path, fake
     ]
 
 
+def test_an_x86_image_on_an_arm_type_fails_offline_in_one_line(tmp_path, fake):
+    config = load(cluster_file(tmp_path, min_workers=1, max_workers=1))
+    config["available_node_types"]["n1-standard-8"]["node_config"]["machineType"] = "c4a-standard-8"
+    failed = [(c.what, c.fix) for c in by_status(run_checks(config, Compute(PROJECT)), FAIL)
+              if "Arm" in c.what]
+    assert failed == [("n1-standard-8: c4a-standard-8 is an Arm (ARM64) machine type and image common-cpu is X86_64: "
+                       "Compute Engine refuses to boot it", "use an x86-64 machine type (c4-standard-8, or another "
+                       "series), or an arm64 image (its node_config's sourceImage)")]
+
+
 def test_n1_gpu_shapes_and_old_gpus(tmp_path, fake):
     config = load(cluster_file(tmp_path, accelerator_type="nvidia-tesla-v100", install="true"))
     checks = run_checks(config, Compute(PROJECT))

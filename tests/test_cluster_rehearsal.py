@@ -420,9 +420,15 @@ def n1_standard_7(config):
     worker(config)["node_config"]["machineType"] = "n1-standard-7"
 
 
+def arm_worker(config):  # a real Arm type, and the file's x86-64 Deep Learning VM image
+    worker(config)["node_config"]["machineType"] = "t2a-standard-8"
+
+
 @pytest.mark.parametrize("breaks, rule, message, fix", [
     (unknown_zone, "zone", "Invalid value for field 'zone': 'us-central1-z'. Unknown zone.",
      "set provider.availability_zone to us-central1-f"),
+    (arm_worker, "architecture", "Invalid resource usage: 'Requested boot disk architecture (X86_64) is not "
+     "compatible with machine type architecture (ARM64).'", "use an x86-64 machine type (t2d-standard-8"),
     (n1_standard_7, "machine type", "Machine type with name 'n1-standard-7' does not exist in zone 'us-central1-a'",
      "did you mean n1-standard-8 or n1-standard-4?"),
 ])

@@ -17,7 +17,8 @@ passes), guest accelerators (only on N1, only in the counts and vCPU/memory
 shapes Compute Engine offers, never on a type with built-in GPUs),
 onHostMaintenance TERMINATE for any VM with a GPU, the Spot/preemptible
 scheduling fields, the boot disk type per machine series, gVNIC where a
-series needs it, and quotas (what :mod:`cluster.quotas` says the VM holds: vCPUs,
+series needs it, a boot image of the machine's architecture (no x86-64 image on an Arm type:
+T2A, C4A, N4A), and quotas (what :mod:`cluster.quotas` says the VM holds: vCPUs,
 GPUs, disk gigabytes, external addresses, per region and project-wide).
 
 Like Compute Engine, a Spot or preemptible VM that leaves out
@@ -78,7 +79,8 @@ def check_insert(body: Mapping, zone: str, quotas: Mapping[str, float] | None = 
     for check in (lambda: _zone(zone), lambda: _shape(body), lambda: _name(body), lambda: _labels(body),
                   lambda: _machine_type(machine, body, zone),
                   lambda: _accelerators(machine, body), lambda: _scheduling(machine, body),
-                  lambda: _disks(machine, body, zone), lambda: _network(machine, body)):
+                  lambda: _disks(machine, body, zone), lambda: _architecture(machine, body),
+                  lambda: _network(machine, body)):
         refusal = check()
         if refusal:
             return refusal
@@ -265,6 +267,18 @@ def _disks(machine: str, body: Mapping, zone: str) -> Refusal | None:
             return _invalid("disk type", f"disks[{i}].initializeParams.diskType",
                             f"[{kind}] disk type cannot be used by [{machine}] machine type "
                             f"(it takes {', '.join(allowed)})")
+    return None
+
+
+def _architecture(machine: str, body: Mapping) -> Refusal | None:
+    """An x86-64 image on an Arm machine type (T2A, C4A), or the reverse: the boot disk cannot boot."""
+    for disk in _items(body, "disks"):
+        image = str((disk.get("initializeParams") or {}).get("sourceImage") or "")
+        if disk.get("boot") and image and machines.architecture_problem(machine, image):
+            boot, arch = machines.image_architecture(image), machines.machine_architecture(machine)
+            return Refusal(400, "architecture", f"Invalid resource usage: 'Requested boot disk architecture ({boot}) "
+                           f"is not compatible with machine type architecture ({arch}).'",
+                           machines.architecture_fix(machine, image))
     return None
 
 

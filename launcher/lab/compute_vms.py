@@ -8,7 +8,8 @@ Compute Engine returns them).
 
 An insert is checked by Compute Engine's rules (:mod:`launcher.lab.compute_rules`)
 against the quotas of the world and what the API's VMs and disks hold; a
-refused one answers HTTP 400 (403 for a quota) and creates nothing. An
+refused one answers HTTP 400 (403 for a quota; 412, as Compute Engine answers it, for an external IP that
+the organization policy ``compute.vmExternalIpAccess`` forbids) and creates nothing. An
 accepted one is stored with the scheduling defaults Compute Engine fills in
 (a Spot or preemptible VM that leaves out ``automaticRestart`` and
 ``onHostMaintenance`` gets false and TERMINATE), and each of its disks becomes
@@ -25,10 +26,12 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from cluster.quotas import project_wide, vm_usage
+from cluster.bootstrap import NO_EXTERNAL_IP, external_ip_forbidden
+from cluster.quotas import external_addresses, project_wide, vm_usage
 from launcher.lab import compute_rules
 from launcher.lab.compute_filter import matches
 from launcher.lab.compute_rules import ApiError, Refusal, last_part, zone_region
+from launcher.lab.compute_project import PROJECT_NUMBER
 from launcher.lab.compute_world import API
 
 RUNNING, STOPPED = "RUNNING", "TERMINATED"  # Compute Engine calls a stopped VM TERMINATED
@@ -51,7 +54,7 @@ class VMs:
         elif name in self.instances:
             refusal = Refusal(409, "instance name", f"The resource '{self._link(zone, name)}' already exists")
         else:
-            refusal = self._check(body, zone)
+            refusal = self._check(body, zone) or self._org_policy(zone, body)
         stocked_out = None
         if refusal is None and self.world.out_of_stock(last_part(str(body.get("machineType", "")))):
             stocked_out = (f"The zone 'projects/{self.project}/zones/{zone}' does not have enough resources "
@@ -60,8 +63,8 @@ class VMs:
                                              if stocked_out else None),
                  compute_rules.describe(body), compute_rules.node_type_of(body))
         if refusal:
-            raise ApiError(refusal.status, "quotaExceeded" if refusal.rule == "quota" else "invalid",
-                           f"{refusal.message} [rule: {refusal.rule}]")
+            reason = {"quota": "quotaExceeded", "org policy": "conditionNotMet"}.get(refusal.rule, "invalid")
+            raise ApiError(refusal.status, reason, f"{refusal.message} [rule: {refusal.rule}]")
         if stocked_out:  # taken, then failed: nothing is made
             return self.finished("insert", zone, name, {"code": STOCKOUT, "message": stocked_out})
         self.instances[name] = self._new_instance(zone, body)
@@ -72,6 +75,18 @@ class VMs:
         region = zone_region(zone)
         limits, used = self.world.limits(region)
         return compute_rules.check_insert(body, zone, quotas=limits, used=Counter(used) + self.held(region))
+
+    def _org_policy(self, zone: str, body: dict) -> Refusal | None:
+        """An external IP the organization policy vmExternalIpAccess forbids: HTTP 412, in Compute Engine's words."""
+        policy = self.world.org_policies.get(NO_EXTERNAL_IP, {}).get("listPolicy") or {}
+        instance = self._link(zone, str(body.get("name", "")))
+        if not external_addresses(body) or not external_ip_forbidden(policy, instance):
+            return None
+        return Refusal(412, "org policy", f"Constraint {NO_EXTERNAL_IP} violated for project {PROJECT_NUMBER}. Add "
+                       f"instance {instance} to the constraint to use external IP with it.",
+                       "an organization policy administrator must allow external IPs (gcloud resource-manager "
+                       "org-policies delete compute.vmExternalIpAccess --project PROJECT): `ray up` reaches the head "
+                       "on its external IP")
 
     def held(self, region: str | None) -> Counter[str]:
         """Quota the API's VMs and disks hold in ``region``, and project-wide (stopped VMs: their disks only)."""

@@ -213,7 +213,7 @@ class World:
         if name is None:
             return None
         return {"kind": "compute#image", "id": "7001", "name": name, "family": family, "status": "READY",
-                "diskSizeGb": "50", "sourceType": "RAW", "architecture": "X86_64",
+                "diskSizeGb": "50", "sourceType": "RAW", "architecture": machines.image_architecture(family),
                 "selfLink": f"{API}/projects/{project}/global/images/{name}"}
 
 

@@ -98,8 +98,10 @@ class Report:
 
     @property
     def refused(self) -> list[Call]:
-        """Requests Compute Engine would refuse for the file's sake (not a stock-out, which is the zone's)."""
-        return [c for c in self.calls if c.refusal and c.refusal.status not in (404, 409, 412, 503)]
+        """Requests Compute Engine would refuse for the file's sake (not a stock-out, which is the zone's, nor
+        a stale fingerprint; an organization policy's 412 is, as the file's external IPs meet it)."""
+        return [c for c in self.calls if c.refusal and (c.refusal.status not in (404, 409, 412, 503)
+                                                         or c.refusal.rule == "org policy")]
 
     @property
     def stocked_out(self) -> list[Call]:
