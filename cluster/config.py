@@ -33,6 +33,7 @@ launcher adds over a hand-written file:
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from cluster import machines
@@ -107,6 +108,7 @@ def to_yaml(config: dict[str, Any], spec: ClusterSpec, version: str) -> str:
               f"# Dashboard: ray dashboard THIS_FILE         (SSH tunnel; Ray's ports stay closed)\n"
               f"# Stop it:   launcher cluster down THIS_FILE (`ray down`, then the VMs and disks it left)\n")
     header += "".join(f"# {line}\n" for line in cost_notes(spec))
+    header += "".join(f"# {line}\n" for note in setup_notes(spec) for line in textwrap.wrap(note, 110))
     return header + yaml.safe_dump(config, sort_keys=False, default_flow_style=False, width=1000)
 
 
@@ -130,6 +132,31 @@ def cost_notes(spec: ClusterSpec) -> list[str]:
         notes += ["STOP: a preempted worker, and a worker Ray scales down, is stopped (disk billed) and started",
                   "again when Ray needs one; plain `ray down` stops every VM. `launcher cluster down` deletes them."]
     return notes
+
+
+def setup_notes(spec: ClusterSpec) -> list[str]:
+    """What the GPU nodes' setup cannot promise, each note one paragraph (`cluster config` prints the first)."""
+    gpu = [head for head in (True, False) if (head or spec.max_workers) and spec.node_gpus(head)]
+    tensorflow = spec.horovod or bool({"tensorflow", "all"} & set(spec.extras))
+    notes = [TENSORFLOW_ON_GPU] if gpu and tensorflow and spec.install is None else []
+    if gpu and spec.horovod:
+        built = ", ".join(sorted({"{}.{} ({})".format(*ACCELERATORS[a].capability, a)
+                                  for a in (spec.node_accelerator(head)[0] for head in gpu)}))
+        notes.append(f"Horovod on the GPU nodes is built with NCCL (torch's nvidia-nccl wheel, linked shared) for "
+                     f"compute capability {built} with the image's CUDA 12.9 toolkit, on every core. This GPU "
+                     "recipe follows Horovod's build files and has not been run on a GPU: on a GPU node, "
+                     "`horovodrun --check-build` must tick NCCL under Available Tensor Operations before a long run.")
+    return notes
+
+
+# pip's tensorflow brings no CUDA libraries; tensorflow[and-cuda] would (PyPI's metadata of 2.21.0: nvidia-*-cu12),
+# but those CUDA 12 wheels install into the same nvidia/ folders as torch 2.13's CUDA 13 ones (nvidia-nccl-cu12
+# and -cu13 both write nvidia/nccl/lib/libnccl.so.2), so one venv cannot hold both: it is not installed.
+TENSORFLOW_ON_GPU = ("TensorFlow may run on the CPU of the GPU nodes: the pip tensorflow wheel brings no CUDA "
+                     "libraries and uses a GPU only where it finds CUDA 12 and cuDNN 9 libraries on the node (the "
+                     "image has CUDA 12.9; unchecked), and tensorflow[and-cuda] is not installed because its "
+                     "CUDA 12 wheels share install paths with torch's CUDA 13 ones; torch (and Horovod's torch API) "
+                     "uses the GPUs.")
 
 
 def machine_type(spec: ClusterSpec, head: bool) -> machines.MachineType:
@@ -309,24 +336,50 @@ def _install_commands(spec: ClusterSpec, version: str, gpu: bool, head: bool) ->
         commands.append(f"pip install --quiet {' '.join(GOOGLE_API_CLIENT)}")
     if gpu:
         commands.insert(0, f"timeout {DRIVER_WAIT_S} bash -c 'until nvidia-smi > /dev/null 2>&1; do sleep 5; done'")
+    if gpu and spec.install is None and (spec.horovod or {"xgboost", "all"} & set(spec.extras)):
+        commands.append(TORCH_NCCL)
     if spec.horovod:
-        commands += _horovod_commands(gpu)
+        commands += _horovod_commands(spec.node_accelerator(head)[0] if gpu else None)
     return commands
 
 
-def _horovod_commands(gpu: bool) -> list[str]:
-    """Horovod's build needs cmake 3 and a C++ compiler (not on the images); on GPU nodes it builds
-    its allreduce on NCCL (torch's own NCCL wheel), with the image's CUDA toolkit."""
+# One NCCL for every framework on a GPU node, torch's: xgboost's nvidia-nccl-cu12 and torch's nvidia-nccl-cu13
+# write the same nvidia/nccl/{lib/libnccl.so.2,include/nccl.h}, and the wheel pip happens to install last wins.
+# This reinstalls the one torch's metadata names (nothing when it names none: a torch of --install's).
+TORCH_NCCL = ("nccl=$(python -c 'from importlib.metadata import requires; print(next((r.split(\";\")[0].strip() "
+              "for r in requires(\"torch\") or () if r.startswith(\"nvidia-nccl\")), \"\"))') && "
+              "{ test -z \"$nccl\" || pip install --quiet --no-deps --force-reinstall \"$nccl\"; }")
+# Where the NCCL wheel is: its include/nccl.h and lib/libnccl.so.2 (the wheel ships no libnccl.so).
+NCCL_DIR = ("python -c 'import importlib.util as u; s = u.find_spec(\"nvidia\") and u.find_spec(\"nvidia.nccl\"); "
+            "print(list(s.submodule_search_locations)[0] if s else \"\")'")
+# Parallel compiles: every core, as memory allows (TensorFlow's headers make a compile take up to 2 GiB).
+BUILD_JOBS = ("python -c 'import os; print(max(1, min(os.cpu_count(), os.sysconf(\"SC_PHYS_PAGES\") * "
+              "os.sysconf(\"SC_PAGE_SIZE\") // (2 << 30))))'")
+
+
+def _horovod_commands(accelerator: str | None) -> list[str]:
+    """Horovod's build needs cmake 3 and a C++ compiler (not on the images) and compiles on every core.
+
+    On a GPU node (``accelerator``) its allreduce is built on NCCL, the nvidia-nccl wheel torch uses,
+    linked shared: Horovod 0.28.1's FindNCCL looks for ``libnccl_static.a`` unless
+    HOROVOD_NCCL_LINK=SHARED, then for ``libnccl.so``, and the wheel ships only ``libnccl.so.2``, so a
+    ``libnccl.so`` link is made beside it; HOROVOD_NCCL_HOME puts the wheel's include/ and lib/ before
+    the CUDA toolkit's in CMake's search. nvcc builds the kernels for the node's GPU only
+    (HOROVOD_BUILD_CUDA_CC_LIST, from the machine table's compute capability) with the image's CUDA
+    toolkit (/usr/local/cuda, CUDA 12.9; torch's wheels bring CUDA 13). Written from Horovod's build
+    files; not yet run on a GPU (the generated file's header says so)."""
     apt = "sudo DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 -qq"
-    build = f"cd {REMOTE_SOURCE} && scripts/install-horovod"
-    if gpu:
-        # NCCL's home: where torch's nvidia-nccl wheel put nccl.h (its layout differs between CUDA
-        # majors); when none is found, Horovod looks in the CUDA toolkit.
-        find = ("import glob, os, importlib.util as u; s = u.find_spec('nvidia'); h = glob.glob(os.path.join("
-                "list(s.submodule_search_locations)[0], '**', 'nccl.h'), recursive=True) if s else []; "
-                "print(os.path.dirname(os.path.dirname(h[0])) if h else '')")
-        build = (f"cd {REMOTE_SOURCE} && nccl=$(python -c \"{find}\") && env ${{nccl:+HOROVOD_NCCL_HOME=$nccl}} "
-                 "HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_CUDA_HOME=/usr/local/cuda scripts/install-horovod")
+    jobs = f"HOROVOD_BUILD_JOBS=$({BUILD_JOBS})"
+    build = f"cd {REMOTE_SOURCE} && {jobs} scripts/install-horovod"
+    if accelerator:
+        major, minor = ACCELERATORS[accelerator].capability
+        build = (f"cd {REMOTE_SOURCE} && nccl=$({NCCL_DIR}) && {{ test -f \"$nccl/lib/libnccl.so.2\" || {{ echo "
+                 "\"no NCCL wheel (nvidia-nccl) in the venv; torch's CUDA build brings one\" >&2; false; }; } && "
+                 f"ln -sf libnccl.so.2 \"$nccl/lib/libnccl.so\" && {jobs} HOROVOD_GPU=CUDA "
+                 "HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_LINK=SHARED HOROVOD_NCCL_HOME=\"$nccl\" "
+                 "HOROVOD_NCCL_INCLUDE=\"$nccl/include\" HOROVOD_NCCL_LIB=\"$nccl/lib\" "
+                 f"HOROVOD_CUDA_HOME=/usr/local/cuda HOROVOD_BUILD_CUDA_CC_LIST={major}{minor} "
+                 "scripts/install-horovod")
     return [f"{apt} update && {apt} install -y cmake g++", build]
 
 

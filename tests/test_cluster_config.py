@@ -8,7 +8,7 @@ import os
 import pytest
 import yaml
 
-from cluster.config import ray_cluster_config, to_yaml
+from cluster.config import TORCH_NCCL, ray_cluster_config, to_yaml
 from cluster.spec import CPU_IMAGE, GPU_IMAGE, PRESETS, ClusterSpec
 from launcher.cli.main import main
 from launcher.errors import UserError
@@ -147,7 +147,8 @@ def test_install_source_and_horovod():
         assert '"0.1.0"' in commands[1]  # the node checks it got this very version
         # Horovod's build needs cmake 3 and a compiler, installed first; CPU nodes build with Gloo only.
         assert commands[-2].endswith("install -y cmake g++") and "apt-get" in commands[-2]
-        assert commands[-1] == "cd ~/launcher && scripts/install-horovod"
+        assert commands[-1].startswith("cd ~/launcher && HOROVOD_BUILD_JOBS=$(python -c ")
+        assert commands[-1].endswith(") scripts/install-horovod")
     custom = build(preset="basic", install="pip install launcher==0.1.0", source_dir=None)
     assert custom["head_setup_commands"][0] == "pip install launcher==0.1.0" and custom["file_mounts"] == {}
 
@@ -171,32 +172,93 @@ def test_nodes_install_the_core_and_the_extras_the_spec_names(tmp_path):
         build(extras="mlflow", install="pip install launcher==0.1.0", source_dir=None)
 
 
-def test_horovod_on_gpu_nodes_builds_with_nccl(tmp_path):
-    """GPU nodes build Horovod with NCCL, found where torch's NCCL wheel put nccl.h (the command runs
-    here, against a stand-in for scripts/install-horovod that prints what it was given)."""
-    import subprocess
+def _fake_site(tmp_path, torch_requires: list[str], libnccl: bool = True):
+    """A site-packages folder as a GPU node's venv has it: torch's metadata, and the nvidia-nccl wheel's files."""
+    site = tmp_path / "site"
+    info = site / "torch-2.13.0.dist-info"
+    info.mkdir(parents=True)
+    info.joinpath("METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.13.0\n"
+                                         + "".join(f"Requires-Dist: {r}\n" for r in torch_requires))
+    nccl = site / "nvidia" / "nccl"  # a namespace package, as the NVIDIA wheels install it
+    (nccl / "include").mkdir(parents=True)
+    (nccl / "lib").mkdir()
+    (nccl / "include" / "nccl.h").write_text("#define NCCL_MAJOR 2\n")
+    if libnccl:
+        (nccl / "lib" / "libnccl.so.2").write_text("")
+    return site
+
+
+def _stand_ins(tmp_path) -> str:
+    """pip and scripts/install-horovod that print what they were given; returns the PATH to run with."""
     import sys
 
-    config = build(preset="standard-1", horovod=True, accelerator_type="nvidia-tesla-t4")
-    worker, head = config["worker_setup_commands"], config["head_setup_commands"]
-    assert worker[-2].endswith("install -y cmake g++") and "apt-get" in worker[-2]  # before the build
-    assert head[-1] == "cd ~/launcher && scripts/install-horovod"  # the CPU head: Gloo only
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "pip").write_text("#!/bin/sh\necho \"pip $*\"\n")
     script = tmp_path / "launcher" / "scripts" / "install-horovod"
     script.parent.mkdir(parents=True)
-    script.write_text("#!/bin/sh\necho \"ops=$HOROVOD_GPU_OPERATIONS nccl=$HOROVOD_NCCL_HOME cuda=$HOROVOD_CUDA_HOME\"\n")
-    script.chmod(0o755)
-    site = tmp_path / "site"
-    (site / "nvidia" / "nccl" / "include").mkdir(parents=True)
-    (site / "nvidia" / "nccl" / "include" / "nccl.h").write_text("")
-    env = {"HOME": str(tmp_path), "PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"}
+    script.write_text("#!/bin/sh\nenv | grep '^HOROVOD_' | sort\n")
+    for path in (bin_dir / "pip", script):
+        path.chmod(0o755)
+    return f"{bin_dir}:{os.path.dirname(sys.executable)}:/usr/bin:/bin"
 
-    def run(pythonpath: str) -> str:
-        return subprocess.run(["bash", "-c", worker[-1]], env={**env, "PYTHONPATH": pythonpath}, check=True,
-                              capture_output=True, text=True).stdout.strip()
 
-    assert run(str(site)) == f"ops=NCCL nccl={site}/nvidia/nccl cuda=/usr/local/cuda"
-    (site / "nvidia" / "nccl" / "include" / "nccl.h").unlink()  # no NCCL wheel: Horovod looks in CUDA
-    assert run(str(site)) == "ops=NCCL nccl= cuda=/usr/local/cuda"
+def _run(command: str, tmp_path, site, path: str):
+    import subprocess
+
+    return subprocess.run(["bash", "-c", command], env={"HOME": str(tmp_path), "PATH": path, "PYTHONPATH": str(site)},
+                          capture_output=True, text=True)
+
+
+@pytest.mark.parametrize("values, capability", [
+    ({"accelerator_type": "nvidia-tesla-t4"}, "75"), ({"worker_machine_type": "g2-standard-8"}, "89"),
+    ({"worker_machine_type": "a2-highgpu-1g"}, "80"), ({"worker_machine_type": "a3-highgpu-8g"}, "90")])
+def test_horovod_on_gpu_nodes_builds_with_the_nccl_wheel_for_the_nodes_gpu(tmp_path, values, capability):
+    """The GPU build recipe (unrun on a GPU here): the commands run in bash against a venv laid out as a GPU
+    node's, with stand-ins for pip and scripts/install-horovod that print what they are given."""
+    config = build(preset="standard-1", horovod=True, **values)
+    worker, head = config["worker_setup_commands"], config["head_setup_commands"]
+    assert worker[-2].endswith("install -y cmake g++") and "apt-get" in worker[-2]  # before the build
+    assert head[-1].startswith("cd ~/launcher && HOROVOD_BUILD_JOBS=$(") and "NCCL" not in head[-1]  # CPU: Gloo
+    site = _fake_site(tmp_path, ["nvidia-nccl-cu13==2.29.7; platform_system == \"Linux\"", "filelock"])
+    path = _stand_ins(tmp_path)
+    # torch's own NCCL wheel is put back last, over xgboost's or TensorFlow's nvidia-nccl-cu12
+    assert worker[-3] == TORCH_NCCL
+    done = _run(worker[-3], tmp_path, site, path)
+    assert done.stdout.strip() == "pip install --quiet --no-deps --force-reinstall nvidia-nccl-cu13==2.29.7"
+    done = _run(worker[-1], tmp_path, site, path)
+    assert done.returncode == 0, done.stderr
+    nccl = site / "nvidia" / "nccl"
+    said = dict(line.split("=", 1) for line in done.stdout.split())
+    jobs = said.pop("HOROVOD_BUILD_JOBS")
+    assert said == {"HOROVOD_GPU": "CUDA", "HOROVOD_GPU_OPERATIONS": "NCCL", "HOROVOD_NCCL_LINK": "SHARED",
+                    "HOROVOD_NCCL_HOME": str(nccl), "HOROVOD_NCCL_INCLUDE": f"{nccl}/include",
+                    "HOROVOD_NCCL_LIB": f"{nccl}/lib", "HOROVOD_CUDA_HOME": "/usr/local/cuda",
+                    "HOROVOD_BUILD_CUDA_CC_LIST": capability}
+    assert 1 <= int(jobs) <= os.cpu_count()
+    # FindNCCL's shared library name, beside the wheel's real one
+    assert os.readlink(nccl / "lib" / "libnccl.so") == "libnccl.so.2"
+    assert head[-3:] == build(preset="standard-1", horovod=True)["head_setup_commands"][-3:]  # the CPU head's own
+
+
+def test_a_gpu_node_without_the_nccl_wheel_stops_with_one_line_and_torch_without_it_installs_nothing(tmp_path):
+    worker = build(preset="standard-1", horovod=True, accelerator_type="nvidia-tesla-t4")["worker_setup_commands"]
+    site = _fake_site(tmp_path, ["filelock"], libnccl=False)
+    path = _stand_ins(tmp_path)
+    assert _run(worker[-3], tmp_path, site, path).stdout == ""  # a torch that names no NCCL wheel
+    done = _run(worker[-1], tmp_path, site, path)
+    assert done.returncode != 0 and "HOROVOD_" not in done.stdout
+    assert done.stderr.strip() == "no NCCL wheel (nvidia-nccl) in the venv; torch's CUDA build brings one"
+
+
+def test_torchs_nccl_is_put_back_where_another_extra_brings_its_own():
+    def has_it(**values) -> bool:
+        return TORCH_NCCL in build(**values)["worker_setup_commands"]
+
+    assert has_it(accelerator_type="nvidia-tesla-t4", extras="xgboost")  # xgboost pulls nvidia-nccl-cu12
+    assert has_it(accelerator_type="nvidia-tesla-t4", extras="all")
+    assert not has_it(accelerator_type="nvidia-tesla-t4", extras="mlflow")
+    assert not has_it(extras="xgboost")  # CPU workers: no NCCL at all
 
 
 def test_network_and_service_account():
@@ -680,3 +742,23 @@ def test_real_zones_and_custom_types_make_a_cluster_file(capsys):
     assert (name, node["resources"], config["provider"]["region"]) == ("custom-6-16384", {"CPU": 6}, "europe-west1")
     assert node["node_config"]["scheduling"]["instanceTerminationAction"] == "STOP"
     assert node["node_config"]["disks"][0]["initializeParams"]["diskType"].endswith("/pd-balanced")  # N1's
+
+
+def test_what_the_gpu_nodes_setup_cannot_promise_is_said_in_the_file_and_at_config_time(capsys):
+    from cluster.config import TENSORFLOW_ON_GPU
+
+    assert main(["cluster", "config", "--project", "p", "--accelerator", "nvidia-tesla-t4",
+                 "--extras", "tensorflow"]) == 0
+    captured = capsys.readouterr()
+    assert captured.err.strip().splitlines() == [f"note: {TENSORFLOW_ON_GPU}"]
+    assert "# TensorFlow may run on the CPU of the GPU nodes" in captured.out
+    assert "tensorflow[and-cuda]" not in " ".join(yaml.safe_load(captured.out)["worker_setup_commands"])
+    for flags in (["--extras", "tensorflow"], ["--accelerator", "nvidia-tesla-t4", "--extras", "mlflow"]):
+        assert main(["cluster", "config", "--project", "p", *flags]) == 0
+        assert "TensorFlow" not in capsys.readouterr().err  # no GPU, or no TensorFlow: nothing to say
+    assert main(["cluster", "config", "--project", "p", "--worker-machine-type", "a3-highgpu-8g",
+                 "--horovod"]) == 0
+    header = " ".join(line[2:] for line in capsys.readouterr().out.splitlines() if line.startswith("# "))
+    assert ("Horovod on the GPU nodes is built with NCCL (torch's nvidia-nccl wheel, linked shared) for compute "
+            "capability 9.0 (nvidia-h100-80gb)") in header
+    assert "has not been run on a GPU" in header

@@ -108,10 +108,12 @@ def spec_from_args(args: argparse.Namespace):
 
 
 def _config(args: argparse.Namespace) -> int:
-    from cluster.config import ray_cluster_config, to_yaml
+    from cluster.config import TENSORFLOW_ON_GPU, ray_cluster_config, setup_notes, to_yaml
 
     spec = spec_from_args(args)
     text = to_yaml(ray_cluster_config(spec, __version__), spec, __version__)
+    if TENSORFLOW_ON_GPU in setup_notes(spec):
+        print(f"note: {TENSORFLOW_ON_GPU}", file=sys.stderr)
     if args.output:
         with open(args.output, "w", encoding="utf-8") as f:
             f.write(text)
