@@ -58,6 +58,7 @@ VENV = "~/launcher-venv"
 GOOGLE_API_CLIENT = ("google-api-python-client==2.202.0", "google-auth-httplib2==0.4.4")
 # How long a GPU node waits for its NVIDIA driver (installed at first boot on some images).
 DRIVER_WAIT_S = 300
+SETUP_GUARD_LOG = "~/launcher-setup-guard.log"
 WATCH_COMMAND = "nohup launcher preemption watch < /dev/null > /tmp/launcher-preemption-watch.log 2>&1 &"
 # rsync --exclude patterns: a bare name matches at any depth, a leading / at the project root only
 # (.gitignore is applied too, through rsync_filter).
@@ -91,7 +92,7 @@ def ray_cluster_config(spec: ClusterSpec, version: str) -> dict[str, Any]:
         "setup_commands": python_commands() + container_commands(spec.container_images),
         "head_setup_commands": _install_commands(spec, version, gpu=spec.node_gpus(head=True) > 0, head=True),
         "worker_setup_commands": _install_commands(spec, version, gpu=spec.node_gpus(head=False) > 0, head=False),
-        "head_start_ray_commands": _head_start(),
+        "head_start_ray_commands": _head_start(spec),
         "worker_start_ray_commands": _worker_start(spec),
     }
     return config
@@ -125,6 +126,11 @@ def cost_notes(spec: ClusterSpec) -> list[str]:
     notes += ["External IPs: every node has one (an IN_USE_ADDRESSES quota unit, billed while it runs): `ray up`",
               "reaches the head over SSH on it, and workers download their setup (uv, pip, images) through theirs.",
               "Without them workers need Cloud NAT in the region (remove accessConfigs from their networkInterfaces)."]
+    if spec.max_workers and spec.max_setup_failures:
+        notes += ["Worker setup failures: Ray replaces a worker whose setup fails with a new VM, without end. After "
+                  f"{spec.max_setup_failures}",
+                  "VMs of one type fail their setup in a row, the head launches no more of that type (launcher cluster",
+                  f"setup-guard says so in one line: ray exec THIS_FILE 'cat {SETUP_GUARD_LOG}'). --max-setup-failures."]
     if spec.provisioning == "preemptible" and spec.max_workers:
         notes += ["Preemptible workers: Compute Engine stops a preempted VM and Ray starts a new one; the stopped",
                   "VM (its disk billed) stays until `launcher cluster down`. Spot workers (DELETE) leave nothing."]
@@ -383,10 +389,15 @@ def _horovod_commands(accelerator: str | None) -> list[str]:
     return [f"{apt} update && {apt} install -y cmake g++", build]
 
 
-def _head_start() -> list[str]:
-    return ["ray stop",
-            "ulimit -n 65536; ray start --head --port=6379 --object-manager-port=8076 "
-            "--autoscaling-config=~/ray_bootstrap_config.yaml --dashboard-host=127.0.0.1"]
+def _head_start(spec: ClusterSpec) -> list[str]:
+    commands = ["ray stop",
+                "ulimit -n 65536; ray start --head --port=6379 --object-manager-port=8076 "
+                "--autoscaling-config=~/ray_bootstrap_config.yaml --dashboard-host=127.0.0.1"]
+    if spec.max_workers and spec.max_setup_failures:
+        # Ray alone replaces a worker whose setup fails with a new VM, without end (cluster.setup_guard).
+        commands.append(f"nohup launcher cluster setup-guard --max-failures {spec.max_setup_failures} < /dev/null "
+                        f">> {SETUP_GUARD_LOG} 2>&1 &")
+    return commands
 
 
 def _worker_start(spec: ClusterSpec) -> list[str]:

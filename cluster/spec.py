@@ -79,6 +79,8 @@ class ClusterSpec:
     network: str | None = option(None, help="VPC network (default: the project's default)")
     subnetwork: str | None = option(None, help="subnetwork of the region")
     idle_timeout_minutes: int = option(5, help="minutes before an idle worker above min is removed")
+    max_setup_failures: int = option(3, help="worker VMs of one type whose setup may fail in a row before the head "
+                                     "launches no more of that type (default 3; 0: never stop, as Ray alone)")
     horovod: bool = option(False, help="build Horovod on every node (its extra, with TensorFlow, comes with it)")
     extras: tuple[str, ...] = option((), help="comma-separated extras of the launcher every node installs beside "
                                      "the core (torch): the frameworks and features its jobs use, e.g. "
@@ -141,10 +143,9 @@ class ClusterSpec:
             machines.check_machine_type(machine, _flag(field))  # n1-standard-7 does not exist
         spec = _with_built_in_gpus(self)
         gpus = _check_accelerator(spec)
-        for name in ("disk_size_gb", "idle_timeout_minutes"):
-            if getattr(self, name) < (10 if name == "disk_size_gb" else 1):
-                raise UserError(f"{name} is too small: {getattr(self, name)}",
-                                f"set {_flag(name)} to at least {10 if name == 'disk_size_gb' else 1}")
+        for name, least in (("disk_size_gb", 10), ("idle_timeout_minutes", 1), ("max_setup_failures", 0)):
+            if getattr(self, name) < least:
+                raise UserError(f"{name} is too small: {getattr(self, name)}", f"set {_flag(name)} to at least {least}")
         scopes = tuple(expand_scope(s) for s in self.scopes)
         spec = dataclasses.replace(spec, region=region, scopes=scopes, accelerator_count=gpus)
         if spec.min_workers is None:  # GPU workers cost nothing idle; CPU workers are there when a run starts

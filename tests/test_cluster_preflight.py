@@ -175,7 +175,7 @@ def test_machine_type_and_image_missing(tmp_path, fake):
 def test_dashboard_on_all_interfaces_is_a_warning(tmp_path, fake):
     with open(cluster_file(tmp_path)) as f:
         config = yaml.safe_load(f)
-    config["head_start_ray_commands"][-1] = config["head_start_ray_commands"][-1].replace("127.0.0.1", "0.0.0.0")
+    config["head_start_ray_commands"] = [c.replace("127.0.0.1", "0.0.0.0") for c in config["head_start_ray_commands"]]
     warned = by_status(run_checks(config, Compute(PROJECT)), WARN)
     assert len(warned) == 1 and "on 0.0.0.0" in warned[0].what
 

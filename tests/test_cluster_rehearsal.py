@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 import urllib.error
 import urllib.request
 
@@ -262,6 +263,9 @@ def test_ray_up_over_ssh_trains_and_ray_down_leaves_nothing(gcs_emulator, bucket
     assert any(c.verb == "delete" and c.target == inserts[0].target for c in report.calls), text
     assert report.left == [] and report.ray_left == [], text
     assert "Active:" in text and "ray_head" in text, text  # `ray status` from the head's autoscaler
+    # the head's start commands started the worker setup guard on the session's autoscaler log
+    assert re.search(r"setup guard \(~/launcher-setup-guard.log\): launcher setup-guard: following \S+/ray/session_"
+                     r"[^/]+/logs/monitor.log; a node type is capped after 3 failed setups in a row", text), text
     assert took < 180, f"{took:.0f} s\n{text}"
 
 
@@ -284,7 +288,7 @@ def test_the_up_rehearsals_copy_says_what_it_skips(tmp_path):
     assert fate[install].startswith("skipped") and fate[version_check] == "ran"
     assert fate[google].startswith("checked only")
     assert copy_["head_setup_commands"][2].startswith("pip install --dry-run --no-index")
-    start = copy_["head_start_ray_commands"][-1]
+    start = next(c for c in copy_["head_start_ray_commands"] if "ray start" in c)
     assert "--port=1001" in start and "--object-manager-port=1002" in start and "--dashboard-port=1003" in start
     assert "--ray-client-server-port=1004" in start and "6379" not in start and "8076" not in start
     assert copy_["head_start_ray_commands"][0] == "ray stop"  # runs for real, inside sshd's PID namespace

@@ -77,6 +77,12 @@ def add_parsers(sub) -> None:
                     help="with --up: the head's setup fails (an extra command exits 1), to see `launcher cluster up` "
                          "delete what it made")
 
+    guard = actions.add_parser("setup-guard", help="on a cluster's head (its file starts it): when N worker VMs "
+                               "of a type in a row fail their setup, stop Ray launching more of that type")
+    guard.add_argument("--max-failures", type=int, default=3, help="failed setups in a row (default 3)")
+    guard.add_argument("--config", default="~/ray_bootstrap_config.yaml", help="the autoscaler's cluster file")
+    guard.add_argument("--log", help="the autoscaler's log (default: monitor.log of the head's Ray session)")
+
     pe = actions.add_parser("preemptions", help="list the preemptions of a cluster's VMs, with times")
     pe.add_argument("--project", help="project id (default: GOOGLE_CLOUD_PROJECT)")
     pe.add_argument("--zone", required=True)
@@ -88,7 +94,7 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     if args.cluster_command in ("preflight", "up", "down", "preemptions") and not getattr(args, "dry_run", False):
         _deferred.require("cluster", f"`launcher cluster {args.cluster_command}`")  # Compute Engine's clients
     return {"config": _config, "preflight": _preflight, "up": _up, "down": _down, "rehearse": _rehearse,
-            "preemptions": _preemptions}[args.cluster_command](args)
+            "preemptions": _preemptions, "setup-guard": _setup_guard}[args.cluster_command](args)
 
 
 def spec_from_args(args: argparse.Namespace):
@@ -301,6 +307,13 @@ def parse_quotas(values: list[str]) -> dict[str, float]:
         if not metric.strip() or quotas[metric.strip().upper()] < 0:
             raise UserError(f"--quota {value}: not METRIC=N", "write e.g. --quota NVIDIA_T4_GPUS=4") from None
     return quotas
+
+
+def _setup_guard(args: argparse.Namespace) -> int:
+    from cluster.setup_guard import watch
+
+    watch(args.max_failures, args.config, args.log, say=lambda line: print(line, flush=True))
+    return EXIT_OK
 
 
 def _preemptions(args: argparse.Namespace) -> int:

@@ -274,6 +274,10 @@ def _up_run_down(config, api, sshd, paths, ray_tmp, report, emulator_url, bucket
         _wait_dashboard(dashboard, 60)
         with stages.stage("`ray status` on the head (ray exec, over SSH)"):
             stages.run("ray-status", [ray, "exec", cluster_file, "ray status"], env, timeout_s, _after("Autoscaler"))
+        guard_log = os.path.join(paths["vm"], "launcher-setup-guard.log")  # the head's start commands began it
+        if os.path.exists(guard_log):
+            with open(guard_log, encoding="utf-8") as f:
+                say(f"   the head's worker setup guard (~/launcher-setup-guard.log): {f.readline().strip()}")
         with stages.stage(f"`launcher submit --follow` to {dashboard}: digits-mlp, 1 epoch, {workers} workers, "
                           f"checkpoints to gs://{bucket}/{RUN_NAME} (the Cloud Storage emulator)"):
             out = stages.run("launcher-submit", launcher + [
