@@ -133,16 +133,8 @@ class _ProcessGroupBackend(Backend):
             pass  # Ray's TorchConfig also gives up on a hung shutdown and goes on
 
 
-@dataclass
-class TorchProcessGroup(BackendConfig):
-    """Ray's TorchConfig (env:// rendezvous) for CPU and GPU, minus torch in the driver and controller."""
-
-    backend: str | None = None  # None: nccl with GPUs, else gloo
-    timeout_s: int = 1800
-
-    @property
-    def backend_cls(self):
-        return _ProcessGroupBackend
+class TorchWorkers(BackendConfig):
+    """A torch backend's config: each worker's default CUDA device set, and marked as torch."""
 
     @property
     def train_func_context(self):
@@ -151,3 +143,15 @@ class TorchProcessGroup(BackendConfig):
     @property
     def framework(self):
         return _ray.TrainingFramework.TORCH
+
+
+@dataclass
+class TorchProcessGroup(TorchWorkers):
+    """Ray's TorchConfig (env:// rendezvous) for CPU and GPU, minus torch in the driver and controller."""
+
+    backend: str | None = None  # None: nccl with GPUs, else gloo
+    timeout_s: int = 1800
+
+    @property
+    def backend_cls(self):
+        return _ProcessGroupBackend

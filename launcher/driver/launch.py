@@ -217,12 +217,13 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
     trainer.apply_ray_train_env(fixed=not trainer.is_elastic(spec))
     # The progress board (an actor, and a call from rank 0 every step) tells how much work each
     # restart lost: a run that cannot restart goes without.
-    channel = EventChannel(board=trainer.restarts_possible(spec))
+    channel = EventChannel(board=trainer.restarts_possible(spec), relay=spec.replica_groups)
     config = trainer.run_config(spec, storage, max_failures=spec.max_failures,
                                 keep_checkpoints=spec.keep_checkpoints,
                                 callbacks=[channel.forwarder, channel.states])
     loop_config = {"spec": spec.to_dict(), "resume": resume, "env": {**gcs.worker_env(), **usage.worker_env()},
-                   "board": channel.board, "notices": trainer.notices_possible(), "launch": tracker.log.launch}
+                   "board": channel.board, "notices": trainer.notices_possible(), "launch": tracker.log.launch,
+                   "mailbox": channel.mailbox() if spec.replica_groups else None}
     if workloads.is_ray_train(spec.workload):
         loop_config["user_config"] = workloads.function.ray_config(spec)
     ray_trainer = backends.get(spec.backend).trainer(spec, train_loop_per_worker, loop_config,
