@@ -46,7 +46,9 @@ class LeanTrainer(DataParallelTrainer):
         unused = () if self.datasets else (_ray.DatasetsCallback,)
         if os.environ.get("LAUNCHER_PG_CLEANER") != "1":
             unused += (_ray.PlacementGroupCleanerCallback,)
-        return [cb for cb in super()._create_default_callbacks() if not isinstance(cb, unused)]
+        ours = getattr(self.backend_config, "callbacks", None)  # what the backend needs of the controller
+        return [cb for cb in super()._create_default_callbacks() if not isinstance(cb, unused)] + \
+            (ours() if ours is not None else [])
 
     def _initialize_and_run_controller(self, **kwargs):  # listed in launcher._ray.OVERRIDDEN
         policy = kwargs.get("scaling_policy")

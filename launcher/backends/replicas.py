@@ -23,6 +23,7 @@ from typing import Any
 import ray
 from ray.train.backend import Backend
 
+from launcher import _ray
 from launcher.backends.base import TorchComm
 from launcher.backends.raytrain import TorchWorkers
 
@@ -109,6 +110,44 @@ class _ReplicaGroupsBackend(Backend):
         worker_group.execute(_set_lighthouse, self.address, self.actor)
 
 
+class NodeMates(_ray.WorkerGroupCallback):
+    """In Ray Train's controller: the replica groups of a lost node are replaced together.
+
+    Ray Train 2.60 replaces failed replica groups one at a time, and before each replacement
+    clears the results of every other active group: a group that died too (a node-mate) breaks
+    that call, and the run ended with a controller error (seen in the lab: two replicas on a
+    preempted node, whether or not the poll had shown the second one failed yet). So a poll
+    that shows a failed worker marks its node-mates failed too, and when several groups are
+    failing they are shut down here, before the controller replaces them (it replaces a shut
+    down group as it does one that failed to start). A live node-mate of a worker whose own
+    code failed is replaced as well (healed from a peer like any replacement)."""
+
+    def __init__(self) -> None:
+        self.group = None
+
+    def after_worker_group_start(self, worker_group) -> None:
+        self.group = worker_group
+
+    def before_worker_group_shutdown(self, worker_group) -> None:
+        self.group = None
+
+    def after_worker_group_poll_status(self, worker_group_status) -> None:
+        failed = worker_group_status.errors
+        if not failed or self.group is None:
+            return
+        nodes = [w.metadata.node_id for w in self.group.get_workers()]
+        lost = {nodes[rank] for rank in failed if rank < len(nodes)}
+        for rank, status in worker_group_status.worker_statuses.items():
+            if status.error is None and rank < len(nodes) and nodes[rank] in lost:
+                status.error = RuntimeError(f"rank {rank} is on the node of a failed rank ({nodes[rank]}): "
+                                            "replaced with it")
+        failing = worker_group_status.failing_replica_group_indices
+        if len(failing) > 1 and failing != worker_group_status.all_replica_group_indices:
+            groups = self.group.get_replica_groups()
+            for index in sorted(failing):
+                groups[index].shutdown()
+
+
 @dataclass
 class ReplicaGroups(TorchWorkers):
     """The Ray Train backend config of an ``ft`` run: no process group across workers (torchft
@@ -119,6 +158,10 @@ class ReplicaGroups(TorchWorkers):
     @property
     def backend_cls(self):
         return _ReplicaGroupsBackend
+
+    def callbacks(self) -> list:
+        """What Ray Train's controller runs for this backend (see :class:`NodeMates`)."""
+        return [NodeMates()]
 
 
 class ReplicaComm(TorchComm):
