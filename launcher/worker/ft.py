@@ -242,6 +242,8 @@ class FaultTolerant(Replicated):
         self.manager.start_quorum()  # synchronous: a heal has loaded the peer's state when it returns
         participants, rank = self.manager.num_participants(), self.manager.participating_rank()
         waited, before = time.perf_counter() - started, self.participants
+        s.clock.add("sync", waited)  # waiting for the other replicas, inside the loader's draw:
+        s._data_wait -= waited       # not the input's time
         if rank is None:
             raise RuntimeError("torchft left this replica out of a quorum it joined")
         quorum = getattr(self.manager, "_quorum_id", None)
