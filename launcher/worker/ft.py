@@ -57,7 +57,9 @@ from launcher.worker.strategies import NothingLeft, Replicated
 # killed on a live host breaks the connection at once). Longer than replicas' steps ever differ.
 COLLECTIVE_TIMEOUT_S = 15
 MANAGER_TIMEOUT_S = 60        # the manager's calls: the commit vote, a heal's checkpoint address
-QUORUM_TIMEOUT_S = 15 * 60    # a quorum short of --min-workers waits this long (a replacement boots)
+# A quorum short of --min-workers waits for replacements (minutes while a node boots), asking again
+# this often: in between, whether the other replicas finished training (then this one is done).
+QUORUM_POLL_S = 60
 REPORT_TIMEOUT_S = 30
 ATTEMPT = "replicas"          # the reports' attempt: the replicas are one group however they change
 
@@ -200,7 +202,7 @@ class FaultTolerant(Replicated):
         self.manager = Manager(
             pg=pg, load_state_dict=self._load, state_dict=self._state,
             min_replica_size=s.spec.min_workers or s.spec.workers, use_async_quorum=False,
-            timeout=timedelta(seconds=MANAGER_TIMEOUT_S), quorum_timeout=timedelta(seconds=QUORUM_TIMEOUT_S),
+            timeout=timedelta(seconds=MANAGER_TIMEOUT_S), quorum_timeout=timedelta(seconds=QUORUM_POLL_S),
             rank=0, world_size=1, store_addr=host, store_port=self.store.port, lighthouse_addr=address,
             replica_id=f"replica_{self.replica:05d}", hostname=host, init_sync=False,
             checkpoint_transport=PGTransport(pg, timeout=collective, device=s.device))
@@ -239,7 +241,7 @@ class FaultTolerant(Replicated):
         if first and ray.get(self.actor.finished.remote()):
             raise NothingLeft("the other replicas finished training before this one joined")
         started, self.outcome = time.perf_counter(), None
-        self.manager.start_quorum()  # synchronous: a heal has loaded the peer's state when it returns
+        self._start_quorum()  # synchronous: a heal has loaded the peer's state when it returns
         participants, rank = self.manager.num_participants(), self.manager.participating_rank()
         waited, before = time.perf_counter() - started, self.participants
         s.clock.add("sync", waited)  # waiting for the other replicas, inside the loader's draw:
@@ -256,6 +258,21 @@ class FaultTolerant(Replicated):
         self.healed = False
         _seed_step(s.spec.seed, s.pos.global_step, rank)
         return participants, rank
+
+    def _start_quorum(self) -> None:
+        """torchft's quorum, asked for again every :data:`QUORUM_POLL_S` while it cannot form, until
+        the run's training is over (then this replica, a late replacement, has nothing left)."""
+        import ray
+
+        while True:
+            try:
+                self.manager.start_quorum()
+                return
+            except TimeoutError:
+                if ray.get(self.actor.finished.remote()):
+                    raise NothingLeft("the other replicas finished training while this one waited for a quorum") \
+                        from None
+                self.manager._quorum_future = None  # torchft keeps the timed-out quorum: ask for a new one
 
     def stepped(self, committed: bool) -> None:
         """The optimizer step of the step under way: committed (the cursor moves on) or not."""
