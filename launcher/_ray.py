@@ -26,6 +26,9 @@ PRIVATE: dict[str, tuple[str, str]] = {
     # Ray Train V2's controller callbacks (preemption notices, restarts) and its trainer internals.
     "ControllerCallback": ("ray.train.v2._internal.execution.callback:ControllerCallback",
                            "the controller's state changes (notice seen, restart and its cause)"),
+    "WorkerGroupCallback": ("ray.train.v2._internal.execution.callback:WorkerGroupCallback",
+                            "--strategy ft: a poll's failed workers with their node-mates, so that Ray Train "
+                            "replaces the replica groups of a lost node together"),
     "is_preemption_failure": ("ray.train.v2._internal.execution.failure_handling.default:_is_preemption_failure",
                               "whether Ray Train charges a restart to the preemption budget"),
     "train_context": ("ray.train.v2._internal.execution.context:get_train_context",

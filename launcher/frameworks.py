@@ -22,6 +22,7 @@ registry names its schedulers; torch, TensorFlow and XGBoost are never imported 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import socket
 from typing import Any
@@ -95,6 +96,12 @@ class Torch(Framework):
         _part("launcher.worker.session:TorchSession")(spec, comm, function).start(config, started)
 
     def native_backend(self, spec):
+        if spec.replica_groups:  # --strategy ft: a torchft replica group per worker, no process group across
+            if importlib.util.find_spec("torchft") is None:
+                raise UserError("--strategy ft needs torchft, which is not installed here",
+                                "pip install 'launcher[torchft]' (on every node of a cluster too)")
+            groups = _part("launcher.backends.replicas:ReplicaGroups")
+            return groups(min_replicas=spec.min_workers or spec.workers), None
         # Ray's TorchTrainer with TorchConfig, less torch in the driver and controller (raytrain.py).
         group = _part("launcher.backends.raytrain:TorchProcessGroup")
         return group(backend="nccl" if spec.gpus_per_worker > 0 else "gloo"), None

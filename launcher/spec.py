@@ -88,7 +88,8 @@ class JobSpec:
                                          "once on one (default 10; 1 for --framework xgboost; 0: never)")
     # elastic: carry on with as few as this many workers (None: fixed size)
     min_workers: int | None = option(None, help="elastic: when nodes are lost and not replaced, go on with as few "
-                                     "as this many workers (default: always --workers)")
+                                     "as this many workers (default: always --workers); with --strategy ft, "
+                                     "the quorum's minimum")
     replace_on_notice: bool = option(True, help="on a cluster, ask the autoscaler for a preempted node's "
                                      "replacement as its notice comes, so it boots while the node drains "
                                      "(default true)")
@@ -106,7 +107,9 @@ class JobSpec:
                             "torch loop (fp16 with a checkpointed GradScaler); your own loop: session.autocast()")
     strategy: str = option("ddp", help="ddp (default): every worker holds the whole model; fsdp: the model, its "
                            "gradients and optimizer state are sharded over the workers (torch FSDP2; native "
-                           "torch backend), for models larger than one worker")
+                           "torch backend), for models larger than one worker; ft: ddp whose workers are torchft "
+                           "replica groups, a quorum per step, so a lost worker restarts no other (--min-workers: "
+                           "the fewest that train on)")
     fsdp_offload: bool = option(False, help="fsdp on GPUs: keep the parameters and optimizer state in CPU memory "
                                 "between uses (slower, larger models)")
     grad_clip: float | None = option(None, help="clip the gradients' global norm to this (default: no clipping)")
@@ -306,28 +309,49 @@ class JobSpec:
                             f"{self.hvd_backward_passes} disagree", "give one of them (they mean the same)")
 
     def _check_strategy(self, workload) -> None:
-        """--strategy fsdp: a torch run on the native backend whose code calls session.prepare."""
+        """--strategy fsdp or ft: a torch run on the native backend whose code calls session.prepare."""
         if self.strategy not in STRATEGIES:
             raise UserError(f"unknown strategy {self.strategy!r}", f"valid: {', '.join(STRATEGIES)}")
+        if self.fsdp_offload and self.strategy != "fsdp":
+            raise UserError("--fsdp-offload applies to --strategy fsdp", "add --strategy fsdp, or drop the option")
         if self.strategy == "ddp":
-            if self.fsdp_offload:
-                raise UserError("--fsdp-offload applies to --strategy fsdp", "add --strategy fsdp, or drop the option")
             return
+        what = {"fsdp": "shards a PyTorch model (torch FSDP2)",
+                "ft": "keeps a PyTorch model in step with torchft replica groups"}[self.strategy]
         if self.framework != "torch":
-            raise UserError("--strategy fsdp shards a PyTorch model (torch FSDP2); TensorFlow runs are data parallel "
-                            "only", "drop --strategy, or train the model in PyTorch")
+            raise UserError(f"--strategy {self.strategy} {what}; TensorFlow runs are data parallel only and "
+                            "restart their group on a lost node", "drop --strategy, or train the model in PyTorch")
         if self.backend != "native":
-            raise UserError(f"--strategy fsdp runs on the native torch backend, not {self.backend}: Horovod's "
-                            "allreduce keeps the whole model on every worker", "drop --backend horovod")
+            raise UserError(f"--strategy {self.strategy} runs on the native torch backend, not {self.backend}: "
+                            "Horovod's allreduce keeps a fixed ring of whole models", "drop --backend horovod")
         if getattr(workload, "kind", None) == workloads.function.RAY_TRAIN:
-            raise UserError(f"{workload.name}(config) is a Ray Train function: it shards its model itself "
-                            "(fully_shard in its own code)", "drop --strategy, or write it as def NAME(session)")
+            raise UserError(f"{workload.name}(config) is a Ray Train function: it keeps its model in step itself",
+                            "drop --strategy, or write it as def NAME(session)")
+        if self.strategy == "ft":
+            self._check_replica_groups()
+            return
         if self.precision == "fp16":
             raise UserError("--precision fp16 with --strategy fsdp: a sharded model's gradients are not scaled by "
                             "GradScaler", "use --precision bf16 (FSDP2's mixed precision)")
         if self.fsdp_offload and not self.gpus_per_worker:
             raise UserError("--fsdp-offload moves a GPU worker's parameters and optimizer state to CPU memory, but "
                             "the workers have no GPU", "add --gpus-per-worker 1, or drop --fsdp-offload")
+
+    def _check_replica_groups(self) -> None:
+        """--strategy ft: every step is committed or retried whole, so nothing may skip or split one."""
+        if self.precision == "fp16":
+            raise UserError("--precision fp16 with --strategy ft: GradScaler skips an optimizer step on overflow, "
+                            "and a torchft step must be committed or retried", "use --precision bf16")
+        if self.accumulation > 1:
+            raise UserError(f"--grad-accumulation {self.accumulation} with --strategy ft: a quorum is formed per "
+                            "optimizer step, and a step's batches would span quorums",
+                            "drop --grad-accumulation, or raise --batch-size")
+
+    @property
+    def replica_groups(self) -> bool:
+        """--strategy ft: each worker is a torchft replica group of its own, kept in the run by a
+        quorum per step (Ray Train replaces a lost one alone; the group is never resized)."""
+        return self.strategy == "ft"
 
     @property
     def accumulation(self) -> int:
@@ -336,7 +360,8 @@ class JobSpec:
 
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-STRATEGIES = ("ddp", "fsdp")
+STRATEGIES = ("ddp", "fsdp", "ft")
+STRATEGY_EXTRAS = {"ft": "torchft"}  # the launcher's extra a strategy needs beyond the core
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(JobSpec)}
 # Horovod's options and their defaults (which any backend accepts).
 HOROVOD_OPTIONS = {f.name: f.default for f in dataclasses.fields(JobSpec) if f.name.startswith("hvd_")}

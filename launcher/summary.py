@@ -116,6 +116,11 @@ class RunSummary:
     steps_lost: int = 0
     time_lost_s: float = 0.0
     interruptions: list[Interruption] = field(default_factory=list)
+    # --strategy ft: the quorum changes (a replica left or joined; none where the group kept its size),
+    # the seconds each cost the step it happened at, and the replicas Ray Train replaced alone.
+    quorum_changes: int = 0
+    quorum_change_s: list[float] = field(default_factory=list)
+    replicas_replaced: int = 0
     attempts: list[Attempt] = field(default_factory=list)
     recovery_s: list[float] = field(default_factory=list)
     weights_sha256: str | None = None

@@ -165,6 +165,10 @@ class NativeBackend(Backend):
         return frameworks.get(framework).program_env()
 
     def torch_comm(self, spec=None) -> TorchComm:
+        if spec is not None and spec.replica_groups:
+            from launcher.backends.replicas import ReplicaComm
+
+            return ReplicaComm()
         return DDPComm()
 
     def tf_comm(self, spec=None) -> TFComm:

@@ -46,7 +46,9 @@ class LeanTrainer(DataParallelTrainer):
         unused = () if self.datasets else (_ray.DatasetsCallback,)
         if os.environ.get("LAUNCHER_PG_CLEANER") != "1":
             unused += (_ray.PlacementGroupCleanerCallback,)
-        return [cb for cb in super()._create_default_callbacks() if not isinstance(cb, unused)]
+        ours = getattr(self.backend_config, "callbacks", None)  # what the backend needs of the controller
+        return [cb for cb in super()._create_default_callbacks() if not isinstance(cb, unused)] + \
+            (ours() if ours is not None else [])
 
     def _initialize_and_run_controller(self, **kwargs):  # listed in launcher._ray.OVERRIDDEN
         policy = kwargs.get("scaling_policy")
@@ -133,16 +135,8 @@ class _ProcessGroupBackend(Backend):
             pass  # Ray's TorchConfig also gives up on a hung shutdown and goes on
 
 
-@dataclass
-class TorchProcessGroup(BackendConfig):
-    """Ray's TorchConfig (env:// rendezvous) for CPU and GPU, minus torch in the driver and controller."""
-
-    backend: str | None = None  # None: nccl with GPUs, else gloo
-    timeout_s: int = 1800
-
-    @property
-    def backend_cls(self):
-        return _ProcessGroupBackend
+class TorchWorkers(BackendConfig):
+    """A torch backend's config: each worker's default CUDA device set, and marked as torch."""
 
     @property
     def train_func_context(self):
@@ -151,3 +145,15 @@ class TorchProcessGroup(BackendConfig):
     @property
     def framework(self):
         return _ray.TrainingFramework.TORCH
+
+
+@dataclass
+class TorchProcessGroup(TorchWorkers):
+    """Ray's TorchConfig (env:// rendezvous) for CPU and GPU, minus torch in the driver and controller."""
+
+    backend: str | None = None  # None: nccl with GPUs, else gloo
+    timeout_s: int = 1800
+
+    @property
+    def backend_cls(self):
+        return _ProcessGroupBackend

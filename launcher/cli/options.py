@@ -153,9 +153,10 @@ def program_spec(args: argparse.Namespace, program):
     if alone:
         spec = _single_process(spec, args, program, alone, detected=asked is None)
     if spec.strategy != "ddp":
-        raise UserError(f"--strategy {spec.strategy} shards a model that session.prepare() is given; a "
-                        f"{'--script' if program.kind == 'script' else '--package'} program shards its own model",
-                        "drop --strategy (call fully_shard in the program), or write it as def NAME(session)")
+        own = "shards its own model" if spec.strategy == "fsdp" else "keeps its own model in step"
+        raise UserError(f"--strategy {spec.strategy} works on a model that session.prepare() is given; a "
+                        f"{'--script' if program.kind == 'script' else '--package'} program {own}",
+                        "drop --strategy, or write it as def NAME(session)")
     job = getattr(args, "_job_file", None)
     raw = schema.load_yaml(args.config, "--config") if getattr(args, "config", None) and job is None else None
     named = (getattr(args, "name", None) or (job is not None and job.fields.get("name"))

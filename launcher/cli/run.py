@@ -133,6 +133,9 @@ def format_summary(s: RunSummary) -> str:
                  + (f", {s.restarts} restart(s)" if s.restarts else ""))
     if s.restarts or s.preemption_notices:
         lines.append("  " + format_interruptions(s))
+    if s.quorum_changes or s.replicas_replaced:  # --strategy ft
+        lines.append(f"  quorum changes {s.quorum_changes} ({sum(s.quorum_change_s):.1f}s for their steps' quorums), "
+                     f"replicas replaced {s.replicas_replaced}, no restart of the others")
     if s.metrics:
         lines.append("  " + ", ".join(f"{k} {v:.4f}" for k, v in s.metrics.items()))
     rate = f"{s.samples_per_s:,.0f} samples/s, " if s.samples_per_s else ""  # a Ray Train function counts none

@@ -6,7 +6,9 @@ driver process; the controller always runs on the driver's node. So the
 failure) as a JSON line to a file the driver named, and the driver reads the
 new lines to show progress and write the run log as training goes. That costs
 no extra process. A driver connected through Ray Client (``ray://``) is not on
-a Ray node; there the forwarder drops events into a :class:`Mailbox` actor.
+a Ray node; there the forwarder drops events into a :class:`Mailbox` actor, as the
+replicas of a ``--strategy ft`` run do with their reports (they report without Ray Train,
+whose report waits for every worker, a replica that left too).
 
 :class:`StateForwarder` adds the controller's own view: a preemption notice
 seen (PREEMPTING) and each restart with its cause: a preemption, a failure, or
@@ -207,8 +209,11 @@ def _on_this_node() -> dict[str, Any]:
 class EventChannel:
     """The driver's end: ``forwarder`` goes into RunConfig, ``take`` returns new events."""
 
-    def __init__(self, board: bool = True) -> None:
-        self._mailbox = Mailbox.remote() if _ray.client_connected() else None
+    def __init__(self, board: bool = True, relay: bool = False) -> None:
+        # A Ray Client driver is on no Ray node; ``relay``: the workers put reports of their own
+        # into the mailbox (--strategy ft, whose replicas report without Ray Train: mailbox()).
+        client = _ray.client_connected()
+        self._mailbox = Mailbox.options(**_on_this_node()).remote() if client or relay else None
         self._path: str | None = None
         self._offset = 0
         if self._mailbox is None:
@@ -218,6 +223,10 @@ class EventChannel:
         self.states = StateForwarder(self._path, self._mailbox)
         # Each actor is a worker process to start: a run that has no use for the board goes without.
         self.board = ProgressBoard.options(**_on_this_node()).remote() if board else None
+
+    def mailbox(self):
+        """The actor events go through (None: a file on this node), for workers that report to it."""
+        return self._mailbox
 
     def take(self) -> list[Event]:
         if self._mailbox is not None:

@@ -16,14 +16,14 @@ import time
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 import workloads
-from launcher import backends, frameworks
+from launcher import _deferred, backends, frameworks
 from launcher.data import cache as shard_cache
 from launcher.driver import runpath, script, session, startup, trainer
 from launcher.driver.progress import Progress
 from launcher.driver.replacement import Replacements
 from launcher.driver.tracker import Tracker
 from launcher.errors import UserError
-from launcher.spec import JobSpec
+from launcher.spec import STRATEGY_EXTRAS, JobSpec
 from launcher.storage import Storage, datacache, gcs
 from launcher.storage.checkpoint import Manifest, complete_checkpoints, prune, resume_point
 from launcher.storage.runlock import RunLock
@@ -41,6 +41,8 @@ def preflight(spec: JobSpec, progress: Progress) -> tuple[Storage, RunLog, list[
     """Every check that needs no Ray: storage, data (a streamed shard set's largest shard against
     the cache's limit too), backend, the existing run."""
     frameworks.get(spec.framework).require()  # its extra installed, before the run's folder is made
+    if spec.strategy in STRATEGY_EXTRAS:
+        _deferred.require(STRATEGY_EXTRAS[spec.strategy], f"--strategy {spec.strategy}")
     storage, log = runpath.open_run(spec, progress)
     workload = workloads.get(spec.workload)
     # A shard set the workers will stream (named by --data or a --param) must fit the node's cache.
@@ -208,12 +210,13 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
     trainer.apply_ray_train_env(conn.local, fixed=not trainer.is_elastic(spec))
     # The progress board (an actor, and a call from rank 0 every step) tells how much work each
     # restart lost: a run that cannot restart goes without.
-    channel = EventChannel(board=trainer.restarts_possible(spec, conn.local))
+    channel = EventChannel(board=trainer.restarts_possible(spec, conn.local), relay=spec.replica_groups)
     config = trainer.run_config(spec, storage, max_failures=spec.max_failures,
                                 keep_checkpoints=spec.keep_checkpoints,
                                 callbacks=[channel.forwarder, channel.states])
     loop_config = {"spec": spec.to_dict(), "resume": resume, "env": {**gcs.worker_env(), **usage.worker_env()},
-                   "board": channel.board, "notices": trainer.notices_possible(), "launch": tracker.log.launch}
+                   "board": channel.board, "notices": trainer.notices_possible(), "launch": tracker.log.launch,
+                   "mailbox": channel.mailbox() if spec.replica_groups else None}
     if workloads.is_ray_train(spec.workload):
         loop_config["user_config"] = workloads.function.ray_config(spec)
     ray_trainer = backends.get(spec.backend).trainer(spec, train_loop_per_worker, loop_config,

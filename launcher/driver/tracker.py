@@ -68,6 +68,8 @@ class Tracker:
     spans: dict[str, list[Any]] = field(default_factory=dict)
     epoch_steps: int = 0  # the steps the epoch reports' samples cover
     notes_said: list[str] = field(default_factory=list)  # the workers' notes shown so far
+    quorums: list[dict[str, Any]] = field(default_factory=list)  # --strategy ft: each quorum change reported
+    replaced: list[Restart] = field(default_factory=list)  # --strategy ft: replicas Ray Train replaced alone
 
     def handle(self, event: Event) -> None:
         if isinstance(event, Failure):
@@ -75,6 +77,11 @@ class Tracker:
         elif isinstance(event, Preempting):
             self.progress.note(f"preemption notice: Ray is draining the node(s) of rank(s) "
                                f"{', '.join(map(str, event.ranks))}")
+        elif isinstance(event, Restart) and self.spec.replica_groups:
+            # Ray Train's controller replaces the failed replica groups alone (all of them at once: the group)
+            self.replaced.append(event)
+            self.noted_failure = False
+            self.progress.note(f"replacing the replica(s) lost to {event.what()}; the others train on")
         elif isinstance(event, Restart):
             self.restarts.append(event)
             self.failed_at, self.noted_failure = self.failed_at or event.time, False
@@ -84,6 +91,9 @@ class Tracker:
 
     def _report(self, event: Report) -> None:
         m = event.metrics
+        if m.get("kind") == "quorum":
+            self._quorum(m)
+            return
         if "kind" not in m:  # a Ray Train function's own ray.train.report: one per epoch, by its examples
             m = self._plain_report(m)
         self._attempt_seen(m)
@@ -130,6 +140,15 @@ class Tracker:
             self._record(m)
         if kind == "epoch" and self.on_epoch is not None:
             self.on_epoch(dict(m))
+
+    def _quorum(self, m: dict[str, Any]) -> None:
+        """--strategy ft: the replicas training each step changed (one left, or joined and was healed)."""
+        self.quorums.append(m)
+        healed = ", a replica healed from a peer" if m.get("healed") else ""
+        self.progress.note(f"quorum changed at step {m.get('global_step')}: {m.get('before')} -> "
+                           f"{m.get('participants')} replicas ({float(m.get('quorum_s') or 0.0):.2f} s for the "
+                           f"step's quorum{healed})")
+        self._record(m)
 
     def _plain_report(self, m: dict[str, Any]) -> dict[str, Any]:
         """A report without the launcher's bookkeeping (a Ray Train function's): counted as an epoch,
@@ -250,7 +269,8 @@ class Tracker:
         if not self.spec.max_failures and any(e.startswith("UserError: ") for e in event.errors.values()):
             return  # bad input a worker found: the launch ends with its line alone (trainer.worker_user_error)
         first = min(event.errors)
-        self.progress.note(f"worker group failed (rank {first}: {trainer.error_line(event.errors[first])})")
+        what = "a replica" if self.spec.replica_groups else "worker group"
+        self.progress.note(f"{what} failed (rank {first}: {trainer.error_line(event.errors[first])})")
 
     def account(self, board: list[dict[str, Any]]) -> None:
         """Steps and time each restart lost, from the progress board's view of the attempts."""
@@ -341,9 +361,11 @@ class Tracker:
             steps_lost=sum(int(i.steps_lost or 0) for i in interruptions),
             time_lost_s=round(sum(float(i.time_lost_s or 0.0) for i in interruptions), 2),
             interruptions=interruptions, attempts=self.attempt_log, recovery_s=self.recoveries,
+            quorum_changes=len(self.quorums), replicas_replaced=len(self.replaced),
+            quorum_change_s=[round(float(q.get("quorum_s") or 0.0), 3) for q in self.quorums],
             weights_sha256=m.get("weights_sha256"), wall_s=round(self.elapsed(), 2), setup_s=round(self.setup_s, 2),
-            launch=self.log.launch, run_dir=self.log.uri(), error=error, model=model,
-            model_note=m.get("model_note") if model else None, mlflow=self.log.tracked())
+            launch=self.log.launch, run_dir=self.log.uri(), error=error, model=model or m.get("model"),
+            model_note=m.get("model_note") if model or m.get("model") else None, mlflow=self.log.tracked())
 
 
 def checkpoint_report(manifest: Manifest) -> dict[str, Any]:

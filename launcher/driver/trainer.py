@@ -66,6 +66,8 @@ def restarts_possible(spec, local: bool) -> bool:
     """Whether Ray Train can restart this run's worker group (after :func:`apply_ray_train_env`):
     a failure budget, preemptions it watches for, or an elastic group on a cluster whose nodes
     come and go. Without any, nothing needs to track how far each group got."""
+    if spec.replica_groups:  # a lost replica is replaced alone: the quorum's reports say what it cost
+        return False
     if spec.max_failures != 0 or _watcher_on():
         return True
     return not local and spec.min_workers is not None
@@ -104,8 +106,9 @@ def apply_ray_train_env(local: bool, fixed: bool = False) -> None:
 
 
 def is_elastic(spec) -> bool:
-    """--min-workers below --workers: the group may run smaller than asked."""
-    return spec.min_workers is not None and spec.min_workers < spec.workers
+    """--min-workers below --workers: the group may run smaller than asked (with --strategy ft the
+    group keeps its size: --min-workers is the quorum's minimum, and a lost replica is replaced alone)."""
+    return spec.min_workers is not None and spec.min_workers < spec.workers and not spec.replica_groups
 
 
 def scaling_config(spec, elastic: bool = True):

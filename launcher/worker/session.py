@@ -48,9 +48,9 @@ from launcher.spec import JobSpec
 from launcher.storage import Storage
 from launcher.storage.checkpoint import read_manifest
 from launcher.worker.formats import TORCH_OPTIMIZER_FILE, torch_rng_file
-from launcher.worker.loader import BatchOrder, ResumableLoader, SessionError, user_line
+from launcher.worker.loader import ResumableLoader, SessionError, user_line
 from launcher.worker.loop import Position
-from launcher.worker.strategies import STATE_FILE, strategy_for
+from launcher.worker.strategies import STATE_FILE, NothingLeft, strategy_for
 from launcher.worker.usersession import UserSession
 
 
@@ -294,8 +294,10 @@ class TorchSession(UserSession):
         if n < (self.world if train and shard else 1):
             raise SessionError(f"session.loader(...) at {user_line()}: the dataset has {n} item(s) for "
                                f"{self.world} worker(s): a worker would have none; give it more items")
-        order = BatchOrder(self, n, int(batch_size or self.spec.batch_size), train, shuffle and train, drop_last,
-                           shard, dataset)
+        order = self._strategy.batch_order(self, n, int(batch_size or self.spec.batch_size), train, shuffle and train,
+                                           drop_last, shard, dataset)
+        if train:
+            prefetch = self._strategy.loader_options(num_workers, prefetch)
         if pin_memory is None:
             pin_memory = self.device.type == "cuda"
         if prefetch is None:
@@ -351,9 +353,9 @@ class TorchSession(UserSession):
                                "session.register(model=model, optimizer=optimizer, ...) first, so checkpoints "
                                "hold the model and the run can export it")
         if self._strategy.requires_prepare and not self._prepared:
-            raise SessionError(f"`session.epochs()` at {user_line()}: --strategy {self.strategy} shards the model, "
-                               "but session.prepare(model, optimizer) was never called; call it before registering "
-                               "them")
+            raise SessionError(f"`session.epochs()` at {user_line()}: --strategy {self.strategy} works on the model "
+                               "session.prepare(model, optimizer) returns, but it was never called; call it before "
+                               "registering them")
         if self._saved or self._strategy.waiting():
             names = ", ".join(sorted([*self._saved, *self._strategy.waiting()]))
             raise SessionError(f"`session.epochs()` at {user_line()}: the checkpoint holds {names}, which this "
@@ -409,8 +411,25 @@ class TorchSession(UserSession):
         return weights_digest(self._strategy.full_state(self.model()))  # a collective where sharded
 
     def step(self, *, boundary: bool = True, **metrics: Any) -> None:
+        if not self._strategy.step_counts():  # not committed (ft): its batch is drawn again
+            return
         self._counted_batches = self._train_loader.batches if self._train_loader is not None else 0
         super().step(boundary=boundary, **metrics)
+
+    def send(self, metrics: dict[str, Any], checkpoint: bool = True) -> None:
+        if not self._strategy.send(metrics, checkpoint):
+            super().send(metrics, checkpoint)
+
+    def preemption_action(self) -> str | None:
+        return self._strategy.preemption_action(super().preemption_action)
+
+    def run_function(self) -> None:
+        try:
+            super().run_function()
+        except NothingLeft as done:  # the training is over without this worker
+            print(f"rank {self.rank}: nothing left to train: {done}", flush=True)
+        finally:
+            self._strategy.close()
 
     def save(self, directory: str, metrics: dict[str, Any]) -> None:
         self._strategy.save(directory, metrics, self.background_save)
@@ -476,42 +495,11 @@ class TorchSession(UserSession):
         self._strategy.restore(directory, state, info, manifest)
         pos = Position(manifest.epoch, manifest.step_in_epoch, manifest.global_step)
         self.restored(pos, manifest, across_layouts=True)
-        same_layout = manifest.world_size == self.world and manifest.batch_size == self.spec.batch_size
-        self._layout_changed = not same_layout
-        rng_file = os.path.join(directory, torch_rng_file(self.rank))
-        if same_layout and os.path.isfile(rng_file):
-            mine = torch.load(rng_file, weights_only=False)
-            if isinstance(mine, torch.Tensor):  # an older managed checkpoint: torch's CPU stream only
-                mine = {"rng": {"torch": mine}, "epoch": None}
-            self._rng = mine["rng"]
-            if self.pos.step_in_epoch:
-                self._carried = mine["epoch"]
-        elif self.pos.step_in_epoch:
-            self._carried = _epoch_across_layouts(directory, manifest.world_size, self.rank)
+        self._layout_changed = manifest.world_size != self.world or manifest.batch_size != self.spec.batch_size
+        self._rng, carried = self._strategy.rank_state(directory, manifest, info)
         if self.pos.step_in_epoch:
+            self._carried = carried
             self._resume = (int(info.get("batches", 0)), manifest.cursor)
-
-def _epoch_across_layouts(directory: str, old_world: int, rank: int) -> dict[str, Any] | None:
-    """The interrupted epoch's metrics so far, for ``rank`` of a group of another size that goes on
-    with it. A rank's step sums are the old ranks' sums averaged, so that each new rank's mean
-    starts at the old steps' mean over all ranks (what the epoch's metric is); the samples go to
-    rank 0 alone, so that their sum over the new ranks is the old ranks'. None without every
-    old rank's file."""
-    import torch
-
-    parts = []
-    for r in range(old_world):
-        path = os.path.join(directory, torch_rng_file(r))
-        saved = torch.load(path, weights_only=False) if os.path.isfile(path) else None
-        if not isinstance(saved, dict) or not saved.get("epoch"):
-            return None
-        parts.append(saved["epoch"])
-    names = set(parts[0]["sums"])
-    return {"sums": {n: sum(p["sums"].get(n, 0.0) for p in parts) / old_world for n in names},
-            "counts": dict(parts[0]["counts"]), "reported": {},
-            "samples": sum(int(p["samples"]) for p in parts) if rank == 0 else 0,
-            "data_wait": sum(float(p.get("data_wait", 0.0)) for p in parts) / old_world,
-            "seconds": max(float(p["seconds"]) for p in parts)}
 
 
 class BareSession(TorchSession):

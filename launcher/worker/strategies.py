@@ -9,7 +9,9 @@ model, or of the sharded one's skeleton kept before sharding), and whether the s
 lost node can write a checkpoint.
 :class:`~launcher.worker.session.TorchSession` asks its strategy and never tests which one
 it has; a new way of synchronising a model (fault-tolerant replica groups, say) is a new
-entry in :data:`STRATEGIES`, not a new branch in the session.
+entry in :data:`STRATEGIES`, not a new branch in the session. Where a strategy does what the
+session otherwise does itself (the training loader's order, reports, preemption notices, whether
+a step counts), the session asks it through the hooks at the end of :class:`Strategy`.
 
 - ``ddp`` (:class:`Replicated`): the whole model on each worker, wrapped by the backend's
   communicator (torch DDP, or Horovod's broadcast and DistributedOptimizer); rank 0 writes
@@ -17,6 +19,8 @@ entry in :data:`STRATEGIES`, not a new branch in the session.
 - ``fsdp`` (:class:`Sharded`): FSDP2 (:mod:`launcher.worker.sharded`); every rank writes its
   shards with torch.distributed.checkpoint, which loads them on any worker count; the final
   checkpoint's whole model, gathered on rank 0, is exported as a program like ddp's.
+- ``ft`` (:class:`launcher.worker.ft.FaultTolerant`): ddp whose workers are torchft replica
+  groups, a quorum per step; a lost worker leaves the quorum and is replaced alone.
 """
 
 from __future__ import annotations
@@ -24,14 +28,20 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import importlib
 import os
-from typing import Any
+from typing import Any, Callable
 
 from launcher import _ray
-from launcher.worker.formats import TORCH_MODEL_FILE
-from launcher.worker.loader import SessionError, user_line
+from launcher.worker.formats import TORCH_MODEL_FILE, torch_rng_file
+from launcher.worker.loader import BatchOrder, SessionError, user_line
 
 STATE_FILE = "state.pt"           # every registered object's state_dict but the model's
+
+
+class NothingLeft(BaseException):
+    """This worker has nothing to train: its training function ends here, as finished (an ``ft``
+    replica that joins once the others are done). A BaseException, which user code does not catch."""
 
 
 class Strategy:
@@ -86,6 +96,45 @@ class Strategy:
     def lost_ranks(self, gone: set[int]) -> None:
         """Ranks went with their node, and no survivors' checkpoint is written (say why, once)."""
 
+    # -- what the session does its own way unless the strategy does it (``ft``'s replicas do) ----------
+    def batch_order(self, *args: Any) -> BatchOrder:
+        """The training loader's batch sampler (arguments as :class:`BatchOrder` takes them)."""
+        return BatchOrder(*args)
+
+    def loader_options(self, num_workers: int, prefetch: bool | None) -> bool | None:
+        """The training loader's ``prefetch`` (None: the session's default), refusing what cannot be."""
+        return prefetch
+
+    def send(self, metrics: dict[str, Any], checkpoint: bool) -> bool:
+        """Report (and checkpoint) in the strategy's own way; False: the session reports through Ray Train."""
+        return False
+
+    def preemption_action(self, ask: Callable[[], str | None]) -> str | None:
+        """Every step: what to do about a preemption notice (``ask``: the session's collective answer)."""
+        return ask()
+
+    def step_counts(self) -> bool:
+        """Whether the step the loop just finished counts (it is not retried)."""
+        return True
+
+    def close(self) -> None:
+        """The training function returned or failed: let go of what the strategy holds."""
+
+    def rank_state(self, directory: str, manifest, info: dict[str, Any]) -> tuple[Any, Any]:
+        """This rank's (RNG states, epoch's metrics so far) from the checkpoint in ``directory``, where
+        it was written at this worker count and batch size; else (None, the epoch's metrics put
+        together from every old rank's file). None for what the checkpoint does not hold."""
+        import torch
+
+        s = self.session
+        path = os.path.join(directory, torch_rng_file(s.rank))
+        if manifest.world_size == s.world and manifest.batch_size == s.spec.batch_size and os.path.isfile(path):
+            mine = torch.load(path, weights_only=False)
+            if isinstance(mine, torch.Tensor):  # an older managed checkpoint: torch's CPU stream only
+                return {"torch": mine}, None
+            return mine["rng"], mine["epoch"]
+        return None, _epoch_across_layouts(directory, manifest.world_size, s.rank)
+
 
 class Replicated(Strategy):
     """``ddp``: the whole model on each worker, kept in step by the backend's communicator."""
@@ -112,15 +161,16 @@ class Replicated(Strategy):
         cursor = self.save_state(directory, loader.batches if loader is not None else 0)
         s.write_manifest(directory, metrics, others, cursor=cursor)
 
-    def save_state(self, directory: str, batches: int) -> int | None:
-        """Rank 0's files: the model, every other registered state, the loader's position;
-        returns the epoch's cursor in the global order after ``batches`` (None without one)."""
+    def save_state(self, directory: str, batches: int, **extra: Any) -> int | None:
+        """Rank 0's files: the model, every other registered state, the loader's position (and
+        ``extra`` beside it); returns the epoch's cursor in the global order after ``batches``
+        (None without one)."""
         import torch
 
         s = self.session
         torch.save(s.model().state_dict(), os.path.join(directory, TORCH_MODEL_FILE))
         state = {name: obj.state_dict() for name, obj in s.objects.items() if name != s.model_name}
-        state["_launcher"] = {"batches": batches, "model": s.model_name}
+        state["_launcher"] = {"batches": batches, "model": s.model_name, **extra}
         torch.save(state, os.path.join(directory, STATE_FILE))
         return s.cursor_at(batches)
 
@@ -301,9 +351,38 @@ class _NoOptimizer:
         return {"state": {}}
 
 
-STRATEGIES: dict[str, type[Strategy]] = {"ddp": Replicated, "fsdp": Sharded}
+def _epoch_across_layouts(directory: str, old_world: int, rank: int) -> dict[str, Any] | None:
+    """The interrupted epoch's metrics so far, for ``rank`` of a group of another size that goes on
+    with it. A rank's step sums are the old ranks' sums averaged, so that each new rank's mean
+    starts at the old steps' mean over all ranks (what the epoch's metric is); the samples go to
+    rank 0 alone, so that their sum over the new ranks is the old ranks'. None without every
+    old rank's file."""
+    import torch
+
+    parts = []
+    for r in range(old_world):
+        path = os.path.join(directory, torch_rng_file(r))
+        saved = torch.load(path, weights_only=False) if os.path.isfile(path) else None
+        if not isinstance(saved, dict) or not saved.get("epoch"):
+            return None
+        parts.append(saved["epoch"])
+    names = set(parts[0]["sums"])
+    return {"sums": {n: sum(p["sums"].get(n, 0.0) for p in parts) / old_world for n in names},
+            "counts": dict(parts[0]["counts"]), "reported": {},
+            "samples": sum(int(p["samples"]) for p in parts) if rank == 0 else 0,
+            "data_wait": sum(float(p.get("data_wait", 0.0)) for p in parts) / old_world,
+            "seconds": max(float(p["seconds"]) for p in parts)}
+
+
+# ``ft`` is named by path (imported when a run uses it): its module builds on Replicated here.
+STRATEGIES: dict[str, type[Strategy] | str] = {"ddp": Replicated, "fsdp": Sharded,
+                                                "ft": "launcher.worker.ft:FaultTolerant"}
 
 
 def strategy_for(session) -> Strategy:
     """The strategy ``session.spec.strategy`` names (the spec has checked the name)."""
-    return STRATEGIES[session.spec.strategy](session)
+    entry = STRATEGIES[session.spec.strategy]
+    if isinstance(entry, str):
+        module, _, name = entry.partition(":")
+        entry = getattr(importlib.import_module(module), name)
+    return entry(session)

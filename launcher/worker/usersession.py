@@ -49,6 +49,7 @@ class UserSession(Session):
         self._step_started = 0.0
         self._in_epochs = False
         self.trained = False
+        self.relay = None
 
     # -- what each framework provides --------------------------------------------------------
     @abc.abstractmethod
@@ -149,12 +150,7 @@ class UserSession(Session):
                 self.clock.reset()
                 if self._carried:  # resumed mid-epoch: the epoch's metrics so far, as saved
                     c, self._carried = self._carried, None
-                    self._sums, self._counts = dict(c["sums"]), dict(c["counts"])
-                    self._reported = {n: tuple(v) for n, v in c["reported"].items()}
-                    self._samples = int(c["samples"])
-                    self._data_wait = float(c.get("data_wait", 0.0))
-                    self.clock.reset(c.get("phases"))
-                    self._epoch_started -= float(c["seconds"])
+                    self.take_epoch_so_far(c)
                 yield self.pos.epoch
                 self._end_epoch()
         finally:
@@ -239,6 +235,16 @@ class UserSession(Session):
         self._sums, self._counts, self._reported, self._samples = {}, {}, {}, 0
         self._data_wait = 0.0
 
+    def take_epoch_so_far(self, c: dict[str, Any]) -> None:
+        """Go on with an epoch's metrics so far as :meth:`_epoch_so_far` gave them (a checkpoint's,
+        or a peer's that a replica was healed from)."""
+        self._sums, self._counts = dict(c["sums"]), dict(c["counts"])
+        self._reported = {n: tuple(v) for n, v in c["reported"].items()}
+        self._samples = int(c["samples"])
+        self._data_wait = float(c.get("data_wait", 0.0))
+        self.clock.reset(c.get("phases"))
+        self._epoch_started = time.perf_counter() - float(c["seconds"])
+
     def _epoch_so_far(self) -> dict[str, Any]:
         """The epoch's running metrics as plain numbers (read from the device now: a checkpoint)."""
         until = self._last_step_at or time.perf_counter()
@@ -254,6 +260,7 @@ class UserSession(Session):
         from launcher.worker.loop import checkpoint_to_resume
 
         self.board = config.get("board")
+        self.relay = config.get("mailbox")  # where a strategy that reports without Ray Train reports (ft)
         self.notices = config.get("notices", True)
         self.usage = Sampler().start()
         chosen = checkpoint_to_resume(config, Storage.resolve(self.spec.storage), self.spec.name)
