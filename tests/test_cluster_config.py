@@ -166,7 +166,7 @@ def test_nodes_install_the_core_and_the_extras_the_spec_names(tmp_path):
                           capture_output=True, text=True, check=True).stdout.strip()
     assert said == f"{tmp_path}/launcher[horovod,tensorflow,xgboost]"
     with pytest.raises(UserError, match=r"--extras: unknown extra 'tensorfow' \(did you mean tensorflow\?\); "
-                                        r"valid: tensorflow, xgboost, horovod, tune, mlflow, cluster, lab, all"):
+                                        r"valid: tensorflow, xgboost, horovod, tune, mlflow, cluster, lab, torchft, all"):
         build(extras="tensorfow")
     with pytest.raises(UserError, match="--install replaces that install"):
         build(extras="mlflow", install="pip install launcher==0.1.0", source_dir=None)
