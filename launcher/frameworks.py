@@ -4,7 +4,8 @@ One entry per framework, and the one place that knows how they differ:
 
 - on the worker, what must happen before user code imports it (:meth:`Framework.configure`)
   and which of our sessions trains with it (:meth:`Framework.train`: the communicator the
-  backend gives, then the session or loop);
+  backend gives, then the session, running the user's training function or the framework's
+  managed loop for a workload);
 - on the driver, the Ray Train backend config of Ray's own (native) backend for it, and the
   datasets a Ray Train function of it reads (:meth:`Framework.native_backend`);
 - for an unmodified program on the native backend, the environment its platform would give
@@ -49,6 +50,9 @@ class Framework:
     program_threads: str | None = None  # OMP_NUM_THREADS for a program on the native backend (None: all cores)
     program_env_names: tuple[str, ...] = ()  # what program_env() sets that a user would look for by name
     extra: str | None = None      # the launcher's extra that installs it (pyproject.toml), None: the core
+    session: str | None = None  # our session for it, "module:class" (None: it trains only in programs)
+    managed_loop: str | None = None  # "module:function", (session, workload) -> None: how the session trains a
+    #                                  workload (None: the session trains one itself)
 
     def require(self) -> None:
         """The one-line UserError when our code would train with this framework and its extra is
@@ -60,9 +64,21 @@ class Framework:
         """On the worker, before the training code (and with it the framework) is imported."""
         self.require()  # a node set up without the extra
 
+    def communicator(self, spec, backend) -> Any:
+        """On the worker: what the session's ranks join and reduce through (not yet set up)."""
+        raise NotImplementedError
+
     def train(self, spec, backend, function, config: dict[str, Any], started: float) -> None:
-        """On the worker: join the backend's workers and train with our session (or loop)."""
-        raise UserError(f"--framework {self.name} trains only in a program of the user's (--script or --package)")
+        """On the worker: join the backend's workers and train with our session: the user's
+        training function ``function``, or (None) the managed loop for the spec's workload."""
+        if self.session is None:
+            raise UserError(f"--framework {self.name} trains only in a program of the user's (--script or --package)")
+        comm = self.communicator(spec, backend)
+        comm.setup()
+        if function is None and self.managed_loop is not None:
+            loop = _part(self.managed_loop)
+            function = _part("launcher.worker.usersession:training_function")(workloads.get(spec.workload), loop)
+        _part(self.session)(spec, comm, function).start(config, started)
 
     def native_backend(self, spec) -> tuple[Any, Any]:
         """(Ray Train backend config, datasets or None) of Ray's own backend for this framework."""
@@ -87,13 +103,11 @@ class Torch(Framework):
     name = "torch"
     joins_checkpoints = True
     program_threads = "1"  # torchrun's default for several processes
+    session = "launcher.worker.session:TorchSession"
+    managed_loop = "launcher.worker.torch_loop:train_workload"
 
-    def train(self, spec, backend, function, config, started) -> None:
-        comm = backend.torch_comm(spec)
-        comm.setup()
-        # The user's own loop, or a workload in the managed loop (a training function of ours).
-        function = function or _part("launcher.worker.torch_loop:managed")(workloads.get(spec.workload))
-        _part("launcher.worker.session:TorchSession")(spec, comm, function).start(config, started)
+    def communicator(self, spec, backend):
+        return backend.torch_comm(spec)
 
     def native_backend(self, spec):
         if spec.replica_groups:  # --strategy ft: a torchft replica group per worker, no process group across
@@ -130,19 +144,16 @@ class TensorFlow(Framework):
     name = "tensorflow"
     program_env_names = ("TF_CONFIG",)
     extra = "tensorflow"
+    session = "launcher.worker.tf_session:TFSession"
+    managed_loop = "launcher.worker.tf_loop:train_workload"
 
     def configure(self, spec) -> None:
         super().configure(spec)
         # The legacy tf.keras, and TensorFlow's thread pools sized to the worker's CPUs.
-        _part("launcher.worker.tf_loop:configure_tensorflow")(max(1, int(spec.cpus_per_worker)))
+        _part("launcher.worker.tf_session:configure_tensorflow")(max(1, int(spec.cpus_per_worker)))
 
-    def train(self, spec, backend, function, config, started) -> None:
-        comm = backend.tf_comm(spec)
-        comm.setup()
-        if function is not None:  # the user's Keras or GradientTape code
-            _part("launcher.worker.tf_session:TFSession")(spec, comm, function).start(config, started)
-        else:
-            _part("launcher.worker.tf_loop:TFTraining")(spec, comm).start(config, started)
+    def communicator(self, spec, backend):
+        return backend.tf_comm(spec)
 
     def native_backend(self, spec):
         # Ray's TensorflowTrainer does the same, but importing ray.train.tensorflow imports
@@ -168,11 +179,10 @@ class XGBoost(Framework):
     extra = "xgboost"
     counts_epochs = False
     line_per_checkpoint = True
+    session = "launcher.worker.xgb_loop:BoostingTraining"  # the boosting rounds: a workload only
 
-    def train(self, spec, backend, function, config, started) -> None:
-        comm = _part("launcher.worker.xgb_loop:XGBComm")()  # XGBoost's own collective, whatever the backend
-        comm.setup()
-        _part("launcher.worker.xgb_loop:BoostingTraining")(spec, comm).start(config, started)
+    def communicator(self, spec, backend):
+        return _part("launcher.worker.xgb_loop:XGBComm")()  # XGBoost's own collective, whatever the backend
 
     def native_backend(self, spec):
         # Ray Train's XGBoost backend: XGBoost's tracker on the controller, each worker's training

@@ -63,7 +63,7 @@ def died(ip: str = "10.0.0.7", detail: str = DIED):
 # -- the worker's figures ---------------------------------------------------------------------
 
 def test_a_process_peak_memory_is_its_rss_and_gpu_memory_only_where_torch_set_up_cuda(monkeypatch):
-    from launcher.worker.loop import peak_memory_mb
+    from launcher.worker.usage import peak_memory_mb
 
     monkeypatch.delitem(sys.modules, "torch", raising=False)
     rss, gpu = peak_memory_mb()

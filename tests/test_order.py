@@ -1,7 +1,8 @@
-"""The training data's global sample order (launcher/worker/order.py) and the session's batch
-sampler over it (launcher/worker/loader.py BatchOrder): one order per epoch whatever the
-worker count, each global batch split over the ranks, and a cursor that a run resumed on
-another worker count continues from, with nothing repeated and nothing skipped. No Ray."""
+"""The training data's global sample order (launcher/worker/order.py), the one cursor over it
+(EpochCursor, which both sessions' loaders count with) and the torch session's batch sampler
+(launcher/worker/loader.py BatchOrder): one order per epoch whatever the worker count, each
+global batch split over the ranks, and a cursor that a run resumed on another worker count
+continues from, with nothing repeated and nothing skipped. No Ray."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from launcher.worker.loader import BatchOrder
-from launcher.worker.order import GlobalOrder
+from launcher.worker.order import EpochCursor, GlobalOrder
 
 
 def _session(rank: int, world: int, epoch: int = 0, seed: int = 5):
@@ -67,6 +68,30 @@ def test_a_resume_on_another_worker_count_repeats_and_skips_nothing(before, afte
     assert left_out == (n - cursor) % after
     assert seen == [] or set(seen) <= set(range(n))
     assert np.array_equal(np.sort(seen), np.sort(order.permutation(1)[:n - left_out]))
+
+
+def test_the_cursor_counts_a_resumed_epoch_from_its_checkpoint_and_every_other_from_its_start():
+    order = GlobalOrder(90, seed=5, batch_size=4)
+    two = EpochCursor(order, 2)
+    assert two.steps(0) == math.ceil(45 / 4) and two.at(0, 4) == 32 and two.size_of(0, 4) == 4
+    assert two.at(0, two.steps(0)) == 90 and two.size_of(0, 11) == 1  # the last global batch: 1 sample each
+    # Resumed on 1 worker at the 4 steps and the 32 samples 2 workers did (torch's count: the steps
+    # done, then this layout's global batches for the samples left).
+    alone = EpochCursor(order, 1)
+    assert alone.resume(3, 4, 32) == 4
+    assert alone.steps(3) == 4 + math.ceil(58 / 4) and alone.at(3, 5) == 36 and alone.size_of(3, 4) == 4
+    assert np.array_equal(np.concatenate(list(alone.global_batches(3, 4))), order.permutation(3)[32:])
+    assert np.array_equal(alone.rank_indices(3, 4, 0), order.permutation(3)[32:])
+    assert alone.steps(4) == math.ceil(90 / 4) and alone.at(4, 2) == 8  # the next epoch starts at 0
+    assert alone.at(3, 2) == 8  # and steps before the resume count from the epoch's start
+    # Keras' count: the step that still ends the epoch at its whole length in this layout.
+    fixed = EpochCursor(order, 1)
+    step = fixed.resume(3, None, 32)
+    assert step == math.ceil(90 / 4) - math.ceil(58 / 4) and fixed.at(3, step) == 32
+    assert fixed.steps(3) == math.ceil(90 / 4)
+    # A checkpoint without a cursor, same layout: as many samples as its steps take here.
+    same = EpochCursor(order, 2)
+    assert same.resume(1, 3) == 3 and same.at(1, 3) == 24 and same.steps(1) == two.steps(1)
 
 
 def test_the_sampler_resumed_at_its_batch_gives_the_rest_of_the_epoch():

@@ -33,7 +33,7 @@ SAMPLES, EPOCHS, EVERY = 1024, 2, 19
 def _stream_batches(world: int, rank: int, start: int, take: int) -> list[np.ndarray]:
     import tensorflow as tf
 
-    from launcher.worker.tf_session import EpochData
+    from launcher.worker.tf_data import EpochData
 
     session = types.SimpleNamespace(world=world, rank=rank, seed=4, global_batch_size=6)
     source = tf.data.Dataset.range(30).shuffle(30, seed=4).batch(6)  # 5 global batches per epoch
@@ -56,7 +56,7 @@ def test_each_worker_takes_its_share_of_every_global_batch_and_a_resumed_stream_
 
 def _array_data(world: int, rank: int, n: int = 30):
     """EpochData of arrays (sample ids and their squares) with global batches of 6."""
-    from launcher.worker.tf_session import EpochData
+    from launcher.worker.tf_data import EpochData
 
     session = types.SimpleNamespace(world=world, rank=rank, seed=4, global_batch_size=6)
     ids = np.arange(n, dtype=np.int64)

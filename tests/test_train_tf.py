@@ -1,86 +1,62 @@
-"""TensorFlow training: the data path of the loop, and real 2-worker runs on a local Ray."""
+"""The managed TensorFlow loop (a workload on the TF session): its data path, and real 2-worker runs on a
+local Ray."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
 import os
+import types
 
-import numpy as np
 import pytest
 
 import workloads
-from launcher.backends import TFComm
 from launcher.cli.main import main
 from launcher.spec import JobSpec
 from test_train_local import launch
 
 
-class RecordingComm(TFComm):
-    """One rank of a pretend world, stepping nothing: it records the batches the loop feeds it."""
+def _split_data(rank: int, world: int, spec: JobSpec):
+    """The managed TensorFlow loop's training data on ``rank`` of ``world`` (no Ray): the workload's
+    whole training split in the run's global order, as session.dataset takes it."""
+    from launcher.worker.tf_data import EpochData
 
-    def __init__(self, rank: int, world: int) -> None:
-        self._rank, self._world, self.batches = rank, world, []
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def world_size(self) -> int:
-        return self._world
-
-    def train_step(self, model, optimizer, loss):
-        def step(x, y):
-            self.batches.append(np.array(x))
-            return 0.5
-
-        return step
-
-    def allreduce_sum(self, values):
-        return values
+    session = types.SimpleNamespace(world=world, rank=rank, seed=spec.seed,
+                                    global_batch_size=spec.batch_size * world)
+    return EpochData(session, workloads.get(spec.workload).load(None, "train", 0, 1, {}), None, None, True)
 
 
-def test_tf_loop_gives_each_sample_to_one_rank_once_per_epoch():
-    from launcher.worker.tf_loop import TFTraining
+def _rows(batches) -> list[bytes]:
+    return [r.tobytes() for x, _ in batches for r in x.numpy()]
 
-    spec = JobSpec(framework="tensorflow", workers=2, epochs=1, preemption_check_steps=0).validated()
+
+def test_the_managed_tf_loop_gives_each_sample_to_one_rank_once_per_epoch():
+    spec = JobSpec(framework="tensorflow", workers=2, epochs=1).validated()
+    everything = {r.tobytes() for r in workloads.get("digits-mlp").load(None, "train", 0, 1, {}).x}
     seen = []
     for rank in range(2):
-        training = TFTraining(spec, RecordingComm(rank, 2))
-        comm = training.comm
-        training.step = comm.train_step(None, None, None)
-        training.run_epoch()
-        rows = [r.tobytes() for batch in comm.batches for r in batch]
-        assert max(len(b) for b in comm.batches) == spec.batch_size  # batch_size is per worker
-        assert len(rows) == len(set(rows)) == 719  # its whole shard, each sample once
+        data = _split_data(rank, 2, spec)
+        batches = list(data.stream(0, 0).take(data.steps))
+        assert max(len(x) for x, _ in batches) == data.per_worker_batch == spec.batch_size  # per worker
+        rows = _rows(batches)
+        assert len(rows) == len(set(rows)) == 1438 // 2  # its share of the epoch, each sample once
         seen.append(set(rows))
     assert not seen[0] & seen[1]  # no sample given to two workers
-    everything = {r.tobytes() for r in workloads.get("digits-mlp").load(None, "train", 0, 1, {}).x}
     assert seen[0] | seen[1] <= everything and len(seen[0] | seen[1]) == 1438
 
 
-def test_tf_loop_resumed_on_one_worker_goes_on_at_the_sample_two_workers_stopped_at():
+def test_the_managed_tf_loop_resumed_on_one_worker_goes_on_at_the_sample_two_workers_stopped_at():
     """Two workers stopped after 10 steps (640 samples of the epoch's global order), resumed on
     one: it trains the 798 samples left, once each; nothing of the first 640 again."""
-    from launcher.worker.tf_loop import TFTraining
-
-    spec = JobSpec(framework="tensorflow", workers=2, epochs=1, preemption_check_steps=0).validated()
-    first = []
-    for rank in range(2):
-        training = TFTraining(spec, RecordingComm(rank, 2))
-        first += [training.train.x[idx] for step, idx in training.batches() if step < 10]
-    stopped = TFTraining(spec, RecordingComm(0, 2))
-    cursor = stopped.cursor_at(10)
+    spec = JobSpec(framework="tensorflow", workers=2, epochs=1).validated()
+    first = [row for rank in range(2) for row in _rows(_split_data(rank, 2, spec).stream(0, 0).take(10))]
+    cursor = _split_data(0, 2, spec).cursor.at(0, 10)
     assert cursor == 640
 
-    alone = TFTraining(spec, RecordingComm(0, 1))
-    alone.pos.step_in_epoch = 10
-    alone.resume_epoch_at(10, cursor)
-    assert alone.steps_per_epoch == 10 + -(-(1438 - 640) // spec.batch_size)
-    alone.step = alone.comm.train_step(None, None, None)
-    alone.run_epoch()
-    rows = [r.tobytes() for batch in first + alone.comm.batches for r in batch]
+    alone = _split_data(0, 1, spec)
+    step = alone.resume_epoch_at(0, cursor)
+    assert alone.steps - step == -(-(1438 - 640) // spec.batch_size)  # the epoch still ends at its last step
+    rows = first + _rows(alone.stream(0, step).take(alone.steps - step))
     everything = {r.tobytes() for r in workloads.get("digits-mlp").load(None, "train", 0, 1, {}).x}
     assert len(rows) == len(set(rows)) == 1438 and set(rows) == everything  # nothing twice, nothing skipped
 

@@ -6,9 +6,11 @@ complete checkpoints the driver found in storage, newest first;
 ``config["env"]`` holds variables the worker needs (e.g. the storage
 emulator's address); ``config["notices"]`` whether a preemption notice can
 come; ``config["user_config"]`` what a Ray Train function gets as its config.
-A torch run is a training function on the session: the user's own, or the
-managed loop for a workload. The framework's loop is imported here, on the
-worker, so the driver never imports torch or TensorFlow.
+Two paths: a function written for Ray Train runs as it is; everything else trains on the
+framework's session (:mod:`launcher.frameworks` names it): the user's training function, or
+for a workload the framework's managed loop (torch, TensorFlow) or its boosting rounds
+(XGBoost). The session is imported here, on the worker, so the driver never imports torch
+or TensorFlow.
 """
 
 from __future__ import annotations

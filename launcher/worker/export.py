@@ -11,8 +11,9 @@ XGBoost's JSON) and ``model.json``, describing the features, objective and class
 
 For TensorFlow: ``saved_model/`` (TensorFlow's SavedModel format:
 ``tf.saved_model.load(path).serve(x)`` or ``tf_keras.models.load_model``),
-``model.weights.npz`` and the same ``model.json``. Both take the same input:
-the workload's channels-first layout.
+``model.weights.npz`` (the model's variables, read from the session's checkpoint) and the same
+``model.json``. Both take the same input: the workload's channels-first layout. A training
+function's Keras model also gets ``model.keras`` (:func:`export_keras`).
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ from typing import Any
 
 import workloads
 from launcher.storage import Storage
-from launcher.worker.formats import TF_MODEL_FILE, TORCH_MODEL_FILE, load_arrays
+from launcher.worker.formats import TF_MODEL_FILE, TORCH_MODEL_FILE, save_arrays, tf_model_arrays
 from workloads.tf_models import native_stderr_silenced
+
+KERAS_FILE = "model.keras"
+SAVED_MODEL_DIR = "saved_model"
 
 
 def _describe(spec, workload, shape, files: dict[str, str], directory: str) -> None:
@@ -212,6 +216,41 @@ def torch_program(model, example: tuple[tuple, dict[str, Any]], *,
     return {"program": program, "inputs": inputs, "outputs": outputs}, None
 
 
+def export_keras(spec, model, arrays: list, storage: Storage) -> str:
+    """A TensorFlow training function's Keras ``model`` with its variables ``arrays``: in Keras'
+    format, as a SavedModel and as plain arrays, with a model.json saying where the code is."""
+    from workloads.tf_models import keras
+
+    files = {TF_MODEL_FILE: "the weights: build the model as your function does, then "
+                            "model.set_weights(list of arrays a0000, a0001, ... in order)"}
+    with tempfile.TemporaryDirectory(prefix="launcher-export-") as d:
+        save_arrays(os.path.join(d, TF_MODEL_FILE), arrays)
+        try:
+            copy = keras().models.clone_model(model)
+            copy.set_weights(arrays)
+            copy.save(os.path.join(d, KERAS_FILE))
+            files[KERAS_FILE] = "tf_keras.models.load_model(p) (TF_USE_LEGACY_KERAS=1)"
+        except Exception as exc:  # e.g. a subclassed model without get_config
+            print(f"rank 0: the model cannot be saved in Keras' format ({type(exc).__name__}: {exc}); "
+                  "its weights are exported", flush=True)
+            shutil.rmtree(os.path.join(d, KERAS_FILE), ignore_errors=True)
+            copy = None
+        if copy is not None:
+            try:  # what TensorFlow Serving and Vertex AI's prebuilt TensorFlow container load
+                with native_stderr_silenced():
+                    copy.export(os.path.join(d, SAVED_MODEL_DIR))
+                files[SAVED_MODEL_DIR] = "TensorFlow SavedModel (model.export): its serving_default signature"
+            except Exception as exc:  # noqa: BLE001 - model.keras and the weights are what matters
+                print(f"rank 0: the model cannot be exported as a SavedModel ({type(exc).__name__}: {exc})",
+                      flush=True)
+                shutil.rmtree(os.path.join(d, SAVED_MODEL_DIR), ignore_errors=True)
+        with open(os.path.join(d, "model.json"), "w", encoding="utf-8") as f:
+            json.dump({"workload": spec.workload, "framework": "tensorflow", "kind": "training function",
+                       "params": spec.params, **hook_fields(spec), "files": files}, f, indent=1)
+        storage.upload_dir(d, spec.name, "model")
+    return storage.uri_of(spec.name, "model")
+
+
 def export_tensorflow(spec, checkpoint_dir: str, storage: Storage) -> str:
     """Write the TensorFlow model in ``checkpoint_dir`` as a SavedModel under ``<storage>/<name>/model/``."""
     from workloads.tf_models import keras
@@ -222,13 +261,14 @@ def export_tensorflow(spec, checkpoint_dir: str, storage: Storage) -> str:
         import tensorflow as tf
 
         model = workload.tf_model(spec.params)
-    model.set_weights(load_arrays(os.path.join(checkpoint_dir, TF_MODEL_FILE)))
+    arrays = tf_model_arrays(checkpoint_dir)
+    model.set_weights(arrays)
     shape = workload.input_shape(spec.params)
     serve = tf.function(lambda x: model(x, training=False),
                         input_signature=[tf.TensorSpec((None, *shape), tf.float32, name="x")])
     with tempfile.TemporaryDirectory(prefix="launcher-export-") as d:
-        tf.saved_model.save(model, os.path.join(d, "saved_model"), signatures={"serving_default": serve})
-        shutil.copy(os.path.join(checkpoint_dir, TF_MODEL_FILE), d)
+        tf.saved_model.save(model, os.path.join(d, SAVED_MODEL_DIR), signatures={"serving_default": serve})
+        save_arrays(os.path.join(d, TF_MODEL_FILE), arrays)
         _describe(spec, workload, shape, {
             "saved_model": "TensorFlow SavedModel: tf.saved_model.load(p).signatures['serving_default'](x=...)",
             TF_MODEL_FILE: "weights for the workload's tf.keras model (model.set_weights)"}, d)

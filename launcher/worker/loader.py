@@ -3,8 +3,10 @@
 :class:`ResumableLoader` is a plain ``torch.utils.data.DataLoader`` driven by
 :class:`BatchOrder`, a batch sampler in the run's order (:mod:`launcher.worker.order`: one
 order over the whole data set, each global batch split over the ranks). The training loader
-counts the batches it hands out and the samples they used (the cursor): that is the
-position a checkpoint saves, and a resumed epoch starts the sampler there. Errors a user's code causes here say where, in one line (:func:`user_line`).
+counts the batches it hands out; the samples they used (the cursor, counted by
+:class:`~launcher.worker.order.EpochCursor`) are the position a checkpoint saves, and a resumed
+epoch starts the sampler there. Errors a user's code causes here say where, in one line
+(:func:`user_line`).
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from launcher.worker.loop import epoch_order
-from launcher.worker.order import GlobalOrder
+from launcher.worker.order import EpochCursor, GlobalOrder
 
 _LAUNCHER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _SKIP_DIRS = (_LAUNCHER_DIR, os.path.dirname(os.__file__))
@@ -82,6 +83,7 @@ class BatchOrder:
         permute = dataset.permutation if streamed else None
         self.order = GlobalOrder(n, session.spec.seed, shuffle, batch_size, drop_last, permute) \
             if train and shard else None
+        self.epoch_cursor = EpochCursor(self.order, session.world) if self.order is not None else None
         if self.order is None:
             self.indices = shard_indices(n, session.rank, session.world, equal=train) if shard else np.arange(n)
         # A sharded model (--strategy fsdp) gathers its weights in every forward pass, a collective:
@@ -97,8 +99,6 @@ class BatchOrder:
                                    "empty batch; give the evaluation set more items or a larger batch size")
             self.even = np.array_split(self.indices, count)
         self.start = 0     # the batch the next iteration starts at
-        self.first = 0     # global order: the batch of the epoch that first_cursor stands at
-        self.first_cursor = 0
 
     @property
     def is_global(self) -> bool:
@@ -106,16 +106,16 @@ class BatchOrder:
 
     def resume_at(self, batches: int, cursor: int | None) -> None:
         """A resumed epoch: ``batches`` steps done (in whatever layout), ``cursor`` samples used."""
-        if self.order is not None:
-            self.first = batches
-            self.first_cursor = self.order.cursor_after(0, self.session.world, batches) if cursor is None else cursor
+        if self.epoch_cursor is not None:
+            self.epoch_cursor.resume(self.session.pos.epoch, batches, cursor)
 
     def epoch_over(self) -> None:
-        self.first = self.first_cursor = 0
+        """An epoch ended (the global order's cursor counts each epoch from its start already; a
+        sampler with a count of its own resets it here)."""
 
     def __len__(self) -> int:
-        if self.order is not None:
-            return self.first + self.order.batches_left(self.first_cursor, self.session.world)
+        if self.epoch_cursor is not None:
+            return self.epoch_cursor.steps(self.session.pos.epoch)
         if self.even is not None:
             return len(self.even)
         n = len(self.indices)
@@ -127,32 +127,30 @@ class BatchOrder:
 
     def cursor_at(self, batch: int) -> int | None:
         """Samples of the epoch used once ``batch`` batches are done (global order only)."""
-        if self.order is None:
-            return None
-        return self.order.cursor_after(self.first_cursor, self.session.world, batch - self.first)
+        return None if self.epoch_cursor is None else self.epoch_cursor.at(self.session.pos.epoch, batch)
 
     def __iter__(self) -> Iterator[list[int]]:
         s = self.session
-        if self.order is not None:
+        if self.epoch_cursor is not None:
             if self.plan is not None:
-                self.plan(self.order.rank_indices(s.pos.epoch, self.cursor_at(self.start), s.rank, s.world))
-            for gb in self.order.global_batches(s.pos.epoch, self.cursor_at(self.start), s.world):
+                self.plan(self.epoch_cursor.rank_indices(s.pos.epoch, self.start, s.rank))
+            for gb in self.epoch_cursor.global_batches(s.pos.epoch, self.start):
                 yield GlobalOrder.share(gb, s.rank, s.world).tolist()
             return
         if self.even is not None:
             yield from (b.tolist() for b in self.even[self.start:])
             return
         idx = self.indices
-        if self.shuffle:
-            idx = idx[epoch_order(s.spec.seed, s.pos.epoch, s.rank, len(idx))]
+        if self.shuffle:  # a shard of the user's: its own order per (seed, epoch, rank)
+            idx = idx[np.random.default_rng([s.spec.seed, s.pos.epoch, s.rank]).permutation(len(idx))]
         if self.plan is not None:
             self.plan(idx[self.start * self.batch_size:])
         for b in range(self.start, len(self)):
             yield idx[b * self.batch_size:(b + 1) * self.batch_size].tolist()
 
     def size_of(self, b: int) -> int:
-        if self.order is not None:
-            return (self.cursor_at(b + 1) - self.cursor_at(b)) // self.session.world
+        if self.epoch_cursor is not None:
+            return self.epoch_cursor.size_of(self.session.pos.epoch, b)
         if self.even is not None:
             return len(self.even[b])
         return min(self.batch_size, len(self.indices) - b * self.batch_size)

@@ -1,12 +1,13 @@
-"""What every framework's per-worker training loop shares.
+"""What every session shares, whatever code trains: a worker's place in the run.
 
-The data order (a pure function of seed, epoch and rank), the training
-position, the choice of the checkpoint to resume from, reporting to Ray Train
-with a checkpoint folder, and the reaction to a preemption notice.
-:class:`Training` owns ``fit()``, the epoch loop every framework runs;
-:mod:`launcher.worker.torch_loop` and :mod:`launcher.worker.tf_loop` subclass
-it with the framework's model, step and checkpoint files, so a run behaves
-the same whichever framework trains it.
+:class:`Session` holds the training position, the choice of the checkpoint to resume from
+(:func:`checkpoint_to_resume`), reports to Ray Train with a checkpoint folder (its manifest
+written last), the step checkpoints, the reaction to a preemption notice, and the survivors'
+checkpoint when a node goes. Its clients save and restore their own state: the sessions a
+training function gets (:class:`launcher.worker.usersession.UserSession`, under
+:class:`~launcher.worker.session.TorchSession` and :class:`~launcher.worker.tf_session.TFSession`,
+which also run the managed loops), and the boosting loop
+(:class:`launcher.worker.xgb_loop.BoostingTraining`).
 
 Every ``preemption_check_steps`` steps all ranks ask Ray Train whether a node
 of theirs is being preempted (a barrier, so every rank asks at the same
@@ -23,26 +24,20 @@ import abc
 import contextlib
 import dataclasses
 import hashlib
-import math
 import os
-import resource
 import shutil
-import sys
 import tempfile
 import time
 import uuid
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import numpy as np
 
-import workloads
 from launcher import _ray, faultpoint
 from launcher.spec import JobSpec
 from launcher.storage import Storage
 from launcher.storage.checkpoint import MANIFEST, Manifest, complete_checkpoints, newest_complete, write_manifest
-from launcher.storage.datacache import local_data
 from launcher.worker import ranklog
-from launcher.worker.order import GlobalOrder
 from launcher.worker.timing import StepClock
 from launcher.worker.usage import Sampler
 
@@ -55,11 +50,6 @@ def node_key(node_id: str) -> int:
     """A Ray node id as a number a float64 all-reduce carries exactly: 48 bits of its hash (ids
     need not differ in any given 48 bits: a fake cluster's are f...f00001, f...f00002)."""
     return int(hashlib.sha256(node_id.encode()).hexdigest()[:12], 16)
-
-
-def epoch_order(seed: int, epoch: int, rank: int, n: int) -> np.ndarray:
-    """The order in which rank visits its n training samples during ``epoch``."""
-    return np.random.default_rng([seed, epoch, rank]).permutation(n)
 
 
 @dataclasses.dataclass
@@ -97,11 +87,8 @@ def checkpoint_to_resume(config: dict[str, Any], storage, name: str) -> tuple[An
 
 class Session(abc.ABC):
     """One worker's place in a run, whatever code trains: the position, reports to Ray Train with
-    a checkpoint, the choice of the checkpoint to resume from, and preemption notices.
-
-    :class:`Training` (the managed loop) and :class:`launcher.worker.session.TorchSession` (the
-    user's own loop) are its two clients; each saves and restores its own state.
-    """
+    a checkpoint, the choice of the checkpoint to resume from, and preemption notices (see the
+    module docstring for its clients; each saves and restores its own state)."""
 
     def __init__(self, spec: JobSpec, comm) -> None:
         self.spec, self.comm = spec, comm
@@ -166,13 +153,13 @@ class Session(abc.ABC):
         ranks (no collective: some are gone), manifest last; False where this session cannot."""
         return False
 
-    def fit(self) -> None:
-        """Train from the restored position to the end (the managed loops)."""
-        raise NotImplementedError
+    @abc.abstractmethod
+    def run(self, started: float, model_ready: float) -> None:
+        """Train from the restored position to the end (``started``: when the worker started;
+        ``model_ready``: when the model was, where it is built before the checkpoint is read)."""
 
     def start(self, config: dict[str, Any], started: float) -> None:
-        """Restore the newest complete checkpoint, mark start-up, train (``self.fit()``); a user's own
-        loop's session starts its own way (UserSession.start)."""
+        """Read the newest complete checkpoint (:meth:`restore`), then train (:meth:`run`)."""
         import ray.train
 
         self.board = config.get("board")
@@ -180,12 +167,15 @@ class Session(abc.ABC):
         self.usage = Sampler().start()
         model_ready = time.time()
         chosen = checkpoint_to_resume(config, Storage.resolve(self.spec.storage), self.spec.name)
-        if chosen is not None:
-            with ray.train.Checkpoint(chosen[1], filesystem=chosen[0]).as_directory() as d:
-                self.restore(d)
-        if self.rank == 0:
-            self.marks.update(worker_start=started, model_ready=model_ready, worker_ready=time.time())
-        self.fit()
+        try:
+            if chosen is not None:
+                checkpoint = ray.train.Checkpoint(chosen[1], filesystem=chosen[0])
+                self.restore(self._checkpoint_dir.enter_context(checkpoint.as_directory()))
+                if not self._keep_checkpoint:  # a sharded checkpoint is read as its state is registered
+                    self.release_checkpoint()
+            self.run(started, model_ready)
+        finally:
+            self.release_checkpoint()
 
     # -- position and checkpoints ----------------------------------------------------------
     def write_manifest(self, directory: str, metrics: dict[str, Any], others: dict[str, int] | None = None,
@@ -208,15 +198,9 @@ class Session(abc.ABC):
         total = self.sum_over_ranks(sizes)
         return {name_of(r): int(total[r]) for r in range(self.world)}
 
-    def restored(self, pos: Position, manifest, across_layouts: bool = False) -> None:
-        """Take the position of a restored checkpoint written by ``manifest``'s run layout.
-        ``across_layouts``: the caller can continue a mid-epoch position at another worker
-        count or batch size (a saved cursor in the global order) and decides itself."""
-        same_layout = manifest.world_size == self.world and manifest.batch_size == self.spec.batch_size
-        if pos.step_in_epoch and not same_layout and not across_layouts:
-            # The shards and batches differ, so the mid-epoch position has no exact
-            # equivalent: redo the whole epoch rather than skip unseen samples.
-            pos.step_in_epoch = 0
+    def restored(self, pos: Position, manifest) -> None:
+        """Take the position of a restored checkpoint written by ``manifest``'s run (a session
+        settles a mid-epoch position of another worker count or batch size itself)."""
         self.pos = pos
         self.start_step = pos.global_step
         self.restored_from = manifest.position
@@ -267,17 +251,22 @@ class Session(abc.ABC):
         self.checkpoint_s = time.perf_counter() - started
 
     def export_model(self, directory: str) -> str | None:
-        """Rank 0, final checkpoint: export the model from ``directory`` (already holding
-        its files) to ``<run>/model/``, here where the framework is loaded, so the driver
-        never imports it. None on failure: the driver then exports from the checkpoint."""
-        from launcher.worker.export import export
-
+        """Rank 0, final checkpoint: export the model (:meth:`export`) to ``<run>/model/``, here
+        where the framework is loaded, so the driver never imports it. None on failure: the
+        driver then exports from the checkpoint."""
         try:
-            return export(self.spec, directory, Storage.resolve(self.spec.storage))
+            return self.export(directory)
         except Exception as exc:  # the checkpoint is what matters; the export can be redone
             print(f"rank 0: exporting the model failed ({type(exc).__name__}: {exc}); "
                   "the driver will export it from the final checkpoint", flush=True)
             return None
+
+    def export(self, directory: str) -> str:
+        """A workload's model from ``directory`` (already holding its checkpoint files), as its
+        framework exports it (:mod:`launcher.worker.export`); returns the model folder's URI."""
+        from launcher.worker.export import export
+
+        return export(self.spec, directory, Storage.resolve(self.spec.storage))
 
     # -- after each step ---------------------------------------------------------------------
     def after_step(self, step_started: float, *, boundary: bool = True, epoch_ends: bool = False,
@@ -473,114 +462,3 @@ class Session(abc.ABC):
               f"survivors' checkpoint of step {self.pos.global_step} is stored ({folder})", flush=True)
         self.saved_step = self.pos.global_step
         return storage.path(self.spec.name, folder)
-
-
-class Training(Session):
-    """One worker's training state in the managed loop, and the loop that does not depend on
-    the framework.
-
-    Subclasses build the model in ``__init__`` and implement the abstract methods;
-    :meth:`start` restores the newest complete checkpoint and calls :meth:`fit`.
-    """
-
-    def __init__(self, spec: JobSpec, comm) -> None:
-        super().__init__(spec, comm)
-        self.workload = workloads.get(spec.workload)
-        data = local_data(spec.data)  # gs:// data: this node's verified copy
-        # The whole training split on every rank, in the run's global order: each global batch
-        # is split over the ranks, so a run resumed on another worker count continues at its sample.
-        self.train = self.workload.load(data, "train", 0, 1, spec.params)
-        self.test = self.workload.load(data, "test", self.rank, self.world, spec.params)
-        self.order = GlobalOrder(len(self.train), spec.seed, True, spec.batch_size)
-        self.first = self.first_cursor = 0  # a resumed epoch: its step and cursor at the resume
-        self.steps_per_epoch = self.order.batches_left(0, self.world)
-
-    # -- what each framework provides ----------------------------------------------------
-    @abc.abstractmethod
-    def prepare(self) -> None:
-        """Once before training, after any restore: wrap the model and optimizer for the
-        backend and make every rank's state equal."""
-
-    @abc.abstractmethod
-    def run_epoch(self) -> dict[str, float]:
-        """Train the rest of the current epoch, calling :meth:`stepped` after every step;
-        returns train_loss, samples, train_time_s and samples_per_s summed over the ranks."""
-
-    @abc.abstractmethod
-    def evaluate(self) -> dict[str, float]:
-        """Loss and accuracy on the whole test split (each rank scores its shard)."""
-
-    @abc.abstractmethod
-    def weights_digest(self) -> str:
-        """sha256 over the model's weights (the same on every rank after a step)."""
-
-    # -- the loop -----------------------------------------------------------------------
-    def fit(self) -> None:
-        """Train the epochs left, reporting metrics and a checkpoint after each."""
-        self.prepare()
-        if self.pos.epoch >= self.spec.epochs:
-            # Nothing left to train: report where the run stands so the driver sees it.
-            self.send({"kind": "done", **self.evaluate()}, checkpoint=False)
-            return
-        while self.pos.epoch < self.spec.epochs:
-            stats = self.run_epoch()
-            self.pos.epoch, self.pos.step_in_epoch = self.pos.epoch + 1, 0
-            self.resume_epoch_at(0, 0)
-            last = self.pos.epoch == self.spec.epochs
-            extra = {"weights_sha256": self.weights_digest()} if last and self.rank == 0 else {}
-            own = np.zeros((2, self.world))
-            own[:, self.rank] = peak_memory_mb()
-            rss, gpu = self.sum_over_ranks(own.ravel()).reshape(2, self.world)
-            self.send({"kind": "epoch", **stats, **self.evaluate(), **memory_report(rss, gpu), **extra})
-
-    # -- the sample order ----------------------------------------------------------------------
-    def resume_epoch_at(self, step: int, cursor: int | None) -> None:
-        """The epoch under way continues after ``step`` steps, ``cursor`` samples of its order
-        used (None: as many as those steps took at this worker count)."""
-        self.first = step
-        self.first_cursor = self.order.cursor_after(0, self.world, step) if cursor is None else cursor
-        self.steps_per_epoch = self.first + self.order.batches_left(self.first_cursor, self.world)
-
-    def cursor_at(self, step: int) -> int:
-        """Samples of the epoch used once ``step`` steps are done."""
-        return self.order.cursor_after(self.first_cursor, self.world, step - self.first)
-
-    def batches(self) -> Iterator[tuple[int, np.ndarray]]:
-        """(step, this rank's sample indices) for the steps left in the epoch under way."""
-        step = self.pos.step_in_epoch
-        for gb in self.order.global_batches(self.pos.epoch, self.cursor_at(step), self.world):
-            yield step, GlobalOrder.share(gb, self.rank, self.world)
-            step += 1
-
-    # -- after each step ---------------------------------------------------------------------
-    def stepped(self, i: int, value: float, step_started: float, boundary: bool = True) -> None:
-        """After step ``i`` of the epoch (loss ``value``): the position, then :meth:`after_step`."""
-        self.pos.step_in_epoch, self.pos.global_step = i + 1, self.pos.global_step + 1
-        self.after_step(step_started, boundary=boundary, epoch_ends=i + 1 >= self.steps_per_epoch,
-                        values=lambda: {"train_loss": value})
-
-    def diverged(self, value: float) -> FloatingPointError:
-        return FloatingPointError(
-            f"training diverged: loss is {value} at epoch {self.pos.epoch + 1}, "
-            f"step {self.pos.global_step + 1}; lower --lr (now {self.spec.lr:g})")
-
-
-def peak_memory_mb() -> tuple[float, float]:
-    """This process's peak memory so far, in MiB: its resident set (RSS) and, where torch has
-    set up CUDA, the GPU memory its tensors took (0 without). torch is read only if already
-    imported: a TensorFlow worker never imports it for this."""
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
-    torch = sys.modules.get("torch")
-    cuda = getattr(torch, "cuda", None)
-    gpu = cuda.max_memory_allocated() / 2**20 if cuda is not None and cuda.is_initialized() else 0.0
-    return float(rss), float(gpu)
-
-
-def memory_report(rss: np.ndarray, gpu: np.ndarray) -> dict[str, Any]:
-    """An epoch report's memory: each rank's peak RSS (MiB, by rank) and the largest, and the
-    same for GPU memory where a rank used any; what a worker killed for memory is told by."""
-    out: dict[str, Any] = {"peak_rss_mb_max": round(float(np.max(rss)), 1),
-                           "peak_rss_mb_ranks": [round(float(v), 1) for v in rss]}
-    if np.any(gpu > 0):
-        out.update(peak_gpu_mb_max=round(float(np.max(gpu)), 1), peak_gpu_mb_ranks=[round(float(v), 1) for v in gpu])
-    return out

@@ -13,6 +13,10 @@ needs: an epoch's last global batch holds a multiple of ``world`` samples, so at
 ``world - 1`` samples at the epoch's end wait for the next epoch's order (the same rule the
 per-rank shards of :func:`workloads.base.shard_indices` follow). With ``drop_last`` the epoch
 ends at its last full global batch.
+
+:class:`EpochCursor` is the one count of where an epoch stands in that order, step by step, that
+both sessions' loaders use (torch's :class:`launcher.worker.loader.BatchOrder`, TensorFlow's
+:class:`launcher.worker.tf_data.EpochData`); a resumed epoch starts at its checkpoint's cursor.
 """
 
 from __future__ import annotations
@@ -69,10 +73,61 @@ class GlobalOrder:
     def rank_indices(self, epoch: int, cursor: int, rank: int, world: int) -> np.ndarray:
         """Every sample ``rank`` reads from ``cursor`` to the epoch's end, in order."""
         order, span, end = self.permutation(epoch), self.batch_size * world, self.end(cursor, world)
-        mine = [order[start:min(start + span, end)][rank::world] for start in range(cursor, end, span)]
+        mine = [GlobalOrder.share(order[start:min(start + span, end)], rank, world) for start in range(cursor, end, span)]
         return np.concatenate(mine) if mine else np.arange(0)
 
     @staticmethod
     def share(global_batch: np.ndarray, rank: int, world: int) -> np.ndarray:
         """Rank's share of a global batch: every world-th sample from its rank on."""
         return global_batch[rank::world]
+
+
+class EpochCursor:
+    """Where each epoch stands in ``order`` on ``world`` workers: the samples used (the cursor)
+    once a step of it is done. An epoch starts at sample 0, but for the one a checkpoint resumed
+    in the middle: it goes on at the checkpoint's cursor, written perhaps by another worker count
+    or batch size, in global batches of this layout from there on."""
+
+    def __init__(self, order: GlobalOrder, world: int) -> None:
+        self.order, self.world = order, world
+        self.resumed: tuple[int, int, int] | None = None  # (epoch, its step at the resume, cursor there)
+
+    def resume(self, epoch: int, step: int | None, cursor: int | None = None) -> int:
+        """``epoch`` goes on at step ``step`` with ``cursor`` samples of its order used (None: as
+        many as ``step`` steps take in this layout). ``step`` None: the step that still ends the
+        epoch at its whole length in this layout (an epoch of fixed steps, as Keras' fit runs
+        it). Returns the step."""
+        if cursor is None:
+            cursor = self.order.cursor_after(0, self.world, step or 0)
+        if step is None:
+            step = self.order.batches_left(0, self.world) - self.order.batches_left(cursor, self.world)
+        self.resumed = (epoch, step, cursor)
+        return step
+
+    def _start(self, epoch: int, step: int) -> tuple[int, int]:
+        """(step, cursor) that ``epoch``'s step ``step`` is counted from."""
+        r = self.resumed
+        return (r[1], r[2]) if r is not None and r[0] == epoch and step >= r[1] else (0, 0)
+
+    def at(self, epoch: int, step: int) -> int:
+        """The samples of ``epoch`` used once ``step`` of its steps are done."""
+        first, cursor = self._start(epoch, step)
+        return self.order.cursor_after(cursor, self.world, step - first)
+
+    def steps(self, epoch: int) -> int:
+        """The steps of ``epoch`` in this layout (a resumed one: its steps before the resume and
+        the global batches left after it)."""
+        first, cursor = self._start(epoch, self.resumed[1] if self.resumed else 0)
+        return first + self.order.batches_left(cursor, self.world)
+
+    def size_of(self, epoch: int, step: int) -> int:
+        """Each worker's samples in ``epoch``'s step ``step`` (0-based)."""
+        return (self.at(epoch, step + 1) - self.at(epoch, step)) // self.world
+
+    def global_batches(self, epoch: int, step: int) -> Iterator[np.ndarray]:
+        """``epoch``'s global batches from its step ``step`` on."""
+        return self.order.global_batches(epoch, self.at(epoch, step), self.world)
+
+    def rank_indices(self, epoch: int, step: int, rank: int) -> np.ndarray:
+        """Every sample ``rank`` reads in ``epoch`` from its step ``step`` on, in order."""
+        return self.order.rank_indices(epoch, self.at(epoch, step), rank, self.world)

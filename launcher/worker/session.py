@@ -18,8 +18,8 @@ through the session and the rest stays the user's::
                 session.step(train_loss=loss)                     # may checkpoint (cadence, notice)
             session.report(val_loss=evaluate(model))              # epoch end: checkpoint
 
-What makes a resumed run exact, the session owns: the data order (a pure function of
-seed, epoch and rank, as the managed loop's), the position inside the epoch, every
+What makes a resumed run exact, the session owns: the data order (one order of seed and
+epoch over the whole data set, :mod:`launcher.worker.order`), the position inside the epoch, every
 registered state (anything with ``state_dict``/``load_state_dict``), every rank's RNG
 states, and the step at which all ranks save on a preemption notice. Checkpoints are the
 launcher's own (:class:`launcher.worker.loop.Session`: manifest written last, storage,
@@ -43,7 +43,6 @@ from typing import Any, Callable
 
 import numpy as np
 
-import workloads
 from launcher.spec import JobSpec
 from launcher.storage import Storage
 from launcher.storage.checkpoint import read_manifest
@@ -235,13 +234,11 @@ class TorchSession(UserSession):
 
         self._example_hook = model.register_forward_pre_hook(first_call, with_kwargs=True)
 
-    def export_model(self, directory: str) -> str | None:
-        """Rank 0, final checkpoint: the weights, and the model as a ``torch.export`` program
-        from the inputs it was first called with (why not, in one line, when it cannot be)."""
+    def export_function(self, directory: str) -> str:
+        """The weights, and the model as a ``torch.export`` program from the inputs it was first
+        called with (why not, in one line, when it cannot be)."""
         from launcher.worker.export import export_weights, torch_program, weights_only_note
 
-        if not isinstance(workloads.get(self.spec.workload), workloads.TrainingFunction):
-            return super().export_model(directory)  # a workload's model: its own export, with its classes
         program, why = None, "it was never called"
         if self._example is not None:
             try:
@@ -255,12 +252,7 @@ class TorchSession(UserSession):
             print(f"rank 0: the model is exported as its state_dict only, without a program predict and serve can "
                   f"run ({why})", flush=True)
             self.model_note = weights_only_note(why)
-        try:
-            return export_weights(self.spec, directory, Storage.resolve(self.spec.storage), program, why)
-        except Exception as exc:  # the checkpoint is what matters; the export can be redone
-            print(f"rank 0: exporting the model failed ({type(exc).__name__}: {exc}); "
-                  "the driver will export it from the final checkpoint", flush=True)
-            return None
+        return export_weights(self.spec, directory, Storage.resolve(self.spec.storage), program, why)
 
     def _model_updated(self, *_: Any) -> None:
         self.updated = True
@@ -494,7 +486,7 @@ class TorchSession(UserSession):
         self._saved = state
         self._strategy.restore(directory, state, info, manifest)
         pos = Position(manifest.epoch, manifest.step_in_epoch, manifest.global_step)
-        self.restored(pos, manifest, across_layouts=True)
+        self.restored(pos, manifest)
         self._layout_changed = manifest.world_size != self.world or manifest.batch_size != self.spec.batch_size
         self._rng, carried = self._strategy.rank_state(directory, manifest, info)
         if self.pos.step_in_epoch:

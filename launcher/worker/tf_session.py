@@ -15,28 +15,26 @@ A custom loop iterates ``session.epochs()`` and ``session.dataset(...)`` and cal
 ``session.step(loss=...)`` after each optimizer step, as the torch session does, with the
 model and optimizer registered (``session.register(model=model, optimizer=optimizer)``).
 
-How a resumed run is exact: arrays given to :meth:`TFSession.fit` or :meth:`TFSession.dataset`
-(``(x, y)``, a dict) follow the run's global order (:mod:`launcher.worker.order`: one order of
-(seed, epoch) over all samples, each global batch split over the ranks, a cursor of the samples
-used), so a run resumed on another number of workers goes on at the same sample. A batched
-``tf.data.Dataset`` of the user's is one stream instead, repeated epoch after epoch
-(``ds.repeat()``: a deterministic pipeline, e.g. a seeded ``shuffle``, yields the same batches
-in every run), so a position is a batch count: a resumed run skips that many batches, and each
-worker takes its strided share of every global batch (``batch[rank::world]``), so the
-composition of each global batch does not depend on the backend. Its batches are cut for one
-worker count, so a resume on another one redoes the interrupted epoch (and says so). One
-``model.fit`` call, over one iterator of that stream, trains
-the rest of the run: a seeded shuffle's order depends on how many iterators its dataset has
-made, so a run makes one. Keras is told that the first epoch starts at the resumed step (the
+How a resumed run is exact: the data (:mod:`launcher.worker.tf_data`) is one resumable stream
+of this worker's batches. Arrays given to :meth:`TFSession.fit` or :meth:`TFSession.dataset`
+follow the run's global order, counted by its one cursor, so a run resumed on another number of
+workers goes on at the same sample; a batched ``tf.data.Dataset`` of the user's is repeated epoch
+after epoch (a deterministic pipeline, e.g. a seeded ``shuffle``, yields the same batches in every
+run), its position a batch count, and a resume on another worker count redoes the interrupted
+epoch (and says so). One ``model.fit`` call, over one iterator of that stream, trains the rest
+of the run: a seeded shuffle's order depends on how many iterators its dataset has made, so a
+run makes one. Keras is told that the first epoch starts at the resumed step (the
 hook its own ``BackupAndRestore`` uses). Keras' metrics of an interrupted epoch (their variables)
 are saved with the checkpoint and restored when it resumes, so the epoch's figures cover all
 its steps. A preemption notice is polled between steps (:class:`launcher.worker.loop.Session`):
 all workers save at the same step, which is what TensorFlow's ``PreemptionCheckpointHandler``
 does for MultiWorkerMirroredStrategy, and works for Horovod as well.
 
-Checkpoints hold every registered object's variables as plain arrays (``tf_state.npz``,
-readable without a strategy) and each rank's running metrics; the final one exports the
-model in Keras' format (``model.keras``) with its weights (``model.weights.npz``).
+A workload's managed loop (:mod:`launcher.worker.tf_loop`) is a training function on this
+session too, so TensorFlow has one checkpoint layout: every registered object's variables as
+plain arrays (``tf_state.npz``, readable without a strategy; ``tf_state.json`` says which are
+whose) and each rank's running metrics. The final one exports the model
+(:mod:`launcher.worker.export`: a workload's as a SavedModel, a function's in Keras' format too).
 """
 
 from __future__ import annotations
@@ -45,31 +43,33 @@ import concurrent.futures
 import gc
 import json
 import os
-import shutil
-import tempfile
 import time
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
 from launcher.spec import JobSpec
 from launcher.storage import Storage
 from launcher.storage.checkpoint import read_manifest
-from launcher.worker.formats import TF_MODEL_FILE, arrays_digest, load_arrays, save_arrays
+from launcher.worker.formats import TF_INDEX_FILE, TF_STATE_FILE, arrays_digest, load_arrays, save_arrays
+from launcher.worker.formats import tf_rank_file as rank_file
 from launcher.worker.loader import SessionError, user_line
 from launcher.worker.loop import Position
-from launcher.worker.order import GlobalOrder
+from launcher.worker.tf_data import EpochData
 from launcher.worker.usersession import UserSession
 
-STATE_FILE = "tf_state.npz"        # every registered object's variables, rank 0's
-INDEX_FILE = "tf_state.json"       # which arrays belong to which object, and the data position
-KERAS_FILE = "model.keras"
-SAVED_MODEL_DIR = "saved_model"
 
+def configure_tensorflow(threads: int) -> None:
+    """Select the legacy tf.keras and size TensorFlow's thread pools; call before TF starts."""
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
 
-def rank_file(rank: int) -> str:
-    """Each rank's running metrics of the epoch under way (Keras' metric variables included)."""
-    return f"tf_rank{rank}.npz"
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(max(1, min(2, threads)))
+    except RuntimeError:  # already initialised (a second run in the same process)
+        pass
 
 
 def _variables(obj: Any) -> list:
@@ -224,8 +224,8 @@ class TFSession(UserSession):
         for name, got in values.items():
             index[name] = [len(arrays), len(got)]
             arrays.extend(got)
-        save_arrays(os.path.join(directory, STATE_FILE), arrays)
-        with open(os.path.join(directory, INDEX_FILE), "w", encoding="utf-8") as f:
+        save_arrays(os.path.join(directory, TF_STATE_FILE), arrays)
+        with open(os.path.join(directory, TF_INDEX_FILE), "w", encoding="utf-8") as f:
             json.dump({"objects": index, "model": self.model_name,
                        "steps_per_epoch": self.steps_per_epoch}, f)
         cursor = self._data.cursor_at(self.pos) if self._data is not None else None
@@ -237,12 +237,15 @@ class TFSession(UserSession):
         if manifest.framework != "tensorflow":
             raise SessionError(f"checkpoint {directory} was written by {manifest.framework}, not tensorflow: "
                                "start a new run (--name)")
-        with open(os.path.join(directory, INDEX_FILE), encoding="utf-8") as f:
+        if not os.path.isfile(os.path.join(directory, TF_INDEX_FILE)):
+            raise SessionError(f"checkpoint {directory} was written by an older launcher's TensorFlow loop, which "
+                               "this one does not read: start a new run (--name)")
+        with open(os.path.join(directory, TF_INDEX_FILE), encoding="utf-8") as f:
             index = json.load(f)
-        arrays = load_arrays(os.path.join(directory, STATE_FILE))
+        arrays = load_arrays(os.path.join(directory, TF_STATE_FILE))
         self._saved = {name: arrays[lo:lo + n] for name, (lo, n) in index["objects"].items()}
-        self.restored(Position(manifest.epoch, manifest.step_in_epoch, manifest.global_step), manifest,
-                      across_layouts=True)  # settled once the data is known (_settle_position)
+        # A mid-epoch position is settled once the data is known (_settle_position).
+        self.restored(Position(manifest.epoch, manifest.step_in_epoch, manifest.global_step), manifest)
         same_layout = manifest.world_size == self.world and manifest.batch_size == self.spec.batch_size
         self._layout_changed, self._resume_cursor = not same_layout, manifest.cursor
         mine = os.path.join(directory, rank_file(self.rank))
@@ -303,56 +306,23 @@ class TFSession(UserSession):
         for var, value in zip(variables, arrays):
             var.assign(value)
 
-    def export_model(self, directory: str) -> str | None:
-        """Rank 0, final checkpoint: the trained model in Keras' format and its weights, under
-        ``<run>/model/`` (a subclassed model without ``get_config`` gets its weights only)."""
+    def export(self, directory: str) -> str:
         # On a thread of its own, outside the strategy's scope (a thread-local): a copy of the
         # model made there has plain variables, where one made inside model.fit would create
         # mirrored variables by collectives that only this rank joins.
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="launcher-export") as pool:
-            return pool.submit(self._export).result()
+            return pool.submit(super().export, directory).result()
 
-    def _export(self) -> str | None:
-        from launcher.worker.export import hook_fields
-        from workloads.tf_models import keras, native_stderr_silenced
+    def export_function(self, directory: str) -> str:
+        """The trained model in Keras' format, as a SavedModel and its weights, under ``<run>/model/``
+        (a subclassed model without ``get_config`` gets its weights only)."""
+        from launcher.worker.export import export_keras
 
-        storage = Storage.resolve(self.spec.storage)
-        files = {TF_MODEL_FILE: "the weights: build the model as your function does, then "
-                                "model.set_weights(list of arrays a0000, a0001, ... in order)"}
-        try:
-            with tempfile.TemporaryDirectory(prefix="launcher-export-") as d:
-                save_arrays(os.path.join(d, TF_MODEL_FILE), self._model_arrays)
-                try:
-                    copy = keras().models.clone_model(self.model())
-                    copy.set_weights(self._model_arrays)
-                    copy.save(os.path.join(d, KERAS_FILE))
-                    files[KERAS_FILE] = "tf_keras.models.load_model(p) (TF_USE_LEGACY_KERAS=1)"
-                except Exception as exc:  # e.g. a subclassed model without get_config
-                    print(f"rank 0: the model cannot be saved in Keras' format ({type(exc).__name__}: {exc}); "
-                          "its weights are exported", flush=True)
-                    shutil.rmtree(os.path.join(d, KERAS_FILE), ignore_errors=True)
-                    copy = None
-                if copy is not None:
-                    try:  # what TensorFlow Serving and Vertex AI's prebuilt TensorFlow container load
-                        with native_stderr_silenced():
-                            copy.export(os.path.join(d, SAVED_MODEL_DIR))
-                        files[SAVED_MODEL_DIR] = "TensorFlow SavedModel (model.export): its serving_default signature"
-                    except Exception as exc:  # noqa: BLE001 - model.keras and the weights are what matters
-                        print(f"rank 0: the model cannot be exported as a SavedModel ({type(exc).__name__}: {exc})",
-                              flush=True)
-                        shutil.rmtree(os.path.join(d, SAVED_MODEL_DIR), ignore_errors=True)
-                with open(os.path.join(d, "model.json"), "w", encoding="utf-8") as f:
-                    json.dump({"workload": self.spec.workload, "framework": "tensorflow", "kind": "training function",
-                               "params": self.spec.params, **hook_fields(self.spec), "files": files}, f, indent=1)
-                storage.upload_dir(d, self.spec.name, "model")
-            return storage.uri_of(self.spec.name, "model")
-        except Exception as exc:  # the checkpoint is what matters; say what failed
-            print(f"rank 0: exporting the model failed ({type(exc).__name__}: {exc})", flush=True)
-            return None
+        return export_keras(self.spec, self.model(), self._model_arrays, Storage.resolve(self.spec.storage))
 
     # -- data ------------------------------------------------------------------------------
     def dataset(self, data: Any, *, steps_per_epoch: int | None = None, batch_size: int | None = None,
-                shuffle: bool = True) -> "EpochData":
+                shuffle: bool = True) -> EpochData:
         """The training data, resumable at any step: ``data`` is a batched ``tf.data.Dataset`` of
         global batches (:attr:`global_batch_size`), or arrays (``(x, y)``, a dict) that the session
         shuffles (by the run's seed) and batches. Iterating the result inside
@@ -369,15 +339,12 @@ class TFSession(UserSession):
         """A checkpoint of another layout (worker count, batch size) resumed mid-epoch: data in the
         global order continues at the saved cursor, in this layout's steps; a batched dataset of the
         user's has no matching position, so its epoch is done again from the start."""
-        pos = self.pos
-        if self._data.order is not None and pos.step_in_epoch:
-            cursor = self._resume_cursor
-            if cursor is None:  # a checkpoint without one: the same layout's steps give it
-                cursor = None if self._layout_changed else \
-                    self._data.order.cursor_after(0, self.world, pos.step_in_epoch)
-            if cursor is not None:
-                pos.step_in_epoch = self._data.resume_epoch_at(pos.epoch, cursor)
-                return
+        pos, cursor = self.pos, self._resume_cursor
+        # Without a saved cursor, the same layout's steps give it.
+        if self._data.cursor is not None and pos.step_in_epoch and (cursor is not None or not self._layout_changed):
+            pos.step_in_epoch = self._data.cursor.resume(pos.epoch, None if cursor is not None else pos.step_in_epoch,
+                                                         cursor)
+            return
         if self._layout_changed and pos.step_in_epoch:
             if self.rank == 0:
                 print(f"note: resumed on {self.world} workers from a checkpoint of another layout in the middle of "
@@ -573,183 +540,3 @@ class _ResumeAt:
 
     def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch, initial_epoch, mode=None):
         return self.epoch, self.step
-
-
-class EpochData:
-    """The training data as one resumable stream of this worker's batches (see the module docstring):
-    arrays in the run's global order, or the user's batched dataset repeated."""
-
-    def __init__(self, session: TFSession, data: Any, steps_per_epoch: int | None, batch_size: int | None,
-                 shuffle: bool) -> None:
-        import tensorflow as tf
-
-        self.session = session
-        self.order: GlobalOrder | None = None
-        self.arrays: Any = None
-        self.shards: Any = None
-        self.resumed: tuple[int, int, int] | None = None  # (epoch, its first step, cursor there) of a resume
-        where = user_line()
-        if isinstance(data, tf.data.Dataset):
-            if batch_size is not None:
-                raise SessionError(f"batch_size=... at {where} is for arrays: batch the dataset yourself "
-                                   "(.batch(session.global_batch_size))")
-            source = data
-        elif callable(getattr(data, "upcoming", None)) and callable(getattr(data, "permutation", None)):
-            # A streamed shard set (launcher.data.Shards): its own order, read sample by sample.
-            if steps_per_epoch is not None:
-                raise SessionError(f"steps_per_epoch=... at {where}: a shard set's epoch is all its samples; "
-                                   "leave it out")
-            self.shards = data
-            per_worker = max(1, int(batch_size or session.global_batch_size) // session.world)
-            self.order = GlobalOrder(len(data), session.seed, shuffle, per_worker, permute=data.permutation)
-            steps_per_epoch = self.order.batches_left(0, session.world)
-            source = self._ordered(0, 0)
-        elif isinstance(data, (tuple, list, dict, np.ndarray)):
-            arrays = tf.nest.map_structure(np.asarray, tuple(data) if isinstance(data, list) else data)
-            lengths = {len(a) for a in tf.nest.flatten(arrays)}
-            if len(lengths) != 1:
-                raise SessionError(f"training data at {where}: its arrays have different lengths "
-                                   f"({', '.join(map(str, sorted(lengths)))}); give one row per sample in each")
-            per_worker = max(1, int(batch_size or session.global_batch_size) // session.world)
-            if steps_per_epoch is None:
-                self.arrays = arrays
-                self.order = GlobalOrder(lengths.pop(), session.seed, shuffle, per_worker)
-                steps_per_epoch = self.order.batches_left(0, session.world)
-                source = self._ordered(0, 0)
-            else:  # a fixed number of batches per epoch: the arrays as a repeated, shuffled stream
-                n = lengths.pop()
-                source = tf.data.Dataset.from_tensor_slices(arrays)
-                if shuffle:
-                    source = source.shuffle(n, seed=session.seed, reshuffle_each_iteration=True)
-                source = source.batch(int(batch_size or session.global_batch_size))
-        else:
-            raise SessionError(f"training data at {where}: a {type(data).__name__} is neither a tf.data.Dataset nor "
-                               "arrays; give a batched tf.data.Dataset or (x, y) arrays")
-        if self.order is None:
-            cardinality = int(source.cardinality())
-            if steps_per_epoch is None:
-                if cardinality < 0:
-                    what = "infinite" if cardinality == tf.data.INFINITE_CARDINALITY else "unknown"
-                    raise SessionError(f"training data at {where}: its length is {what}, so an epoch has no end; "
-                                       "pass steps_per_epoch=N (global batches per epoch)")
-                steps_per_epoch = cardinality
-            self.repeats = cardinality != tf.data.INFINITE_CARDINALITY
-        if steps_per_epoch < 1:
-            raise SessionError(f"training data at {where}: an epoch has {steps_per_epoch} batches; give it data")
-        self.source, self.steps = source, int(steps_per_epoch)
-        first = tf.nest.flatten(source.element_spec)[0]
-        global_batch = first.shape[0] if first.shape.rank else None
-        if self.order is not None:
-            self.per_worker_batch = self.order.batch_size
-        else:
-            self.per_worker_batch = max(1, int(global_batch or session.global_batch_size) // session.world)
-        self._iterator = None
-
-    # -- the global order (arrays) ---------------------------------------------------------------
-    def resume_epoch_at(self, epoch: int, cursor: int) -> int:
-        """Epoch ``epoch`` goes on at ``cursor`` samples of its order: returns the step (of this
-        layout's epoch of :attr:`steps`) it stands at, so the epoch still ends at :attr:`steps`."""
-        step = self.steps - self.order.batches_left(cursor, self.session.world)
-        self.resumed = (epoch, step, cursor)
-        return step
-
-    def _cursor(self, epoch: int, step: int) -> int:
-        world = self.session.world
-        if self.resumed is not None and self.resumed[0] == epoch and step >= self.resumed[1]:
-            return self.order.cursor_after(self.resumed[2], world, step - self.resumed[1])
-        return self.order.cursor_after(0, world, step)
-
-    def cursor_at(self, pos: Position) -> int | None:
-        """The samples of the epoch used at ``pos`` (global order only; None otherwise)."""
-        return self._cursor(pos.epoch, pos.step_in_epoch) if self.order is not None else None
-
-    def size_of(self, epoch: int, step: int) -> int:
-        """This worker's samples in the epoch's batch ``step``."""
-        if self.order is None:
-            return self.per_worker_batch
-        return (self._cursor(epoch, step + 1) - self._cursor(epoch, step)) // self.session.world
-
-    def _ordered(self, epoch: int, step: int):
-        """This worker's batches of the arrays (or shard set) from ``(epoch, step)`` on, epoch
-        after epoch, in the global order."""
-        import tensorflow as tf
-
-        s, start = self.session, self._cursor(epoch, step)
-        if self.shards is not None:
-            data = self.shards
-            example = tf.nest.map_structure(np.asarray, data[0])
-            structure = example
-
-            def rows(mine):
-                items = [tf.nest.flatten(tf.nest.map_structure(np.asarray, data[int(i)])) for i in mine]
-                return tuple(np.stack(column) for column in zip(*items))
-        else:
-            structure = self.arrays
-            flat = [np.asarray(a) for a in tf.nest.flatten(structure)]
-            example = tf.nest.pack_sequence_as(structure, [a[0] for a in flat])
-
-            def rows(mine):
-                return tuple(a[mine] for a in flat)
-
-        def batches():
-            e, cursor = epoch, start
-            while True:
-                if self.shards is not None:
-                    self.shards.upcoming(self.order.rank_indices(e, cursor, s.rank, s.world))
-                for gb in self.order.global_batches(e, cursor, s.world):
-                    yield rows(GlobalOrder.share(gb, s.rank, s.world))
-                e, cursor = e + 1, 0
-
-        signature = tuple(tf.TensorSpec((None, *np.shape(a)), tf.as_dtype(np.asarray(a).dtype))
-                          for a in tf.nest.flatten(example))
-        ds = tf.data.Dataset.from_generator(batches, output_signature=signature)
-        return ds.map(lambda *parts: tf.nest.pack_sequence_as(structure, list(parts)))
-
-    # -- streams ---------------------------------------------------------------------------------
-    def stream(self, epoch: int, step: int):
-        """This worker's batches from ``(epoch, step)`` on."""
-        import tensorflow as tf
-
-        if self.order is not None:
-            ds = self._ordered(epoch, step)
-        else:
-            world, rank = self.session.world, self.session.rank
-            ds = self.source.repeat() if self.repeats else self.source
-            start = epoch * self.steps + step
-            if start:
-                ds = ds.skip(start)
-            if world > 1:
-                def share(*parts):
-                    mine = tf.nest.map_structure(lambda t: t[rank::world], parts)
-                    return mine if len(mine) > 1 else mine[0]
-
-                ds = ds.map(share, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-        options = tf.data.Options()
-        options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-        return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
-
-    def for_keras(self, epoch: int, step: int):
-        """What ``model.fit`` iterates: the stream, distributed as it is (no re-batching) under a
-        multi-worker strategy."""
-        strategy = self.session.strategy
-        if self.session.world > 1 and hasattr(self.session.comm, "strategy"):
-            return strategy.distribute_datasets_from_function(lambda _: self.stream(epoch, step))
-        return self.stream(epoch, step)
-
-    def __iter__(self) -> Iterator[Any]:
-        """The batches left in the epoch under way (inside ``session.epochs()``)."""
-        s = self.session
-        if not s._in_epochs:
-            raise SessionError(f"iterating the session's dataset at {user_line()} outside "
-                               "`for epoch in session.epochs():`; iterate it inside that loop")
-        if self._iterator is None:
-            self._iterator = iter(self.for_keras(s.pos.epoch, s.pos.step_in_epoch))
-        for _ in range(s.pos.step_in_epoch, self.steps):
-            asked = time.perf_counter()
-            batch = next(self._iterator)
-            s._data_wait += time.perf_counter() - asked
-            s._samples += self.size_of(s.pos.epoch, s.pos.step_in_epoch)
-            yield batch
-
-    def __len__(self) -> int:
-        return self.steps

@@ -24,12 +24,10 @@ from typing import Any
 
 import numpy as np
 
-from launcher.storage.datacache import local_data
-from launcher.worker.formats import TORCH_MODEL_FILE as MODEL_FILE
-from launcher.worker.formats import TORCH_OPTIMIZER_FILE as OPTIMIZER_FILE
+from launcher.worker.usersession import training_function, workload_splits
 
 EVAL_BATCH = 512
-__all__ = ["MODEL_FILE", "OPTIMIZER_FILE", "SplitDataset", "managed", "train_workload", "weights_digest"]
+__all__ = ["SplitDataset", "managed", "train_workload", "weights_digest"]
 
 
 def weights_digest(state_dict) -> str:
@@ -72,21 +70,13 @@ def as_tensors(batch) -> tuple[Any, Any]:
 
 def managed(workload):
     """The training function that trains ``workload`` (what the session runs for a Workload)."""
-    def managed_loop(session) -> None:
-        train_workload(session, workload)
-
-    managed_loop.fn, managed_loop.source = managed_loop, f"workload {workload.name} (the launcher's loop)"
-    return managed_loop
+    return training_function(workload, train_workload)
 
 
 def train_workload(session, workload) -> None:
     """Train ``workload`` for the run's epochs with the session (see the module docstring)."""
     spec, params = session.spec, session.spec.params
-    data = local_data(spec.data)  # gs:// data: this node's verified copy
-    # The whole training split on every rank: the session's global order splits each global
-    # batch over the ranks, so a run resumed on another worker count continues at its sample.
-    train = workload.load(data, "train", 0, 1, params)
-    test = workload.load(data, "test", session.rank, session.world, params)
+    train, test = workload_splits(session, workload)
     module = workload.torch_model(params)
     optimizer = workload.torch_optimizer(module.parameters(), spec.lr, params)
     model, optimizer = session.prepare(module, optimizer)

@@ -8,16 +8,20 @@ memory this process holds there (NVIDIA's NVML). The samples ride with the rank'
 to Ray Train (every rank's report reaches the driver's callback), so sampling adds no process,
 no actor and no call per step; the driver writes them to the run log (``usage.jsonl``) and
 TensorBoard, and sums them up per rank in the summary and ``launcher runs NAME``.
+Each epoch's report also gives every rank's peak memory (:func:`peak_memory_mb`,
+:func:`memory_report`).
 """
 
 from __future__ import annotations
 
 import os
+import resource
 import sys
 import threading
 import time
 from typing import Any
 
+import numpy as np
 import psutil
 import pynvml
 
@@ -144,3 +148,24 @@ class _Gpu:
                 if p.pid == self.pid and p.usedGpuMemory is not None]
         used = sum(mine) if mine else n.nvmlDeviceGetMemoryInfo(self.handle).used
         return utilisation, used / 2**20
+
+
+def peak_memory_mb() -> tuple[float, float]:
+    """This process's peak memory so far, in MiB: its resident set (RSS) and, where torch has
+    set up CUDA, the GPU memory its tensors took (0 without). torch is read only if already
+    imported: a TensorFlow worker never imports it for this."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2**20 if sys.platform == "darwin" else 2**10)
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    gpu = cuda.max_memory_allocated() / 2**20 if cuda is not None and cuda.is_initialized() else 0.0
+    return float(rss), float(gpu)
+
+
+def memory_report(rss: np.ndarray, gpu: np.ndarray) -> dict[str, Any]:
+    """An epoch report's memory: each rank's peak RSS (MiB, by rank) and the largest, and the
+    same for GPU memory where a rank used any; what a worker killed for memory is told by."""
+    out: dict[str, Any] = {"peak_rss_mb_max": round(float(np.max(rss)), 1),
+                           "peak_rss_mb_ranks": [round(float(v), 1) for v in rss]}
+    if np.any(gpu > 0):
+        out.update(peak_gpu_mb_max=round(float(np.max(gpu)), 1), peak_gpu_mb_ranks=[round(float(v), 1) for v in gpu])
+    return out

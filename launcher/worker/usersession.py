@@ -6,7 +6,9 @@ the reported metrics, and running the function itself.
 the run's facts (rank, world size, hyper-parameters), ``epochs()`` / ``step()`` / ``report()``
 with the epoch's metrics averaged over the ranks, and the checkpoints of
 :class:`launcher.worker.loop.Session` at each epoch's end. A framework's session adds its
-model, data and state files through the hooks below.
+model, data and state files through the hooks below. A workload's managed loop is a training
+function too (:func:`training_function`, :func:`workload_splits`), so it keeps every guarantee
+a user's loop has.
 """
 
 from __future__ import annotations
@@ -16,17 +18,17 @@ import math
 import os
 import sys
 import time
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
+import workloads
 from launcher.errors import LauncherError, Unreachable, UserError
-from launcher.storage import Storage
 from launcher.storage.datacache import local_data
 from launcher.worker.loader import SessionError, user_line
-from launcher.worker.loop import Session, memory_report, peak_memory_mb
+from launcher.worker.loop import Session
 from launcher.worker.timing import breakdown, own_row
-from launcher.worker.usage import Sampler
+from launcher.worker.usage import memory_report, peak_memory_mb
 
 
 class UserSession(Session):
@@ -59,6 +61,16 @@ class UserSession(Session):
     @abc.abstractmethod
     def weights_digest(self) -> str:
         """sha256 over the model's weights (the same on every rank after a step)."""
+
+    @abc.abstractmethod
+    def export_function(self, directory: str) -> str:
+        """Rank 0, final checkpoint: a training function's model, as this session knows it (the
+        user's classes are not the launcher's to build); returns the model folder's URI."""
+
+    def export(self, directory: str) -> str:
+        if isinstance(workloads.get(self.spec.workload), workloads.TrainingFunction):
+            return self.export_function(directory)
+        return super().export(directory)  # the managed loop's workload: its framework's export, with its classes
 
     def _as_metric(self, value: Any) -> Any:
         """A step metric as something that sums without reading the device (a number here)."""
@@ -254,29 +266,16 @@ class UserSession(Session):
                 "seconds": until - self._epoch_started if self._epoch_started else 0.0}
 
     def start(self, config: dict[str, Any], started: float) -> None:
-        """Read the newest complete checkpoint, then run the training function."""
-        import ray.train
-
-        from launcher.worker.loop import checkpoint_to_resume
-
-        self.board = config.get("board")
         self.relay = config.get("mailbox")  # where a strategy that reports without Ray Train reports (ft)
-        self.notices = config.get("notices", True)
-        self.usage = Sampler().start()
-        chosen = checkpoint_to_resume(config, Storage.resolve(self.spec.storage), self.spec.name)
-        if chosen is not None:
-            checkpoint = ray.train.Checkpoint(chosen[1], filesystem=chosen[0])
-            d = self._checkpoint_dir.enter_context(checkpoint.as_directory())
-            self.restore(d)
-            if not self._keep_checkpoint:  # a sharded checkpoint is read as its state is registered
-                self.release_checkpoint()
+        super().start(config, started)
+
+    def run(self, started: float, model_ready: float) -> None:
+        """Run the training function (the checkpoint is read: its state is restored as the
+        function registers it)."""
         if self.rank == 0:
             self.marks["worker_start"] = started
         self.learn_nodes()
-        try:
-            self.run_function()
-        finally:
-            self.release_checkpoint()
+        self.run_function()
 
     def run_function(self) -> None:
         fn = self.function.fn
@@ -312,3 +311,22 @@ def data_wait(waits: np.ndarray, seconds: float) -> dict[str, float]:
         return {}
     return {"data_wait_s": float(np.mean(waits)), "data_wait_fraction": float(np.mean(waits)) / seconds,
             "data_wait_max_fraction": float(np.max(waits)) / seconds}
+
+
+def training_function(workload, loop: Callable[[Any, Any], None]):
+    """The training function that trains ``workload`` with a framework's managed loop,
+    ``loop(session, workload)``: what the session runs for a Workload, as it runs a user's function."""
+    def managed_loop(session) -> None:
+        loop(session, workload)
+
+    managed_loop.fn, managed_loop.source = managed_loop, f"workload {workload.name} (the launcher's loop)"
+    return managed_loop
+
+
+def workload_splits(session, workload) -> tuple[Any, Any]:
+    """A managed loop's data (gs:// data: this node's verified copy): the workload's whole training
+    split on every rank, which the session's global order splits global batch by global batch over
+    the ranks, so a run resumed on another worker count continues at its sample; and this rank's
+    test shard."""
+    data, params = local_data(session.spec.data), session.spec.params
+    return workload.load(data, "train", 0, 1, params), workload.load(data, "test", session.rank, session.world, params)

@@ -31,7 +31,8 @@ from launcher.backends.base import Comm
 from launcher.spec import BOOSTING_CHECKPOINT_ROUNDS, JobSpec
 from launcher.storage.checkpoint import read_manifest
 from launcher.storage.datacache import local_data
-from launcher.worker.loop import Position, Session, memory_report, peak_memory_mb
+from launcher.worker.loop import Position, Session
+from launcher.worker.usage import memory_report, peak_memory_mb
 
 BOOSTER_FILE = "model.ubj"  # in a checkpoint: the booster after its rounds (XGBoost's UBJSON)
 CHECKPOINT_SHARE = 0.02  # without --checkpoint-every-steps: checkpoints take at most this share of the rounds
@@ -88,8 +89,8 @@ def _booster_digest(booster) -> str:
 class BoostingTraining(Session):
     """One worker of a boosting run: its rows as DMatrix, the booster, the rounds."""
 
-    def __init__(self, spec: JobSpec, comm) -> None:
-        super().__init__(spec, comm)
+    def __init__(self, spec: JobSpec, comm, function: Any = None) -> None:
+        super().__init__(spec, comm)  # no training function: it trains the spec's workload
         self.workload = workloads.get(spec.workload)
         data = local_data(spec.data)
         params = spec.params
@@ -123,8 +124,7 @@ class BoostingTraining(Session):
             booster.load_model(bytearray(f.read()))
         self.booster = booster
         # A round's position means the same at any worker count: the booster is the whole model.
-        self.restored(Position(manifest.epoch, manifest.step_in_epoch, manifest.global_step), manifest,
-                      across_layouts=True)
+        self.restored(Position(manifest.epoch, manifest.step_in_epoch, manifest.global_step), manifest)
 
     def save(self, directory: str, metrics: dict[str, Any]) -> None:
         if self.rank != 0:
@@ -172,6 +172,11 @@ class BoostingTraining(Session):
         return "checkpoint" if first else None
 
     # -- the loop -------------------------------------------------------------------------------
+    def run(self, started: float, model_ready: float) -> None:
+        if self.rank == 0:
+            self.marks.update(worker_start=started, model_ready=model_ready, worker_ready=time.time())
+        self.fit()
+
     def fit(self) -> None:
         done = self.pos.global_step
         if self.pos.epoch >= 1 or done >= self.rounds:
