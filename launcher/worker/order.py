@@ -73,7 +73,8 @@ class GlobalOrder:
     def rank_indices(self, epoch: int, cursor: int, rank: int, world: int) -> np.ndarray:
         """Every sample ``rank`` reads from ``cursor`` to the epoch's end, in order."""
         order, span, end = self.permutation(epoch), self.batch_size * world, self.end(cursor, world)
-        mine = [GlobalOrder.share(order[start:min(start + span, end)], rank, world) for start in range(cursor, end, span)]
+        mine = [GlobalOrder.share(order[start:min(start + span, end)], rank, world)
+                for start in range(cursor, end, span)]
         return np.concatenate(mine) if mine else np.arange(0)
 
     @staticmethod

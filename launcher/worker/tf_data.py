@@ -96,7 +96,7 @@ class EpochData:
             first = tf.nest.flatten(source.element_spec)[0]
             global_batch = first.shape[0] if first.shape.rank else None
             self.per_worker_batch = max(1, int(global_batch or session.global_batch_size) // session.world)
-        self._iterator = None
+        self._iterator = self._arrays = None  # this worker's batches, as tensors / as numpy arrays
 
     @property
     def order(self) -> GlobalOrder | None:
@@ -123,24 +123,25 @@ class EpochData:
         """This worker's samples in the epoch's batch ``step``."""
         return self.cursor.size_of(epoch, step) if self.cursor is not None else self.per_worker_batch
 
+    def _rows(self, epoch: int, step: int) -> Iterator[tuple]:
+        """This worker's batches from ``(epoch, step)`` on, epoch after epoch, in the global order,
+        each as a flat tuple of arrays."""
+        s, first = self.session, step
+        while True:
+            if self.shards is not None:
+                self.shards.upcoming(self.cursor.rank_indices(epoch, first, s.rank))
+            for gb in self.cursor.global_batches(epoch, first):
+                yield self._take(GlobalOrder.share(gb, s.rank, s.world))
+            epoch, first = epoch + 1, 0
+
     def _ordered(self, epoch: int, step: int):
-        """This worker's batches from ``(epoch, step)`` on, epoch after epoch, in the global order."""
+        """:meth:`_rows` as a ``tf.data.Dataset`` of batches structured as the data is."""
         import tensorflow as tf
 
-        s, example = self.session, self._example
-
-        def batches():
-            e, first = epoch, step
-            while True:
-                if self.shards is not None:
-                    self.shards.upcoming(self.cursor.rank_indices(e, first, s.rank))
-                for gb in self.cursor.global_batches(e, first):
-                    yield self._take(GlobalOrder.share(gb, s.rank, s.world))
-                e, first = e + 1, 0
-
+        example = self._example
         signature = tuple(tf.TensorSpec((None, *np.shape(a)), tf.as_dtype(np.asarray(a).dtype))
                           for a in tf.nest.flatten(example))
-        ds = tf.data.Dataset.from_generator(batches, output_signature=signature)
+        ds = tf.data.Dataset.from_generator(lambda: self._rows(epoch, step), output_signature=signature)
         return ds.map(lambda *parts: tf.nest.pack_sequence_as(example, list(parts)))
 
     # -- streams ---------------------------------------------------------------------------------
@@ -175,16 +176,32 @@ class EpochData:
         return self.stream(epoch, step)
 
     def __iter__(self) -> Iterator[Any]:
-        """The batches left in the epoch under way (inside ``session.epochs()``)."""
+        """The batches left in the epoch under way (inside ``session.epochs()``), as tensors."""
+        s = self.session
+        if self._iterator is None and s._in_epochs:
+            self._iterator = iter(self.for_keras(s.pos.epoch, s.pos.step_in_epoch))
+        return self._counted(self._iterator, user_line())
+
+    def arrays(self) -> Iterator[Any]:
+        """The same batches as numpy arrays, read on this thread rather than through ``tf.data``
+        (global order only): for a train step that takes them as they are, as the managed loop's
+        does; a stream of a few small batches per step costs more than the step itself."""
+        s = self.session
+        if self._arrays is None and s._in_epochs:
+            import tensorflow as tf
+
+            rows = self._rows(s.pos.epoch, s.pos.step_in_epoch)
+            self._arrays = (tf.nest.pack_sequence_as(self._example, list(flat)) for flat in rows)
+        return self._counted(self._arrays, user_line())
+
+    def _counted(self, batches: Iterator[Any] | None, where: str) -> Iterator[Any]:
         s = self.session
         if not s._in_epochs:
-            raise SessionError(f"iterating the session's dataset at {user_line()} outside "
+            raise SessionError(f"iterating the session's dataset at {where} outside "
                                "`for epoch in session.epochs():`; iterate it inside that loop")
-        if self._iterator is None:
-            self._iterator = iter(self.for_keras(s.pos.epoch, s.pos.step_in_epoch))
         for _ in range(s.pos.step_in_epoch, self.steps):
             asked = time.perf_counter()
-            batch = next(self._iterator)
+            batch = next(batches)
             s._data_wait += time.perf_counter() - asked
             s._samples += self.size_of(s.pos.epoch, s.pos.step_in_epoch)
             yield batch

@@ -38,7 +38,7 @@ def train_workload(session, workload) -> None:
     batches = session.dataset(train)
     step = session.comm.train_step(model, optimizer, loss)
     for _ in session.epochs():  # the first restores the registered state (rank 0's on every rank)
-        for x, y in batches:
+        for x, y in batches.arrays():  # numpy, as the backend's step takes them: no tf.data per batch
             session.step(train_loss=step(x, y))
         session.report(weight=len(test), **evaluate(model, loss, compiled.get("metrics") or [], test))
 

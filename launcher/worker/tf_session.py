@@ -26,7 +26,7 @@ of the run: a seeded shuffle's order depends on how many iterators its dataset h
 run makes one. Keras is told that the first epoch starts at the resumed step (the
 hook its own ``BackupAndRestore`` uses). Keras' metrics of an interrupted epoch (their variables)
 are saved with the checkpoint and restored when it resumes, so the epoch's figures cover all
-its steps. A preemption notice is polled between steps (:class:`launcher.worker.loop.Session`):
+its steps (:mod:`launcher.worker.tf_keras` holds these Keras parts). A preemption notice is polled between steps (:class:`launcher.worker.loop.Session`):
 all workers save at the same step, which is what TensorFlow's ``PreemptionCheckpointHandler``
 does for MultiWorkerMirroredStrategy, and works for Horovod as well.
 
@@ -54,6 +54,7 @@ from launcher.storage.checkpoint import read_manifest
 from launcher.worker.formats import TF_INDEX_FILE, TF_STATE_FILE, arrays_digest, load_arrays, save_arrays
 from launcher.worker.formats import tf_rank_file as rank_file
 from launcher.worker.loader import SessionError, user_line
+from launcher.worker import tf_keras
 from launcher.worker.loop import Position
 from launcher.worker.tf_data import EpochData
 from launcher.worker.usersession import UserSession
@@ -214,7 +215,7 @@ class TFSession(UserSession):
         values = {name: [v.numpy() for v in _variables(obj)] for name, obj in self.objects.items()}
         self._model_arrays = values[self.model_name]
         mine = os.path.join(directory, rank_file(self.rank))
-        metric_arrays = [v.numpy() for v in self._keras_metric_variables()]
+        metric_arrays = [v.numpy() for v in tf_keras.metric_variables(self._keras_model)]
         np.savez(mine, epoch=np.array(json.dumps(self._epoch_so_far())),
                  **{f"m{i:04d}": a for i, a in enumerate(metric_arrays)})
         others = self.sizes_over_ranks(rank_file, os.path.getsize(mine))
@@ -253,58 +254,6 @@ class TFSession(UserSession):
             with np.load(mine) as f:
                 self._carried = json.loads(str(f["epoch"]))
                 self._metric_arrays = [f[k] for k in sorted(k for k in f.files if k.startswith("m"))]
-
-    def _keras_metric_variables(self) -> list:
-        model = self._keras_model
-        return [v for m in model.metrics for v in m.variables] if model is not None else []
-
-    def _build_keras_metrics(self, model) -> None:
-        """Create a compiled model's metric objects before ``model.fit`` runs, so that the
-        interrupted epoch's saved values have variables to go to at its beginning (tf_keras
-        creates them at the first train step, after the epoch has begun). A forward pass on
-        zeros shaped like one batch tells Keras the outputs' shapes; the data stream itself
-        is not touched (a seeded shuffle's order depends on how many iterators it made)."""
-        import tensorflow as tf
-
-        if self._keras_metric_variables():
-            return
-        try:
-            def zeros(spec):  # one example of the batch, unknown sizes as 1
-                dims = spec.shape.as_list()
-                return tf.zeros([1, *[1 if d is None else d for d in dims[1:]]] if dims else [], spec.dtype)
-
-            batch = tf.nest.map_structure(zeros, self._data.source.element_spec)
-            from workloads.tf_models import keras
-
-            x, y, _ = keras().utils.unpack_x_y_sample_weight(batch)
-            with self.scope():
-                predicted = model(x, training=False)
-                # What the first train step would do, less the update: a metric variable
-                # synchronised on read cannot be added to outside the replicas' context.
-                model.compiled_loss.build(predicted)
-                metrics = model.compiled_metrics
-                conform = getattr(metrics, "_conform_to_outputs", None)
-                metrics.build(predicted, conform(predicted, y) if conform else y)
-        except Exception as exc:  # noqa: BLE001 - say it, train on: only the epoch's figures suffer
-            self._metric_arrays = None
-            if self.rank == 0:
-                print(f"rank 0: Keras' metrics could not be set up before model.fit ({type(exc).__name__}: {exc}); "
-                      "the resumed epoch's metrics cover only the steps after the resume", flush=True)
-
-    def _restore_keras_metrics(self, arrays: list[np.ndarray]) -> None:
-        """Give the model's metric variables the values saved with the checkpoint. Under a
-        multi-worker strategy the saved value is the sum over the workers (a metric variable is
-        synchronised on read), and TensorFlow's assign in the cross-replica context gives each
-        replica its share of it, so that the sum read next is the saved one."""
-        variables = self._keras_metric_variables()
-        if len(variables) != len(arrays):
-            if self.rank == 0:
-                print(f"rank 0: the checkpoint holds {len(arrays)} Keras metric values, the model has "
-                      f"{len(variables)}; the resumed epoch's metrics cover only the steps after the resume",
-                      flush=True)
-            return
-        for var, value in zip(variables, arrays):
-            var.assign(value)
 
     def export(self, directory: str) -> str:
         # On a thread of its own, outside the strategy's scope (a thread-local): a copy of the
@@ -366,13 +315,13 @@ class TFSession(UserSession):
         keyword arguments (``validation_data``, ``class_weight``, ...) go to ``model.fit``.
         Returns the History of the last ``model.fit`` call."""
         where = user_line()
-        self._check_fit(model, {**kwargs, "callbacks": callbacks}, where)
+        tf_keras.check_fit(model, {**kwargs, "callbacks": callbacks}, where)
         if self._data is not None:
             raise SessionError(f"session.fit at {where}: this session has training data from session.dataset() "
                                "already; give the data to session.fit alone")
         self.dataset(x if y is None else (x, y), steps_per_epoch=steps_per_epoch, batch_size=batch_size,
                      shuffle=shuffle)
-        self._check_batched(model, where)
+        tf_keras.check_batched(model, self._data.source.element_spec, where)
         if "model" not in self.objects and model not in self.objects.values():
             self.register(model=model)
         if self.comm.wraps_keras_optimizer and not self.comm.is_wrapped(model.optimizer):
@@ -381,11 +330,12 @@ class TFSession(UserSession):
             self.register(optimizer=model.optimizer)
         self._keras_model = model
         self._begin()
-        if self._metric_arrays:
-            self._build_keras_metrics(model)
+        why = self._metric_arrays and tf_keras.build_metrics(model, self._data.source.element_spec, self.scope())
+        if why:
+            self._metrics_lost(f"Keras' metrics could not be set up before model.fit ({why})")
         if verbose is None:
             verbose = 2 if self.rank == 0 else 0  # one line per epoch in the chief's log
-        hook = _keras_hook(self)
+        hook = tf_keras.hook(self)
         history = None
         if self.pos.epoch >= self.spec.epochs:
             self._nothing_left()
@@ -414,43 +364,6 @@ class TFSession(UserSession):
                                "--epochs epochs: lower --epochs instead")
         return history
 
-    def _check_fit(self, model, kwargs: dict[str, Any], where: str) -> None:
-        from workloads.tf_models import keras
-
-        if not isinstance(model, keras().Model):
-            raise SessionError(f"session.fit at {where}: {type(model).__name__} is not a Keras model (tf_keras, "
-                               "the legacy tf.keras the launcher trains with)")
-        if getattr(model, "optimizer", None) is None or not getattr(model, "compiled_loss", None):
-            raise SessionError(f"session.fit at {where}: the model is not compiled; call model.compile(optimizer=..., "
-                               "loss=..., metrics=...) inside `with session.scope():` first")
-        from workloads.tf_models import keras
-
-        for callback in kwargs.get("callbacks") or []:
-            if isinstance(callback, keras().callbacks.BackupAndRestore):
-                raise SessionError(f"session.fit at {where}: drop BackupAndRestore: the launcher's checkpoints "
-                                   "resume model.fit at the exact step already (and keep-N, gs:// and notices)")
-        for name, why in (("epochs", "the run's --epochs (or @training_function(epochs=...)) sets it"),
-                          ("initial_epoch", "the launcher resumes where the run stopped"),
-                          ("validation_split", "split the data yourself and pass validation_data")):
-            if name in kwargs:
-                raise SessionError(f"session.fit(..., {name}=...) at {where}: not taken: {why}")
-
-    def _check_batched(self, model, where: str) -> None:
-        """A dataset of single examples would be taken for batches of rows: say so."""
-        import tensorflow as tf
-
-        inputs = getattr(model, "inputs", None)
-        if not inputs:
-            return
-        spec = self._data.source.element_spec
-        first = spec[0] if isinstance(spec, tuple) else spec
-        first = tf.nest.flatten(first)[0]
-        want = len(inputs[0].shape)
-        if first.shape.rank is not None and first.shape.rank == want - 1:
-            raise SessionError(f"session.fit at {where}: the dataset yields single examples of shape "
-                               f"{tuple(first.shape)} where the model takes batches {tuple(inputs[0].shape)}; "
-                               "add .batch(session.global_batch_size) to it")
-
     def _nothing_left(self) -> None:
         self.send({"kind": "done"}, checkpoint=False)
         self.trained = True
@@ -465,8 +378,9 @@ class TFSession(UserSession):
             self._samples = int(c["samples"])
             self.clock.reset(c.get("phases"))
             self._epoch_started -= float(c["seconds"])
-            if self._metric_arrays:
-                self._restore_keras_metrics(self._metric_arrays)
+            why = tf_keras.assign_metrics(self._keras_model, self._metric_arrays) if self._metric_arrays else None
+            if why:
+                self._metrics_lost(why)
             self._metric_arrays = None
 
     def _keras_step(self) -> None:
@@ -479,64 +393,14 @@ class TFSession(UserSession):
         self._step_started = self._steps_end = time.perf_counter()
 
     def _keras_results(self) -> dict[str, float]:
-        """The model's metrics of the epoch so far, as Keras reports them at an epoch's end (its
-        per-step logs are per-replica values summed under a multi-worker strategy)."""
-        out: dict[str, Any] = {}
-        for metric in self._keras_model.metrics:
-            result = metric.result()
-            out.update(result if isinstance(result, dict) else {metric.name: result})
-        return _numbers(out)
+        return tf_keras.results(self._keras_model)
 
     def _keras_epoch_end(self, logs: dict[str, Any]) -> None:
-        self._reported = {name: (value, 1.0) for name, value in _numbers(logs).items()}
+        self._reported = {name: (value, 1.0) for name, value in tf_keras.numbers(logs).items()}
         self._end_epoch()
 
-
-def _numbers(logs: dict[str, Any] | None) -> dict[str, float]:
-    """Keras' logs (tensors or numbers) as floats, read now."""
-    out = {}
-    for name, value in (logs or {}).items():
-        try:
-            out[name] = float(np.asarray(value))
-        except (TypeError, ValueError):
-            continue
-    return out
-
-
-def _keras_hook(session: TFSession):
-    """The Keras callback through which ``model.fit`` drives the session."""
-    from workloads.tf_models import keras
-
-    class LauncherHook(keras().callbacks.Callback):
-        def __init__(self) -> None:
-            super().__init__()
-            self._supports_tf_logs = True  # logs stay tensors: nothing read per step
-
-        def on_train_begin(self, logs=None):
-            # Where the resumed run stands; Keras asks after on_train_begin (its hook for
-            # BackupAndRestore, a private attribute of the legacy tf.keras, which is frozen).
-            self.model._training_state = _ResumeAt(session.pos.epoch, session.pos.step_in_epoch)
-
-        def on_train_end(self, logs=None):
-            self.model._training_state = None
-
-        def on_epoch_begin(self, epoch, logs=None):
-            session._keras_epoch_begin()
-
-        def on_train_batch_end(self, batch, logs=None):
-            session._keras_step()
-
-        def on_epoch_end(self, epoch, logs=None):
-            session._keras_epoch_end(logs or {})
-
-    return LauncherHook()
-
-
-class _ResumeAt:
-    """What Keras' fit asks its training state: the epoch and the step to start at."""
-
-    def __init__(self, epoch: int, step: int) -> None:
-        self.epoch, self.step = epoch, step
-
-    def maybe_load_initial_counters_from_ckpt(self, steps_per_epoch, initial_epoch, mode=None):
-        return self.epoch, self.step
+    def _metrics_lost(self, why: str) -> None:
+        """The interrupted epoch's Keras metrics cannot be given back: say so (rank 0), train on."""
+        self._metric_arrays = None
+        if self.rank == 0:
+            print(f"rank 0: {why}; the resumed epoch's metrics cover only the steps after the resume", flush=True)
