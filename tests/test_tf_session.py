@@ -82,14 +82,14 @@ def test_arrays_follow_the_global_order_and_a_resize_goes_on_at_the_same_sample(
 
     alone = _array_data(1, 0)
     assert alone.steps == 5 and alone.per_worker_batch == 6
-    step = alone.resume_epoch_at(1, cursor)
+    step = alone.cursor.resume(1, None, cursor)  # the step that still ends the epoch at its 5th
     assert step == 3  # 12 samples left: 2 batches of 6, so the epoch still ends at its 5th step
     rest = [x.numpy() for x, _ in alone.stream(1, step).take(alone.steps - step)]
     assert sorted(np.concatenate([done, *rest]).tolist()) == list(range(30))  # each once: none repeated
     assert alone.cursor_at(Position(1, 4, 9)) == 24 and alone.size_of(1, 4) == 6
     # At the same worker count, a resumed stream is the uninterrupted one's continuation.
     again = _array_data(2, 1)
-    again.resume_epoch_at(1, cursor)
+    again.cursor.resume(1, None, cursor)
     resumed = [x.numpy() for x, _ in again.stream(1, 3).take(2)]
     assert all(np.array_equal(a, b) for a, b in zip(uninterrupted[1][8:10], resumed))
 

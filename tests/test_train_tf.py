@@ -54,7 +54,7 @@ def test_the_managed_tf_loop_resumed_on_one_worker_goes_on_at_the_sample_two_wor
     assert cursor == 640
 
     alone = _split_data(0, 1, spec)
-    step = alone.resume_epoch_at(0, cursor)
+    step = alone.cursor.resume(0, None, cursor)
     assert alone.steps - step == -(-(1438 - 640) // spec.batch_size)  # the epoch still ends at its last step
     rows = first + _rows(alone.stream(0, step).take(alone.steps - step))
     everything = {r.tobytes() for r in workloads.get("digits-mlp").load(None, "train", 0, 1, {}).x}

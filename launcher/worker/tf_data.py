@@ -98,22 +98,12 @@ class EpochData:
             self.per_worker_batch = max(1, int(global_batch or session.global_batch_size) // session.world)
         self._iterator = self._arrays = None  # this worker's batches, as tensors / as numpy arrays
 
-    @property
-    def order(self) -> GlobalOrder | None:
-        """The global order the data follows (None: a batched dataset of the user's)."""
-        return self.cursor.order if self.cursor is not None else None
-
     # -- the global order (arrays, a split, a shard set) -----------------------------------------
     def _in_order(self, n: int, shuffle: bool, per_worker: int, example: Any, take: Callable, permute=None):
         s = self.session
         self.cursor = EpochCursor(GlobalOrder(n, s.seed, shuffle, per_worker, permute=permute), s.world)
         self._example, self._take = example, take
         return self._ordered(0, 0)
-
-    def resume_epoch_at(self, epoch: int, cursor: int) -> int:
-        """Epoch ``epoch`` goes on at ``cursor`` samples of its order: returns the step (of this
-        layout's epoch of :attr:`steps`) it stands at, so the epoch still ends at :attr:`steps`."""
-        return self.cursor.resume(epoch, None, cursor)
 
     def cursor_at(self, pos: Any) -> int | None:
         """The samples of the epoch used at ``pos`` (global order only; None otherwise)."""
