@@ -25,6 +25,37 @@ def ray_local():
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def _warm_head_state(tmp_path_factory):
+    """The folder of a warm local Ray head (`launcher up`) started once for the session."""
+    import socket
+
+    from launcher.driver import localhead
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    state = str(tmp_path_factory.mktemp("warm-head"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(localhead.STATE_ENV, state)
+        localhead.up(port=port)
+        try:
+            yield state
+        finally:
+            localhead.down()
+
+
+@pytest.fixture()
+def warm_head(_warm_head_state, monkeypatch):
+    """The session's warm head for this test's launches: each `launcher run` process connects to
+    it instead of starting and stopping a Ray of its own (about 3 s a launch on 2 cores). Not for
+    tests of Ray's own start, of a launch's local Ray, or of what a launch leaves behind."""
+    from launcher.driver import localhead
+
+    monkeypatch.setenv(localhead.STATE_ENV, _warm_head_state)
+    return localhead.running_head()
+
+
 @pytest.fixture()
 def storage(tmp_path):
     return str(tmp_path / "runs")
@@ -62,7 +93,7 @@ def bucket(gcs, request):
 # Fixtures that start a Ray instance, a Ray head process or a multi-node cluster: a test that
 # uses one (directly or through another fixture) must say so with a marker, so that the fast
 # tier (-m "not integration and not chaos") never starts Ray.
-RAY_FIXTURES = {"ray_local", "head", "lab"}
+RAY_FIXTURES = {"ray_local", "head", "lab", "warm_head", "_warm_head_state"}
 
 
 def pytest_collection_modifyitems(config, items):

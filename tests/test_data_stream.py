@@ -268,7 +268,7 @@ def _cache_files(cache: ShardCache) -> int:
 
 
 @pytest.mark.integration
-def test_a_set_four_times_the_cache_streams_within_the_limit(gcs, bucket, tmp_path, monkeypatch):
+def test_a_set_four_times_the_cache_streams_within_the_limit(warm_head, gcs, bucket, tmp_path, monkeypatch):
     """A set of 16 shards read through a cache that holds 4: every sample of two epochs in
     the epoch order, the cache's files never over the limit, used shards evicted."""
     monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "cache"))
@@ -298,7 +298,7 @@ def test_a_set_four_times_the_cache_streams_within_the_limit(gcs, bucket, tmp_pa
 
 
 @pytest.mark.integration
-def test_a_shard_deleted_mid_run_is_one_line_and_an_outage_is_retried_then_one_line(gcs, bucket, tmp_path,
+def test_a_shard_deleted_mid_run_is_one_line_and_an_outage_is_retried_then_one_line(warm_head, gcs, bucket, tmp_path,
                                                                                   monkeypatch):
     monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "cache"))
     _, client = gcs
@@ -333,7 +333,7 @@ STREAMED = SEEN.replace("import workloads\n", "import workloads\nfrom launcher.d
 
 
 @pytest.mark.integration
-def test_a_streamed_run_resized_mid_epoch_reads_every_sample_once(gcs, bucket, tmp_path, monkeypatch):
+def test_a_streamed_run_resized_mid_epoch_reads_every_sample_once(warm_head, gcs, bucket, tmp_path, monkeypatch):
     """Your own torch loop reads a shard set on the emulator through a cache of a quarter of
     it (--data-cache-gb): stopped on 2 workers, resumed on 1 and stopped, resumed on 2; each
     epoch trains every sample once."""
@@ -368,7 +368,7 @@ STREAMED_KERAS = SEEN_KERAS.replace(
 
 
 @pytest.mark.integration
-def test_keras_fit_streams_a_shard_set_and_trains_every_sample_once_per_epoch(gcs, bucket, tmp_path,
+def test_keras_fit_streams_a_shard_set_and_trains_every_sample_once_per_epoch(warm_head, gcs, bucket, tmp_path,
                                                                             monkeypatch):
     """session.fit on a Shards set on the emulator, 2 workers (MultiWorkerMirroredStrategy): each
     epoch every sample once, split over the ranks."""

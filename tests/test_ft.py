@@ -52,7 +52,7 @@ def test_a_program_is_not_kept_in_step_by_ft(capsys, tmp_path):
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
     assert main(["run", "--script", str(script), "--strategy", "ft"]) == 2
-    assert "program keeps its own model in step" in capsys.readouterr().err
+    assert "program prepares its own" in capsys.readouterr().err
 
 
 # -- the cursor a quorum's steps move (no Ray: the quorums are given) -----------------------------

@@ -56,7 +56,7 @@ def test_numerics_flags_parse(capsys):
 
 
 @pytest.mark.integration
-def test_a_regression_workload_learns_and_resumes_exactly(tmp_path):
+def test_a_regression_workload_learns_and_resumes_exactly(warm_head, tmp_path):
     # On the native backend only: the managed loop is a training function on the torch session,
     # whose Horovod path (a mid-epoch stop resumed to the same weights) test_session's char_lm
     # test and test_backends_horovod cover.
@@ -80,7 +80,7 @@ def test_a_regression_workload_learns_and_resumes_exactly(tmp_path):
 
 
 @pytest.mark.integration
-def test_fp16_with_clipping_resumes_with_the_scalers_state(tmp_path):
+def test_fp16_with_clipping_resumes_with_the_scalers_state(warm_head, tmp_path):
     # Also: interrupted relaunches with --keep-checkpoints 2 keep at most 2 complete checkpoints,
     # and the run still resumes exactly.
     storage = str(tmp_path / "runs")

@@ -297,7 +297,7 @@ for epoch in range(1, args.epochs + 1):
 
 
 @pytest.mark.integration
-def test_package_and_job_file_runs_keep_stdout_for_the_summary_and_list_their_epochs(tmp_path):
+def test_package_and_job_file_runs_keep_stdout_for_the_summary_and_list_their_epochs(warm_head, tmp_path):
     pkg = package(tmp_path, {"trainer/__init__.py": "", "trainer/task.py": REPORTING_TASK})
     storage = str(tmp_path / "runs")
     # --package with --json: stdout is one JSON object; the ranks' lines are progress, on stderr

@@ -164,7 +164,7 @@ def stop_after_step_checkpoint(args: list[str], marks, until=None) -> dict:
 
 
 @pytest.mark.integration
-def test_char_lm_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path):
+def test_char_lm_stopped_mid_epoch_resumes_to_the_same_weights(warm_head, tmp_path):
     # On Horovod where it is built (CI builds it): the native backend's mid-epoch resume is
     # bitwise-checked by test_session_chaos::test_a_notice_costs_a_training_function_no_steps.
     from launcher.backends import horovod
@@ -385,7 +385,7 @@ def assert_each_sample_once(phases: list[list[dict]], n: int, epochs: int) -> No
 
 
 @pytest.mark.integration
-def test_a_run_resized_2_1_2_mid_epoch_trains_every_sample_once(tmp_path):
+def test_a_run_resized_2_1_2_mid_epoch_trains_every_sample_once(warm_head, tmp_path):
     """Stopped after 3 steps on 2 workers (24 of 64 samples), resumed on 1 and stopped after 3
     more (12 samples), resumed on 2: the epoch goes on at the next sample of the run's global
     order each time; each epoch trains every sample once."""

@@ -65,7 +65,7 @@ def test_a_script_program_is_not_sharded_by_the_launcher(capsys, tmp_path):
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
     assert main(["run", "--script", str(script), "--strategy", "fsdp"]) == 2
-    assert "shards its own model" in capsys.readouterr().err
+    assert "program prepares its own" in capsys.readouterr().err
 
 
 # -- blocks -------------------------------------------------------------------------------------
@@ -176,7 +176,7 @@ def test_the_export_skeleton_holds_no_weights_until_the_whole_state_is_loaded():
 # -- training -----------------------------------------------------------------------------------
 
 @pytest.mark.integration
-def test_char_lm_sharded_resumes_exactly_on_2_and_from_the_same_step_on_3(tmp_path):
+def test_char_lm_sharded_resumes_exactly_on_2_and_from_the_same_step_on_3(warm_head, tmp_path):
     storage = str(tmp_path / "runs")
     data = topics_file(tmp_path / "data")
     # A global batch of 12 samples: 6 on each of 2 workers, 4 on each of 3.
@@ -258,7 +258,7 @@ GPT = os.path.join(ROOT, "examples", "gpt.py") + ":train"
 
 
 @pytest.mark.integration
-def test_a_sharded_training_functions_model_is_predicted_and_served_as_its_own_class_computes(tmp_path,
+def test_a_sharded_training_functions_model_is_predicted_and_served_as_its_own_class_computes(warm_head, tmp_path,
                                                                                               monkeypatch):
     """examples/gpt.py (tiny) trained with --strategy fsdp on 2 workers exports a program, not
     weights only: `launcher predict --run` and a real `launcher serve` answer what the user's own

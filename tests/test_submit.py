@@ -94,6 +94,16 @@ def test_runtime_env_carries_code_and_storage_env_but_no_credentials():
     assert "__pycache__/" in env["excludes"]
 
 
+def test_a_warm_head_run_passes_the_launchers_settings_but_no_credentials():
+    from launcher.driver import code
+
+    passed = code.passed_env({"LAUNCHER_FAULT_PAUSE": "setup:8", "STORAGE_EMULATOR_HOST": "http://127.0.0.1:4443",
+                              "MLFLOW_EXPERIMENT_NAME": "e", "LAUNCHER_CACHE": "", "OMP_NUM_THREADS": "1",
+                              "GOOGLE_APPLICATION_CREDENTIALS": "/home/me/key.json", "RAY_AUTH_TOKEN": "t"})
+    assert passed == {"LAUNCHER_FAULT_PAUSE": "setup:8", "STORAGE_EMULATOR_HOST": "http://127.0.0.1:4443",
+                      "MLFLOW_EXPERIMENT_NAME": "e"}
+
+
 def test_auth_token_sources(monkeypatch, tmp_path):
     for env in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"):
         monkeypatch.delenv(env, raising=False)

@@ -118,7 +118,7 @@ def test_a_keras_function_trains_with_tensorflow_without_a_flag(elsewhere):
 # -- training (a real local Ray, real TensorFlow, real processes) ---------------------------------
 
 @pytest.mark.integration
-def test_keras_fit_stopped_mid_epoch_resumes_to_the_same_weights(tmp_path):
+def test_keras_fit_stopped_mid_epoch_resumes_to_the_same_weights(warm_head, tmp_path):
     # On Horovod where it is built (CI builds it): the native backend's mid-epoch resume is
     # bitwise-checked by test_session_chaos::test_a_notice_costs_keras_fit_no_steps.
     from launcher.backends import horovod
@@ -201,7 +201,7 @@ def seen(session):
 
 
 @pytest.mark.integration
-def test_keras_fit_resized_2_1_2_mid_epoch_trains_every_sample_once(tmp_path):
+def test_keras_fit_resized_2_1_2_mid_epoch_trains_every_sample_once(warm_head, tmp_path):
     """session.fit on arrays, stopped on 2 workers, resumed on 1 and stopped, resumed on 2: each
     epoch trains every sample once (the global order's cursor, as in your own torch loop)."""
     from test_session import assert_each_sample_once, run_resized_twice
@@ -282,7 +282,7 @@ def unbatched(session):
 
 
 @pytest.mark.integration
-def test_a_keras_regression_with_its_own_loss_and_a_gradient_tape_loop_train(elsewhere, tmp_path):
+def test_a_keras_regression_with_its_own_loss_and_a_gradient_tape_loop_train(warm_head, elsewhere, tmp_path):
     path = write(elsewhere, REGRESSION)
     storage = str(tmp_path / "runs")
     fitted = finish(launch(["--workload", f"{path}:fit", "--workers", "2", "--storage", storage, "--name", "fit"]))
@@ -302,7 +302,7 @@ def test_a_keras_regression_with_its_own_loss_and_a_gradient_tape_loop_train(els
     ("uncompiled", ["session.fit at", "not compiled", "model.compile("]),
     ("unbatched", ["session.fit at", "single examples", ".batch(session.global_batch_size)"]),
 ])
-def test_a_keras_function_used_wrongly_fails_naming_the_users_line(elsewhere, tmp_path, name, needles):
+def test_a_keras_function_used_wrongly_fails_naming_the_users_line(warm_head, elsewhere, tmp_path, name, needles):
     path = write(elsewhere, REGRESSION, "keras_functions.py")
     lines = REGRESSION.splitlines()
     needles = needles + [f"{path}:{1 + lines.index(next(t for t in lines if t.endswith(f'# {name} fails here')))}"]
@@ -338,7 +338,7 @@ def test_a_workloads_keras_loss_and_metrics_score_regression_targets():
 
 
 @pytest.mark.integration
-def test_the_managed_tensorflow_loop_trains_a_regression_with_its_own_loss_and_metrics(tmp_path):
+def test_the_managed_tensorflow_loop_trains_a_regression_with_its_own_loss_and_metrics(warm_head, tmp_path):
     from test_managed_loop import DIABETES
 
     summary = finish(launch(["--workload", DIABETES, "--framework", "tensorflow", "--workers", "2", "--epochs", "20",

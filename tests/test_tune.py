@@ -358,7 +358,7 @@ def test_a_package_is_tuned_on_its_hypertune_metric_and_a_missing_tag_is_one_lin
 
 
 @pytest.mark.integration
-def test_an_interrupted_search_continues_and_keeps_its_finished_trials(tmp_path, capsys):
+def test_an_interrupted_search_continues_and_keeps_its_finished_trials(warm_head, tmp_path, capsys):
     """Ctrl-C before the first trial starts, then after it finished; the third launch ends the
     search. Every trial's status is then its own run's, and the best so far counts them all."""
     from launcher.faultpoint import ENV

@@ -174,7 +174,7 @@ def test_workloads_lists_tabular_with_its_xgboost_params(capsys):
 # -- training (a real local Ray, real processes) ------------------------------------------------------
 
 @pytest.mark.integration
-def test_xgboost_on_2_workers_learns_resumes_at_the_round_and_exports_a_booster(tmp_path):
+def test_xgboost_on_2_workers_learns_resumes_at_the_round_and_exports_a_booster(warm_head, tmp_path):
     import xgboost as xgb
 
     storage = str(tmp_path / "runs")
@@ -316,7 +316,7 @@ def test_framework_sklearn_is_for_programs_and_not_for_horovod(capsys, tmp_path)
 
 
 @pytest.mark.integration
-def test_sklearn_and_xgboost_packages_run_as_what_they_are_with_their_models_where_vertex_puts_them(tmp_path):
+def test_sklearn_and_xgboost_packages_run_as_what_they_are_with_their_models_where_vertex_puts_them(warm_head, tmp_path):
     import joblib
     import xgboost as xgb
     from sklearn.datasets import load_digits

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import tempfile
 
 from launcher import frameworks
@@ -48,9 +47,8 @@ def cmd_checkpoint(args: argparse.Namespace) -> int:
     out = out_file(args.out, f"{args.name}_step{manifest.global_step}.pt")
     with tempfile.TemporaryDirectory(prefix="launcher-export-") as work:
         folder = path if storage.is_local else _download(storage, path, work)
-        export_folder(folder, manifest.strategy, out)
-    print(f"exported the model of run {args.name} at step {manifest.global_step} "
-          f"({'joined from its shards' if manifest.strategy == 'fsdp' else 'copied'}) to {out}")
+        how = export_folder(folder, manifest.strategy, out)
+    print(f"exported the model of run {args.name} at step {manifest.global_step} ({how}) to {out}")
     return EXIT_OK
 
 
@@ -114,21 +112,12 @@ def out_file(given: str | None, default: str) -> str:
     return out
 
 
-def export_folder(folder: str, strategy: str, out: str) -> None:
-    """The model in checkpoint ``folder`` as one file at ``out``."""
-    import torch
+def export_folder(folder: str, strategy: str, out: str) -> str:
+    """The model in checkpoint ``folder`` as one file at ``out``, as its strategy writes it;
+    returns how it was made."""
+    from launcher.worker.strategies import strategy_class
 
-    from launcher.worker.formats import TORCH_MODEL_FILE
-    from launcher.worker.strategies import STATE_FILE
-
-    if strategy != "fsdp":
-        shutil.copyfile(os.path.join(folder, TORCH_MODEL_FILE), out + ".tmp")
-        os.replace(out + ".tmp", out)
-        return
-    from launcher.worker.sharded import export_file
-
-    state = torch.load(os.path.join(folder, STATE_FILE), map_location="cpu", weights_only=False)
-    export_file(folder, state["_launcher"].get("model") or "model", out)
+    return strategy_class(strategy).export_file(folder, out)
 
 
 def _download(storage: Storage, path: str, work: str) -> str:

@@ -152,10 +152,9 @@ def program_spec(args: argparse.Namespace, program):
     alone = asked if asked in SINGLE_PROCESS_FRAMEWORKS else (None if asked else single_process_framework(program))
     if alone:
         spec = _single_process(spec, args, program, alone, detected=asked is None)
-    if spec.strategy != "ddp":
-        own = "shards its own model" if spec.strategy == "fsdp" else "keeps its own model in step"
+    if spec.strategy != "ddp":  # validation: a program keeps its model in step itself
         raise UserError(f"--strategy {spec.strategy} works on a model that session.prepare() is given; a "
-                        f"{'--script' if program.kind == 'script' else '--package'} program {own}",
+                        f"{'--script' if program.kind == 'script' else '--package'} program prepares its own",
                         "drop --strategy, or write it as def NAME(session)")
     job = getattr(args, "_job_file", None)
     raw = schema.load_yaml(args.config, "--config") if getattr(args, "config", None) and job is None else None

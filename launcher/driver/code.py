@@ -19,7 +19,7 @@ import logging
 import os
 import sysconfig
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import launcher
 import workloads
@@ -74,6 +74,17 @@ def workload_runtime_env(workload: str) -> dict[str, Any]:
     if parse_reference(workload).path:
         env["env_vars"] = {SHIPPED_ENV: "1"}  # workers: load the shipped copy, not a file at the same path
     return env
+
+
+# Variables a run's workers read that a Ray started before the launch never saw: the launcher's
+# own settings (LAUNCHER_*) and these. A launch's own local Ray passes its whole environment
+# on to its workers; a cluster or the warm head gets these through the runtime environment.
+PASSED_ENV = ("STORAGE_EMULATOR_HOST", "MLFLOW_EXPERIMENT_NAME")
+
+
+def passed_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The launch's settings its workers must see, from ``environ``."""
+    return {k: v for k, v in environ.items() if v and (k.startswith("LAUNCHER_") or k in PASSED_ENV)}
 
 
 def runtime_env(workload: str | None, joining_cluster: bool, program: dict[str, Any] | None = None) -> dict[str, Any]:

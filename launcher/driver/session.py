@@ -163,9 +163,11 @@ def _init(address: str | None, head: dict | None, workers: int, cpus_per_worker:
     kwargs = dict(include_dashboard=False, log_to_driver=verbose,
                   logging_level=logging.INFO if verbose else logging.ERROR)
     try:
-        if head:  # `launcher up`'s warm head on this machine: same code, nothing to ship
+        if head:  # `launcher up`'s warm head on this machine: same code, nothing to ship, but the
+            # head's processes were started before this launch: its settings go with it
             address = head["address"]
-            ray.init(address=address, runtime_env=code.runtime_env(workload, False, program) or None, **kwargs)
+            env = code.merge(code.runtime_env(workload, False, program), {"env_vars": code.passed_env(os.environ)})
+            ray.init(address=address, runtime_env=env, **kwargs)
         elif address and in_ray_job():
             # `launcher submit`: the job's runtime env already carries our code, and Ray
             # refuses a second py_modules from ray.init ("Failed to merge the Job's runtime env").

@@ -30,6 +30,7 @@ import copy
 import dataclasses
 import importlib
 import os
+import shutil
 from typing import Any, Callable
 
 from launcher import _ray
@@ -55,6 +56,14 @@ class Strategy:
 
     def __init__(self, session) -> None:
         self.session = session
+
+    @staticmethod
+    def export_file(folder: str, out: str) -> str:
+        """The whole model of checkpoint ``folder`` written to ``out`` as one torch file
+        (``launcher checkpoint export``); returns how it was made. This: rank 0's model file."""
+        shutil.copyfile(os.path.join(folder, TORCH_MODEL_FILE), out + ".tmp")
+        os.replace(out + ".tmp", out)
+        return "copied"
 
     def prepare(self, module, optimizer, blocks):
         """(the model to train with, the optimizer to step) for ``module`` on the session's device."""
@@ -192,6 +201,17 @@ class Sharded(Strategy):
     collective_forward = True
     whole_state_on_rank = False
     requires_prepare = True
+
+    @staticmethod
+    def export_file(folder: str, out: str) -> str:
+        """Every rank's shards joined into one model file."""
+        import torch
+
+        from launcher.worker.sharded import export_file
+
+        state = torch.load(os.path.join(folder, STATE_FILE), map_location="cpu", weights_only=False)
+        export_file(folder, state["_launcher"].get("model") or "model", out)
+        return "joined from its shards"
 
     def __init__(self, session) -> None:
         super().__init__(session)
@@ -379,10 +399,15 @@ STRATEGIES: dict[str, type[Strategy] | str] = {"ddp": Replicated, "fsdp": Sharde
                                                 "ft": "launcher.worker.ft:FaultTolerant"}
 
 
-def strategy_for(session) -> Strategy:
-    """The strategy ``session.spec.strategy`` names (the spec has checked the name)."""
-    entry = STRATEGIES[session.spec.strategy]
+def strategy_class(name: str) -> type[Strategy]:
+    """The strategy class ``--strategy NAME`` names (the spec has checked the name)."""
+    entry = STRATEGIES[name]
     if isinstance(entry, str):
-        module, _, name = entry.partition(":")
-        entry = getattr(importlib.import_module(module), name)
-    return entry(session)
+        module, _, attr = entry.partition(":")
+        entry = getattr(importlib.import_module(module), attr)
+    return entry
+
+
+def strategy_for(session) -> Strategy:
+    """The strategy ``session.spec.strategy`` names, serving ``session``."""
+    return strategy_class(session.spec.strategy)(session)

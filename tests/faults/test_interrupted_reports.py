@@ -45,7 +45,7 @@ def epochs_logged(storage: str, name: str) -> list[int]:
     return sorted(r["epoch"] for r in metric_rows(storage, name) if r.get("kind") == "epoch")
 
 
-def test_ctrl_c_leaves_a_metrics_row_for_every_checkpointed_epoch(storage):
+def test_ctrl_c_leaves_a_metrics_row_for_every_checkpointed_epoch(warm_head, storage):
     # Ray Train's controller takes the workers' reports every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (0.2 s
     # as the launcher sets it; a value the user sets wins). At 4 s, half a poll after a progress line
     # rank 0 has stored its next epoch's checkpoint and waits to hand its report over (Ray's queue
@@ -72,7 +72,7 @@ def test_ctrl_c_leaves_a_metrics_row_for_every_checkpointed_epoch(storage):
     assert epochs_logged(storage, name) == list(range(1, newest + 3))  # each epoch once, no gap
 
 
-def test_a_launch_stopped_inside_its_first_epoch_reports_the_rate_it_trained_at(storage, tmp_path):
+def test_a_launch_stopped_inside_its_first_epoch_reports_the_rate_it_trained_at(warm_head, storage, tmp_path):
     name = "mid"
     marks = tmp_path / "marks"
     launch = Launch("--storage", storage, "--name", name, "--epochs", "5", "--checkpoint-every-steps", "10",
@@ -89,7 +89,7 @@ def test_a_launch_stopped_inside_its_first_epoch_reports_the_rate_it_trained_at(
     assert summary["samples_per_s"] * summary["wall_s"] >= 10 * 64
 
 
-def test_a_slow_one_off_set_up_is_a_start_up_phase_not_run_time(storage):
+def test_a_slow_one_off_set_up_is_a_start_up_phase_not_run_time(warm_head, storage):
     wait_s = 8.0
     started = time.time()
     launch = Launch("--storage", storage, "--name", "slow_setup", "--epochs", "2", "--profile-startup",
