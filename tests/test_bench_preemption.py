@@ -5,12 +5,16 @@ from __future__ import annotations
 import csv
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 
 from benchmarks import preemption_project as model
 from benchmarks.preemption_report import format_table, lost_per_preemption, timeline, write_results
 from launcher.cli.main import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_timeline_counts_samples_once_and_the_restarts_repeats():
@@ -161,3 +165,28 @@ def test_bench_preemption_project_writes_the_table_and_plot(capsys, tmp_path):
     assert main(["bench", "preemption", "--project", str(tmp_path / "missing.json"), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "--project" in err and "missing.json" in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.integration
+@pytest.mark.chaos
+def test_bench_preemption_runs_the_ft_strategy_and_counts_it_in_samples(tmp_path):
+    """The smallest run of the benchmark with --strategy ft, in a process of its own (the lab is a Ray
+    cluster of its own): one node preempted with a short notice, replaced at once. Its replica
+    leaves the quorum and the replacement joins, no group restarts, nothing is trained twice."""
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
+    done = subprocess.run([sys.executable, "-m", "launcher", "bench", "preemption", "--strategies", "ft",
+                           "--workers", "2", "--min-workers", "1", "--preemptions", "1", "--every-s", "15",
+                           "--notice-s", "6", "--boot-s", "0", "--checkpoint-every-steps", "5",
+                           "--preemption-check-steps", "1", "--out", str(out)],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    r = json.loads((out / "preemption.json").read_text())["strategies"][0]
+    debug = (done.stdout, {k: r.get(k) for k in ("status", "restarts", "quorum_changes", "replicas_replaced",
+                                                  "nodes_removed", "samples_trained", "samples_repeated")})
+    assert r["strategy"] == "ft" and r["ft"] and r["nodes_removed"] == 1, debug
+    assert r["restarts"] == 0 and r["quorum_changes"] >= 2 and r["replicas_replaced"] >= 1, debug
+    assert r["samples_trained"] > 0 and r["samples_repeated"] == 0 and r["samples_skipped"] == 0, debug
+    assert 0 < r["goodput_samples"] <= 1.05 and len(r["samples_timeline"]) > 3, debug
+    assert done.stdout.splitlines()[1].split()[0] == "ft" and "quorum change(s)" in done.stdout, debug
+    assert os.path.getsize(out / "preemption.png") > 10_000
