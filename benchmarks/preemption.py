@@ -176,10 +176,10 @@ def run_strategy(strategy: str, *, workers: int, min_workers: int, every_s: floa
             "steps_lost": summary.steps_lost, "time_lost_s": summary.time_lost_s,
             "ft": STRATEGIES[strategy].ft, "quorum_changes": summary.quorum_changes,
             "quorum_change_s": summary.quorum_change_s, "replicas_replaced": summary.replicas_replaced,
-            "recovery_s": recoveries(attempts, removals), "goodput": round(goodput(attempts), 4),
+            "recovery_s": recoveries(attempts, removals),
+            "goodput": None if STRATEGIES[strategy].ft else round(goodput(attempts), 4),
             "wall_s": summary.wall_s, "attempts": attempts, "period_s": period(removals),
             "breakdown_s": breakdown(attempts, events), "lab_events": events, "removals": removals,
-            "t0": attempts[0]["first_time"] if attempts else None,
             "samples_timeline": line.pop("points"), **line}
 
 

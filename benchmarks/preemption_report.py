@@ -34,7 +34,8 @@ def _size(r: dict[str, Any]) -> int | None:
 def timeline(records: list[dict[str, Any]], attempts: list[dict[str, Any]], workers: int,
              batch_size: int) -> dict[str, Any]:
     """The run's samples over time: ``points`` [(seconds since the first step, samples trained
-    once)], ``samples_trained``/``_repeated``/``_skipped``, ``full_pace`` (samples/s at full size),
+    once)], ``t0`` (the first step's time; under ft, which has no attempts, the first report's),
+    ``samples_trained``/``_repeated``/``_skipped``, ``full_pace`` (samples/s at full size),
     ``reduced_s`` (seconds trained on fewer than ``workers``) and ``goodput_samples``."""
     start = {a["attempt"]: (a["start_step"], a["first_time"]) for a in attempts if a.get("attempt")}
     rows = sorted((r for r in records if isinstance(r.get("global_step"), (int, float))
@@ -70,7 +71,7 @@ def timeline(records: list[dict[str, Any]], attempts: list[dict[str, Any]], work
         points.append((round(when - t0, 3), once))
     wall = points[-1][0]
     pace = full_samples / full_s if full_s > 0 else None
-    return {"points": points, "samples_trained": round(trained), "samples_repeated": round(repeated),
+    return {"points": points, "t0": t0, "samples_trained": round(trained), "samples_repeated": round(repeated),
             "samples_skipped": round(skipped), "full_pace": round(pace, 3) if pace else None,
             "reduced_s": round(reduced, 1),
             "goodput_samples": round(once / wall / pace, 4) if pace and wall > 0 else None}

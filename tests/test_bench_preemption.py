@@ -184,9 +184,11 @@ def test_bench_preemption_runs_the_ft_strategy_and_counts_it_in_samples(tmp_path
     r = json.loads((out / "preemption.json").read_text())["strategies"][0]
     debug = (done.stdout, {k: r.get(k) for k in ("status", "restarts", "quorum_changes", "replicas_replaced",
                                                   "nodes_removed", "samples_trained", "samples_repeated")})
-    assert r["strategy"] == "ft" and r["ft"] and r["nodes_removed"] == 1, debug
+    assert r["strategy"] == "ft" and r["ft"] and r["nodes_removed"] == 1 and r["goodput"] is None, debug
     assert r["restarts"] == 0 and r["quorum_changes"] >= 2 and r["replicas_replaced"] >= 1, debug
     assert r["samples_trained"] > 0 and r["samples_repeated"] == 0 and r["samples_skipped"] == 0, debug
     assert 0 < r["goodput_samples"] <= 1.05 and len(r["samples_timeline"]) > 3, debug
-    assert done.stdout.splitlines()[1].split()[0] == "ft" and "quorum change(s)" in done.stdout, debug
+    lines = done.stdout.splitlines()  # Ray's own lines may come first
+    header = next(i for i, line in enumerate(lines) if line.startswith("STRATEGY"))
+    assert lines[header + 1].split()[0] == "ft" and "quorum change(s)" in done.stdout, debug
     assert os.path.getsize(out / "preemption.png") > 10_000
