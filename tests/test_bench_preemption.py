@@ -162,6 +162,10 @@ def test_bench_preemption_project_writes_the_table_and_plot(capsys, tmp_path):
     rows = json.loads((out / "preemption-project.json").read_text())
     assert {r["strategy"] for r in rows["summary"]} == set(model.STRATEGIES) and rows["assumptions"]
     assert os.path.getsize(out / "preemption-project.png") > 10_000
+    assert main(["bench", "preemption", "--project", "--strategies", "elastic,ft", "--out", str(out)]) == 0
+    capsys.readouterr()
+    rows = json.loads((out / "preemption-project.json").read_text())
+    assert {r["strategy"] for r in rows["summary"]} == {"elastic", "ft"}
     assert main(["bench", "preemption", "--project", str(tmp_path / "missing.json"), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "--project" in err and "missing.json" in err and len(err.strip().splitlines()) == 1, err

@@ -245,7 +245,8 @@ def _project(s: Preemption, args: argparse.Namespace) -> int:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise UserError(f"--project {s.project}: cannot read it ({exc})",
                             "give a preemption.json written by `launcher bench preemption`, or --project alone") from None
-    rows = model.project_rows(inputs)
+    rows = model.project_rows(inputs, strategies=names("--strategies", s.strategies or model.STRATEGIES,
+                                                       model.STRATEGIES))
     print(model.format_rows(rows, inputs))
     wrote(model.write_results(rows, inputs, args.out))
     return EXIT_OK
