@@ -27,7 +27,7 @@ def test_function_scaling_pairs_each_launcher_run_with_its_bare_twin(tmp_path):
 
 
 @pytest.mark.integration
-def test_bench_scaling_of_a_training_function_writes_its_results(capsys, tmp_path):
+def test_bench_scaling_of_a_training_function_writes_its_results(warm_head, capsys, tmp_path):
     data = topics_file(tmp_path / "data")
     code, out, err = run_cli(capsys, "bench", "scaling", "--workload", CHAR_LM, "--data", data, "--workers", "1",
                              "--repeats", "1", "--param", "max_chars=6000", "--out", str(tmp_path / "out"))
@@ -41,7 +41,7 @@ def test_bench_scaling_of_a_training_function_writes_its_results(capsys, tmp_pat
 
 @pytest.mark.integration
 @pytest.mark.gcs
-def test_bench_stall_measures_every_storage_and_upload_mode(capsys, tmp_path):
+def test_bench_stall_measures_every_storage_and_upload_mode(warm_head, capsys, tmp_path):
     code, out, err = run_cli(capsys, "bench", "stall", "--mb", "4", "--steps", "12", "--every", "4",
                              "--out", str(tmp_path / "out"))
     assert code == 0, err[-3000:]

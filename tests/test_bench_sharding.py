@@ -117,7 +117,7 @@ def test_a_bad_flag_is_one_line_and_exit_2(capsys, flags, needle):
 
 
 @pytest.mark.integration
-def test_bench_sharding_writes_rows_for_both_strategies(capsys, tmp_path):
+def test_bench_sharding_writes_rows_for_both_strategies(warm_head, capsys, tmp_path):
     code = main(["bench", "sharding", "--workers-list", "2", "--steps", "5", "--batch-size", "2", "--d-model", "32",
                  "--layers", "1", "--heads", "2", "--context", "16", "--stall", "none",
                  "--out", str(tmp_path)])
