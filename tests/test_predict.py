@@ -395,6 +395,7 @@ def test_one_replica_takes_http_itself_on_the_port_clients_know(tmp_path):
 
 
 @pytest.mark.integration
+@pytest.mark.timeout(900)  # four servers, three of them on a Ray of their own
 def test_bench_serve_sets_launcher_serve_beside_bare_ray_serve_and_one_process(tmp_path):
     """A tiny `launcher bench serve`: every server answers every level without an error, and
     the table, JSON, CSV and plot hold each one's rows with its ratio to bare Ray Serve."""

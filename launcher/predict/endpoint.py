@@ -9,7 +9,7 @@ Endpoints:
 - ``GET /metrics`` answers Prometheus text: requests by status code, latency and
   batch-size histograms (of the replica that answers the scrape);
 - any other path is a 404, a known path with the wrong method a 405, a body over
-  the limit a 413 (read no further than the limit), bad input a 400 whose ``error``
+  the limit a 413 (kept no further than the limit), bad input a 400 whose ``error``
   says what was expected, never a 500.
 
 Concurrent requests share forward passes (Ray Serve's ``@serve.batch``, up to
@@ -42,6 +42,7 @@ PREDICT_PATHS = ("/", "/predict")
 AIP_PORT, AIP_PREDICT, AIP_HEALTH, AIP_STORAGE = ("AIP_HTTP_PORT", "AIP_PREDICT_ROUTE", "AIP_HEALTH_ROUTE",
                                                   "AIP_STORAGE_URI")
 AIP_DEPLOYED = "AIP_DEPLOYED_MODEL_ID"
+DRAIN = 16  # a body over the limit is read (and dropped) up to this many times the limit
 # Sent by `launcher serve`'s own readiness check, which the counters and access log leave out.
 PROBE_HEADER = "X-Launcher-Readiness"
 
@@ -253,17 +254,23 @@ class Endpoint:
         return _json(protocols.response(self.routes.name, request, self.model.columns(out))), rows
 
     async def _body(self, request) -> bytes | None:
-        """The body, or None when it is longer than the limit (not read past the limit)."""
+        """The body, or None when it is longer than the limit: kept no further than the limit;
+        the rest is read and dropped, up to :data:`DRAIN` times the limit, so that a client still
+        sending hears the 413 (a server that closes on unread data resets the connection, and
+        the client sees only the reset: seen with direct ingress, where no proxy reads it all)."""
         declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > self.max_body:
+        over = bool(declared and declared.isdigit() and int(declared) > self.max_body)
+        if over and int(declared) > DRAIN * self.max_body:
             return None
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
-            if size > self.max_body:
+            if size > DRAIN * self.max_body:
                 return None
-            chunks.append(chunk)
-        return b"".join(chunks)
+            over = over or size > self.max_body
+            if not over:
+                chunks.append(chunk)
+        return None if over else b"".join(chunks)
 
     def check(self, body: Any) -> tuple[str | None, formats.Batch | None]:
         """(what is wrong, None) or (None, the model's input batch)."""

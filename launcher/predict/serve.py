@@ -182,8 +182,25 @@ def serve(ref: ModelRef, options: ServeOptions = ServeOptions(), *, routes: Rout
     except KeyboardInterrupt:
         if not serving:
             raise
+        if path == DIRECT:
+            _until_free(host, options.port)
         note(f"stopped the model server at {url}")
     return 0
+
+
+def _until_free(host: str, port: int, timeout_s: float = 20.0) -> None:
+    """Wait (a while at most) for the port to be free: with direct ingress the replica, a Ray
+    worker that outlives Ray's shutdown by a moment, holds it; a server started again on the
+    port at once found it taken."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            _check_port(host, port)
+            return
+        except UserError:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.1)
 
 
 def _deployed(deploy, port: int | None, poll_s: float = 0.2) -> None:
