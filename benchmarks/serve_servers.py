@@ -91,7 +91,7 @@ def main(argv: list[str]) -> int:
     with socket.socket() as s:  # the proxy: on the port, or (direct ingress) out of the way
         s.bind(("127.0.0.1", 0))
         spare = s.getsockname()[1]
-    ray.init(include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", include_dashboard=False, log_to_driver=False)  # never a running cluster
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": spare if kind == "ray-serve-direct" else port})

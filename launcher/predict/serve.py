@@ -142,7 +142,7 @@ def serve(ref: ModelRef, options: ServeOptions = ServeOptions(), *, routes: Rout
     host = "0.0.0.0" if options.public else "127.0.0.1"
     joined = bool(address or os.environ.get("RAY_ADDRESS"))
     if not joined:
-        _check_port(host, options.port)
+        _claim_port(host, options.port, note)
     ray = sys.modules.get("ray")
     path, why = ingress(options, joined=joined, warm_head=not joined and localhead.running_head() is not None,
                         ray_running=ray is not None and ray.is_initialized(), env=dict(os.environ))
@@ -182,25 +182,36 @@ def serve(ref: ModelRef, options: ServeOptions = ServeOptions(), *, routes: Rout
     except KeyboardInterrupt:
         if not serving:
             raise
-        if path == DIRECT:
-            _until_free(host, options.port)
         note(f"stopped the model server at {url}")
     return 0
 
 
-def _until_free(host: str, port: int, timeout_s: float = 20.0) -> None:
-    """Wait (a while at most) for the port to be free: with direct ingress the replica, a Ray
-    worker that outlives Ray's shutdown by a moment, holds it; a server started again on the
-    port at once found it taken."""
-    deadline = time.monotonic() + timeout_s
+def _claim_port(host: str, port: int, note, timeout_s: float = 75.0) -> None:
+    """Refuse a port another server listens on, at once; wait (``timeout_s`` at most) for one
+    that only the closed connections of a server that had it still hold. A direct-ingress
+    replica listens without SO_REUSEADDR (Ray 2.60 binds it so), and then its connections in
+    TIME_WAIT (60 s on Linux) keep every new listener off the port."""
+    deadline, said = time.monotonic() + timeout_s, False
     while True:
         try:
             _check_port(host, port)
             return
         except UserError:
-            if time.monotonic() > deadline:
-                return
-            time.sleep(0.1)
+            if _listening(port) or time.monotonic() > deadline:
+                raise
+            if not said:
+                note(f"port {port}: the connections of the server that had it are still closing (TIME_WAIT, "
+                     "up to 60 s); waiting for it")
+                said = True
+            time.sleep(0.5)
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def _deployed(deploy, port: int | None, poll_s: float = 0.2) -> None:
