@@ -1,22 +1,25 @@
-"""Model-server load: ``launcher serve`` under concurrent keep-alive clients.
+"""Model-server load: ``launcher serve`` beside the servers a user could write instead.
 
-``launcher bench serve --run NAME`` starts ``launcher serve`` on a free loopback
-port (a separate process, as a user runs it), then, for each number of instances
-per request (1 and 64) and each concurrency level (1, 8, 32, 128), keeps that
-many HTTP/1.1 keep-alive connections busy for a few seconds, each sending its
-next request as soon as the last is answered. Per level: requests/s,
-instances/s, latency p50/p95/p99 and the errors (any answer but a 200 holding
-one prediction per instance).
+``launcher bench serve --run NAME`` starts, one after another in one sitting, on the
+same model and a free loopback port, each server of ``--servers``
+(:mod:`benchmarks.serve_servers`): ``launcher`` (``launcher serve``, as a user runs it),
+``ray-serve`` (a bare Ray Serve deployment as Ray's docs write one, through its proxy),
+``ray-serve-direct`` (the same with Ray Serve's throughput-optimised direct ingress) and
+``starlette`` (one uvicorn process calling the model, no Ray). For each number of
+instances per request (1 and 64) and each concurrency level (1, 8, 32, 128) it keeps
+that many HTTP/1.1 keep-alive connections busy for a few seconds, each sending its next
+request as soon as the last is answered. Per server and level: requests/s, instances/s,
+latency p50/p95/p99, the errors (any answer but a 200 holding one prediction per
+instance) and the ratio to the best bare Ray Serve server at that level.
 
-The limit it is compared with: the same model's forward pass called directly in
-this process on the batches the server can form at that level (instances per
-request times ``min(concurrency, max_batch)`` rows), with no HTTP, JSON or Ray
-in between. ``of_limit`` is the server's instances/s over that.
+The limit all are compared with: the same model's forward pass called directly in
+this process on the batches a server can form at that level (instances per request
+times ``min(concurrency, max_batch)`` rows), with no HTTP, JSON or Ray in between.
 
-Then the restart check: stop the server with ``launcher serve --stop`` while
-clients are connected, start it again on the same port, and time how long the
-port stays refused (0 when the new server binds at once) and how long until the
-new server answers.
+Then the restart check of ``launcher serve``: stop it with ``launcher serve --stop``
+while clients are connected, start it again on the same port, and time how long the
+port stays refused (0 when the new server binds at once) and how long until the new
+server answers.
 
 The clients are one asyncio loop in this process on the same machine as the
 server: on 2 cores they take part of the CPU the server would have.
@@ -36,11 +39,13 @@ import time
 from typing import Any, Callable
 
 import launcher
-from benchmarks import results
+from benchmarks import results, serve_servers
+from launcher.predict import serve as launcher_serve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LEVELS = (1, 8, 32, 128)
 SIZES = (1, 64)
+BARE = ("ray-serve", "ray-serve-direct")  # what the ratio is to: the best of them at each level
 
 
 def free_port() -> int:
@@ -72,7 +77,12 @@ def answered(body: bytes, expected: int, protocol: str = "vertex") -> bool:
     """Whether a 200's body holds one prediction per instance."""
     if protocol == "v2":
         return body.count(b'"name":"prediction","shape":[' + str(expected).encode() + b"]") == 1
-    return body.count(b'"prediction"') == expected
+    if b'"prediction"' in body:  # a classifier's answers: counted without parsing them
+        return body.count(b'"prediction"') == expected
+    try:
+        return len(json.loads(body)["predictions"]) == expected
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
@@ -180,34 +190,53 @@ _MODELS: dict[str, Any] = {}
 
 
 class Server:
-    """A ``launcher serve`` process on ``port``."""
+    """A server of ``kind`` (one of :data:`SERVERS`) in its own process on ``port``."""
 
-    def __init__(self, model_dir: str, port: int, flags: list[str], env: dict[str, str]) -> None:
-        self.port, self.env = port, env
-        self.log = open(os.path.join(env["LAUNCHER_STATE_DIR"], f"serve-{port}.log"), "a")  # noqa: SIM115
-        self.proc = subprocess.Popen([sys.executable, "-m", "launcher", "serve", "--model", model_dir, "--port",
-                                      str(port), *flags], stdout=subprocess.PIPE, stderr=self.log, text=True,
+    def __init__(self, model_dir: str, port: int, flags: list[str], env: dict[str, str],
+                 kind: str = "launcher", max_batch: int = 64, batch_wait_ms: float = 5.0) -> None:
+        self.port, self.env, self.kind = port, env, kind
+        self.log = open(os.path.join(env["LAUNCHER_STATE_DIR"], f"{kind}-{port}.log"), "a")  # noqa: SIM115
+        if kind == "launcher":
+            argv = ["-m", "launcher", "serve", "--model", model_dir, "--port", str(port), *flags]
+        else:
+            argv = ["-m", "benchmarks.serve_servers", kind, model_dir, str(port), str(max_batch), str(batch_wait_ms)]
+            if kind == "ray-serve-direct":  # read by Ray as it starts, in the server's process
+                env = {**env, **launcher_serve.direct_environ(port)}
+        self.proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.PIPE, stderr=self.log, text=True,
                                      env=env, cwd=ROOT)
 
     def wait_ready(self, timeout_s: float = 300) -> None:
+        """Until its "serving" line, then until the port takes connections."""
         deadline = time.time() + timeout_s
         while time.time() < deadline:
             ready, _, _ = select.select([self.proc.stdout], [], [], 1.0)
             if ready:
                 line = self.proc.stdout.readline()
                 if "serving" in line:
-                    return
+                    while time.time() < deadline and self.proc.poll() is None:
+                        try:
+                            socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
+                            return
+                        except OSError:
+                            time.sleep(0.1)
                 if not line and self.proc.poll() is not None:
                     break
-        raise RuntimeError(f"launcher serve did not start (exit {self.proc.poll()}); see {self.log.name}")
+        raise RuntimeError(f"{self.kind} did not start (exit {self.proc.poll()}); see {self.log.name}")
 
     def stop(self) -> float:
-        """``launcher serve --stop --port``; returns how long it took."""
+        """``launcher serve --stop --port`` (the others: SIGTERM); returns how long it took."""
         started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "launcher", "serve", "--stop", "--port", str(self.port)], env=self.env,
-                       cwd=ROOT, capture_output=True, text=True, timeout=180, check=True)
-        self.proc.wait(timeout=60)
-        self.log.close()
+        if self.kind == "launcher":
+            subprocess.run([sys.executable, "-m", "launcher", "serve", "--stop", "--port", str(self.port)],
+                           env=self.env, cwd=ROOT, capture_output=True, text=True, timeout=180, check=True)
+        else:
+            self.proc.terminate()
+        try:
+            self.proc.wait(timeout=60)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.log.close()
         return time.perf_counter() - started
 
 
@@ -227,55 +256,82 @@ def port_refused_s(port: int, timeout_s: float = 120) -> float:
 
 
 def run(model_dir: str, levels: list[int], sizes: list[int], seconds: float, restarts: int, flags: list[str],
-        max_batch: int, note: Callable[[str], None], state_dir: str,
-        protocol: str = "vertex") -> tuple[list[dict], list[dict]]:
-    """(one row per size and level, one row per restart); ``protocol``: vertex (JSON) or v2
-    (binary tensors)."""
+        max_batch: int, note: Callable[[str], None], state_dir: str, protocol: str = "vertex",
+        servers: tuple[str, ...] = ("launcher",), batch_wait_ms: float = 5.0) -> tuple[list[dict], list[dict]]:
+    """(one row per server, size and level, one row per restart of ``launcher serve``);
+    ``protocol``: vertex (JSON) or v2 (binary tensors, ``launcher`` only)."""
     import numpy as np
 
     from launcher.predict import locate
 
     ref = locate(model_dir)
     instance = np.random.default_rng(0).uniform(0, 1, instance_shape(ref)).round(4).tolist()
-    path = f"/v2/models/{ref.run or 'model'}/infer" if protocol == "v2" else "/predict"
     env = {**os.environ, "LAUNCHER_STATE_DIR": state_dir, "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)
-    port = free_port()
-    note(f"starting launcher serve on 127.0.0.1:{port} ...")
-    server = Server(model_dir, port, flags, env)
-    rows, restart_rows = [], []
-    try:
-        server.wait_ready()
-        for size in sizes:
-            request = request_bytes([instance] * size, path, protocol)
-            for level in levels:
-                note(f"{size} instance(s)/request, {level} concurrent client(s), {seconds:g}s ...")
-                out = drive(port, request, size, level, seconds, protocol=protocol)
-                limit = forward_limit(model_dir, size * min(level, max_batch), instance)
-                rows.append({"instances_per_request": size, "concurrency": level, **out,
-                             "limit_instances_per_s": round(limit, 1),
-                             "of_limit": round(out["instances_per_s"] / limit, 3) if limit else None})
-        for i in range(restarts):
-            note(f"restart {i + 1}/{restarts}: stopping under load (32 keep-alive clients), starting again ...")
-            load = threading.Thread(target=drive, args=(port, request_bytes([instance]), 1, 32, 6.0, 0.0),
-                                    daemon=True)
-            load.start()
-            time.sleep(3.0)
-            stop_s = server.stop()
-            refused = port_refused_s(port)
-            started = time.perf_counter()
-            server = Server(model_dir, port, flags, env)
+    rows, restart_rows, limits = [], [], {}
+    for kind in servers:
+        port = free_port()
+        path = f"/v2/models/{ref.run or 'model'}/infer" if protocol == "v2" and kind == "launcher" else "/predict"
+        note(f"starting {kind} on 127.0.0.1:{port} ...")
+        server = Server(model_dir, port, flags, env, kind, max_batch, batch_wait_ms)
+        try:
             server.wait_ready()
-            restart_rows.append({"restart": i + 1, "stop_s": round(stop_s, 2), "port_refused_s": round(refused, 3),
-                                 "new_server_ready_s": round(time.perf_counter() - started, 2)})
-            load.join()
-    finally:
-        if server.proc.poll() is None:
-            try:
-                server.stop()
-            except Exception:  # noqa: BLE001 - the figures are kept; kill what is left
-                server.proc.kill()
-    return rows, restart_rows
+            for size in sizes:
+                request = request_bytes([instance] * size, path, protocol if kind == "launcher" else "vertex")
+                for level in levels:
+                    note(f"{kind}: {size} instance(s)/request, {level} concurrent client(s), {seconds:g}s ...")
+                    out = drive(port, request, size, level, seconds,
+                                protocol=protocol if kind == "launcher" else "vertex")
+                    key = (size, min(level, max_batch))
+                    if key not in limits:
+                        limits[key] = forward_limit(model_dir, size * key[1], instance)
+                    rows.append({"server": kind, "instances_per_request": size, "concurrency": level, **out,
+                                 "limit_instances_per_s": round(limits[key], 1),
+                                 "of_limit": round(out["instances_per_s"] / limits[key], 3) if limits[key] else None})
+            if kind == "launcher":
+                server, restart_rows = _restarts(server, model_dir, port, flags, env, instance, restarts, note)
+        finally:
+            if server.proc.poll() is None:
+                try:
+                    server.stop()
+                except Exception:  # noqa: BLE001 - the figures are kept; kill what is left
+                    server.proc.kill()
+    return with_ratios(rows), restart_rows
+
+
+def _restarts(server: Server, model_dir: str, port: int, flags: list[str], env: dict[str, str], instance,
+              restarts: int, note: Callable[[str], None]) -> tuple[Server, list[dict]]:
+    """Stop ``launcher serve`` under load and start it again, ``restarts`` times: (the server
+    now running, a row per restart)."""
+    out = []
+    for i in range(restarts):
+        note(f"restart {i + 1}/{restarts}: stopping under load (32 keep-alive clients), starting again ...")
+        load = threading.Thread(target=drive, args=(port, request_bytes([instance]), 1, 32, 6.0, 0.0), daemon=True)
+        load.start()
+        time.sleep(3.0)
+        stop_s = server.stop()
+        refused = port_refused_s(port)
+        started = time.perf_counter()
+        server = Server(model_dir, port, flags, env)
+        server.wait_ready()
+        out.append({"restart": i + 1, "stop_s": round(stop_s, 2), "port_refused_s": round(refused, 3),
+                    "new_server_ready_s": round(time.perf_counter() - started, 2)})
+        load.join()
+    return server, out
+
+
+def with_ratios(rows: list[dict]) -> list[dict]:
+    """Each row with ``of_ray_serve``: its instances/s over the best bare Ray Serve server's at
+    the same size and level (None without one)."""
+    best: dict[tuple[int, int], float] = {}
+    for r in rows:
+        if r["server"] in BARE:
+            key = (r["instances_per_request"], r["concurrency"])
+            best[key] = max(best.get(key, 0.0), r["instances_per_s"])
+    for r in rows:
+        anchor = best.get((r["instances_per_request"], r["concurrency"]))
+        r["of_ray_serve"] = round(r["instances_per_s"] / anchor, 3) if anchor else None
+    return rows
 
 
 def instance_shape(ref) -> list[int]:
@@ -295,19 +351,13 @@ def instance_shape(ref) -> list[int]:
 
 
 def format_rows(rows: list[dict], restarts: list[dict]) -> str:
-    lines = [f"{'inst/req':>8} {'clients':>7} {'req/s':>8} {'inst/s':>9} {'p50 ms':>7} {'p95 ms':>7} {'p99 ms':>7} "
-             f"{'errors':>6} {'limit inst/s':>12} {'of limit':>8}"]
+    lines = [f"{'server':<16} {'inst/req':>8} {'clients':>7} {'req/s':>8} {'inst/s':>9} {'p50 ms':>7} "
+             f"{'p99 ms':>7} {'errors':>6} {'of Ray Serve':>12} {'of limit':>8}"]
     for r in rows:
-        lines.append(f"{r['instances_per_request']:>8} {r['concurrency']:>7} {r['requests_per_s']:>8.1f} "
-                     f"{r['instances_per_s']:>9.1f} {_ms(r['p50_ms'])} {_ms(r['p95_ms'])} {_ms(r['p99_ms'])} "
-                     f"{r['errors']:>6} {r['limit_instances_per_s']:>12.1f} {r['of_limit'] or 0:>8.2f}")
-    for size in dict.fromkeys(r["instances_per_request"] for r in rows):
-        level = [r for r in rows if r["instances_per_request"] == size]
-        best = max(r["requests_per_s"] for r in level)
-        worst_high = min((r["requests_per_s"] for r in level if r["concurrency"] >= 32), default=None)
-        if best and worst_high is not None:
-            lines.append(f"{size} instance(s)/request: requests/s at 32+ clients >= {worst_high / best:.2f} of "
-                         f"the best level's ({best:.1f})")
+        ratio = f"{r['of_ray_serve']:>12.2f}" if r.get("of_ray_serve") is not None else f"{'-':>12}"
+        lines.append(f"{r['server']:<16} {r['instances_per_request']:>8} {r['concurrency']:>7} "
+                     f"{r['requests_per_s']:>8.1f} {r['instances_per_s']:>9.1f} {_ms(r['p50_ms'])} "
+                     f"{_ms(r['p99_ms'])} {r['errors']:>6} {ratio} {r['of_limit'] or 0:>8.2f}")
     for r in restarts:
         lines.append(f"restart {r['restart']}: stop took {r['stop_s']:.2f}s, port refused for "
                      f"{r['port_refused_s']:.3f}s, new server answering after {r['new_server_ready_s']:.1f}s")
@@ -319,23 +369,30 @@ def _ms(value: float | None) -> str:
 
 
 def write_results(rows: list[dict], restarts: list[dict], info: dict, settings: dict, out_dir: str) -> list[str]:
-    """serve.json, serve.csv and serve.png (requests/s and p99 latency against concurrency)."""
-    fig, (left, right) = results.new_figure(ncols=2, figsize=(11, 4))
-    for size in dict.fromkeys(r["instances_per_request"] for r in rows):
-        level = [r for r in rows if r["instances_per_request"] == size]
-        xs = [r["concurrency"] for r in level]
-        line, = left.plot(xs, [r["instances_per_s"] for r in level], marker="o", label=f"{size} inst/request")
-        left.plot(xs, [r["limit_instances_per_s"] for r in level], linestyle="--", color=line.get_color(),
-                  label=f"its forward pass alone ({size})")
-        right.plot(xs, [r["p99_ms"] or 0 for r in level], marker="o", label=f"{size} inst/request")
-    for ax in (left, right):
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("concurrent keep-alive clients")
-        ax.legend(fontsize=8)
-    left.set_yscale("log")
-    left.set_ylabel("instances/s")
-    left.set_title("launcher serve throughput")
-    right.set_ylabel("p99 latency (ms)")
-    right.set_title("tail latency")
+    """serve.json, serve.csv and serve.png (instances/s and p99 latency against concurrency,
+    one line per server and size of request)."""
+    sizes = list(dict.fromkeys(r["instances_per_request"] for r in rows))
+    import numpy as np
+
+    fig, axes = results.new_figure(nrows=2, ncols=max(1, len(sizes)), figsize=(5.5 * max(1, len(sizes)), 7))
+    axes = np.asarray(axes).reshape(2, -1)
+    for col, size in enumerate(sizes):
+        top, bottom = axes[0, col], axes[1, col]
+        for kind in dict.fromkeys(r["server"] for r in rows):
+            level = [r for r in rows if r["instances_per_request"] == size and r["server"] == kind]
+            xs = [r["concurrency"] for r in level]
+            top.plot(xs, [r["instances_per_s"] for r in level], marker="o", label=kind)
+            bottom.plot(xs, [r["p99_ms"] or 0 for r in level], marker="o", label=kind)
+        limit = [r for r in rows if r["instances_per_request"] == size and r["server"] == rows[0]["server"]]
+        top.plot([r["concurrency"] for r in limit], [r["limit_instances_per_s"] for r in limit], linestyle="--",
+                 color="grey", label="the forward pass alone")
+        top.set_title(f"{size} instance(s) per request")
+        top.set_ylabel("instances/s")
+        top.set_yscale("log")
+        bottom.set_ylabel("p99 latency (ms)")
+        for ax in (top, bottom):
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("concurrent keep-alive clients")
+            ax.legend(fontsize=8)
     return results.write(out_dir, "serve", rows, {"restarts": restarts, "machine": info, "settings": settings},
                          fig)

@@ -317,18 +317,25 @@ def test_a_regression_run_predicts_its_numbers_as_the_exported_program_does(ray_
     np.testing.assert_allclose([r["prediction"] for r in rows], expected, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.integration
-def test_a_vertex_scikit_learn_model_is_served_where_the_aip_variables_say_with_a_token(tmp_path):
-    """What Vertex AI's serving container is told: the model in AIP_STORAGE_URI, the port and
-    routes in AIP_*; with --token-file, a request without the token is a 401."""
+
+def sklearn_digits(folder):
+    """A scikit-learn classifier of the digits in ``folder``/model.joblib (as a Vertex AI
+    trainer leaves it): (the digits, the model)."""
     import joblib
     from sklearn.datasets import load_digits
     from sklearn.linear_model import LogisticRegression
 
     x, y = load_digits(return_X_y=True)
     model = LogisticRegression(max_iter=300).fit(x[:1000], y[:1000])
-    (tmp_path / "model").mkdir()
-    joblib.dump(model, tmp_path / "model" / "model.joblib")
+    folder.mkdir()
+    joblib.dump(model, folder / "model.joblib")
+    return x, model
+
+@pytest.mark.integration
+def test_a_vertex_scikit_learn_model_is_served_where_the_aip_variables_say_with_a_token(tmp_path):
+    """What Vertex AI's serving container is told: the model in AIP_STORAGE_URI, the port and
+    routes in AIP_*; with --token-file, a request without the token is a 401."""
+    x, model = sklearn_digits(tmp_path / "model")
     (tmp_path / "token").write_text("vertex-test-token-0123456789\n")
     port = free_port()
     route = "/v1/endpoints/7/deployedModels/9:predict"
@@ -357,6 +364,56 @@ def test_a_vertex_scikit_learn_model_is_served_where_the_aip_variables_say_with_
         log.close()
     assert proc.returncode == 0, (tmp_path / "serve.err").read_text()[-3000:]
 
+
+@pytest.mark.integration
+def test_one_replica_takes_http_itself_on_the_port_clients_know(tmp_path):
+    """Direct ingress: the replica process listens on --port (no proxy in between), answers
+    predictions, limits and metrics, and the serving line says which way in runs."""
+    import psutil
+
+    x, model = sklearn_digits(tmp_path / "model")
+    env = {**os.environ, "LAUNCHER_STATE_DIR": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
+    env.pop("RAY_ADDRESS", None)
+    server = Server(str(tmp_path / "model"), free_port(), env, tmp_path / "serve.err")
+    try:
+        url = server.ready()
+        listeners = [c.pid for c in psutil.net_connections("tcp")
+                     if c.status == psutil.CONN_LISTEN and c.laddr.port == server.port]
+        assert len(listeners) == 1 and listeners[0] != server.proc.pid
+        assert "ServeReplica" in " ".join(psutil.Process(listeners[0]).cmdline()), \
+            psutil.Process(listeners[0]).cmdline()
+        code, answer = post(url + "/predict", {"instances": x[1000:1010].tolist()})
+        assert code == 200 and answer["predictions"] == model.predict(x[1000:1010]).tolist()
+        assert post(url + "/predict", b"[" + b"0," * 2_000_000 + b"0]")[0] == 413
+        assert get(url + "/v2/health/ready")[0] == 200 and get(url + "/nowhere")[0] == 404
+        _, metrics = get(url + "/metrics")
+        assert all(f'code="{c}"}} {n}' in metrics for c, n in ((200, 2), (404, 1), (413, 1))), metrics
+    finally:
+        server.close()
+    assert "through direct ingress" in server.said, server.said
+
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(900)  # four servers, three of them on a Ray of their own
+def test_bench_serve_sets_launcher_serve_beside_bare_ray_serve_and_one_process(tmp_path):
+    """A tiny `launcher bench serve`: every server answers every level without an error, and
+    the table, JSON, CSV and plot hold each one's rows with its ratio to bare Ray Serve."""
+    sklearn_digits(tmp_path / "model")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("RAY_ADDRESS", None)
+    out = tmp_path / "results"
+    done = subprocess.run([sys.executable, "-m", "launcher", "bench", "serve", "--model", str(tmp_path / "model"),
+                           "--concurrency", "2", "--instances", "1,8", "--seconds", "0.5", "--restarts", "0",
+                           "--out", str(out)], capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = json.load(open(out / "serve.json"))["summary"]
+    kinds = ["launcher", "ray-serve", "ray-serve-direct", "starlette"]
+    assert [(r["server"], r["instances_per_request"]) for r in rows] == [(k, n) for k in kinds for n in (1, 8)]
+    assert all(r["requests"] > 0 and r["errors"] == 0 and r["of_ray_serve"] > 0 for r in rows), rows
+    assert "of Ray Serve" in done.stdout and "ray-serve-direct" in done.stdout
+    assert len(open(out / "serve.csv").read().splitlines()) == 1 + len(rows)
+    assert (out / "serve.png").stat().st_size > 10_000
 
 def test_image_files_are_instances_the_image_workloads_take(tmp_path):
     """A folder of PNGs: each file is one instance, preprocessed as the workload trains on it."""
@@ -395,9 +452,9 @@ class Server:
                                      env=env, cwd=ROOT)
 
     def ready(self) -> str:
-        line = self.proc.stdout.readline()
+        self.said = self.proc.stdout.readline()
         self.log.seek(0)
-        assert "serving" in line, line + self.log.read()[-3000:]
+        assert "serving" in self.said, self.said + self.log.read()[-3000:]
         return f"http://127.0.0.1:{self.port}"
 
     def close(self) -> None:

@@ -20,7 +20,8 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 from launcher.errors import UserError
-from launcher.predict import formats, serve
+from launcher.predict import endpoint as replica
+from launcher.predict import formats
 from launcher.predict.model import Model, locate
 
 
@@ -148,7 +149,7 @@ def test_a_folder_nothing_can_load_and_a_torch_functions_weights_are_one_line(tm
 def test_vertex_variables_set_the_routes_and_a_token_is_kept_as_its_hash(tmp_path):
     token = tmp_path / "token"
     token.write_text("s3cret-token-0123456789\n")
-    routes = serve.routes({"AIP_PREDICT_ROUTE": "/v1/endpoints/1/deployedModels/2:predict",
+    routes = replica.routes({"AIP_PREDICT_ROUTE": "/v1/endpoints/1/deployedModels/2:predict",
                            "AIP_HEALTH_ROUTE": "/ping", "AIP_DEPLOYED_MODEL_ID": "2"}, token_file=str(token))
     assert routes.kind("/v1/endpoints/1/deployedModels/2:predict") == "predict" and routes.kind("/ping") == "health"
     assert routes.kind("/predict") == "predict" and routes.kind("/healthz") == "health"
@@ -159,15 +160,15 @@ def test_vertex_variables_set_the_routes_and_a_token_is_kept_as_its_hash(tmp_pat
     assert routes.max_body == 1_572_864  # Vertex AI's 1.5 MB
     for env, message in (({"AIP_PREDICT_ROUTE": "predict"}, "a route is a path starting with /"),):
         with pytest.raises(UserError, match=message):
-            serve.routes(env)
+            replica.routes(env)
     with pytest.raises(UserError, match=r"--max-body-mb 0: must be more than 0"):
-        serve.routes({}, max_body_mb=0)
-    assert serve.routes({}, max_body_mb=4).max_body == 4 << 20
+        replica.routes({}, max_body_mb=0)
+    assert replica.routes({}, max_body_mb=4).max_body == 4 << 20
     (tmp_path / "short").write_text("abc\n")
     with pytest.raises(UserError, match="16 or more characters"):
-        serve.routes({}, token_file=str(tmp_path / "short"))
+        replica.routes({}, token_file=str(tmp_path / "short"))
     with pytest.raises(UserError, match="cannot read it"):
-        serve.routes({}, token_file=str(tmp_path / "missing"))
+        replica.routes({}, token_file=str(tmp_path / "missing"))
 
 
 def request(method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None):
@@ -193,9 +194,9 @@ def test_the_endpoint_answers_vertex_bodies_with_its_token_and_refuses_the_rest(
     joblib.dump(model, tmp_path / "model.joblib")
     token = tmp_path / "token"
     token.write_text("a-token-long-enough-1234")
-    routes = serve.routes({"AIP_PREDICT_ROUTE": "/v1/p", "AIP_HEALTH_ROUTE": "/h"}, token_file=str(token),
+    routes = replica.routes({"AIP_PREDICT_ROUTE": "/v1/p", "AIP_HEALTH_ROUTE": "/h"}, token_file=str(token),
                           name="digits_sk")
-    endpoint = serve.Endpoint(locate(str(tmp_path)), routes)
+    endpoint = replica.Endpoint(locate(str(tmp_path)), routes)
 
     async def direct(batch):  # what @serve.batch does with one request
         return (await endpoint._batch_impl([batch]))[0]
@@ -225,7 +226,7 @@ def test_the_v2_protocol_takes_json_and_binary_tensors_and_describes_the_model(t
     x, y = digits
     model = LogisticRegression(max_iter=300).fit(x[:500], y[:500])
     joblib.dump(model, tmp_path / "model.joblib")
-    endpoint = serve.Endpoint(locate(str(tmp_path)), serve.routes({}, name="digits_sk"))
+    endpoint = replica.Endpoint(locate(str(tmp_path)), replica.routes({}, name="digits_sk"))
 
     async def direct(batch):
         return (await endpoint._batch_impl([batch]))[0]
@@ -335,7 +336,7 @@ def test_a_training_functions_model_is_exported_from_its_first_inputs_and_served
     np.testing.assert_allclose([g["score"] for g in got], (logits.max(1).values * 2).numpy(), rtol=1e-5)
 
     # and so does the server, on a real Starlette request: Vertex AI's body and the V2 protocol
-    endpoint = serve.Endpoint(served.ref, serve.routes({}, name="tagger"))
+    endpoint = replica.Endpoint(served.ref, replica.routes({}, name="tagger"))
     response, _ = asyncio.run(endpoint.answer(request("POST", "/predict", json.dumps(
         {"instances": words, "parameters": {"scale": 2}}).encode())))
     assert response.status_code == 200 and json.loads(response.body)["predictions"] == got
@@ -392,7 +393,7 @@ def test_vertex_instances_by_the_inputs_name_are_taken_and_a_400_lists_the_forms
     torch.export.save(program, str(run_model / "model.pt2"))
     (run_model / "model.json").write_text(json.dumps({"workload": "digits-mlp", "framework": "torch",
                                                       "input_shape": list(shape), "num_classes": 10, "params": {}}))
-    endpoint = serve.Endpoint(locate(str(tmp_path / "run")), serve.routes({}, name="digits"))
+    endpoint = replica.Endpoint(locate(str(tmp_path / "run")), replica.routes({}, name="digits"))
 
     async def direct(batch):
         return (await endpoint._batch_impl([batch]))[0]

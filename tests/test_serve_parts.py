@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from launcher.errors import UserError
-from launcher.predict import formats, serve
+from launcher.predict import endpoint, formats, serve, servers
 
 
 def test_the_element_that_is_not_a_number_is_named():
@@ -23,7 +23,7 @@ def test_the_element_that_is_not_a_number_is_named():
 
 
 def test_histogram_text_is_cumulative_prometheus():
-    h = serve.Histogram((1, 4, 16))
+    h = endpoint.Histogram((1, 4, 16))
     for v in (1, 2, 3, 20, 5):
         h.observe(v)
     lines = h.lines("x", 'replica="r"')
@@ -49,16 +49,16 @@ def test_entries_of_stopped_servers_are_cleaned_up_and_the_live_ones_listed(tmp_
     gone.wait()
     try:
         for port, pid, run in ((18001, sleeper.pid, "alive"), (18002, gone.pid, "dead")):
-            serve._write_entry({"pid": pid, "port": port, "url": f"http://127.0.0.1:{port}", "model": f"/r/{run}/model",
+            servers._write_entry({"pid": pid, "port": port, "url": f"http://127.0.0.1:{port}", "model": f"/r/{run}/model",
                                 "run": run, "since": 0})
-        live, dead = serve.servers()
+        live, dead = servers.servers()
         assert [e["run"] for e in live] == ["alive"] and [e["run"] for e in dead] == ["dead"]
-        assert sorted(os.listdir(serve.servers_dir())) == ["18001.json"]
+        assert sorted(os.listdir(servers.servers_dir())) == ["18001.json"]
         with pytest.raises(UserError, match="no model server on port 18003 is running on this machine "
                                             r"\(running: port 18001\)"):
-            serve.stop(port=18003)
-        assert "stopped the model server at http://127.0.0.1:18001" in serve.stop(run="alive")
-        assert sleeper.wait(timeout=10) == -15 and serve.listing() == "no model server is running on this machine"
+            servers.stop(port=18003)
+        assert "stopped the model server at http://127.0.0.1:18001" in servers.stop(run="alive")
+        assert sleeper.wait(timeout=10) == -15 and servers.listing() == "no model server is running on this machine"
     finally:
         sleeper.kill()
 
@@ -71,15 +71,15 @@ def test_a_port_held_by_a_listener_is_refused_in_one_line():
         held.listen()
         port = held.getsockname()[1]
         with pytest.raises(UserError, match=f"cannot listen on 127.0.0.1:{port}"):
-            serve._check_port("127.0.0.1", port)
-    serve._check_port("127.0.0.1", port)  # free again at once
+            servers._check_port("127.0.0.1", port)
+    servers._check_port("127.0.0.1", port)  # free again at once
 
 
 def test_state_entries_are_json_written_whole(tmp_path, monkeypatch):
     monkeypatch.setenv("LAUNCHER_STATE_DIR", str(tmp_path))
-    serve._write_entry({"pid": 1, "port": 9, "url": "u", "model": "m"})
-    assert json.load(open(os.path.join(serve.servers_dir(), "9.json")))["model"] == "m"
-    assert not [n for n in os.listdir(serve.servers_dir()) if n.endswith(".tmp")]
+    servers._write_entry({"pid": 1, "port": 9, "url": "u", "model": "m"})
+    assert json.load(open(os.path.join(servers.servers_dir(), "9.json")))["model"] == "m"
+    assert not [n for n in os.listdir(servers.servers_dir()) if n.endswith(".tmp")]
 
 
 def test_bench_serve_requests_parse_as_the_server_reads_them():
@@ -104,3 +104,35 @@ def test_bench_serve_requests_parse_as_the_server_reads_them():
     assert serve_load.answered(v2.replace(" ", "").encode(), 4, "v2")
     assert not serve_load.answered(v2.replace(" ", "").encode(), 3, "v2")
     assert serve_load.answered(b'{"predictions":[{"prediction":1},{"prediction":2}]}', 2)
+
+
+def test_direct_ingress_only_where_one_replica_serves_on_a_ray_this_command_starts():
+    one, three = serve.ServeOptions(port=8123), serve.ServeOptions(port=8123, replicas=3)
+    alone = dict(joined=False, warm_head=False, ray_running=False, env={})
+    assert serve.ingress(one, **alone)[0] == serve.DIRECT
+    for options, changes, why in ((three, {}, "3 replicas share port 8123"),
+                                  (one, dict(joined=True), "a cluster's nodes"),
+                                  (one, dict(warm_head=True), "the warm head's Ray"),
+                                  (one, dict(ray_running=True), "Ray was already started"),
+                                  (one, dict(env={"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"}),
+                                   "RAY_SERVE_THROUGHPUT_OPTIMIZED=0 is set")):
+        path, said = serve.ingress(options, **{**alone, **changes})
+        assert path == serve.PROXY and why in said, (changes, said)
+    # Ray Serve hands a direct-ingress replica a port from [MIN, MAX): exactly the server's
+    env = serve.direct_environ(8123)
+    assert (env["RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT"], env["RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT"]) == \
+        ("8123", "8124")
+    assert env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
+
+
+def test_the_environment_is_set_for_ray_over_the_users_and_given_back(monkeypatch):
+    from launcher.driver import session
+
+    monkeypatch.setenv("LAUNCHER_TEST_A", "user")
+    monkeypatch.delenv("LAUNCHER_TEST_B", raising=False)
+    with session.environ({"LAUNCHER_TEST_A": "ours", "LAUNCHER_TEST_B": "ours"}, override=True):
+        assert (os.environ["LAUNCHER_TEST_A"], os.environ["LAUNCHER_TEST_B"]) == ("ours", "ours")
+    assert os.environ["LAUNCHER_TEST_A"] == "user" and "LAUNCHER_TEST_B" not in os.environ
+    with session.environ({"LAUNCHER_TEST_A": "ours", "LAUNCHER_TEST_B": "ours"}):
+        assert (os.environ["LAUNCHER_TEST_A"], os.environ["LAUNCHER_TEST_B"]) == ("user", "ours")
+    assert "LAUNCHER_TEST_B" not in os.environ

@@ -100,6 +100,10 @@ def stall_bench(s: Stall, args: argparse.Namespace) -> int:
     return EXIT_OK if all("failed" not in r for r in rows) else EXIT_FAILED
 
 
+# launcher serve and the servers it is set beside (benchmarks/serve_servers.py's kinds)
+SERVE_SERVERS = ("launcher", "ray-serve", "ray-serve-direct", "starlette")
+
+
 @dataclass(frozen=True)
 class Serve:
     run: str | None = option(None, metavar="NAME", help="the run whose model to serve, under --storage")
@@ -112,12 +116,15 @@ class Serve:
     restarts: int = option(3, ge=0, help="stop-under-load and restart cycles (default 3)")
     max_batch: int = option(64, ge=1, help="the server's --max-batch (default 64)")
     batch_wait_ms: float = option(5.0, help="the server's --batch-wait-ms (default 5)")
-    protocol: Literal["vertex", "v2"] = option("vertex", help="requests in Vertex AI's JSON body, or the V2 protocol "
-                                               "with the instances as binary float32 (default vertex)")
+    protocol: Literal["vertex", "v2"] = option("vertex", help="launcher serve's requests in Vertex AI's JSON body, or "
+                                               "the V2 protocol with the instances as binary float32 (default vertex)")
+    servers: tuple[str, ...] = option(SERVE_SERVERS, help="comma-separated, run one after another: launcher (launcher "
+                                      "serve), ray-serve (a bare Ray Serve deployment), ray-serve-direct (the same, "
+                                      "direct ingress), starlette (one uvicorn process) (default: all)")
 
 
-@benchmark("serve", Serve, help="`launcher serve` under concurrent keep-alive clients: requests/s, latency "
-           "percentiles, against the model's own forward pass; restart on the same port")
+@benchmark("serve", Serve, help="`launcher serve` beside a bare Ray Serve deployment and a one-process server on "
+           "the same model and clients: requests/s, latency percentiles, ratios; restart on the same port")
 def serve_bench(s: Serve, args: argparse.Namespace) -> int:
     from benchmarks import machine, serve_load
     from launcher.predict.model import locate
@@ -127,12 +134,14 @@ def serve_bench(s: Serve, args: argparse.Namespace) -> int:
     info = machine.describe()
     print(machine.header(info, f"serve: {ref.what} ({ref.format}), max batch {s.max_batch}, {s.batch_wait_ms:g} ms "
                                f"wait, {s.seconds:g}s per level, {s.protocol} requests"), flush=True)
+    servers = tuple(names("--servers", s.servers, SERVE_SERVERS))
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as state:
         rows, restarts = serve_load.run(ref.uri, sorted(set(s.concurrency)), sorted(set(s.instances)), s.seconds,
-                                        s.restarts, flags, s.max_batch, note, state, s.protocol)
+                                        s.restarts if "launcher" in servers else 0, flags, s.max_batch, note, state,
+                                        s.protocol, servers, s.batch_wait_ms)
     print(serve_load.format_rows(rows, restarts))
     settings = {"model": ref.uri, "max_batch": s.max_batch, "batch_wait_ms": s.batch_wait_ms, "seconds": s.seconds,
-                "protocol": s.protocol}
+                "protocol": s.protocol, "servers": list(servers)}
     wrote(serve_load.write_results(rows, restarts, info, settings, args.out))
     return EXIT_OK if all(r["errors"] == 0 for r in rows) else EXIT_FAILED
 

@@ -80,34 +80,35 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from launcher.predict import serve
+    from launcher.predict import endpoint, serve, servers
 
     if args.list:
-        print(serve.listing())
+        print(servers.listing())
         return EXIT_OK
     if args.stop:
-        print(serve.stop(args.address, port=args.port, run=args.run, every=args.all))
+        print(servers.stop(args.address, port=args.port, run=args.run, every=args.all))
         return EXIT_OK
     if args.all:
         raise UserError("--all goes with --stop", "launcher serve --stop --all")
     from launcher.predict.model import locate
 
     env = os.environ
-    options = serve.ServeOptions(port=_port(args.port, env.get(serve.AIP_PORT)), public=args.public,
+    options = serve.ServeOptions(port=_port(args.port, env.get(endpoint.AIP_PORT)), public=args.public,
                                  replicas=args.replicas, max_batch=args.max_batch, batch_wait_ms=args.batch_wait_ms,
                                  max_queued=args.max_queued)
     options.check()
-    model = args.model or (None if args.run else env.get(serve.AIP_STORAGE))
+    model = args.model or (None if args.run else env.get(endpoint.AIP_STORAGE))
     ref = locate(model, args.run, args.storage)
-    routes = serve.routes(env, token_file=args.token_file, name=ref.run or "model",
-                          max_body_mb=serve.BODY_MB if args.max_body_mb is None else args.max_body_mb)
+    routes = endpoint.routes(env, token_file=args.token_file, name=ref.run or "model",
+                            max_body_mb=endpoint.BODY_MB if args.max_body_mb is None else args.max_body_mb)
 
-    def ready(url: str, access_log: str | None) -> None:
+    def ready(url: str, access_log: str | None, path: str) -> None:
         where = ("it stays deployed on the cluster (launcher serve --stop --address ...)" if args.address else
                  f"access log {access_log}; Ctrl-C or `launcher serve --stop --port {options.port}` stops it")
         token = ", bearer token required" if routes.token_sha256 else ""
         print(f"serving {ref.uri} ({ref.what}, {ref.format}) at {url}: POST "
-              f"{{\"instances\": [...]}} to {routes.predict}{token}, GET {routes.health}, /metrics; " + where,
+              f"{{\"instances\": [...]}} to {routes.predict}{token}, GET {routes.health}, /metrics; through {path}; "
+              + where,
               flush=True)
 
     with sigterm_as_ctrl_c():

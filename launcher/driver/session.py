@@ -179,7 +179,7 @@ def _init(address: str | None, head: dict | None, workers: int, cpus_per_worker:
         else:
             check_local_fit(workers, cpus_per_worker)
             cpus = max(os.cpu_count() or 1, math.ceil(workers * cpus_per_worker))
-            with _environ(LOCAL_RAY_ENV):  # the raylet reads its settings from its environment
+            with environ(LOCAL_RAY_ENV):  # the raylet reads its settings from its environment
                 ray.init(address="local", num_cpus=cpus,  # never a running cluster by surprise
                          runtime_env=code.runtime_env(workload, False, program) or None, **kwargs)
     except ConnectionError as exc:
@@ -190,15 +190,19 @@ def _init(address: str | None, head: dict | None, workers: int, cpus_per_worker:
 
 
 @contextlib.contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
-    """``values`` in os.environ meanwhile, where the user has not set them."""
-    added = [key for key in values if key not in os.environ]
-    os.environ.update({key: values[key] for key in added})
+def environ(values: dict[str, str], override: bool = False) -> Iterator[None]:
+    """``values`` in os.environ meanwhile: where the user has not set them, or (``override``)
+    over theirs; the user's come back after."""
+    saved = {key: os.environ.get(key) for key in values if override or key not in os.environ}
+    os.environ.update({key: values[key] for key in saved})
     try:
         yield
     finally:
-        for key in added:
-            os.environ.pop(key, None)
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 @contextlib.contextmanager

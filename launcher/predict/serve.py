@@ -1,76 +1,56 @@
-"""``launcher serve``: a run's model behind HTTP, on Ray Serve, in AI Platform's format.
-
-Endpoints:
-
-- ``POST /predict`` (also ``POST /`` and Vertex AI's ``/v1/models/NAME:predict``)
-  with ``{"instances": [...]}`` answers ``{"predictions": [{"prediction": class,
-  "scores": [...]}, ...]}``;
-- ``GET /healthz`` answers ``{"status": "ok", ...}`` with the model and the limits;
-- ``GET /metrics`` answers Prometheus text: requests by status code, latency and
-  batch-size histograms (of the replica that answers the scrape);
-- any other path is a 404, a known path with the wrong method a 405, a body over
-  the limit a 413 (read no further than the limit), bad input a 400 whose ``error``
-  says what was expected, never a 500.
+"""``launcher serve``: a run's model behind HTTP, on Ray Serve, in AI Platform's format
+(what it answers: :mod:`launcher.predict.endpoint`).
 
 Concurrent requests share forward passes (Ray Serve's ``@serve.batch``, up to
 ``max_batch`` requests per pass). Waiting requests queue inside the replica, in
 the batch queue, up to ``max_queued`` per replica: there each forward pass takes
-the next ``max_batch`` at once. (Requests Ray Serve's proxy holds back for a
-replica at capacity are retried with back-off, seconds each: measured, 8 to 21
-requests/s where the replica's own queue gave 230.) The proxy queues as many
-again (its router also holds requests there for a moment in bursts); past that a
-request gets a 503 with ``Retry-After`` at once.
-Each answered request is one line of the access log.
+the next ``max_batch`` at once; past that a request gets a 503 with ``Retry-After``
+at once.
 
-On this machine ``launcher serve`` starts a local Ray, serves on 127.0.0.1 until
-Ctrl-C, SIGTERM or ``launcher serve --stop``; ``--public`` listens on every
-interface (no authentication: anyone who reaches the port can use it). Every server
-has its own entry (port, run, PID) under the state folder, so several can run at
-once (``--list``, ``--stop --port/--run/--all``). With ``--address`` the application
-is deployed on that cluster, stays there after the command returns, and ``--stop
---address ...`` deletes it.
+Two ways in. **Direct ingress** (Ray Serve's ``RAY_SERVE_THROUGHPUT_OPTIMIZED``): the
+one replica listens on the server's port itself, so no proxy actor copies each request
+and its answer between processes. It serves where ``launcher serve`` starts its own
+local Ray for one replica; Ray reads the settings when it starts, so they are set for
+that start. **Ray Serve's proxy** everywhere else: on a cluster (``--address``), with
+several replicas behind one port, and on a Ray this command did not start (the warm
+head of ``launcher up``). (Requests the proxy holds back for a replica at capacity are
+retried with back-off, seconds each: measured, 8 to 21 requests/s where the replica's
+own queue gave 230. The proxy queues as many again as the replica.) The "serving"
+line says which one runs.
+
+On this machine ``launcher serve`` serves on 127.0.0.1 until Ctrl-C, SIGTERM or
+``launcher serve --stop``; ``--public`` listens on every interface (no authentication
+unless ``--token-file``: anyone who reaches the port can use it). Every server has its
+own entry under the state folder (:mod:`launcher.predict.servers`). With ``--address``
+the application is deployed on that cluster, stays there after the command returns,
+and ``--stop --address ...`` deletes it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import hmac
-import json
 import logging
-import math
 import os
-import re
 import signal
 import socket
 import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
-import numpy as np
-import orjson
-
-from launcher.driver import session
-from launcher.driver.localhead import STATE_ENV
+from launcher.driver import localhead, session
 from launcher.errors import UserError
-from launcher.predict import formats, protocols
-from launcher.predict.model import Model, ModelRef
+from launcher.predict import formats
+from launcher.predict.endpoint import MAX_INSTANCES, PROBE_HEADER, Endpoint, Routes
+from launcher.predict.model import ModelRef
+from launcher.predict.servers import (APP, _check_port, _entry_path, _remove, _write_entry,
+                                      servers_dir)
 from launcher.storage import Storage
-from launcher.storage.runs import pid_alive
 
-APP = "launcher-model"
-MAX_INSTANCES = 1024
-BODY_MB = 1.5  # Vertex AI's limit on a prediction request
-VERTEX_PATH = re.compile(r"^/v1/models/[^/]+:predict$")
-PREDICT_PATHS = ("/", "/predict")
-# Vertex AI's contract for a serving container: where it listens, its routes, where the model is.
-AIP_PORT, AIP_PREDICT, AIP_HEALTH, AIP_STORAGE = ("AIP_HTTP_PORT", "AIP_PREDICT_ROUTE", "AIP_HEALTH_ROUTE",
-                                                  "AIP_STORAGE_URI")
-AIP_DEPLOYED = "AIP_DEPLOYED_MODEL_ID"
-# Sent by `launcher serve`'s own readiness check, which the counters and access log leave out.
-PROBE_HEADER = "X-Launcher-Readiness"
+DIRECT, PROXY = "direct ingress", "Ray Serve's proxy"
+# Direct ingress and its companions (a replica's user code on its own event loop, gRPC
+# between deployments, its GC frozen after start-up), read once by each Ray process.
+THROUGHPUT = "RAY_SERVE_THROUGHPUT_OPTIMIZED"
+DIRECT_ENABLED = "RAY_SERVE_ENABLE_DIRECT_INGRESS"
 
 
 @dataclass(frozen=True)
@@ -82,7 +62,7 @@ class ServeOptions:
     replicas: int = 1
     max_batch: int = 64          # requests merged into one forward pass, at most
     batch_wait_ms: float = 5.0   # how long a batch waits to fill
-    max_queued: int = 1000       # requests a replica holds (and the proxy as many again); past them, 503
+    max_queued: int = 1000       # requests a replica holds (and a proxy as many again); past them, 503
     max_instances: int = MAX_INSTANCES
 
     @property
@@ -103,301 +83,6 @@ class ServeOptions:
             raise UserError(f"--port {self.port} is not a port number", "use 1..65535, e.g. 8000")
 
 
-@dataclass(frozen=True)
-class Routes:
-    """What a replica answers where, whom it answers (a token's SHA-256, never the token) and
-    how big a body it reads."""
-
-    predict: str = "/predict"
-    health: str = "/healthz"
-    token_sha256: str | None = None
-    max_body: int = int(BODY_MB * (1 << 20))
-    deployed_model_id: str = "model"
-    name: str = "model"  # the model's name in the V2 protocol's paths
-
-    def kind(self, path: str) -> str | None:
-        """"predict", "health", "metrics" or None (no such path)."""
-        if path in PREDICT_PATHS or path == self.predict or VERTEX_PATH.match(path):
-            return "predict"
-        if path in ("/healthz", self.health):
-            return "health"
-        return "metrics" if path == "/metrics" else None
-
-    def authorised(self, header: str | None) -> bool:
-        if self.token_sha256 is None:
-            return True
-        scheme, _, given = (header or "").partition(" ")
-        if scheme.lower() != "bearer" or not given.strip():
-            return False
-        return hmac.compare_digest(hashlib.sha256(given.strip().encode()).hexdigest(), self.token_sha256)
-
-
-def read_token(path: str) -> str:
-    """The SHA-256 of the bearer token in ``path`` (its first line); UserError when there is none."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            token = f.readline().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UserError(f"--token-file {path}: cannot read it ({type(exc).__name__})",
-                        "write the token on the file's first line, e.g. openssl rand -hex 32 > token") from None
-    if len(token) < 16 or any(c.isspace() for c in token):
-        raise UserError(f"--token-file {path}: its first line must be a token of 16 or more characters "
-                        "without spaces", "for example: openssl rand -hex 32 > token")
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def _route(flag: str, value: str) -> str:
-    if not value.startswith("/") or any(c.isspace() for c in value):
-        raise UserError(f"{flag} {value!r}: a route is a path starting with /", "for example /predict")
-    return value.rstrip("/") or "/"
-
-
-def routes(env: dict[str, str], *, token_file: str | None = None, max_body_mb: float = BODY_MB,
-           name: str = "") -> Routes:
-    """The routes Vertex AI's variables in ``env`` name (else /predict and /healthz)."""
-    if not 0 < max_body_mb <= 1024:
-        raise UserError(f"--max-body-mb {max_body_mb:g}: must be more than 0 and at most 1024",
-                        f"Vertex AI takes {BODY_MB:g} MB per request")
-    return Routes(predict=_route(AIP_PREDICT, env[AIP_PREDICT]) if env.get(AIP_PREDICT) else "/predict",
-                  health=_route(AIP_HEALTH, env[AIP_HEALTH]) if env.get(AIP_HEALTH) else "/healthz",
-                  token_sha256=read_token(token_file) if token_file else None,
-                  max_body=int(max_body_mb * (1 << 20)), deployed_model_id=env.get(AIP_DEPLOYED) or name or "model",
-                  name=name or "model")
-
-
-class Histogram:
-    """A Prometheus histogram: cumulative bucket counts, the sum and the count."""
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)
-        self.total = 0.0
-        self.max = 0.0
-
-    def observe(self, value: float) -> None:
-        i = 0
-        while i < len(self.bounds) and value > self.bounds[i]:
-            i += 1
-        self.counts[i] += 1
-        self.total += value
-        self.max = max(self.max, value)
-
-    def lines(self, name: str, labels: str) -> list[str]:
-        out, running = [], 0
-        for bound, count in zip((*self.bounds, math.inf), self.counts):
-            running += count
-            le = "+Inf" if bound == math.inf else f"{bound:g}"
-            out.append(f'{name}_bucket{{{labels},le="{le}"}} {running}')
-        return out + [f"{name}_sum{{{labels}}} {self.total:.6g}", f"{name}_count{{{labels}}} {running}"]
-
-
-class Endpoint:
-    """The deployment's class (made a Ray Serve deployment by :func:`deployment`)."""
-
-    def __init__(self, ref: ModelRef, routes: Routes = None, max_instances: int = MAX_INSTANCES,
-                 access_log: str | None = None) -> None:
-        self.model = Model(ref)
-        self.routes = routes or Routes()
-        self.max_instances = max_instances
-        self.max_body = self.routes.max_body
-        self.about = {**self.model.about(), "max_instances": max_instances, "max_body_bytes": self.max_body}
-        shape = self.about.get("input_shape")
-        self.hint = f" (this model takes {'x'.join(map(str, shape))} numbers per instance)" if shape else ""
-        self.replica = _replica_id()
-        self.codes: dict[int, int] = {}
-        self.latency = Histogram((0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-        self.batch_requests = Histogram((1, 2, 4, 8, 16, 32, 64, 128, 256))
-        self.batch_instances = Histogram((1, 8, 64, 256, 1024, 4096, 16384))
-        self._log = open(access_log, "a", encoding="utf-8", buffering=1) if access_log else None  # noqa: SIM115
-
-    async def __call__(self, request) -> Any:
-        started = time.perf_counter()
-        response, instances = await self.answer(request)
-        seconds = time.perf_counter() - started
-        if request.headers.get(PROBE_HEADER):
-            return response  # `launcher serve` asking whether it is up: not a client's request
-        self.codes[response.status_code] = self.codes.get(response.status_code, 0) + 1
-        self.latency.observe(seconds)
-        if self._log is not None:
-            client = request.client.host if request.client else "-"
-            self._log.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {client} {request.method} {request.url.path} "
-                            f"{response.status_code} {instances} {1000 * seconds:.1f}ms\n")
-        return response
-
-    async def answer(self, request) -> tuple[Any, int]:
-        """(the response, how many instances it predicted)."""
-        from starlette.responses import PlainTextResponse
-
-        path = request.url.path.rstrip("/") or "/"
-        kind = self.routes.kind(path)
-        v2 = None if kind else protocols.route(path)
-        if kind is None and v2 is None:
-            return _error(f"no such path: {path} (POST {{\"instances\": [...]}} to {self.routes.predict}, or the "
-                          f"V2 protocol's /v2/models/{self.routes.name}/infer; GET {self.routes.health}, /metrics)",
-                          404), 0
-        what = v2[0] if v2 else kind
-        method = "POST" if what in ("predict", "infer") else "GET"
-        if request.method != method:
-            return _error(f"{request.method} {path}: use {method}", 405, {"Allow": method}), 0
-        if v2 and v2[1] is not None and v2[1] != self.routes.name:
-            return _error(f"no model {v2[1]} here: this server serves {self.routes.name}", 404), 0
-        authorised = self.routes.authorised(request.headers.get("authorization"))
-        if what == "health":
-            return _json({"status": "ok", **(self.about if authorised else {})}), 0
-        if what in ("live", "ready", "model_ready"):  # V2's probes, open like the health route
-            return _json({"live": True} if what == "live" else {"ready": True}), 0
-        if not authorised:
-            return _error("a bearer token is needed: send Authorization: Bearer TOKEN (the server's --token-file)",
-                          401, {"WWW-Authenticate": "Bearer"}), 0
-        if what == "metrics":
-            return PlainTextResponse(self.metrics(), media_type="text/plain; version=0.0.4"), 0
-        if what == "server":
-            return _json({"name": "launcher", "extensions": ["binary_tensor_data"]}), 0
-        if what == "model":
-            return _json(protocols.metadata(self.routes.name, self.about)), 0
-        body = await self._body(request)
-        if body is None:
-            return _error(f"the request body is over {self.max_body} bytes; send fewer instances per request "
-                          "(or start the server with a larger --max-body-mb)", 413), 0
-        if what == "infer":
-            return await self.infer(body, request.headers.get(protocols.HEADER_LENGTH))
-        try:
-            payload = orjson.loads(body)
-        except (ValueError, UnicodeDecodeError):
-            return _error("the request body is not JSON: send {\"instances\": [...]}"), 0
-        if self.model.hook is not None:
-            problem, instances = self.request(payload)
-            if problem:
-                return _error(problem), 0
-            return await self.hooked(instances, payload.get("parameters") or {})
-        problem, batch = self.check(payload)
-        if problem:
-            return _error(problem), 0
-        out = await self.batched(batch)
-        answer = {"predictions": self.model.answers(out), "deployedModelId": self.routes.deployed_model_id}
-        return _json(answer), formats.rows(batch)
-
-    async def hooked(self, instances: list, parameters: dict[str, Any]) -> tuple[Any, int]:
-        """A request through the run's predict hook (each request on its own: the hook decides
-        how it calls the model), in a thread so the replica reads the next requests meanwhile."""
-        try:
-            predictions = await asyncio.to_thread(self.model.predict, instances, parameters)
-        except (ValueError, TypeError) as exc:
-            return _error(str(exc)), 0
-        except Exception as exc:  # noqa: BLE001 - the user's hook failed: the server's fault, said so
-            return _error(f"the model's predict hook failed: {type(exc).__name__}: {exc}", 500), 0
-        return _json({"predictions": predictions, "deployedModelId": self.routes.deployed_model_id}), \
-            len(instances)
-
-    async def infer(self, body: bytes, header_length: str | None) -> tuple[Any, int]:
-        """The V2 protocol's infer: tensors in, one tensor per output column out."""
-        try:
-            request, tensors = protocols.parse(body, header_length)
-            names = [i["name"] for i in self.about.get("inputs") or []]
-            rows = len(next(iter(tensors.values())))
-            if not rows or rows > self.max_instances:
-                raise ValueError(f"{rows} instances in one request; send 1..{self.max_instances}")
-            # A predict hook takes the request's own instances; the model, its inputs by name.
-            given = protocols.instances(tensors, None if self.model.hook is not None else names)
-            if self.model.hook is not None:
-                predictions = await asyncio.to_thread(self.model.predict, list(given), request.get("parameters"))
-                columns = {"prediction": formats.column(predictions)}
-                return _json(protocols.response(self.routes.name, request, columns)), rows
-            batch = self.model.inputs(given)
-        except (ValueError, TypeError) as exc:
-            return _error(f"{exc}{self.hint}"), 0
-        out = await self.batched(batch)
-        return _json(protocols.response(self.routes.name, request, self.model.columns(out))), rows
-
-    async def _body(self, request) -> bytes | None:
-        """The body, or None when it is longer than the limit (not read past the limit)."""
-        declared = request.headers.get("content-length")
-        if declared and declared.isdigit() and int(declared) > self.max_body:
-            return None
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self.max_body:
-                return None
-            chunks.append(chunk)
-        return b"".join(chunks)
-
-    def check(self, body: Any) -> tuple[str | None, formats.Batch | None]:
-        """(what is wrong, None) or (None, the model's input batch)."""
-        problem, instances = self.request(body)
-        if problem:
-            return problem, None
-        try:
-            return None, self.model.inputs(instances)
-        except (ValueError, TypeError) as exc:
-            return f"{exc}{self.hint}", None
-
-    def request(self, body: Any) -> tuple[str | None, list | None]:
-        """(what is wrong with a Vertex AI body, None) or (None, its instances)."""
-        if not isinstance(body, dict) or "instances" not in body:
-            return "the body must be a JSON object with an instances list: {\"instances\": [...]}", None
-        instances = body["instances"]
-        if not isinstance(instances, list):
-            return f"instances must be a list, got {type(instances).__name__}", None
-        if not instances:
-            return "instances is empty: send at least one instance", None
-        if len(instances) > self.max_instances:
-            return f"{len(instances)} instances in one request; at most {self.max_instances}", None
-        if not isinstance(body.get("parameters", {}), dict):
-            return f"parameters must be an object, got {type(body['parameters']).__name__}", None
-        return None, instances
-
-    async def batched(self, batch: formats.Batch) -> formats.Batch:
-        return await self._batch(batch)
-
-    async def _batch_impl(self, batches: list[formats.Batch]) -> list[formats.Batch]:
-        sizes = [formats.rows(b) for b in batches]
-        self.batch_requests.observe(len(batches))
-        self.batch_instances.observe(sum(sizes))
-        # In a thread: the replica goes on reading and checking the next requests meanwhile.
-        out = await asyncio.to_thread(self.model.run, formats.join(batches))
-        return formats.split(out, sizes)
-
-    def metrics(self) -> str:
-        """Prometheus text exposition of this replica's counters."""
-        labels = f'replica="{self.replica}"'
-        lines = ["# HELP launcher_serve_requests_total Requests answered by this replica, by HTTP status.",
-                 "# TYPE launcher_serve_requests_total counter"]
-        lines += [f'launcher_serve_requests_total{{{labels},code="{code}"}} {n}' for code, n in
-                  sorted(self.codes.items())]
-        for name, hist, what in (("launcher_serve_request_seconds", self.latency, "Time to answer a request"),
-                                 ("launcher_serve_batch_requests", self.batch_requests,
-                                  "Requests merged into one forward pass"),
-                                 ("launcher_serve_batch_instances", self.batch_instances,
-                                  "Instances in one forward pass")):
-            lines += [f"# HELP {name} {what}.", f"# TYPE {name} histogram", *hist.lines(name, labels),
-                      f"# HELP {name}_largest The largest observed.", f"# TYPE {name}_largest gauge",
-                      f"{name}_largest{{{labels}}} {hist.max:.6g}"]
-        return "\n".join(lines) + "\n"
-
-
-def _replica_id() -> str:
-    try:
-        from ray import serve
-
-        return str(serve.get_replica_context().replica_id.unique_id)
-    except Exception:  # noqa: BLE001 - outside a replica (a unit test)
-        return "local"
-
-
-def _error(message: str, status: int = 400, headers: dict[str, str] | None = None):
-    return _json({"error": message}, status, headers)
-
-
-def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None):
-    """A JSON response written by orjson (numpy arrays as they are; several times faster than
-    the standard library on the long number lists predictions are)."""
-    from starlette.responses import Response
-
-    return Response(orjson.dumps(content, option=orjson.OPT_SERIALIZE_NUMPY), status_code=status,
-                    headers=headers, media_type="application/json")
-
-
 def deployment(options: ServeOptions):
     """The Ray Serve deployment of :class:`Endpoint`, sized for its batching."""
     from ray import serve
@@ -410,72 +95,44 @@ def deployment(options: ServeOptions):
     return serve.deployment(ModelEndpoint, name="model", num_replicas=options.replicas,
                             max_ongoing_requests=options.max_ongoing, max_queued_requests=options.max_queued,
                             backpressure_config={"status_code": 503, "retry_after_s": 1},
-                            ray_actor_options={"num_cpus": 0.5}, graceful_shutdown_timeout_s=2)
+                            ray_actor_options={"num_cpus": 0.5}, graceful_shutdown_timeout_s=2,
+                            # the endpoint writes its own access log; Ray Serve's line per request
+                            # was 3-4 % of a busy replica's samples (py-spy, 1 instance a request)
+                            logging_config={"enable_access_log": False})
 
 
-# -- the servers this machine runs ----------------------------------------------------------
+def ingress(options: ServeOptions, *, joined: bool, warm_head: bool, ray_running: bool,
+            env: dict[str, str]) -> tuple[str, str]:
+    """(DIRECT or PROXY, why) for a server: direct ingress needs a local Ray this command starts
+    (Ray reads it at start) and one replica (each direct-ingress replica has its own port)."""
+    if joined:
+        return PROXY, "a cluster's nodes each have their own proxy"
+    if options.replicas > 1:
+        return PROXY, f"{options.replicas} replicas share port {options.port}"
+    if warm_head:
+        return PROXY, "the warm head's Ray started without direct ingress"
+    if ray_running:
+        return PROXY, "Ray was already started in this process"
+    for name in (THROUGHPUT, DIRECT_ENABLED):
+        if env.get(name, "1") != "1":
+            return PROXY, f"{name}={env[name]} is set"
+    return DIRECT, "one replica on this machine's own Ray"
 
 
-def servers_dir() -> str:
-    root = os.environ.get(STATE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "launcher")
-    return os.path.join(root, "servers")
-
-
-def _entry_path(port: int) -> str:
-    return os.path.join(servers_dir(), f"{port}.json")
-
-
-def servers() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(the servers running on this machine, the entries of those that are gone, now removed),
-    each sorted by port."""
-    live, dead = [], []
-    try:
-        names = sorted(os.listdir(servers_dir()))
-    except OSError:
-        names = []
-    for name in names:
-        if not name.endswith(".json"):
-            continue
-        path = os.path.join(servers_dir(), name)
-        try:
-            with open(path, encoding="utf-8") as f:
-                entry = json.load(f)
-            pid = int(entry["pid"])
-        except (OSError, ValueError, KeyError, TypeError):
-            _remove(path)
-            continue
-        if _running(pid):
-            live.append(entry)
-        else:
-            _remove(path)
-            dead.append(entry)
-    return sorted(live, key=lambda e: e["port"]), sorted(dead, key=lambda e: e["port"])
-
-
-def listing() -> str:
-    """``launcher serve --list``: one line per running server."""
-    live, dead = servers()
-    lines = [f"removed the entry of the server at {e['url']} (pid {e['pid']}): it had stopped" for e in dead]
-    if not live:
-        return "\n".join(lines + ["no model server is running on this machine"])
-    lines.append(f"{'PORT':>5}  {'PID':>7}  {'UP':>8}  {'RUN':<20} MODEL")
-    for e in live:
-        up = time.time() - float(e.get("since", time.time()))
-        lines.append(f"{e['port']:>5}  {e['pid']:>7}  {_duration(up):>8}  {e.get('run') or '-':<20} {e['model']}")
-    return "\n".join(lines)
-
-
-def _duration(seconds: float) -> str:
-    seconds = int(seconds)
-    if seconds < 3600:
-        return f"{seconds // 60}m{seconds % 60:02d}s"
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+def direct_environ(port: int) -> dict[str, str]:
+    """What Ray reads at start for direct ingress with the replica on ``port`` (Ray Serve
+    gives ports from [MIN, MAX); it still starts its proxy, on another port, unused).
+    No draining period: no load balancer in front needs it, and a stop is a stop."""
+    return {THROUGHPUT: "1", DIRECT_ENABLED: "1", "RAY_SERVE_DIRECT_INGRESS_MIN_HTTP_PORT": str(port),
+            "RAY_SERVE_DIRECT_INGRESS_MAX_HTTP_PORT": str(port + 1),
+            "RAY_SERVE_DIRECT_INGRESS_PORT_RETRY_COUNT": "1", "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "0"}
 
 
 def serve(ref: ModelRef, options: ServeOptions = ServeOptions(), *, routes: Routes | None = None,
           address: str | None = None, verbose: bool = False, ready=None, note=None) -> int:
     """Serve ``ref``: on this machine until stopped (then returns 0), or deployed on the
-    cluster at ``address`` (returns 0 at once). ``ready(url, access_log)`` is called as soon as
+    cluster at ``address`` (returns 0 at once). ``ready(url, access_log, path)`` (``path``: the
+    way in, :func:`ingress`'s, said in words) is called as soon as
     the server answers (here: its first answer to /healthz; on a cluster: once Ray Serve reports
     the application running). Exit-code rule: a stop (Ctrl-C, SIGTERM, ``--stop``) once
     ``ready`` was called is how a server ends: it is stopped, ``note`` says so (default: a line
@@ -485,17 +142,22 @@ def serve(ref: ModelRef, options: ServeOptions = ServeOptions(), *, routes: Rout
     host = "0.0.0.0" if options.public else "127.0.0.1"
     joined = bool(address or os.environ.get("RAY_ADDRESS"))
     if not joined:
-        _check_port(host, options.port)
+        _claim_port(host, options.port, note)
+    ray = sys.modules.get("ray")
+    path, why = ingress(options, joined=joined, warm_head=not joined and localhead.running_head() is not None,
+                        ray_running=ray is not None and ray.is_initialized(), env=dict(os.environ))
+    proxy_port = _free_port(host) if path == DIRECT else options.port
     access_log = None if joined else _access_log(ref, options.port)
     url = f"http://{'127.0.0.1' if not options.public else host}:{options.port}"
     serving = False
     try:
-        with session.connect(address, workers=options.replicas, cpus_per_worker=0.5, verbose=verbose):
+        with session.environ(direct_environ(options.port) if path == DIRECT else {}, override=True), \
+                session.connect(address, workers=options.replicas, cpus_per_worker=0.5, verbose=verbose):
             from ray import serve as ray_serve
 
             if not verbose:
                 logging.getLogger("ray.serve").setLevel(logging.WARNING)
-            ray_serve.start(http_options={"host": host, "port": options.port})
+            ray_serve.start(http_options={"host": host, "port": proxy_port})
             app = deployment(options).bind(ref, routes or Routes(), options.max_instances, access_log)
             _deployed(lambda: ray_serve.run(app, name=APP, route_prefix="/"), None if joined else options.port)
             serving = True
@@ -504,7 +166,7 @@ def serve(ref: ModelRef, options: ServeOptions = ServeOptions(), *, routes: Rout
                     _write_entry({"pid": os.getpid(), "port": options.port, "url": url, "model": ref.uri,
                                   "run": ref.run, "access_log": access_log, "since": time.time()})
                 if ready is not None:
-                    ready(url, access_log)
+                    ready(url, access_log, f"{path}: {why}")
                 if joined:  # the application stays on the cluster
                     return 0
                 while True:
@@ -522,6 +184,34 @@ def serve(ref: ModelRef, options: ServeOptions = ServeOptions(), *, routes: Rout
             raise
         note(f"stopped the model server at {url}")
     return 0
+
+
+def _claim_port(host: str, port: int, note, timeout_s: float = 75.0) -> None:
+    """Refuse a port another server listens on, at once; wait (``timeout_s`` at most) for one
+    that only the closed connections of a server that had it still hold. A direct-ingress
+    replica listens without SO_REUSEADDR (Ray 2.60 binds it so), and then its connections in
+    TIME_WAIT (60 s on Linux) keep every new listener off the port."""
+    deadline, said = time.monotonic() + timeout_s, False
+    while True:
+        try:
+            _check_port(host, port)
+            return
+        except UserError:
+            if _listening(port) or time.monotonic() > deadline:
+                raise
+            if not said:
+                note(f"port {port}: the connections of the server that had it are still closing (TIME_WAIT, "
+                     "up to 60 s); waiting for it")
+                said = True
+            time.sleep(0.5)
+
+
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+        return True
+    except OSError:
+        return False
 
 
 def _deployed(deploy, port: int | None, poll_s: float = 0.2) -> None:
@@ -585,87 +275,7 @@ def _access_log(ref: ModelRef, port: int) -> str:
     return os.path.join(folder, f"access-{port}.log")
 
 
-def stop(address: str | None = None, *, port: int | None = None, run: str | None = None, every: bool = False,
-         timeout_s: float = 60.0) -> str:
-    """Stop model servers: this machine's (the only one, or those ``port``/``run`` name, or
-    ``every`` one), or the application on ``address``."""
-    if address:
-        with session.connect(address, workers=0, cpus_per_worker=1):
-            from ray import serve as ray_serve
-
-            ray_serve.delete(APP)
-        return f"deleted the {APP} application on {address}"
-    live, dead = servers()
-    lines = [f"removed the entry of the server at {e['url']} (pid {e['pid']}): it had already stopped"
-             for e in dead if (port is None or e["port"] == port) and (run is None or e.get("run") == run)]
-    chosen = [e for e in live if (port is None or e["port"] == port) and (run is None or e.get("run") == run)]
-    if not chosen:
-        if lines:
-            return "\n".join(lines)
-        what = " ".join(filter(None, (f"on port {port}" if port else "", f"for run {run}" if run else "")))
-        running = ", ".join(str(e["port"]) for e in live)
-        raise UserError(f"no model server {what + ' ' if what else ''}is running on this machine"
-                        + (f" (running: port {running})" if running else ""),
-                        "`launcher serve --list` shows them; on a cluster, add --address")
-    if len(chosen) > 1 and not every and port is None:
-        ports = ", ".join(str(e["port"]) for e in chosen)
-        raise UserError(f"{len(chosen)} model servers are running (ports {ports})",
-                        "say which with --port or --run, or stop them all with --all")
-    for e in chosen:
-        try:
-            os.kill(int(e["pid"]), signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-    deadline = time.time() + timeout_s
-    for e in chosen:
-        pid = int(e["pid"])
-        while _running(pid) and time.time() < deadline:
-            time.sleep(0.1)
-        if _running(pid):
-            raise UserError(f"the model server at {e['url']} (pid {pid}) did not stop within {timeout_s:.0f}s",
-                            f"kill {pid}")
-        _remove(_entry_path(e["port"]))
-        lines.append(f"stopped the model server at {e['url']} (pid {pid})")
-    return "\n".join(lines)
-
-
-def _running(pid: int) -> bool:
-    """Whether ``pid`` is alive; a process that has exited but whose parent has not reaped it
-    yet (a zombie) is not."""
-    if not pid_alive(pid):
-        return False
-    try:
-        with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _check_port(host: str, port: int) -> None:
-    """Refuse a port another process listens on, before Ray starts. The test socket sets
-    SO_REUSEADDR as the server itself (uvicorn) does, so connections of a server that just
-    stopped, still in TIME_WAIT, do not keep a new one off its port."""
+def _free_port(host: str) -> int:
     with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            raise UserError(f"--port {port}: cannot listen on {host}:{port} ({exc.strerror})",
-                            "another server has it: pick another --port, or `launcher serve --list` and "
-                            "`launcher serve --stop --port PORT`") from None
-
-
-def _write_entry(entry: dict[str, Any]) -> None:
-    path = _entry_path(entry["port"])
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(entry, f)
-    os.replace(tmp, path)
-
-
-def _remove(path: str) -> None:
-    try:
-        os.remove(path)
-    except OSError:
-        pass
+        s.bind((host, 0))
+        return s.getsockname()[1]
