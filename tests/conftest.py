@@ -36,12 +36,14 @@ def _warm_head_state(tmp_path_factory):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     state = str(tmp_path_factory.mktemp("warm-head"))
-    with pytest.MonkeyPatch.context() as mp:
+    with pytest.MonkeyPatch.context() as mp:  # only while it starts: a test asks for it by the fixture
         mp.setenv(localhead.STATE_ENV, state)
         localhead.up(port=port)
-        try:
-            yield state
-        finally:
+    try:
+        yield state
+    finally:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv(localhead.STATE_ENV, state)
             localhead.down()
 
 
