@@ -50,8 +50,10 @@ def _warm_head_state(tmp_path_factory):
 @pytest.fixture()
 def warm_head(_warm_head_state, monkeypatch):
     """The session's warm head for this test's launches: each `launcher run` process connects to
-    it instead of starting and stopping a Ray of its own (about 3 s a launch on 2 cores). Not for
-    tests of Ray's own start, of a launch's local Ray, or of what a launch leaves behind."""
+    it instead of starting and stopping a Ray of its own (3.2 s against 0.5 s in `bench overhead`;
+    the whole suite of 2026-11-28 showed no gain yet: to be measured side by side). It also runs
+    the run's settings through the runtime environment, as a user's warm head does. Not for tests
+    of Ray's own start, of a launch's local Ray, or of what a launch leaves behind."""
     from launcher.driver import localhead
 
     monkeypatch.setenv(localhead.STATE_ENV, _warm_head_state)
