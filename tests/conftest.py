@@ -56,6 +56,8 @@ def warm_head(_warm_head_state, monkeypatch):
     of Ray's own start, of a launch's local Ray, or of what a launch leaves behind."""
     from launcher.driver import localhead
 
+    if os.environ.get("LAUNCHER_TEST_COLD"):  # A/B: each launch starts its own Ray
+        return None
     monkeypatch.setenv(localhead.STATE_ENV, _warm_head_state)
     return localhead.running_head()
 

@@ -540,7 +540,8 @@ def test_servers_batch_under_load_list_stop_one_and_restart_at_once(models, test
         assert b.proc.wait(timeout=60) == 0
         again = Server(tf_dir, second, env, tmp_path / "b2.err", "--max-batch", "1", "--max-queued", "2")
         servers.append(again)
-        url = again.ready()  # would be "Address already in use" with the old connections in TIME_WAIT
+        url = again.ready()  # at once: the old connections in TIME_WAIT keep a direct-ingress replica off the port
+        assert "proxy" in again.said and "TIME_WAIT" in again.said, again.said
         # sized for 2 requests and 2 more at the proxy: past that a 503 with Retry-After, at once
         answers = hammer(url, raw[:1].tolist(), clients=32, per_client=5)
         assert set(answers) <= {(200, 1), (503, 1)} and (503, 1) in answers and (200, 1) in answers, answers

@@ -115,7 +115,8 @@ def test_direct_ingress_only_where_one_replica_serves_on_a_ray_this_command_star
                                   (one, dict(warm_head=True), "the warm head's Ray"),
                                   (one, dict(ray_running=True), "Ray was already started"),
                                   (one, dict(env={"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"}),
-                                   "RAY_SERVE_THROUGHPUT_OPTIMIZED=0 is set")):
+                                   "RAY_SERVE_THROUGHPUT_OPTIMIZED=0 is set"),
+                                  (one, dict(port_closing=True), "port 8123 still holds the closing connections")):
         path, said = serve.ingress(options, **{**alone, **changes})
         assert path == serve.PROXY and why in said, (changes, said)
     # Ray Serve hands a direct-ingress replica a port from [MIN, MAX): exactly the server's
@@ -136,3 +137,34 @@ def test_the_environment_is_set_for_ray_over_the_users_and_given_back(monkeypatc
     with session.environ({"LAUNCHER_TEST_A": "ours", "LAUNCHER_TEST_B": "ours"}):
         assert (os.environ["LAUNCHER_TEST_A"], os.environ["LAUNCHER_TEST_B"]) == ("user", "ours")
     assert "LAUNCHER_TEST_B" not in os.environ
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="finds the listener through /proc (Linux)")
+@pytest.mark.parametrize("marked", [False, True])
+def test_a_stopped_servers_closing_connections_leave_its_port_to_the_next_one_once_marked(marked):
+    """A listener bound as Ray's direct-ingress replica binds it (no SO_REUSEADDR) leaves, after
+    the server closes a connection first, a TIME_WAIT entry that keeps every listener off the
+    port; once the replica marks its listener reusable, one with SO_REUSEADDR (the proxy's) can
+    listen there at once, and ``launcher serve`` goes that way."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+    if marked:
+        assert endpoint.reusable_listener(port)  # as the replica does on its first request
+    client = socket.create_connection(("127.0.0.1", port))
+    conn, _ = listener.accept()
+    conn.close()  # the server side closes first: its end goes to TIME_WAIT
+    client.recv(1)
+    client.close()
+    listener.close()
+    assert serve._closing("127.0.0.1", port)  # no listener without SO_REUSEADDR gets it
+    if marked:
+        servers._check_port("127.0.0.1", port)  # ... one with it does
+        assert serve.ingress(serve.ServeOptions(port=port), joined=False, warm_head=False, ray_running=False,
+                             env={}, port_closing=True)[0] == serve.PROXY
+    else:
+        with pytest.raises(UserError, match=f"cannot listen on 127.0.0.1:{port}"):
+            servers._check_port("127.0.0.1", port)

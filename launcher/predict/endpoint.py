@@ -23,7 +23,9 @@ import asyncio
 import hashlib
 import hmac
 import math
+import os
 import re
+import socket
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -153,9 +155,15 @@ class Endpoint:
         self.batch_requests = Histogram((1, 2, 4, 8, 16, 32, 64, 128, 256))
         self.batch_instances = Histogram((1, 8, 64, 256, 1024, 4096, 16384))
         self._log = open(access_log, "a", encoding="utf-8", buffering=1) if access_log else None  # noqa: SIM115
+        self._listener_reusable = False
 
     async def __call__(self, request) -> Any:
         started = time.perf_counter()
+        if not self._listener_reusable:
+            self._listener_reusable = True
+            server = request.scope.get("server")
+            if server:
+                reusable_listener(server[1])
         response, instances = await self.answer(request)
         seconds = time.perf_counter() - started
         if request.headers.get(PROBE_HEADER):
@@ -324,6 +332,36 @@ class Endpoint:
                       f"# HELP {name}_largest The largest observed.", f"# TYPE {name}_largest gauge",
                       f"{name}_largest{{{labels}}} {hist.max:.6g}"]
         return "\n".join(lines) + "\n"
+
+
+def reusable_listener(port: int) -> bool:
+    """Set SO_REUSEADDR on this process's socket listening on ``port``, if it has one.
+
+    Ray 2.60 binds a direct-ingress replica's socket without it, and the connections it then
+    accepts (which copy the listener's options) leave TIME_WAIT entries that keep every new
+    listener off the port for 60 s after a stop under load. With the flag set, a server
+    started again at once can listen there (through Ray Serve's proxy, which binds with
+    SO_REUSEADDR; see :func:`launcher.predict.serve.ingress`). Linux only (/proc); elsewhere
+    the next server waits out TIME_WAIT."""
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            sock = socket.socket(fileno=int(fd))
+        except (OSError, ValueError):
+            continue  # not a socket
+        try:
+            if (sock.type == socket.SOCK_STREAM and sock.getsockname()[1:2] == (port,)
+                    and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                return True
+        except (OSError, IndexError, TypeError):
+            pass
+        finally:
+            sock.detach()  # the descriptor stays the server's
+    return False
 
 
 def _replica_id() -> str:

@@ -102,9 +102,11 @@ def deployment(options: ServeOptions):
 
 
 def ingress(options: ServeOptions, *, joined: bool, warm_head: bool, ray_running: bool,
-            env: dict[str, str]) -> tuple[str, str]:
+            env: dict[str, str], port_closing: bool = False) -> tuple[str, str]:
     """(DIRECT or PROXY, why) for a server: direct ingress needs a local Ray this command starts
-    (Ray reads it at start) and one replica (each direct-ingress replica has its own port)."""
+    (Ray reads it at start), one replica (each direct-ingress replica has its own port), and a
+    port no stopped server's connections still hold (``port_closing``: the replica binds
+    without SO_REUSEADDR, so it could not listen there until TIME_WAIT ends, up to 60 s)."""
     if joined:
         return PROXY, "a cluster's nodes each have their own proxy"
     if options.replicas > 1:
@@ -113,6 +115,9 @@ def ingress(options: ServeOptions, *, joined: bool, warm_head: bool, ray_running
         return PROXY, "the warm head's Ray started without direct ingress"
     if ray_running:
         return PROXY, "Ray was already started in this process"
+    if port_closing:
+        return PROXY, (f"port {options.port} still holds the closing connections of the server that had it "
+                       "(TIME_WAIT, up to 60 s), where the replica itself cannot listen yet")
     for name in (THROUGHPUT, DIRECT_ENABLED):
         if env.get(name, "1") != "1":
             return PROXY, f"{name}={env[name]} is set"
@@ -145,7 +150,8 @@ def serve(ref: ModelRef, options: ServeOptions = ServeOptions(), *, routes: Rout
         _claim_port(host, options.port, note)
     ray = sys.modules.get("ray")
     path, why = ingress(options, joined=joined, warm_head=not joined and localhead.running_head() is not None,
-                        ray_running=ray is not None and ray.is_initialized(), env=dict(os.environ))
+                        ray_running=ray is not None and ray.is_initialized(), env=dict(os.environ),
+                        port_closing=not joined and _closing(host, options.port))
     proxy_port = _free_port(host) if path == DIRECT else options.port
     access_log = None if joined else _access_log(ref, options.port)
     url = f"http://{'127.0.0.1' if not options.public else host}:{options.port}"
@@ -204,6 +210,17 @@ def _claim_port(host: str, port: int, note, timeout_s: float = 75.0) -> None:
                      "up to 60 s); waiting for it")
                 said = True
             time.sleep(0.5)
+
+
+def _closing(host: str, port: int) -> bool:
+    """Whether only TIME_WAIT connections hold ``port``: a listener without SO_REUSEADDR (as a
+    direct-ingress replica binds) cannot have it, one with it (the proxy's) can."""
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+            return False
+        except OSError:
+            return True
 
 
 def _listening(port: int) -> bool:
