@@ -180,3 +180,21 @@ def test_a_drain_deadline_leaves_room_for_an_epoch_end_before_the_next_check(com
     assert not s._deadline_close(deadline, 10)
     s.pos.step_in_epoch = 20  # the end comes before the next check
     assert s._deadline_close(deadline, 10)
+
+
+@pytest.mark.parametrize("name", ["no_steps", "no_model", "ragged", "raises", "loader_in_loop"])
+def test_a_broken_function_fails_naming_the_users_line(comm, tmp_path, name):
+    """Each misuse of the session in a user's function is one error naming the user's line
+    (on a worker the run fails with it: test_session)."""
+    from test_session import BROKEN, BROKEN_CASES, broken_line
+
+    path = tmp_path / "broken.py"
+    path.write_text(BROKEN)
+    function = workloads.get(f"{path}:{name}")
+    s = BareSession(JobSpec(workers=1, storage=str(tmp_path), workload=f"{path}:{name}", preemption_check_steps=0,
+                            epochs=function.defaults.epochs, batch_size=function.defaults.batch_size).validated(),
+                   comm, function)
+    with pytest.raises(Exception) as raised:
+        s.start()
+    for needle in dict(BROKEN_CASES)[name] + [f"{path}:{broken_line(name)}"]:
+        assert needle in str(raised.value), str(raised.value)
