@@ -257,9 +257,13 @@ def port_refused_s(port: int, timeout_s: float = 120) -> float:
 
 def run(model_dir: str, levels: list[int], sizes: list[int], seconds: float, restarts: int, flags: list[str],
         max_batch: int, note: Callable[[str], None], state_dir: str, protocol: str = "vertex",
-        servers: tuple[str, ...] = ("launcher",), batch_wait_ms: float = 5.0) -> tuple[list[dict], list[dict]]:
+        servers: tuple[str, ...] = ("launcher",), batch_wait_ms: float = 5.0,
+        rounds: int = 1) -> tuple[list[dict], list[dict]]:
     """(one row per server, size and level, one row per restart of ``launcher serve``);
-    ``protocol``: vertex (JSON) or v2 (binary tensors, ``launcher`` only)."""
+    ``protocol``: vertex (JSON) or v2 (binary tensors, ``launcher`` only). With ``rounds`` > 1
+    the servers take turns, in the opposite order each round (so neither always runs first on
+    a machine that warms up or slows down), and each row holds the medians over the rounds
+    (:func:`medians`); ``launcher serve``'s restarts are measured in the first round only."""
     import numpy as np
 
     from launcher.predict import locate
@@ -269,8 +273,11 @@ def run(model_dir: str, levels: list[int], sizes: list[int], seconds: float, res
     env = {**os.environ, "LAUNCHER_STATE_DIR": state_dir, "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)
     rows, restart_rows, limits = [], [], {}
-    for kind in servers:
+    turns = [(r, kind) for r in range(rounds) for kind in (servers if r % 2 == 0 else servers[::-1])]
+    for r, kind in turns:
         port = free_port()
+        if rounds > 1:
+            note(f"round {r + 1}/{rounds}")
         path = f"/v2/models/{ref.run or 'model'}/infer" if protocol == "v2" and kind == "launcher" else "/predict"
         note(f"starting {kind} on 127.0.0.1:{port} ...")
         server = Server(model_dir, port, flags, env, kind, max_batch, batch_wait_ms)
@@ -285,10 +292,11 @@ def run(model_dir: str, levels: list[int], sizes: list[int], seconds: float, res
                     key = (size, min(level, max_batch))
                     if key not in limits:
                         limits[key] = forward_limit(model_dir, size * key[1], instance)
-                    rows.append({"server": kind, "instances_per_request": size, "concurrency": level, **out,
+                    rows.append({"server": kind, "instances_per_request": size, "concurrency": level, "round": r + 1,
+                                 **out,
                                  "limit_instances_per_s": round(limits[key], 1),
                                  "of_limit": round(out["instances_per_s"] / limits[key], 3) if limits[key] else None})
-            if kind == "launcher":
+            if kind == "launcher" and r == 0:
                 server, restart_rows = _restarts(server, model_dir, port, flags, env, instance, restarts, note)
         finally:
             if server.proc.poll() is None:
@@ -296,7 +304,37 @@ def run(model_dir: str, levels: list[int], sizes: list[int], seconds: float, res
                     server.stop()
                 except Exception:  # noqa: BLE001 - the figures are kept; kill what is left
                     server.proc.kill()
-    return with_ratios(rows), restart_rows
+    return with_ratios(medians(rows, servers)), restart_rows
+
+
+MEDIAN_FIELDS = ("requests_per_s", "instances_per_s", "p50_ms", "p95_ms", "p99_ms", "of_limit")
+
+
+def medians(rows: list[dict], servers: tuple[str, ...]) -> list[dict]:
+    """One row per server, size and level (in ``servers``' order): the median of each rate and
+    latency over the rounds, errors and requests summed, each round's instances/s kept in
+    ``instances_per_s_rounds``."""
+    import statistics
+
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        groups.setdefault((r["server"], r["instances_per_request"], r["concurrency"]), []).append(r)
+    out = []
+    for key in sorted(groups, key=lambda k: (servers.index(k[0]), k[1], k[2])):
+        taken = groups[key]
+        row = {k: v for k, v in taken[0].items() if k != "round"}
+        for field in MEDIAN_FIELDS:
+            values = [t[field] for t in taken if t.get(field) is not None]
+            row[field] = round(statistics.median(values), 3) if values else None
+        row.update(requests=sum(t["requests"] for t in taken), errors=sum(t["errors"] for t in taken),
+                   rounds=len(taken), instances_per_s_rounds=[t["instances_per_s"] for t in taken])
+        kinds: dict[str, int] = {}
+        for t in taken:
+            for name, n in t.get("error_kinds", {}).items():
+                kinds[name] = kinds.get(name, 0) + n
+        row["error_kinds"] = kinds
+        out.append(row)
+    return out
 
 
 def _restarts(server: Server, model_dir: str, port: int, flags: list[str], env: dict[str, str], instance,
@@ -358,6 +396,8 @@ def format_rows(rows: list[dict], restarts: list[dict]) -> str:
         lines.append(f"{r['server']:<16} {r['instances_per_request']:>8} {r['concurrency']:>7} "
                      f"{r['requests_per_s']:>8.1f} {r['instances_per_s']:>9.1f} {_ms(r['p50_ms'])} "
                      f"{_ms(r['p99_ms'])} {r['errors']:>6} {ratio} {r['of_limit'] or 0:>8.2f}")
+    if rows and rows[0].get("rounds", 1) > 1:
+        lines.append(f"(each figure: the median of {rows[0]['rounds']} rounds, the servers taking turns)")
     for r in restarts:
         lines.append(f"restart {r['restart']}: stop took {r['stop_s']:.2f}s, port refused for "
                      f"{r['port_refused_s']:.3f}s, new server answering after {r['new_server_ready_s']:.1f}s")

@@ -168,3 +168,26 @@ def test_a_stopped_servers_closing_connections_leave_its_port_to_the_next_one_on
     else:
         with pytest.raises(UserError, match=f"cannot listen on 127.0.0.1:{port}"):
             servers._check_port("127.0.0.1", port)
+
+
+def test_bench_serve_rounds_are_medians_per_server_size_and_level():
+    """Three rounds of two servers: each row is the median of its three, errors summed, in the
+    servers' order whatever order they ran in; the ratio is to bare Ray Serve's median."""
+    from benchmarks.serve_load import format_rows, medians, with_ratios
+
+    def row(server, rnd, rate, p99, errors=0):
+        return {"server": server, "instances_per_request": 1, "concurrency": 8, "round": rnd, "requests": 100,
+                "requests_per_s": rate, "instances_per_s": rate, "p50_ms": p99 / 2, "p95_ms": p99, "p99_ms": p99,
+                "of_limit": 0.5, "errors": errors, "error_kinds": {"503": errors} if errors else {}}
+
+    raw = [row("launcher", 1, 100.0, 30.0), row("ray-serve", 1, 80.0, 40.0),
+           row("ray-serve", 2, 90.0, 20.0, errors=1), row("launcher", 2, 300.0, 10.0),
+           row("launcher", 3, 120.0, 50.0), row("ray-serve", 3, 60.0, 60.0)]
+    rows = with_ratios(medians(raw, ("launcher", "ray-serve")))
+    assert [r["server"] for r in rows] == ["launcher", "ray-serve"]
+    launcher, bare = rows
+    assert launcher["instances_per_s"] == 120.0 and launcher["p99_ms"] == 30.0  # medians, not means or the last
+    assert launcher["instances_per_s_rounds"] == [100.0, 300.0, 120.0] and launcher["rounds"] == 3
+    assert bare["errors"] == 1 and bare["error_kinds"] == {"503": 1} and bare["requests"] == 300
+    assert launcher["of_ray_serve"] == 1.5 and "round" not in launcher
+    assert "the median of 3 rounds" in format_rows(rows, [])

@@ -121,6 +121,8 @@ class Serve:
     servers: tuple[str, ...] = option(SERVE_SERVERS, help="comma-separated, run one after another: launcher (launcher "
                                       "serve), ray-serve (a bare Ray Serve deployment), ray-serve-direct (the same, "
                                       "direct ingress), starlette (one uvicorn process) (default: all)")
+    rounds: int = option(1, ge=1, help="the servers take turns this many times, in the opposite order each round; "
+                         "the table gives each figure's median over the rounds (default 1; 3 or more for figures)")
 
 
 @benchmark("serve", Serve, help="`launcher serve` beside a bare Ray Serve deployment and a one-process server on "
@@ -138,10 +140,10 @@ def serve_bench(s: Serve, args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-serve-") as state:
         rows, restarts = serve_load.run(ref.uri, sorted(set(s.concurrency)), sorted(set(s.instances)), s.seconds,
                                         s.restarts if "launcher" in servers else 0, flags, s.max_batch, note, state,
-                                        s.protocol, servers, s.batch_wait_ms)
+                                        s.protocol, servers, s.batch_wait_ms, s.rounds)
     print(serve_load.format_rows(rows, restarts))
     settings = {"model": ref.uri, "max_batch": s.max_batch, "batch_wait_ms": s.batch_wait_ms, "seconds": s.seconds,
-                "protocol": s.protocol, "servers": list(servers)}
+                "protocol": s.protocol, "servers": list(servers), "rounds": s.rounds}
     wrote(serve_load.write_results(rows, restarts, info, settings, args.out))
     return EXIT_OK if all(r["errors"] == 0 for r in rows) else EXIT_FAILED
 
