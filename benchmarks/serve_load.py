@@ -33,6 +33,7 @@ import os
 import select
 import socket
 import subprocess
+import statistics
 import sys
 import threading
 import time
@@ -314,8 +315,6 @@ def medians(rows: list[dict], servers: tuple[str, ...]) -> list[dict]:
     """One row per server, size and level (in ``servers``' order): the median of each rate and
     latency over the rounds, errors and requests summed, each round's instances/s kept in
     ``instances_per_s_rounds``."""
-    import statistics
-
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         groups.setdefault((r["server"], r["instances_per_request"], r["concurrency"]), []).append(r)
