@@ -32,8 +32,8 @@ import json
 import os
 import select
 import socket
-import subprocess
 import statistics
+import subprocess
 import sys
 import threading
 import time
