@@ -172,7 +172,8 @@ def run_strategy(strategy: str, *, workers: int, min_workers: int, every_s: floa
     line = timeline(records, attempts, workers, int(spec.batch_size))
     return {"strategy": strategy, "workers": workers, "min_workers": spec.min_workers, "every_s": every_s,
             "boot_s": boot_s, "notice_s": notice_s if with_notice else None, "status": str(summary.status),
-            "steps": summary.steps_completed, "nodes_removed": len(removals), "restarts": summary.restarts,
+            "error": summary.error, "steps": summary.steps_completed, "nodes_removed": len(removals),
+            "restarts": summary.restarts,
             "steps_lost": summary.steps_lost, "time_lost_s": summary.time_lost_s,
             "ft": STRATEGIES[strategy].ft, "quorum_changes": summary.quorum_changes,
             "quorum_change_s": summary.quorum_change_s, "replicas_replaced": summary.replicas_replaced,
@@ -206,7 +207,7 @@ def run_program(base, program, program_args: list[str], job_dir: bool, strategy:
     restarts = summary.to_json()["interruptions"]
     return {"strategy": strategy, "workers": workers, "min_workers": None, "every_s": every_s, "boot_s": boot_s,
             "notice_s": notice_s if with_notice else None, "status": str(summary.status),
-            "exit_code": job.exit_code, "steps": None, "nodes_removed": len(removals),
+            "error": summary.error, "exit_code": job.exit_code, "steps": None, "nodes_removed": len(removals),
             "restarts": summary.restarts, "steps_lost": None, "time_lost_s": summary.time_lost_s,
             "recovery_s": [r["recovery_s"] for r in restarts if r.get("recovery_s") is not None],
             "goodput": None, "reduced_s": 0.0, "wall_s": summary.wall_s, "attempts": [],

@@ -186,8 +186,9 @@ def test_bench_preemption_runs_the_ft_strategy_and_counts_it_in_samples(tmp_path
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     r = json.loads((out / "preemption.json").read_text())["strategies"][0]
-    debug = (done.stdout, {k: r.get(k) for k in ("status", "restarts", "quorum_changes", "replicas_replaced",
-                                                  "nodes_removed", "samples_trained", "samples_repeated")})
+    debug = (done.stdout, {k: r.get(k) for k in ("status", "error", "restarts", "quorum_changes",
+                                                  "replicas_replaced", "nodes_removed", "samples_trained",
+                                                  "samples_repeated")})
     assert r["strategy"] == "ft" and r["ft"] and r["nodes_removed"] == 1 and r["goodput"] is None, debug
     assert r["restarts"] == 0 and r["quorum_changes"] >= 2 and r["replicas_replaced"] >= 1, debug
     assert r["samples_trained"] > 0 and r["samples_repeated"] == 0 and r["samples_skipped"] == 0, debug
