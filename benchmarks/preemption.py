@@ -6,8 +6,12 @@ replacement nodes take ``boot_s`` to come up) runs digits-mlp while a node is pr
 every ``every_s`` seconds (with GCE's notice, or lost outright), ``preemptions`` times,
 under each strategy: ``wait`` (a fixed group waits for the replacement), ``elastic``
 (``--min-workers``: go on with the nodes that remain, grow back when the replacement
-joins) and ``elastic-early`` (elastic, and the replacement asked for on the notice).
-From the run's attempts (each worker group's first/last step and time):
+joins), ``elastic-early`` (elastic, and the replacement asked for on the notice) and ``ft``
+(``--strategy ft``: torchft replica groups, a quorum per step; the node's replica leaves, the
+others train on, the replacement joins). The samples trained against wall time, goodput in
+samples and the samples repeated or skipped come from the run log
+(:mod:`benchmarks.preemption_report`); from the run's attempts (each worker group's first/last
+step and time):
 
 * recovery: node removed -> first training step of the restarted group;
 * goodput: time spent on steps that were kept / wall time from the first step
@@ -24,12 +28,9 @@ import tempfile
 import time
 from typing import Any, Callable
 
-from benchmarks import results
+from benchmarks.preemption_report import timeline
 from launcher.driver import stop_running
 from launcher.storage import Storage
-
-
-BIN_S = 5.0  # the plot's throughput: mean over windows this long
 
 
 def goodput(attempts: list[dict[str, Any]]) -> float:
@@ -46,39 +47,6 @@ def goodput(attempts: list[dict[str, Any]]) -> float:
         useful += kept * (a["last_time"] - a["first_time"]) / trained
     wall = attempts[-1]["last_time"] - attempts[0]["first_time"]
     return useful / wall if wall > 0 else 0.0
-
-
-def sample_accounting(attempts: list[dict[str, Any]], sizes: dict[str, int], workers: int,
-                      batch_size: int) -> dict[str, float]:
-    """Goodput in samples: the samples each attempt trained (its steps x ``batch_size`` x its group
-    size: an epoch's last, smaller batch is counted whole, a small overcount), those trained again
-    after a restart (the steps an attempt took after the checkpoint the next one resumed from;
-    with the global order's cursor a resize repeats nothing more), and the samples trained once
-    per second of wall time over what the full group trains per second (its own attempts at full
-    size). The run log's epoch rows cannot give the samples: after a resize an epoch's row counts
-    only the steps since."""
-    if not attempts:
-        return {"samples_trained": 0, "samples_repeated": 0, "goodput_samples": None}
-
-    def rate(world: int) -> float:
-        return float(batch_size * world)
-
-    trained = repeated = full_samples = full_s = 0.0
-    for i, a in enumerate(attempts):
-        steps = max(0, a["last_step"] - a["start_step"])
-        world = sizes.get(a.get("attempt"), workers)
-        trained += steps * rate(world)
-        if i + 1 < len(attempts):
-            redone = max(0, a["last_step"] - max(a["start_step"], attempts[i + 1]["start_step"]))
-            repeated += redone * rate(world)
-        if world == workers and a["last_time"] > a["first_time"]:
-            full_samples += steps * rate(world)
-            full_s += a["last_time"] - a["first_time"]
-    wall = attempts[-1]["last_time"] - attempts[0]["first_time"]
-    full_rate = full_samples / full_s if full_s else 0.0
-    once = trained - repeated
-    return {"samples_trained": round(trained), "samples_repeated": round(repeated),
-            "goodput_samples": round(once / wall / full_rate, 4) if wall > 0 and full_rate > 0 else None}
 
 
 def recoveries(attempts: list[dict[str, Any]], removals: list[float]) -> list[float]:
@@ -99,13 +67,16 @@ class Strategy:
     help: str
     elastic: bool = False            # goes on with --min-workers while a node is missing (a program cannot)
     replace_on_notice: bool = False  # the replacement asked for as the notice comes
+    ft: bool = False                 # --strategy ft: replica groups, a quorum per step (no group restart)
 
 
 STRATEGIES = {"wait": Strategy("a fixed group waits for the replacement node"),
               "elastic": Strategy("--min-workers: train on the nodes that remain, grow back when the replacement "
                                   "joins", elastic=True),
               "elastic-early": Strategy("elastic, and the replacement asked for as the notice comes", elastic=True,
-                                        replace_on_notice=True)}
+                                        replace_on_notice=True),
+              "ft": Strategy("--strategy ft: torchft replica groups; the others train on while a node's replica "
+                             "leaves and its replacement joins", elastic=True, ft=True)}
 
 
 def run(strategies: list[str], *, workers: int, min_workers: int, every_s: float, preemptions: int,
@@ -145,7 +116,8 @@ def _spec_for(base, strategy: str, root: str, address: str, **fields):
     from launcher import JobSpec
 
     base = base or JobSpec(checkpoint_every_steps=20)
-    return dataclasses.replace(base, storage=root, name=f"bench_preemption_{strategy.replace('-', '_')}",
+    strategy_name = "ft" if STRATEGIES[strategy].ft else ("ddp" if base.strategy == "ft" else base.strategy)
+    return dataclasses.replace(base, strategy=strategy_name, storage=root, name=f"bench_preemption_{strategy.replace('-', '_')}",
                                address=address, max_failures=-1, keep_checkpoints=3,
                                replace_on_notice=STRATEGIES[strategy].replace_on_notice, **fields).validated()
 
@@ -185,9 +157,11 @@ def run_strategy(strategy: str, *, workers: int, min_workers: int, every_s: floa
         _preempt_every(lab, job, every_s, preemptions, with_notice)
         # After the last one: the full group again, and a little training on it, then stop.
         if job.running:
+            last = time.time()
             before = {r.get("attempt") for r in _records(Storage.resolve(root), spec.name)}
             lab.wait_for_nodes(workers, timeout_s=boot_s + stockout_s + 300)
-            _train_at_full_size(job, storage_root=root, name=spec.name, workers=workers, old=before,
+            _train_at_full_size(job, storage_root=root, name=spec.name, workers=workers,
+                                back=_ft_back(last) if STRATEGIES[strategy].ft else _restarted(before),
                                 timeout_s=boot_s + stockout_s + 300)
             stop_running("the benchmark's preemptions are done")
         summary = job.wait(timeout_s=3600)
@@ -195,16 +169,19 @@ def run_strategy(strategy: str, *, workers: int, min_workers: int, every_s: floa
         events = _lab_events(lab)
         records = _records(Storage.resolve(root), spec.name)
     attempts = summary.to_json()["attempts"]
-    sizes = attempt_sizes(records)
+    line = timeline(records, attempts, workers, int(spec.batch_size))
     return {"strategy": strategy, "workers": workers, "min_workers": spec.min_workers, "every_s": every_s,
             "boot_s": boot_s, "notice_s": notice_s if with_notice else None, "status": str(summary.status),
-            "steps": summary.steps_completed, "nodes_removed": len(removals), "restarts": summary.restarts,
+            "error": summary.error, "steps": summary.steps_completed, "nodes_removed": len(removals),
+            "restarts": summary.restarts,
             "steps_lost": summary.steps_lost, "time_lost_s": summary.time_lost_s,
-            "recovery_s": recoveries(attempts, removals), "goodput": round(goodput(attempts), 4),
-            "reduced_s": round(reduced_time(attempts, sizes, workers), 1), "wall_s": summary.wall_s,
-            "attempts": attempts, "sizes": sizes, "period_s": period(removals),
-            "breakdown_s": breakdown(attempts, events), "lab_events": events,
-            "throughput": throughput(records), **sample_accounting(attempts, sizes, workers, int(spec.batch_size))}
+            "ft": STRATEGIES[strategy].ft, "quorum_changes": summary.quorum_changes,
+            "quorum_change_s": summary.quorum_change_s, "replicas_replaced": summary.replicas_replaced,
+            "recovery_s": recoveries(attempts, removals),
+            "goodput": None if STRATEGIES[strategy].ft else round(goodput(attempts), 4),
+            "wall_s": summary.wall_s, "attempts": attempts, "period_s": period(removals),
+            "breakdown_s": breakdown(attempts, events), "lab_events": events, "removals": removals,
+            "samples_timeline": line.pop("points"), **line}
 
 
 def run_program(base, program, program_args: list[str], job_dir: bool, strategy: str, *, workers: int,
@@ -230,12 +207,12 @@ def run_program(base, program, program_args: list[str], job_dir: bool, strategy:
     restarts = summary.to_json()["interruptions"]
     return {"strategy": strategy, "workers": workers, "min_workers": None, "every_s": every_s, "boot_s": boot_s,
             "notice_s": notice_s if with_notice else None, "status": str(summary.status),
-            "exit_code": job.exit_code, "steps": None, "nodes_removed": len(removals),
+            "error": summary.error, "exit_code": job.exit_code, "steps": None, "nodes_removed": len(removals),
             "restarts": summary.restarts, "steps_lost": None, "time_lost_s": summary.time_lost_s,
             "recovery_s": [r["recovery_s"] for r in restarts if r.get("recovery_s") is not None],
-            "goodput": None, "reduced_s": 0.0, "wall_s": summary.wall_s, "attempts": [], "sizes": {},
-            "samples_trained": None, "samples_repeated": None, "goodput_samples": None,
-            "period_s": period(removals), "breakdown_s": {}, "lab_events": events, "throughput": []}
+            "goodput": None, "reduced_s": 0.0, "wall_s": summary.wall_s, "attempts": [],
+            "samples_trained": None, "samples_repeated": None, "samples_skipped": None,
+            "goodput_samples": None, "period_s": period(removals), "breakdown_s": {}, "lab_events": events}
 
 
 def _records(storage, name: str) -> list[dict[str, Any]]:
@@ -249,41 +226,28 @@ def _records(storage, name: str) -> list[dict[str, Any]]:
     return out
 
 
-def _train_at_full_size(job, storage_root: str, name: str, workers: int, old: set, timeout_s: float) -> None:
-    """Wait until a group of ``workers`` that started after the last preemption (an attempt not
-    in ``old``) has reported 3 times: it is back at full size, and trained on."""
+def _restarted(old: set) -> Callable[[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """A restarting strategy's reports since the last preemption: those of a group (an attempt) not in ``old``."""
+    return lambda records: [r for r in records if r.get("attempt") not in old]
+
+
+def _ft_back(since: float) -> Callable[[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """--strategy ft's reports after the quorum last changed, if it changed after ``since`` (the group
+    is one attempt throughout: its size is the quorum's)."""
+    def after(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        changes = [r["time"] for r in records if r.get("kind") == "quorum" and r.get("time", 0) > since]
+        return [r for r in records if changes and r.get("time", 0) > max(changes)]
+    return after
+
+
+def _train_at_full_size(job, storage_root: str, name: str, workers: int, back, timeout_s: float) -> None:
+    """Wait until the group is back at full size after the last preemption and has reported there
+    3 times (``back``: the records since it came back, of :func:`_restarted` or :func:`_ft_back`)."""
     storage, end = Storage.resolve(storage_root), time.time() + timeout_s
     while job.running and time.time() < end:
-        new = [r for r in _records(storage, name) if r.get("attempt") not in old and r.get("world_size") == workers]
-        if len(new) >= 3:
+        if len([r for r in back(_records(storage, name)) if r.get("world_size") == workers]) >= 3:
             return
         time.sleep(0.5)
-
-
-def attempt_sizes(records: list[dict[str, Any]]) -> dict[str, int]:
-    """Each attempt's group size, from its reports."""
-    return {r["attempt"]: int(r["world_size"]) for r in records if r.get("attempt") and r.get("world_size")}
-
-
-def reduced_time(attempts: list[dict[str, Any]], sizes: dict[str, int], workers: int) -> float:
-    """Seconds the run trained on fewer than ``workers`` workers."""
-    return sum(a["last_time"] - a["first_time"] for a in attempts
-               if sizes.get(a.get("attempt"), workers) < workers)
-
-
-def throughput(records: list[dict[str, Any]]) -> list[dict[str, float]]:
-    """Steps per second between consecutive reports of one attempt: (time, steps/s, world size)."""
-    out, last = [], {}
-    for r in records:
-        if r.get("global_step") is None or r.get("time") is None:
-            continue
-        prev = last.get(r.get("attempt"))
-        if prev is not None and r["time"] > prev["time"] and r["global_step"] > prev["global_step"]:
-            out.append({"time": r["time"], "steps_per_s": round((r["global_step"] - prev["global_step"])
-                                                                / (r["time"] - prev["time"]), 3),
-                        "world_size": r.get("world_size")})
-        last[r.get("attempt")] = r
-    return out
 
 
 def breakdown(attempts: list[dict[str, Any]], events: list[dict[str, Any]]) -> dict[str, float]:
@@ -326,99 +290,3 @@ def period(removals: list[float]) -> float | None:
     return round((removals[-1] - removals[0]) / (len(removals) - 1), 1)
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{100 * value:.1f}%"
-
-
-def _mean(values: list[float]) -> str:
-    return f"{sum(values) / len(values):.1f}s" if values else "-"
-
-
-def format_result(r: dict) -> str:
-    rec = r["recovery_s"]
-    steps = "" if r.get("steps") is None else f", {r['steps']} steps"
-    lines = [f"{r['strategy']}: preemption every {r['every_s']:g}s, "
-             + (f"{r['notice_s']:g}s notice" if r["notice_s"] else "no notice")
-             + f", replacements boot in {r['boot_s']:g}s: {r['status']}{steps}, "
-             f"{r['nodes_removed']} node(s) removed" + (f" ({r['period_s']:g}s apart)" if r.get("period_s") else "")
-             + f", {r['restarts']} restart(s)",
-             "  recovery (node removed -> first step): "
-             + (f"mean {sum(rec) / len(rec):.1f}s, max {max(rec):.1f}s" if rec else "-")]
-    if r.get("steps_lost") is not None:
-        lines.append(f"  steps lost {r['steps_lost']}, time lost {r['time_lost_s']:.1f}s, "
-                     f"{r['reduced_s']:.0f}s on fewer than {r['workers']} workers")
-        lines.append(f"  goodput {_pct(r['goodput'])} (useful step time / wall time), wall {r['wall_s']:.0f}s")
-        if r.get("goodput_samples") is not None:
-            lines.append(f"  goodput in samples {_pct(r['goodput_samples'])} (samples trained once per second / the "
-                         f"full group's samples per second), {r['samples_trained']:,} samples trained, "
-                         f"{r['samples_repeated']:,} of them again")
-    else:
-        lines.append(f"  goodput {_pct(r['goodput'])} (the uninterrupted run's wall time / this one's), "
-                     f"wall {r['wall_s']:.0f}s; the program keeps its steps to itself")
-    if r.get("breakdown_s"):
-        lines.append("  per preemption (mean s): " + ", ".join(f"{k} {v:.2f}" for k, v in r["breakdown_s"].items()))
-    return "\n".join(lines)
-
-
-def format_table(result: dict) -> str:
-    """One line per strategy, then each strategy's detail."""
-    rows = [("STRATEGY", "GOODPUT", "GOODPUT (SAMPLES)", "REPEATED SAMPLES", "STEPS LOST", "NODES REMOVED", "REDUCED",
-             "RECOVERY (mean)")]
-    for r in result["strategies"]:
-        repeated = r.get("samples_repeated")
-        rows.append((r["strategy"], _pct(r["goodput"]), _pct(r.get("goodput_samples")),
-                     "-" if repeated is None else f"{repeated:,}",
-                     "-" if r["steps_lost"] is None else str(r["steps_lost"]),
-                     str(r["nodes_removed"]), f"{r['reduced_s']:.0f}s", _mean(r["recovery_s"])))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    table = "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows)
-    return table + "\n\n" + "\n".join(format_result(r) for r in result["strategies"])
-
-
-def binned_throughput(points: list[dict[str, Any]], t0: float, width_s: float = BIN_S) -> list[tuple[float, float]]:
-    """(seconds since ``t0``, mean steps/s x workers) per ``width_s`` window that has reports: the
-    data the group gets through, whatever its size (a smaller group takes more, shorter steps);
-    one point per report is too noisy to read at a glance. A gap is a window with no report."""
-    bins: dict[int, list[float]] = {}
-    for p in points:
-        bins.setdefault(int((p["time"] - t0) // width_s), []).append(p["steps_per_s"] * (p.get("world_size") or 1))
-    return [((k + 0.5) * width_s, sum(v) / len(v)) for k, v in sorted(bins.items())]
-
-
-def write_results(result: dict, out_dir: str) -> list[str]:
-    """preemption.json ({"summary": rows, "settings": ..., "strategies": [...]}), .csv, and a plot of
-    throughput over time per strategy with the preemptions marked."""
-    strategies = result["strategies"]
-    fig, axes = results.new_figure(nrows=max(1, len(strategies)), sharex=True)
-    axes = list(axes) if hasattr(axes, "__len__") else [axes]
-    marks = {"preemption notice": ("grey", ":"), "node removed": ("black", "--"),
-             "node removed without notice": ("black", "--"), "node started": ("green", "-.")}
-    for ax, r in zip(axes, strategies):
-        points, a = r.get("throughput") or [], r["attempts"]
-        t0 = a[0]["first_time"] if a else (points[0]["time"] if points else
-                                           min((e["time"] for e in r.get("lab_events", [])), default=0.0))
-        binned = binned_throughput(points, t0)
-        ax.plot([b[0] for b in binned], [b[1] for b in binned], marker=".", linewidth=1)
-        labelled = set()
-        for e in r.get("lab_events", []):
-            if e["event"] in marks and e["time"] >= t0:  # not the lab's first nodes coming up
-                color, style = marks[e["event"]]
-                label = {"node started": "replacement up"}.get(e["event"], e["event"])
-                ax.axvline(e["time"] - t0, color=color, linestyle=style, linewidth=0.8,
-                           label=None if label in labelled else label)
-                labelled.add(label)
-        ax.set_ylabel("worker-steps/s")
-        ax.set_title(f"{r['strategy']}: goodput {_pct(r['goodput'])}, {r['reduced_s']:.0f}s reduced",
-                     fontsize=9)
-        ax.legend(fontsize=6)
-    axes[-1].set_xlabel("seconds since the first step")
-    rows = []
-    for r in strategies:
-        row = {k: r.get(k) for k in ("strategy", "workers", "min_workers", "every_s", "boot_s", "notice_s", "steps",
-                                     "nodes_removed", "restarts", "steps_lost", "time_lost_s", "reduced_s",
-                                     "goodput", "goodput_samples", "samples_trained", "samples_repeated",
-                                     "wall_s")}
-        row["recovery_mean_s"] = round(sum(r["recovery_s"]) / len(r["recovery_s"]), 2) if r["recovery_s"] else None
-        rows.append(row)
-    return results.write(out_dir, "preemption", rows, {"settings": result.get("settings", {}),
-                                                      "strategies": strategies}, fig)

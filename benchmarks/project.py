@@ -148,17 +148,22 @@ def format_rows(rows: list[dict], gpus: list[int]) -> str:
     return "\n".join(lines)
 
 
+def gpu_axis(ax, counts: list[int]) -> None:
+    """An x axis of GPU counts, doubling: log 2, a tick at each count."""
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(counts, [str(n) for n in counts])
+    ax.minorticks_off()
+    ax.set_xlabel("GPUs")
+
+
 def write_results(rows: list[dict], workloads: list[Workload], model: Model, info: dict, out_dir: str) -> list[str]:
     fig, ax = results.new_figure(figsize=(8, 4.5))
     for key in dict.fromkeys((r["model"], r["network_gbps"]) for r in rows):
         mine = [r for r in rows if (r["model"], r["network_gbps"]) == key]
         ax.plot([r["gpus"] for r in mine], [r["efficiency"] for r in mine], marker="o",
                 label=f"{key[0]}, {key[1]:g} Gbit/s")
-    ax.set_xscale("log", base=2)
-    counts = sorted({r["gpus"] for r in rows})
-    ax.set_xticks(counts, [str(n) for n in counts])
-    ax.minorticks_off()
-    ax.set(xlabel="GPUs", ylabel="projected scaling efficiency", ylim=(0, 1.05),
+    gpu_axis(ax, sorted({r["gpus"] for r in rows}))
+    ax.set(ylabel="projected scaling efficiency", ylim=(0, 1.05),
            title="Ring-allreduce projection (tensor fusion, overlap with backward)")
     ax.legend(fontsize=7)
     payload = {"machine": info, "model": asdict(model), "inputs": [asdict(w) for w in workloads],

@@ -134,6 +134,58 @@ def test_an_epoch_ends_when_no_step_of_the_quorum_is_left():
     assert (order.cursor, order.over, order.handed) == (0, False, 0)
 
 
+# -- a lost peer (no Ray: torchft's managed work, its process group's work broken) ----------------
+
+def test_an_allreduce_broken_by_a_lost_peer_leaves_the_step_uncommitted_not_the_replica_failed():
+    """A peer's process killed mid-allreduce (its node removed without notice): torchft notes the
+    error, so the step will not commit, but leaves the work's future unset, and its own DDP hook
+    then fails an assertion inside backward(), ending the survivor too. Ours hands the bucket back."""
+    import logging
+
+    import torch
+    from torchft.ddp import DistributedDataParallel
+    from torchft.manager import _ManagedWork
+    from torchft.work import _DummyWork
+
+    from launcher.worker.ft import _comm_hook
+
+    class Broken(_DummyWork):  # gloo's work once the peer's connection closed
+        def wait(self, timeout=None):
+            raise RuntimeError("Connection closed by peer")
+
+    class Manager:  # torchft's Manager, as far as its managed work and the hooks use it
+        _logger = logging.getLogger("test_ft")
+
+        def __init__(self) -> None:
+            self.errors: list[Exception] = []
+
+        def report_error(self, e: Exception) -> None:
+            self.errors.append(e)
+
+        def allreduce(self, tensor):
+            return _ManagedWork(self, Broken(tensor), tensor)
+
+    grads = torch.ones(3)
+    bucket = types.SimpleNamespace(buffer=lambda: grads)
+    with pytest.raises(AssertionError):
+        DistributedDataParallel._comm_hook(Manager(), bucket)
+    manager = Manager()
+    assert _comm_hook(manager, bucket).wait() is grads
+    assert [str(e) for e in manager.errors] == ["Connection closed by peer"]  # the step will not commit
+
+
+def test_ft_replicas_watch_for_notices_on_a_cluster_whatever_ray_trains_watcher_setting(monkeypatch):
+    """Each ft replica reads its own node's drain state: Ray Train's watcher (off in a process that
+    ran a local launch, and in the launches it starts) is not how its notices come."""
+    from launcher.driver import trainer
+    from launcher.spec import JobSpec
+
+    monkeypatch.setenv(trainer.PREEMPTION_WATCHER_ENV, "0")
+    ft = JobSpec(strategy="ft", workers=2).validated()
+    assert trainer.notices_possible(ft, local=False) and not trainer.notices_possible(ft, local=True)
+    assert not trainer.notices_possible(JobSpec(workers=2).validated(), local=False)
+
+
 # -- training on a real local Ray with real torchft ---------------------------------------------
 
 SEEN = '''

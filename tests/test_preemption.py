@@ -172,74 +172,6 @@ def test_bench_goodput_and_recovery():
         "worker set-up (data, model, restore)": 2.0, "-> first step": 5.0}
 
 
-def test_bench_goodput_in_samples_counts_repeated_samples():
-    from benchmarks.preemption import format_table, sample_accounting
-
-    # 2 workers: 64 samples a step (32 each); alone: 32. The first group trained steps 0-60 and was
-    # resumed from step 50 (10 steps = 640 samples again); the single worker went on from 60 to 80
-    # (nothing redone: the next group resumed at its last step), then 2 workers to 100.
-    attempts = [{"attempt": "a", "start_step": 0, "first_time": 0.0, "last_step": 60, "last_time": 30.0},
-                {"attempt": "b", "start_step": 50, "first_time": 40.0, "last_step": 80, "last_time": 70.0},
-                {"attempt": "c", "start_step": 80, "first_time": 75.0, "last_step": 100, "last_time": 85.0}]
-    sizes = {"a": 2, "b": 1, "c": 2}
-    got = sample_accounting(attempts, sizes, workers=2, batch_size=32)
-    assert got["samples_trained"] == 60 * 64 + 30 * 32 + 20 * 64 and got["samples_repeated"] == 10 * 64
-    once = got["samples_trained"] - got["samples_repeated"]
-    full_rate = (60 * 64 + 20 * 64) / (30.0 + 10.0)
-    assert got["goodput_samples"] == pytest.approx(once / 85.0 / full_rate, abs=1e-4)
-    assert sample_accounting([], sizes, 2, 32)["goodput_samples"] is None
-    row = {"strategy": "elastic", "goodput": 0.9, "steps_lost": 10, "nodes_removed": 1, "reduced_s": 30.0,
-           "recovery_s": [5.0], "every_s": 60.0, "notice_s": 30.0, "boot_s": 90.0, "status": "succeeded",
-           "restarts": 2, "workers": 2, "time_lost_s": 5.0, "wall_s": 85.0, **got}
-    text = format_table({"strategies": [row]})
-    assert "REPEATED SAMPLES" in text and "640" in text and "goodput in samples" in text, text
-
-
-def test_bench_writes_table_and_plot(tmp_path):
-    from benchmarks.preemption import format_table, write_results
-
-    attempts = [{"attempt": "a", "start_step": 0, "first_time": 0.0, "last_step": 60, "last_time": 30.0, "marks": {}},
-                {"attempt": "b", "start_step": 60, "first_time": 40.0, "last_step": 100, "last_time": 60.0,
-                 "marks": {}}]
-    r = {"strategy": "wait", "workers": 4, "min_workers": None, "every_s": 60.0, "boot_s": 90.0, "period_s": None,
-         "notice_s": 30.0, "status": "cancelled", "steps": 100, "nodes_removed": 1, "restarts": 1, "steps_lost": 0,
-         "time_lost_s": 10.0, "recovery_s": [7.0], "goodput": 0.8333, "reduced_s": 0.0, "wall_s": 60.0,
-         "attempts": attempts, "breakdown_s": {"held before the deadline": 1.5},
-         "throughput": [{"time": 10.0, "steps_per_s": 2.0, "world_size": 4}],
-         "lab_events": [{"event": "preemption notice", "time": 5.0}, {"event": "node removed", "time": 33.0},
-                        {"event": "node started", "time": 39.0}]}
-    elastic = {**r, "strategy": "elastic", "min_workers": 3, "goodput": 0.95, "reduced_s": 12.0, "recovery_s": []}
-    result = {"settings": {"workers": 4}, "strategies": [r, elastic]}
-    text = format_table(result)
-    assert "held before the deadline 1.50" in text and "elastic   95.0%" in text, text
-    paths = write_results(result, str(tmp_path))
-    assert sorted(os.path.basename(p) for p in paths) == ["preemption.csv", "preemption.json", "preemption.png"]
-    lines = (tmp_path / "preemption.csv").read_text().splitlines()
-    header = lines[0].split(",")
-    assert dict(zip(header, lines[1].split(",")))["recovery_mean_s"] == "7.0"
-    assert [dict(zip(header, line.split(",")))["strategy"] for line in lines[1:]] == ["wait", "elastic"]
-    written = json.loads((tmp_path / "preemption.json").read_text())
-    for entry in written["strategies"]:  # what a script comparing runs reads
-        assert {"strategy", "goodput", "steps_lost", "nodes_removed", "recovery_s"} <= set(entry)
-
-
-def test_bench_sizes_reduced_time_and_throughput():
-    from benchmarks.preemption import attempt_sizes, reduced_time, throughput
-
-    records = [{"attempt": "a", "world_size": 4, "global_step": 0, "time": 0.0},
-               {"attempt": "a", "world_size": 4, "global_step": 20, "time": 10.0},
-               {"attempt": "b", "world_size": 3, "global_step": 20, "time": 15.0},
-               {"attempt": "b", "world_size": 3, "global_step": 40, "time": 25.0},
-               {"attempt": "c", "world_size": 4, "global_step": 40, "time": 30.0}]
-    sizes = attempt_sizes(records)
-    assert sizes == {"a": 4, "b": 3, "c": 4}
-    attempts = [{"attempt": "a", "first_time": 0.0, "last_time": 10.0}, {"attempt": "b", "first_time": 15.0,
-                                                                          "last_time": 25.0}]
-    assert reduced_time(attempts, sizes, 4) == 10.0
-    assert throughput(records) == [{"time": 10.0, "steps_per_s": 2.0, "world_size": 4},
-                                   {"time": 25.0, "steps_per_s": 2.0, "world_size": 3}]
-
-
 def test_controller_states_become_restart_events_with_their_cause():
     """Ray Train's own state objects through the forwarder and the event file: an elastic group
     resized under a running run counts as a restart (it resumes from the last checkpoint like one),
@@ -285,24 +217,6 @@ def test_a_summary_reads_back_as_it_was_written_and_statuses_are_members():
     assert RunStatus.parse("unreadable") is RunStatus.UNREADABLE and RunStatus.parse(None) is RunStatus.UNKNOWN
     with pytest.raises(ValueError):
         RunSummary.from_json(["not", "a", "summary"])
-
-
-def test_bench_table_for_a_program_says_what_it_cannot_count(tmp_path):
-    """A --script or --package keeps its steps to itself: its goodput is the reference run's wall time
-    over the run's, and the step columns say '-' rather than a made-up 0."""
-    from benchmarks.preemption import format_table, write_results
-
-    r = {"strategy": "wait", "workers": 2, "min_workers": None, "every_s": 30.0, "boot_s": 10.0, "period_s": None,
-         "notice_s": 6.0, "status": "succeeded", "exit_code": 0, "steps": None, "nodes_removed": 1, "restarts": 1,
-         "steps_lost": None, "time_lost_s": 0.0, "recovery_s": [], "goodput": 0.8, "reduced_s": 0.0, "wall_s": 50.0,
-         "attempts": [], "sizes": {}, "breakdown_s": {}, "throughput": [],
-         "lab_events": [{"event": "preemption notice", "time": 1795629000.0},
-                        {"event": "node removed", "time": 1795629006.0}]}
-    text = format_table({"settings": {"workers": 2, "reference_wall_s": 40.0}, "strategies": [r]})
-    first = text.splitlines()[1].split()
-    assert first[:3] == ["wait", "80.0%", "-"], text
-    assert "the uninterrupted run's wall time / this one's" in text and "steps lost" not in text
-    assert len(write_results({"settings": {}, "strategies": [r]}, str(tmp_path))) == 3
 
 
 def test_bench_preemption_refuses_an_elastic_strategy_for_a_program(capsys, tmp_path):

@@ -138,3 +138,27 @@ def test_runs_list_each_runs_strategy(capsys, tmp_path):
     rows, table = listed(capsys, root)
     assert rows["sharded"]["strategy"] == "fsdp" and "examples/gpt.py:train/torch/fsdp" in table["sharded"]
     assert rows["whole"]["strategy"] == "ddp" and "digits-mlp/torch/ddp" in table["whole"], table["whole"]
+
+
+def test_a_ft_runs_quorum_changes_and_their_cost_are_shown(capsys, tmp_path):
+    """--strategy ft: the quorum changes stand in for restarts in the table, and `runs NAME` says
+    what each cost; a run without any says nothing of them."""
+    root = str(tmp_path)
+    spec = JobSpec(name="ft", storage=root, strategy="ft", workers=3, min_workers=2).validated()
+    log = RunLog(Storage.resolve(root), "ft")
+    log.begin(spec.to_dict())
+    log.record({"kind": "epoch", "epoch": 1, "step_in_epoch": 0, "global_step": 10, "world_size": 3, "loss": 0.5},
+               tensorboard=False)
+    log.finish(RunSummary(name="ft", status=RunStatus.SUCCEEDED, workload=spec.workload, framework="torch",
+                          backend="native", strategy="ft", workers=3, epochs=1, quorum_changes=2,
+                          quorum_change_s=[0.24, 0.18], replicas_replaced=1).to_json())
+    logged_run(root, "plain", [{"kind": "epoch", "epoch": 1, "step_in_epoch": 0, "global_step": 10,
+                                "world_size": 2, "loss": 0.5}])
+    rows, table = listed(capsys, root)
+    assert rows["ft"]["quorum_changes"] == 2 and rows["ft"]["quorum_change_s"] == [0.24, 0.18], rows["ft"]
+    assert "0 (2 quorum changes)" in table["ft"] and "quorum" not in table["plain"], table
+    assert main(["runs", "ft", "--storage", root]) == 0
+    out = capsys.readouterr().out
+    assert "quorum changes 2 (0.4s for their steps' quorums: 0.24s/0.18s), replicas replaced 1" in out, out
+    assert main(["runs", "plain", "--storage", root]) == 0
+    assert "quorum" not in capsys.readouterr().out

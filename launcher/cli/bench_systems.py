@@ -201,6 +201,9 @@ class Preemption:
                          "default 1000)")
     notice_s: float = option(30.0, help="notice length (GCE: 30)")
     without_notice: bool = option(False, help="lose nodes without a notice")
+    project: str | None = option(None, const="-", metavar="RESULTS", help="run nothing: project each strategy's "
+                                 "goodput to 64-1,024 GPUs (a model from published figures, --boot-s and --notice-s, "
+                                 "and RESULTS, a preemption.json of this benchmark, for the measured ones)")
 
     def check(self) -> None:
         if self.min_workers is not None and self.min_workers >= self.workers:
@@ -220,8 +223,10 @@ def _run_flags(parser: argparse.ArgumentParser) -> None:
 @benchmark("preemption", Preemption, more_flags=_run_flags, help="goodput, steps lost, time at reduced size and "
            "recovery per strategy when nodes are preempted and replaced as slowly as GCE")
 def preemption_bench(s: Preemption, args: argparse.Namespace) -> int:
-    from benchmarks import preemption as bench
+    from benchmarks import preemption as bench, preemption_report as report
 
+    if s.project:
+        return _project(s, args)
     strategies = names("--strategies", s.strategies or bench.STRATEGIES, bench.STRATEGIES)
     program = program_from_args(args)
     fixed = [name for name, strategy in bench.STRATEGIES.items() if not strategy.elastic]
@@ -236,6 +241,23 @@ def preemption_bench(s: Preemption, args: argparse.Namespace) -> int:
                        preemptions=s.preemptions, boot_s=s.boot_s, stockout_s=s.stockout_s, notice_s=s.notice_s,
                        with_notice=not s.without_notice, epochs=s.epochs, note=note, base=base, program=program,
                        program_args=args.program_args, job_dir=wants_job_dir(args, program))
-    print(bench.format_table(result))
-    wrote(bench.write_results(result, args.out))
+    print(report.format_table(result))
+    wrote(report.write_results(result, args.out))
+    return EXIT_OK
+
+
+def _project(s: Preemption, args: argparse.Namespace) -> int:
+    from benchmarks import preemption_project as model
+
+    inputs = model.Inputs(boot_s=s.boot_s, notice_s=s.notice_s)
+    if s.project != "-":
+        try:
+            inputs = model.from_bench(s.project, inputs)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise UserError(f"--project {s.project}: cannot read it ({exc})",
+                            "give a preemption.json written by `launcher bench preemption`, or --project alone") from None
+    rows = model.project_rows(inputs, strategies=names("--strategies", s.strategies or model.STRATEGIES,
+                                                       model.STRATEGIES))
+    print(model.format_rows(rows, inputs))
+    wrote(model.write_results(rows, inputs, args.out))
     return EXIT_OK

@@ -16,6 +16,7 @@ from launcher.cli.options import (EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, add_prog
                                   program_from_args, program_spec, spec_from_args, wants_job_dir)
 from launcher.driver import startup
 from launcher.storage.checkpoint import resume_point
+from launcher.storage.runs import format_quorums
 from launcher.summary import RunStatus, RunSummary, format_memory, format_shares, format_usage
 
 
@@ -134,8 +135,7 @@ def format_summary(s: RunSummary) -> str:
     if s.restarts or s.preemption_notices:
         lines.append("  " + format_interruptions(s))
     if s.quorum_changes or s.replicas_replaced:  # --strategy ft
-        lines.append(f"  quorum changes {s.quorum_changes} ({sum(s.quorum_change_s):.1f}s for their steps' quorums), "
-                     f"replicas replaced {s.replicas_replaced}, no restart of the others")
+        lines.append("  " + format_quorums(s.quorum_changes, s.quorum_change_s, s.replicas_replaced))
     if s.metrics:
         lines.append("  " + ", ".join(f"{k} {v:.4f}" for k, v in s.metrics.items()))
     rate = f"{s.samples_per_s:,.0f} samples/s, " if s.samples_per_s else ""  # a Ray Train function counts none

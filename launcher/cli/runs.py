@@ -10,6 +10,7 @@ import os
 from launcher.cli.options import EXIT_OK
 from launcher.errors import UserError
 from launcher.storage import Storage
+from launcher.storage.runs import format_run, format_table, list_runs
 from launcher.storage.uri import DEFAULT_STORAGE, normalize_storage
 
 
@@ -31,7 +32,6 @@ def add_parsers(sub) -> None:
 
 def cmd_runs(args: argparse.Namespace) -> int:
     from launcher.cli.runviews import compare, plot_run, run_named
-    from launcher.storage.runs import format_run, format_table, list_runs
 
     storage = Storage.resolve(normalize_storage(args.storage))
     if storage.is_local and not os.path.isdir(storage.root):

@@ -215,7 +215,8 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
                                 keep_checkpoints=spec.keep_checkpoints,
                                 callbacks=[channel.forwarder, channel.states])
     loop_config = {"spec": spec.to_dict(), "resume": resume, "env": {**gcs.worker_env(), **usage.worker_env()},
-                   "board": channel.board, "notices": trainer.notices_possible(), "launch": tracker.log.launch,
+                   "board": channel.board, "notices": trainer.notices_possible(spec, conn.local),
+                   "launch": tracker.log.launch,
                    "mailbox": channel.mailbox() if spec.replica_groups else None}
     if workloads.is_ray_train(spec.workload):
         loop_config["user_config"] = workloads.function.ray_config(spec)

@@ -55,10 +55,15 @@ def _watcher_on() -> bool:
     return True if value is None else value.strip().lower() in ("1", "true")
 
 
-def notices_possible() -> bool:
-    """Whether a preemption notice can reach this run (after :func:`apply_ray_train_env`): only
-    through Ray Train's preemption watcher. Without it ``get_preemption_info()`` always answers
+def notices_possible(spec, local: bool) -> bool:
+    """Whether a preemption notice can reach this run (after :func:`apply_ray_train_env`). Under
+    --strategy ft each replica reads its own node's drain state (Ray Train runs no watcher for
+    replica groups): on any cluster but a ``local`` Ray, whatever Ray Train's watcher setting says
+    (a process that ran a local launch passes its "off" on to the launches it starts). Otherwise
+    only through Ray Train's preemption watcher: without it ``get_preemption_info()`` always answers
     None, and the workers skip asking (a barrier across ranks every few steps)."""
+    if spec.replica_groups:
+        return not local
     return _watcher_on()
 
 

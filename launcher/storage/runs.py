@@ -63,6 +63,10 @@ class RunRow:
     steps_lost: int = 0
     time_lost_s: float = 0.0
     interruptions: list[dict[str, Any]] = field(default_factory=list)
+    # --strategy ft: the quorum changes over every launch, the seconds each cost its step, the replicas replaced
+    quorum_changes: int = 0
+    quorum_change_s: list[float] = field(default_factory=list)
+    replicas_replaced: int = 0
     wall_s: float = 0.0
     # Each worker's peak memory over the run's epochs, by rank (MiB; see launcher.summary.peak_memory).
     peak_rss_mb_max: float | None = None
@@ -159,6 +163,9 @@ def describe_run(storage: Storage, name: str) -> RunRow | None:
         steps_lost=sum(e.steps_lost for e in ends),
         time_lost_s=round(sum(e.time_lost_s for e in ends), 1),
         interruptions=[dataclasses.asdict(i) for e in ends for i in e.interruptions],
+        quorum_changes=sum(e.quorum_changes for e in ends),
+        quorum_change_s=[x for e in ends for x in e.quorum_change_s],
+        replicas_replaced=sum(e.replicas_replaced for e in ends),
         wall_s=round(sum(e.wall_s for e in ends), 1),
         # the epochs' reports: a launch still running, or cut off before its summary, counts too
         **peak_memory(m for m in lines if m.get("kind") == "epoch"),
@@ -288,6 +295,8 @@ def format_run(run: RunRow) -> str:
     memory = format_memory(vars(run))
     if memory:
         lines.append(memory)
+    if run.quorum_changes or run.replicas_replaced:
+        lines.append(format_quorums(run.quorum_changes, run.quorum_change_s, run.replicas_replaced))
     if run.time_shares:
         lines.append(format_shares(run.time_shares, run.stragglers) + " (the last launch)")
     if run.usage:
@@ -303,10 +312,20 @@ def format_run(run: RunRow) -> str:
 
 
 def format_restarts(r: RunRow) -> str:
-    """"3 (2 preempted)": restarts in all, how many of them preemptions."""
+    """"3 (2 preempted)": restarts in all, how many of them preemptions; under --strategy ft, the
+    quorum changes that stood in for restarts."""
+    quorums = f" ({r.quorum_changes} quorum changes)" if r.quorum_changes else ""
     if not r.restarts:
-        return "0"
-    return f"{r.restarts} ({r.preemptions} preempted)"
+        return "0" + quorums
+    return f"{r.restarts} ({r.preemptions} preempted)" + quorums
+
+
+def format_quorums(changes: int, seconds: list[float], replaced: int) -> str:
+    """--strategy ft's line: the quorum changes, the seconds their steps' quorums took (each, and in
+    all), the replicas Ray Train replaced alone."""
+    each = "/".join(f"{x:.2f}s" for x in seconds)
+    return (f"quorum changes {changes} ({sum(seconds):.1f}s for their steps' quorums" + (f": {each}" if each else "")
+            + f"), replicas replaced {replaced}, no restart of the others")
 
 
 def format_lost(r: RunRow) -> str:

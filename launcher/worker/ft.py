@@ -139,6 +139,25 @@ class QuorumOrder(BatchOrder):
             yield GlobalOrder.share(global_batch, rank, participants).tolist()
 
 
+def _comm_hook(manager, bucket):
+    """torchft's DDP gradient hook, without its failure when the allreduce breaks (a peer lost
+    mid-step, its process gone with its node): torchft notes the error, so the step will not
+    commit, but leaves the work's future unset, and its own hook then fails an assertion inside
+    ``backward()``, ending this replica too (seen in the lab: the survivor of a node removed
+    without notice failed, and Ray Train's controller, replacing it, failed on the dead peer). Here
+    the bucket goes back as it is; the step is drawn again under the next quorum."""
+    import torch
+
+    work = manager.allreduce(bucket.buffer())
+    work.wait()
+    reduced = getattr(work.get_future(), "_fut", None)
+    if reduced is not None:
+        return reduced
+    kept = torch.futures.Future()
+    kept.set_result(bucket.buffer())
+    return kept
+
+
 def _committing(strategy: "FaultTolerant"):
     """``optimizer.step`` under ``ft``: the update is applied only where the step commits."""
     def step(optimizer, *args: Any, **kwargs: Any):
@@ -208,7 +227,8 @@ class FaultTolerant(Replicated):
             checkpoint_transport=PGTransport(pg, timeout=collective, device=s.device))
         self.manager.load_state_dict({"step": s.pos.global_step, "batches_committed": 0})
         optimizer.step = types.MethodType(_committing(self), optimizer)
-        return DistributedDataParallel(self.manager, module), optimizer
+        ddp = type("FaultTolerantDDP", (DistributedDataParallel,), {"_comm_hook": staticmethod(_comm_hook)})
+        return ddp(self.manager, module), optimizer
 
     def batch_order(self, *args: Any) -> BatchOrder:
         session, _, _, train, _, _, shard, _ = args
