@@ -329,7 +329,18 @@ def test_ray_train_settings_leave_the_users_values_and_the_watcher_only_off_on_a
     assert os.environ[trainer.START_TIMEOUT_ENV] == str(trainer.FIXED_START_TIMEOUT_S)
     trainer.apply_ray_train_env(local=False, fixed=False)  # an elastic one keeps Ray's 60 s, to try another size
     assert trainer.START_TIMEOUT_ENV not in os.environ
+    # A process this one starts (a benchmark, a test's launch) inherits the local run's "off";
+    # the marker says a launcher set it, so the child's cluster run has Ray Train's watcher.
+    monkeypatch.setenv(trainer.SET_BY_LAUNCHER_ENV, "")
+    trainer.apply_ray_train_env(local=True)
+    assert trainer.SET_BY_LAUNCHER_ENV in os.environ and os.environ[watcher] == "0"
+    monkeypatch.setattr(trainer, "_SET_HERE", {})  # the child process: nothing set there yet
+    trainer.apply_ray_train_env(local=False)
+    assert watcher not in os.environ
     monkeypatch.setenv(period, "1")  # the user's own setting, made after the launcher's
     monkeypatch.setenv(watcher, "1")
+    trainer.apply_ray_train_env(local=True)
+    assert (os.environ[watcher], os.environ[period]) == ("1", "1")
+    monkeypatch.setattr(trainer, "_SET_HERE", {})  # ... and in a process this one starts
     trainer.apply_ray_train_env(local=True)
     assert (os.environ[watcher], os.environ[period]) == ("1", "1")

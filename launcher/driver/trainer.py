@@ -46,6 +46,9 @@ def ray_train_env() -> dict[str, str]:
 # Ray Train's preemption watcher: an actor per worker group that polls the nodes' drain state.
 PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 _SET_HERE: dict[str, str] = {}  # what apply_ray_train_env set, and to what (the rest is the user's)
+# What a launcher set (KEY=VALUE,...), for the processes this one starts (a bench, a test, a
+# notebook that launches again): there a variable that still holds that value is not the user's.
+SET_BY_LAUNCHER_ENV = "LAUNCHER_RAY_TRAIN_SET"
 # An elastic group looks for room to grow back this often (Ray Train's default: 60 s, so a
 # replacement node that joined waited up to a minute before the group used it).
 RESIZE_CHECK_S = 5.0
@@ -94,6 +97,10 @@ def apply_ray_train_env(local: bool, fixed: bool = False) -> None:
     preemption on the warm head (`launcher preemption watch` with a fake metadata server), set
     RAY_TRAIN_ENABLE_PREEMPTION_WATCHER=1: a value the user set wins. On a cluster, a ``fixed``-size
     group waits up to :data:`FIXED_START_TIMEOUT_S` for its nodes."""
+    for item in filter(None, os.environ.get(SET_BY_LAUNCHER_ENV, "").split(",")):
+        key, _, value = item.partition("=")
+        if os.environ.get(key) == value:  # a parent launcher process set it, not the user
+            _SET_HERE.setdefault(key, value)
     wanted = ray_train_env()
     if local:
         wanted[PREEMPTION_WATCHER_ENV] = "0"
@@ -108,6 +115,7 @@ def apply_ray_train_env(local: bool, fixed: bool = False) -> None:
     for key, value in wanted.items():
         if key in _SET_HERE or key not in os.environ:
             os.environ[key] = _SET_HERE[key] = value
+    os.environ[SET_BY_LAUNCHER_ENV] = ",".join(f"{key}={value}" for key, value in sorted(_SET_HERE.items()))
 
 
 def is_elastic(spec) -> bool:
