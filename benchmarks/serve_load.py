@@ -28,6 +28,7 @@ server: on 2 cores they take part of the CPU the server would have.
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import os
 import select
@@ -327,11 +328,8 @@ def medians(rows: list[dict], servers: tuple[str, ...]) -> list[dict]:
             row[field] = round(statistics.median(values), 3) if values else None
         row.update(requests=sum(t["requests"] for t in taken), errors=sum(t["errors"] for t in taken),
                    rounds=len(taken), instances_per_s_rounds=[t["instances_per_s"] for t in taken])
-        kinds: dict[str, int] = {}
-        for t in taken:
-            for name, n in t.get("error_kinds", {}).items():
-                kinds[name] = kinds.get(name, 0) + n
-        row["error_kinds"] = kinds
+        row["error_kinds"] = dict(sum((collections.Counter(t.get("error_kinds", {})) for t in taken),
+                                      collections.Counter()))
         out.append(row)
     return out
 
