@@ -90,6 +90,22 @@ PRIVATE: dict[str, tuple[str, str]] = {
     # The `ray up` rehearsal: Ray's own GCP node provider (and its bootstrap), run against a local Compute API.
     "GCPNodeProvider": ("ray.autoscaler._private.gcp.node_provider:GCPNodeProvider",
                         "the rehearsal creates, lists and terminates VMs with the provider `ray up` uses"),
+    # The warm head's pool (launcher.worker.pool): idle processes started ahead in a run's runtime
+    # environment, by the raylet's own call (Ray offers no public one), and Ray Train's actor modules
+    # that they import before any actor arrives.
+    "init_grpc_channel": ("ray._private.grpc_utils:init_grpc_channel",
+                          "a channel to this node's raylet that carries Ray's token, as Ray's own clients do"),
+    "NodeManagerServiceStub": ("ray.core.generated.node_manager_pb2_grpc:NodeManagerServiceStub",
+                               "the raylet's PrestartWorkers call"),
+    "PrestartWorkersRequest": ("ray.core.generated.node_manager_pb2:PrestartWorkersRequest",
+                               "how many processes, in which runtime environment, kept how long"),
+    "RuntimeEnvInfo": ("ray.core.generated.runtime_environment_pb2:RuntimeEnvInfo",
+                       "the runtime environment as Ray serialised it for the run's actors"),
+    "PYTHON": ("ray.core.generated.common_pb2:PYTHON", "the language of the processes asked for"),
+    "RayTrainWorker": ("ray.train.v2._internal.execution.worker_group.worker:RayTrainWorker",
+                       "the module every Ray Train worker actor imports first"),
+    "TrainController": ("ray.train.v2._internal.execution.controller:TrainController",
+                        "the module Ray Train's controller actor imports first"),
     # A replacement asked for on a notice goes through the coordinator Ray Train's own requests use.
     "DefaultAutoscalingCoordinator": ("ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator:"
                                       "DefaultAutoscalingCoordinator",
@@ -182,6 +198,25 @@ def persist_checkpoint(context, checkpoint, name: str):
     storage = context.get_storage()
     assert isinstance(storage, resolve("StorageContext")), type(storage)
     return storage.persist_current_checkpoint(checkpoint, name)
+
+
+def prestart_workers(env: str, count: int, keep_alive_s: int) -> None:
+    """Ask this node's raylet to start ``count`` idle Python worker processes in the runtime
+    environment ``env`` (serialised as Ray serialises a task's), kept ``keep_alive_s`` before
+    Ray may stop them. The raylet starts at most its start-up concurrency at a time and drops
+    the rest of a request: the warm head raises it (launcher.driver.localhead)."""
+    import ray
+
+    here = ray.get_runtime_context().get_node_id()
+    node = next(n for n in ray.nodes() if n["NodeID"] == here)
+    channel = resolve("init_grpc_channel")(f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}")
+    request = resolve("PrestartWorkersRequest")(
+        language=resolve("PYTHON"), runtime_env_info=resolve("RuntimeEnvInfo")(serialized_runtime_env=env),
+        keep_alive_duration_secs=keep_alive_s, num_workers=count)
+    try:
+        resolve("NodeManagerServiceStub")(channel).PrestartWorkers(request, timeout=10)
+    finally:
+        channel.close()
 
 
 def client_connected() -> bool:

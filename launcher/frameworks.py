@@ -54,6 +54,14 @@ class Framework:
     managed_loop: str | None = None  # "module:function", (session, workload) -> None: how the session trains a
     #                                  workload (None: the session trains one itself)
 
+    preload: tuple[str, ...] = ()  # modules a warm head's pool imports ahead, besides the session's
+
+    def worker_modules(self) -> tuple[str, ...]:
+        """What the warm head's pool processes import ahead for a run of this framework
+        (launcher.worker.pool): its libraries, our session and managed loop."""
+        ours = tuple(path.partition(":")[0] for path in (self.session, self.managed_loop) if path)
+        return ("launcher.worker.entry", *self.preload, *ours)
+
     def require(self) -> None:
         """The one-line UserError when our code would train with this framework and its extra is
         not installed here (a program brings its own framework)."""
@@ -105,6 +113,7 @@ class Torch(Framework):
     program_threads = "1"  # torchrun's default for several processes
     session = "launcher.worker.session:TorchSession"
     managed_loop = "launcher.worker.torch_loop:train_workload"
+    preload = ("torch", "ray.train.torch")
 
     def communicator(self, spec, backend):
         return backend.torch_comm(spec)
@@ -146,6 +155,10 @@ class TensorFlow(Framework):
     extra = "tensorflow"
     session = "launcher.worker.tf_session:TFSession"
     managed_loop = "launcher.worker.tf_loop:train_workload"
+
+    def worker_modules(self) -> tuple[str, ...]:
+        # None of TensorFlow's: configure() must run before TensorFlow is imported.
+        return ("launcher.worker.entry",)
 
     def configure(self, spec) -> None:
         super().configure(spec)

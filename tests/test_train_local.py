@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -259,7 +260,7 @@ def test_diverging_run_fails_with_one_clear_error(ray_local, capsys, storage):
     assert launches[-1]["summary"]["status"] == "failed"
 
 
-def test_warm_local_head_is_used_until_down(storage, tmp_path):
+def test_warm_local_head_is_used_until_down_and_keeps_processes_ready_between_runs(storage, tmp_path):
     """`launcher up` starts a head; `launcher run` connects to it instead of starting Ray; `down` stops it."""
     from launcher.lab.gcs_emulator import free_port
 
@@ -295,6 +296,17 @@ def test_warm_local_head_is_used_until_down(storage, tmp_path):
                               capture_output=True, text=True, timeout=120)
         assert "RayTrainWorker" in seen.stdout, seen.stderr[-1500:]
         assert "PreemptionWatcher" not in seen.stdout and "ProgressBoard" not in seen.stdout, seen.stdout
+        # The run left processes for the next one: one per actor (2 workers, the controller and
+        # its synchronisation actor), idle, torch already loaded; the next run starts its actors
+        # in them (they end with it) and leaves as many again.
+        ready = _ready_processes(env["LAUNCHER_STATE_DIR"], 4)
+        assert len(ready) == 4, ready
+        again = subprocess.run([sys.executable, "-m", "launcher", "run", "--storage", storage, "--epochs", "1",
+                                "--name", "next", "--json"], cwd=ROOT, env=env, capture_output=True, text=True,
+                               timeout=300)
+        assert again.returncode == 0 and json.loads(again.stdout)["status"] == "succeeded", again.stderr
+        after = _ready_processes(env["LAUNCHER_STATE_DIR"], 4)
+        assert len(after) == 4 and not after & ready, (ready, after)
         too_big = subprocess.run([sys.executable, "-m", "launcher", "run", "--storage", storage, "--workers", "3"],
                                  cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
         assert too_big.returncode == 2 and "room for 2" in too_big.stderr
@@ -309,6 +321,33 @@ def test_warm_local_head_is_used_until_down(storage, tmp_path):
 
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", int(port)), timeout=1).close()
+
+
+def _ready_processes(state_dir: str, expected: int, timeout_s: float = 120.0) -> set[int]:
+    """Idle Ray worker processes of a warm head's torch runs (their job's settings name
+    ``state_dir``) that have torch loaded, once there are ``expected`` (they start after the run)."""
+    deadline = time.time() + timeout_s
+    while len(found := _ready_now(state_dir)) < expected and time.time() < deadline:
+        time.sleep(0.5)
+    return found
+
+
+def _ready_now(state_dir: str) -> set[int]:
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                idle = f.read().startswith(b"ray::IDLE")
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+            with open(f"/proc/{pid}/maps", "rb") as f:
+                torch_loaded = b"libtorch" in f.read()
+        except OSError:
+            continue
+        if idle and torch_loaded and f"LAUNCHER_STATE_DIR={state_dir}".encode() in environ \
+                and b"LAUNCHER_PRELOAD=torch" in environ:
+            found.add(int(pid))
+    return found
 
 
 def test_ray_train_settings_leave_the_users_values_and_the_watcher_only_off_on_a_local_ray(monkeypatch):

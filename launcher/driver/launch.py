@@ -29,7 +29,7 @@ from launcher.storage.checkpoint import Manifest, complete_checkpoints, prune, r
 from launcher.storage.runlock import RunLock
 from launcher.storage.runlog import RunLog
 from launcher.summary import Preempting, Restart, RunStatus, RunSummary, pick_metrics
-from launcher.worker import usage
+from launcher.worker import pool, usage
 
 if TYPE_CHECKING:
     from launcher.driver.script import ProgramRun
@@ -105,7 +105,7 @@ def run(spec: JobSpec, program: "ProgramRun | None" = None, *, verbose: bool = F
     else:
         try:
             with runpath.connected(spec, storage, progress, verbose=verbose, workload=spec.workload,
-                                   workers_needed=spec.min_workers or spec.workers) as (lock, conn):
+                                   workers_needed=spec.min_workers or spec.workers, preload=True) as (lock, conn):
                 summary = _train(spec, storage, log, checkpoints, progress, launched, verbose, lock, conn, on_report)
         except KeyboardInterrupt:  # Ctrl-C or SIGTERM before Ray Train took over (e.g. while Ray starts)
             progress.close()
@@ -217,7 +217,10 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
     loop_config = {"spec": spec.to_dict(), "resume": resume, "env": {**gcs.worker_env(), **usage.worker_env()},
                    "board": channel.board, "notices": trainer.notices_possible(spec, conn.local),
                    "launch": tracker.log.launch,
-                   "mailbox": channel.mailbox() if spec.replica_groups else None}
+                   "mailbox": channel.mailbox() if spec.replica_groups else None,
+                   # rank 0 refills the warm head's pool for the next run (launcher.worker.pool)
+                   "pool": {"size": spec.workers + pool.RAY_TRAIN_ACTORS, "keep_alive_s": conn.pool_s}
+                   if conn.pool_s else None}
     if workloads.is_ray_train(spec.workload):
         loop_config["user_config"] = workloads.function.ray_config(spec)
     ray_trainer = backends.get(spec.backend).trainer(spec, train_loop_per_worker, loop_config,

@@ -24,6 +24,7 @@ from typing import Callable
 from launcher.driver.trainer import PREEMPTION_WATCHER_ENV, ray_train_env
 from launcher.errors import UserError
 from launcher.storage.runs import pid_alive
+from launcher.worker import pool
 
 STATE_ENV = "LAUNCHER_STATE_DIR"
 # A launch without a warm head starts a local Ray with as many logical CPUs as its workers ask
@@ -42,6 +43,11 @@ AUTH_ENV = "RAY_AUTH_MODE"
 # 5 s; a local Ray (a launch's own, or this head) has no dashboard, so once a minute is enough
 # (the agent went from 0.7 to 0.4 % of a core during a run: benchmarks/ray_tax).
 REPORTER_ENV, REPORTER_MS = "REPORTER_UPDATE_INTERVAL_MS", "60000"
+# How long the head keeps a run's pool of ready worker processes (launcher.worker.pool) by default.
+POOL_S = 600
+# The raylet starts at most this many worker processes at once (Ray's default: the cores, up to
+# the CPUs), and drops the rest of a request for idle ones: the head allows a whole pool.
+STARTUP_ENV = "RAY_worker_maximum_startup_concurrency"
 
 
 def state_file() -> str:
@@ -92,11 +98,12 @@ def warm_head_for(address: str | None) -> dict | None:
 
 
 def up(num_cpus: int | None = None, port: int = 6390, timeout_s: float = 60.0,
-       note: Callable[[str], None] | None = None) -> dict:
+       note: Callable[[str], None] | None = None, pool_s: int | None = None) -> dict:
     """Start a local head (idempotent) and record its address.
 
     The head runs under ``ray start --block`` in its own session: stopping that
-    one process (``down``) stops this head's processes and no other Ray.
+    one process (``down``) stops this head's processes and no other Ray. ``pool_s``: how long
+    each run's pool of ready worker processes is kept (:data:`POOL_S`; 0: no pool).
     """
     state = running_head()
     if state:
@@ -110,7 +117,8 @@ def up(num_cpus: int | None = None, port: int = 6390, timeout_s: float = 60.0,
     cmd = [_ray_cli(), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
            f"--num-cpus={cpus}", "--include-dashboard=false", "--disable-usage-stats"]
     env = {**os.environ, AUTH_ENV: os.environ.get(AUTH_ENV, "token"), DRAIN_ENV: os.environ.get(DRAIN_ENV, "0"),
-           REPORTER_ENV: os.environ.get(REPORTER_ENV, REPORTER_MS)}
+           REPORTER_ENV: os.environ.get(REPORTER_ENV, REPORTER_MS),
+           STARTUP_ENV: os.environ.get(STARTUP_ENV, str(max(cpus, os.cpu_count() or 1) + pool.RAY_TRAIN_ACTORS))}
     if env[AUTH_ENV] == "token" and not _has_token():
         # A first local ray.init() makes one; `ray start` only refuses to start without it.
         note("making Ray's authentication token (~/.ray/auth_token), as a first local Ray would")
@@ -132,7 +140,7 @@ def up(num_cpus: int | None = None, port: int = 6390, timeout_s: float = 60.0,
     note("warming it up with an empty Ray Train run (about 6 s on 2 cores)")
     _warm_up(address, env, 120.0)
     state = {"address": address, "num_cpus": cpus, "pid": proc.pid, "auth_mode": env[AUTH_ENV],
-             "drain": env[DRAIN_ENV]}
+             "drain": env[DRAIN_ENV], "pool_s": POOL_S if pool_s is None else pool_s}
     with open(state_file(), "w", encoding="utf-8") as f:
         json.dump(state, f)
     return state

@@ -69,15 +69,17 @@ def holding(storage: Storage, name: str, progress) -> Iterator[RunLock]:
 
 @contextlib.contextmanager
 def connected(spec, storage: Storage, progress, *, verbose: bool, workers_needed: int, workload: str | None = None,
-              program_env: dict | None = None) -> Iterator[tuple[RunLock, "session.Connection"]]:
+              program_env: dict | None = None, preload: bool = False) -> Iterator[tuple[RunLock, "session.Connection"]]:
     """What every run does before its trainer: the run's lock taken (before Ray starts or anything
     is written), where Ray is said, Ray connected (``workload``'s or the program's folder shipped,
     see :func:`launcher.driver.session.connect`), and the job checked to fit the nodes
-    (``workers_needed``: the fewest workers it can start with)."""
+    (``workers_needed``: the fewest workers it can start with; ``preload``: on the warm head, its
+    processes import the run's framework ahead, launcher.worker.pool)."""
     with holding(storage, spec.name, progress) as lock:
         _say_where(spec, progress)
         with session.connect(spec.address, workers=spec.workers, cpus_per_worker=spec.cpus_per_worker,
-                             verbose=verbose, workload=workload, program=program_env, lean=True) as conn:
+                             verbose=verbose, workload=workload, program=program_env, lean=True,
+                             preload=spec.framework if preload else None) as conn:
             startup.mark("ray_ready")
             placement.check(spec, [n.labels for n in conn.nodes], progress.note)
             session.check_fits(conn.nodes, workers_needed, spec.cpus_per_worker, spec.gpus_per_worker)

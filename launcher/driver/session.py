@@ -24,6 +24,7 @@ from launcher._ray import JOB_CONFIG_ENV
 from launcher.driver import localhead
 from launcher.driver.reaper import Reaper
 from launcher.errors import Unreachable, UserError
+from launcher.worker import pool
 
 LOCAL_OVERSUBSCRIPTION = localhead.LOCAL_OVERSUBSCRIPTION  # a local Ray runs up to this many worker CPUs per core
 
@@ -71,12 +72,15 @@ class Connection:
     # is preempted and no autoscaler answers resource requests. False on any other cluster, and
     # where Ray was initialised before connect() (a tuning trial inside its search's Ray).
     local: bool = False
+    # The warm head's pool time (launcher.worker.pool): a run's rank 0 refills the pool when it
+    # has trained. 0 anywhere else, or where the head keeps none.
+    pool_s: int = 0
 
 
 @contextlib.contextmanager
 def connect(address: str | None, *, workers: int, cpus_per_worker: float, verbose: bool = False,
             workload: str | None = None, program: dict | None = None,
-            lean: bool = False) -> Iterator[Connection]:
+            lean: bool = False, preload: str | None = None) -> Iterator[Connection]:
     """Yield the :class:`Connection`; shut Ray down afterwards only if we started it.
 
     ``lean``: a training launch; a local Ray it starts runs without :data:`IDLE_DAEMONS`.
@@ -84,9 +88,12 @@ def connect(address: str | None, *, workers: int, cpus_per_worker: float, verbos
     ``workload``: a user workload's reference, whose folder is shipped to the workers
     (:mod:`launcher.driver.code`) with the job's runtime environment. ``program``: the
     runtime environment of a script's or package's folder (see launcher.driver.program).
+    ``preload``: the framework of a training launch, whose processes on the warm head import it
+    ahead (launcher.worker.pool) when the head keeps a pool.
     """
     head = localhead.warm_head_for(address)
     address = address or os.environ.get("RAY_ADDRESS")
+    pool_s = int(head.get("pool_s", 0)) if head and preload else 0
     import ray
 
     _quiet_ray_loggers(verbose)
@@ -94,9 +101,12 @@ def connect(address: str | None, *, workers: int, cpus_per_worker: float, verbos
     if not ray.is_initialized() and not address and not head:
         reaper = Reaper().start()  # a SIGKILLed driver leaves no Ray process of its own behind
     try:
-        with _ray_started(address, head, workers, cpus_per_worker, workload, verbose, program, lean) as started:
+        extra = pool.job_env(preload) if pool_s else {}
+        with _ray_started(address, head, workers, cpus_per_worker, workload, verbose, program, lean,
+                          extra) as started:
             # A local Ray this launch started, or the warm head: nothing preempts this machine's node.
-            yield Connection(alive_nodes(), local=started and (bool(head) or not address))
+            yield Connection(alive_nodes(), local=started and (bool(head) or not address),
+                             pool_s=pool_s if started else 0)
     finally:
         if reaper is not None:
             reaper.done()
@@ -104,7 +114,7 @@ def connect(address: str | None, *, workers: int, cpus_per_worker: float, verbos
 
 @contextlib.contextmanager
 def _ray_started(address, head, workers, cpus_per_worker, workload, verbose, program,
-                 lean: bool = False) -> Iterator[bool]:
+                 lean: bool = False, extra: dict | None = None) -> Iterator[bool]:
     """Ray initialised for this launch (unless it already was); shut down after, if we started it."""
     import ray
 
@@ -113,7 +123,7 @@ def _ray_started(address, head, workers, cpus_per_worker, workload, verbose, pro
         sigterm = signal.getsignal(signal.SIGTERM)
         with _interrupts_noted() as interrupted:
             try:
-                _init(address, head, workers, cpus_per_worker, workload, verbose, program)
+                _init(address, head, workers, cpus_per_worker, workload, verbose, program, extra)
             except (KeyboardInterrupt, SystemExit):
                 # Ray's start-up has its own SIGTERM handler, which exits: a signal while Ray
                 # starts ends the launch as Ctrl-C would (exit 130), with Ray shut down.
@@ -153,9 +163,10 @@ def _stop_daemons(*kinds: str) -> None:
 
 
 def _init(address: str | None, head: dict | None, workers: int, cpus_per_worker: float, workload: str | None,
-          verbose: bool, program: dict | None = None) -> None:
+          verbose: bool, program: dict | None = None, extra: dict | None = None) -> None:
     """ray.init for each way of finding Ray: the warm head, a submitted job's cluster, an
-    address, or a new local Ray sized to the request."""
+    address, or a new local Ray sized to the request. ``extra``: more of the warm head's job
+    runtime environment (its pool's, launcher.worker.pool)."""
     import ray
 
     from launcher.driver import code
@@ -166,7 +177,8 @@ def _init(address: str | None, head: dict | None, workers: int, cpus_per_worker:
         if head:  # `launcher up`'s warm head on this machine: same code, nothing to ship, but the
             # head's processes were started before this launch: its settings go with it
             address = head["address"]
-            env = code.merge(code.runtime_env(workload, False, program), {"env_vars": code.passed_env(os.environ)})
+            env = code.merge(code.runtime_env(workload, False, program), {"env_vars": code.passed_env(os.environ)},
+                             extra or {})
             ray.init(address=address, runtime_env=env, **kwargs)
         elif address and in_ray_job():
             # `launcher submit`: the job's runtime env already carries our code, and Ray

@@ -1,0 +1,107 @@
+"""The warm head's pool: worker processes that are ready before a run asks for them.
+
+On a warm head (``launcher up``) every run's Ray Train actors (its controller, the controller's
+synchronisation actor, one actor per worker) would each start as a new Python process and
+import Ray Train, the framework and the launcher's worker code: most of a warm start
+(docs/results/overhead.md). Ray hands an actor an idle process of its node when their runtime
+environments are the same, and its raylet starts such processes on request, kept for a while
+(its ``PrestartWorkers`` call). So:
+
+- a run on the warm head adds :func:`job_env` to its job's runtime environment: Ray runs
+  :func:`preload` in each new process of the job, which imports what the run's framework trains
+  with, before any actor arrives;
+- when the run has trained, its rank 0 calls :func:`refill`: it asks its raylet for as many
+  processes as the run had actors, in its own runtime environment (the job's merged with Ray
+  Train's, exactly as Ray wrote it), kept for the head's pool time (``launcher up
+  --pool-minutes``). The next run with the same settings starts its actors in them, ready; a
+  run with other settings matches none and starts as it would without the pool.
+
+Idle processes hold memory (a torch worker about 0.4 GB) until the pool time ends; a refill
+adds only what its environment's pool lacks.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+
+from launcher import _ray, frameworks
+
+# The run's framework, for :func:`preload` (a variable of the job's runtime environment).
+FRAMEWORK_ENV = "LAUNCHER_PRELOAD"
+# Ray's name for a setup hook given as a module path: "module.function".
+HOOK = "launcher.worker.pool.preload"
+# Actors of a run besides its workers: Ray Train's controller and its synchronisation actor
+# (the launcher drops the placement-group cleaner: launcher.backends.raytrain).
+RAY_TRAIN_ACTORS = 2
+# Ray Train's own modules that its controller and worker actors import first.
+RAY_TRAIN_MODULES = ("RayTrainWorker", "TrainController")
+
+
+def job_env(framework: str) -> dict:
+    """What a warm-head run adds to its job's runtime environment."""
+    return {"worker_process_setup_hook": HOOK, "env_vars": {FRAMEWORK_ENV: framework}}
+
+
+def preload() -> None:
+    """Ray's setup hook in each new process of a warm-head job: import Ray Train's actor
+    modules and the framework's worker modules. Never raises: a module that fails to import
+    here fails, and says why, where the run imports it."""
+    for name in RAY_TRAIN_MODULES:
+        try:
+            _ray.resolve(name)
+        except Exception:  # noqa: BLE001 - see the docstring
+            pass
+    name = os.environ.get(FRAMEWORK_ENV)
+    if not name:
+        return
+    try:
+        modules = frameworks.get(name).worker_modules()
+    except Exception:  # noqa: BLE001 - see the docstring
+        return
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - see the docstring
+            return
+
+
+def refill(size: int, keep_alive_s: int) -> int:
+    """From rank 0 of a warm-head run: have ``size`` idle processes in this worker's runtime
+    environment kept for ``keep_alive_s``; returns how many were asked for."""
+    import ray
+
+    env = ray.get_runtime_context().get_runtime_env_string()
+    need = size - len(idle_matching(json.loads(env).get("env_vars", {})))
+    if need > 0:
+        _ray.prestart_workers(env, need, keep_alive_s)
+    return max(need, 0)
+
+
+def idle_matching(env_vars: dict[str, str], proc: str = "/proc") -> list[int]:
+    """Pids of this raylet's idle worker processes whose environment holds ``env_vars`` (those
+    of a runtime environment: a process started for it has them). Linux only: elsewhere none are
+    found, and a refill asks for the whole pool."""
+    raylet = os.environ.get("RAY_RAYLET_PID")
+    found = []
+    for pid in (p for p in _listdir(proc) if p.isdigit()):
+        try:
+            with open(os.path.join(proc, pid, "cmdline"), "rb") as f:
+                if not f.read().startswith(b"ray::IDLE"):
+                    continue
+            with open(os.path.join(proc, pid, "environ"), "rb") as f:
+                pairs = dict(item.split("=", 1) for item in f.read().decode(errors="replace").split("\0")
+                             if "=" in item)
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if pairs.get("RAY_RAYLET_PID") == raylet and all(pairs.get(k) == v for k, v in env_vars.items()):
+            found.append(int(pid))
+    return found
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []

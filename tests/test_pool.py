@@ -1,0 +1,51 @@
+"""The warm head's pool (launcher.worker.pool): which idle processes a refill counts, what a
+run's job adds, what the processes import. Fast: files, no Ray."""
+
+from __future__ import annotations
+
+import sys
+
+from launcher import frameworks
+from launcher.worker import pool
+
+
+def _process(proc, pid: int, cmdline: bytes, **environ: str) -> None:
+    folder = proc / str(pid)
+    folder.mkdir()
+    (folder / "cmdline").write_bytes(cmdline)
+    (folder / "environ").write_bytes(b"\0".join(f"{k}={v}".encode() for k, v in environ.items()) + b"\0")
+
+
+def test_a_refill_counts_only_this_raylets_idle_processes_of_the_same_settings(tmp_path, monkeypatch):
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    monkeypatch.setenv("RAY_RAYLET_PID", "100")
+    ours = {"LAUNCHER_PRELOAD": "torch", "LAUNCHER_STATE_DIR": "/s"}
+    _process(proc, 11, b"ray::IDLE\0", RAY_RAYLET_PID="100", PATH="/bin", **ours)
+    _process(proc, 12, b"ray::IDLE\0", RAY_RAYLET_PID="100", **ours)
+    _process(proc, 13, b"ray::RayTrainWorker.run\0", RAY_RAYLET_PID="100", **ours)  # busy
+    _process(proc, 14, b"ray::IDLE\0", RAY_RAYLET_PID="200", **ours)  # another Ray's
+    _process(proc, 15, b"ray::IDLE\0", RAY_RAYLET_PID="100", LAUNCHER_PRELOAD="xgboost", LAUNCHER_STATE_DIR="/s")
+    _process(proc, 16, b"ray::IDLE\0", RAY_RAYLET_PID="100")  # a default worker: no settings of ours
+    (proc / "self").mkdir()  # not a process folder
+    (proc / "17").mkdir()  # gone before it could be read
+    assert sorted(pool.idle_matching(ours, str(proc))) == [11, 12]
+    assert pool.idle_matching(ours, str(tmp_path / "nowhere")) == []
+
+
+def test_a_warm_head_job_runs_the_hook_with_its_framework():
+    env = pool.job_env("torch")
+    assert env == {"worker_process_setup_hook": pool.HOOK, "env_vars": {pool.FRAMEWORK_ENV: "torch"}}
+    module, _, function = pool.HOOK.rpartition(".")
+    assert module == pool.__name__ and callable(getattr(pool, function))  # Ray imports it by this name
+
+
+def test_the_hook_imports_the_frameworks_worker_modules_and_never_fails(monkeypatch):
+    modules = frameworks.get("torch").worker_modules()
+    assert {"torch", "launcher.worker.session", "launcher.worker.torch_loop"} <= set(modules), modules
+    assert frameworks.get("tensorflow").worker_modules() == ("launcher.worker.entry",)  # configured before import
+    monkeypatch.setenv(pool.FRAMEWORK_ENV, "no-such-framework")
+    pool.preload()  # a framework it cannot name: nothing imported, nothing raised
+    monkeypatch.setenv(pool.FRAMEWORK_ENV, "torch")
+    pool.preload()
+    assert {"torch", "launcher.worker.session", "launcher.worker.torch_loop"} <= set(sys.modules)
