@@ -7,8 +7,10 @@ and the summary's attempts (each worker group's first step and time). From them,
 the plot share:
 
 * samples trained once: a step is counted the first time the run goes past it; a restarted
-  group that resumes from an older checkpoint trains the steps since again (repeated), and a
-  group that started past the last step trained would have skipped some (skipped);
+  group that resumes from an older checkpoint trains the steps since again (repeated); a group
+  that starts past the last step reported counts the steps between as trained by the old group
+  (its checkpoint proves them; unreported), and a group whose own reports jump ahead would have
+  skipped some (skipped);
 * the full group's pace: samples per second while all ``workers`` trained, one attempt's
   consecutive reports apart (a restart's gap is never inside one);
 * goodput in samples: samples trained once / (wall time x the full group's pace).
@@ -35,18 +37,26 @@ def timeline(records: list[dict[str, Any]], attempts: list[dict[str, Any]], work
              batch_size: int) -> dict[str, Any]:
     """The run's samples over time: ``points`` [(seconds since the first step, samples trained
     once)], ``t0`` (the first step's time; under ft, which has no attempts, the first report's),
-    ``samples_trained``/``_repeated``/``_skipped``, ``full_pace`` (samples/s at full size),
-    ``reduced_s`` (seconds trained on fewer than ``workers``) and ``goodput_samples``."""
+    ``samples_trained``/``_repeated``/``_skipped``/``_unreported``, ``full_pace`` (samples/s at
+    full size), ``reduced_s`` (seconds trained on fewer than ``workers``) and ``goodput_samples``.
+
+    A group starts from a checkpoint, and a checkpoint is written only of steps trained: when a
+    group starts past the last step reported (the old group checkpointed, then was stopped before
+    its report reached the run log), the steps between were trained once, by the old group, at its
+    size; they count as trained (``samples_unreported`` says how many), from the new group's start.
+    ``samples_skipped`` is what a group's own reports jump over (none, in a sound run)."""
     start = {a["attempt"]: (a["start_step"], a["first_time"]) for a in attempts if a.get("attempt")}
     rows = sorted((r for r in records if isinstance(r.get("global_step"), (int, float))
                    and isinstance(r.get("time"), (int, float))), key=lambda r: r["time"])
     t0 = min([a["first_time"] for a in attempts] + ([rows[0]["time"]] if rows and not attempts else []), default=0.0)
     last: dict[Any, tuple[int, float]] = {}
     high = None  # the furthest step trained so far
-    once = trained = repeated = skipped = full_samples = full_s = reduced = 0.0
+    once = trained = repeated = skipped = unreported = full_samples = full_s = reduced = 0.0
     points = [(0.0, 0.0)]
+    old_size = None  # the size of the last step reported: the old group's, at a new group's start
     for r in rows:
         step, when, attempt = int(r["global_step"]), float(r["time"]), r.get("attempt")
+        first = attempt not in last
         prev = last.get(attempt) or start.get(attempt)
         last[attempt] = (step, when)
         size = _size(r)
@@ -54,8 +64,15 @@ def timeline(records: list[dict[str, Any]], attempts: list[dict[str, Any]], work
             continue
         from_step, from_time = prev
         per_step = float(batch_size * size)
+        if high is not None and from_step > high and first and attempt in start and old_size is not None:
+            gap = (from_step - high) * float(batch_size * old_size)  # see the docstring
+            unreported += gap
+            trained += gap
+            once += gap
+            high = from_step
         if from_time - t0 > points[-1][0]:  # a new group's first step: the gap before it stays flat
             points.append((round(from_time - t0, 3), once))
+        old_size = size
         if high is not None and from_step > high:
             skipped += (from_step - high) * per_step
         new = step - max(from_step, high if high is not None else from_step)
@@ -72,7 +89,8 @@ def timeline(records: list[dict[str, Any]], attempts: list[dict[str, Any]], work
     wall = points[-1][0]
     pace = full_samples / full_s if full_s > 0 else None
     return {"points": points, "t0": t0, "samples_trained": round(trained), "samples_repeated": round(repeated),
-            "samples_skipped": round(skipped), "full_pace": round(pace, 3) if pace else None,
+            "samples_skipped": round(skipped), "samples_unreported": round(unreported),
+            "full_pace": round(pace, 3) if pace else None,
             "reduced_s": round(reduced, 1),
             "goodput_samples": round(once / wall / pace, 4) if pace and wall > 0 else None}
 
@@ -118,7 +136,9 @@ def format_result(r: dict) -> str:
         if r.get("goodput_samples") is not None:
             lines.append(f"  goodput in samples {_pct(r['goodput_samples'])} (samples trained once / the full group's "
                          f"pace over the wall time), {r['samples_trained']:,} samples trained, "
-                         f"{r['samples_repeated']:,} of them again, {r['samples_skipped']:,} skipped")
+                         f"{r['samples_repeated']:,} of them again, {r['samples_skipped']:,} skipped"
+                         + (f", {r['samples_unreported']:,} trained but not reported (their checkpoint proves them)"
+                            if r.get("samples_unreported") else ""))
     else:
         lines.append(f"  goodput {_pct(r['goodput'])} (the uninterrupted run's wall time / this one's), "
                      f"wall {r['wall_s']:.0f}s; the program keeps its steps to itself")
@@ -144,8 +164,8 @@ def format_table(result: dict) -> str:
 
 ROW_FIELDS = ("strategy", "workers", "min_workers", "every_s", "boot_s", "notice_s", "steps", "nodes_removed",
               "restarts", "quorum_changes", "replicas_replaced", "steps_lost", "time_lost_s", "reduced_s",
-              "goodput", "goodput_samples", "samples_trained", "samples_repeated", "samples_skipped", "full_pace",
-              "wall_s")
+              "goodput", "goodput_samples", "samples_trained", "samples_repeated", "samples_skipped", "samples_unreported",
+              "full_pace", "wall_s")
 
 
 def write_results(result: dict, out_dir: str) -> list[str]:

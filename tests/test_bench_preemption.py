@@ -38,12 +38,15 @@ def test_timeline_counts_samples_once_and_the_restarts_repeats():
                            (75.0, 60 * 64 + 20 * 32), (85.0, once)]
     pace = (80 * 64) / 40.0  # a's 30 s and c's 10 s at full size
     assert t["full_pace"] == pytest.approx(pace) and t["goodput_samples"] == pytest.approx(once / 85 / pace, abs=1e-4)
-    # A group that started past the last step trained skipped what lay between.
-    skipped = timeline([{"attempt": "a", "global_step": 10, "time": 5.0, "world_size": 2},
-                        {"attempt": "b", "global_step": 30, "time": 20.0, "world_size": 2}],
-                       [{"attempt": "a", "start_step": 0, "first_time": 0.0},
-                        {"attempt": "b", "start_step": 15, "first_time": 10.0}], workers=2, batch_size=1)
-    assert skipped["samples_skipped"] == 5 * 2 and skipped["samples_repeated"] == 0
+    # A group that started past the last step reported: the old group (2 workers) trained the steps
+    # between (b started from its checkpoint at 15), and its report of them never came.
+    gap = timeline([{"attempt": "a", "global_step": 10, "time": 5.0, "world_size": 2},
+                    {"attempt": "b", "global_step": 30, "time": 20.0, "world_size": 1}],
+                   [{"attempt": "a", "start_step": 0, "first_time": 0.0},
+                    {"attempt": "b", "start_step": 15, "first_time": 10.0}], workers=2, batch_size=1)
+    assert gap["samples_skipped"] == 0 and gap["samples_repeated"] == 0
+    assert gap["samples_unreported"] == 5 * 2 and gap["samples_trained"] == 10 * 2 + 5 * 2 + 15 * 1
+    assert gap["points"] == [(0.0, 0.0), (5.0, 20.0), (10.0, 30.0), (20.0, 45.0)]
     assert timeline([], [], 2, 32)["goodput_samples"] is None
 
 
