@@ -269,17 +269,14 @@ def test_warm_local_head_is_used_until_down_and_keeps_processes_ready_between_ru
         env.pop(name, None)
     port = str(free_port())
     up = subprocess.run([sys.executable, "-m", "launcher", "up", "--num-cpus", "2", "--port", port], cwd=ROOT,
-                        env=env, capture_output=True, text=True, timeout=120)
+                        env=env, capture_output=True, text=True, timeout=300)
     try:
         assert up.returncode == 0 and f"started at 127.0.0.1:{port} with 2 CPUs" in up.stdout, up.stderr
-        assert "warming it up" in up.stderr
-        # The warm-up Train run left Ray Train's detached resource coordinator running on the head.
-        probe = ("import ray; ray.init(address='127.0.0.1:%s', logging_level='ERROR');"
-                 "ray.get_actor('AutoscalingCoordinator', namespace='AutoscalingCoordinator'); print('COORDINATOR')"
-                 % port)
-        seen = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env={**env, "RAY_AUTH_MODE": "token"},
-                              capture_output=True, text=True, timeout=120)
-        assert "COORDINATOR" in seen.stdout, seen.stderr[-1500:]
+        assert "warming it up" in up.stderr and "processes ready for the next run" in up.stderr
+        # The warm-up was a run like the user's: it left one idle process per actor of a default
+        # run (2 workers, Ray Train's controller and its synchronisation actor), torch loaded.
+        ready = _ready_processes(env["LAUNCHER_STATE_DIR"], 4)
+        assert len(ready) == 4, ready
         again = subprocess.run([sys.executable, "-m", "launcher", "up"], cwd=ROOT, env=env, capture_output=True,
                                text=True, timeout=60)
         assert "already running" in again.stdout
@@ -296,15 +293,7 @@ def test_warm_local_head_is_used_until_down_and_keeps_processes_ready_between_ru
                               capture_output=True, text=True, timeout=120)
         assert "RayTrainWorker" in seen.stdout, seen.stderr[-1500:]
         assert "PreemptionWatcher" not in seen.stdout and "ProgressBoard" not in seen.stdout, seen.stdout
-        # The run left processes for the next one: one per actor (2 workers, the controller and
-        # its synchronisation actor), idle, torch already loaded; the next run starts its actors
-        # in them (they end with it) and leaves as many again.
-        ready = _ready_processes(env["LAUNCHER_STATE_DIR"], 4)
-        assert len(ready) == 4, ready
-        again = subprocess.run([sys.executable, "-m", "launcher", "run", "--storage", storage, "--epochs", "1",
-                                "--name", "next", "--json"], cwd=ROOT, env=env, capture_output=True, text=True,
-                               timeout=300)
-        assert again.returncode == 0 and json.loads(again.stdout)["status"] == "succeeded", again.stderr
+        # The run started its actors in those processes (they ended with it) and left as many again.
         after = _ready_processes(env["LAUNCHER_STATE_DIR"], 4)
         assert len(after) == 4 and not after & ready, (ready, after)
         too_big = subprocess.run([sys.executable, "-m", "launcher", "run", "--storage", storage, "--workers", "3"],

@@ -21,7 +21,6 @@ import tempfile
 import time
 from typing import Callable
 
-from launcher.driver.trainer import PREEMPTION_WATCHER_ENV, ray_train_env
 from launcher.errors import UserError
 from launcher.storage.runs import pid_alive
 from launcher.worker import pool
@@ -137,12 +136,13 @@ def up(num_cpus: int | None = None, port: int = 6390, timeout_s: float = 60.0,
             raise UserError(f"`ray start --head` failed: {tail[0]}",
                             f"is another Ray using port {port}? see {log_path}")
         time.sleep(0.2)
-    note("warming it up with an empty Ray Train run (about 6 s on 2 cores)")
-    _warm_up(address, env, 120.0)
     state = {"address": address, "num_cpus": cpus, "pid": proc.pid, "auth_mode": env[AUTH_ENV],
              "drain": env[DRAIN_ENV], "pool_s": POOL_S if pool_s is None else pool_s}
     with open(state_file(), "w", encoding="utf-8") as f:
         json.dump(state, f)
+    note("warming it up with a 1-epoch run of the default workload (about 10 s on 2 cores)"
+         + ("; it leaves processes ready for the next run" if state["pool_s"] else ""))
+    _warm_up(env, min(2, cpus), 180.0)
     return state
 
 
@@ -171,36 +171,18 @@ def fit_hint(cpus_asked: float) -> str | None:
             "or lower --workers")
 
 
-# A first job on the new head: a one-worker Ray Train run that does nothing. It returns
-# once the head's raylet has registered, and it starts what every later run would
-# otherwise start first (the runtime environment Ray Train gives its controller and
-# workers, the worker imports; also Ray Train's detached resource coordinator, which
-# launcher runs on this head no longer ask for: no autoscaler here). Measured
-# on 2 cores (1-epoch digits-mlp): without it the first `launcher run` on a new head
-# took 16-23 s and later ones 12-14 s; with it the first took 14.0-14.8 s, later ones
-# 13.3-14.8 s. It costs `launcher up` ~6 s.
-_WARM_UP = """
-import os, sys, tempfile
-import ray
-ray.init(address=sys.argv[1], include_dashboard=False, log_to_driver=False, logging_level="ERROR")
-from ray.train import RunConfig, ScalingConfig
-from launcher.backends.raytrain import LeanTrainer
-def nothing(config):
-    import torch  # noqa: F401 - what a torch run's workers import first
-with tempfile.TemporaryDirectory(prefix="launcher-warm-up-") as d:
-    LeanTrainer(nothing, scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": 0.01}),
-                run_config=RunConfig(storage_path=d, name="warm_up")).fit()
-"""
-
-
-def _warm_up(address: str, env: dict, timeout_s: float) -> None:
-    """Run the warm-up job; a failure is not fatal (the head works, only slower at first)."""
-    # The settings of `launcher run` on this head (the controller's runtime environment is then
-    # the one later runs use), and like them no preemption watcher unless the user asked for one.
-    env = {**env, **ray_train_env(), PREEMPTION_WATCHER_ENV: env.get(PREEMPTION_WATCHER_ENV, "0")}
-    with contextlib.suppress(subprocess.SubprocessError, OSError):
-        subprocess.run([sys.executable, "-c", _WARM_UP, address], env=env, timeout=timeout_s,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+# A first run on the new head: `launcher run` of the default workload for one epoch, from
+# this process's environment, as the user's next run will be. It settles the head (the first
+# run on a new head took 16-23 s and later ones 12-14 s before there was a warm-up: 2-core
+# machine, 1-epoch digits-mlp) and, like every run on the head, leaves its pool of processes
+# ready (launcher.worker.pool): the user's first run with the same settings starts in them.
+def _warm_up(env: dict, workers: int, timeout_s: float) -> None:
+    """Run the warm-up; a failure is not fatal (the head works, only slower at first)."""
+    with tempfile.TemporaryDirectory(prefix="launcher-warm-up-") as folder, \
+            contextlib.suppress(subprocess.SubprocessError, OSError):
+        subprocess.run([sys.executable, "-m", "launcher", "run", "--storage", folder, "--name", "warm_up",
+                        "--epochs", "1", "--workers", str(workers), "--json"],
+                       env=env, timeout=timeout_s, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def down(timeout_s: float = 40.0, note: Callable[[str], None] | None = None) -> bool:
