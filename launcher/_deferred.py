@@ -75,7 +75,7 @@ HEAVY: tuple[str, ...] = (
 
 # "module:function" -> why that function imports inside itself what the rule would put at the top.
 EXCEPTIONS: dict[str, str] = {
-    "launcher.driver.program:_pyproject_dependencies":
+    "launcher.driver.dependencies:_pyproject_dependencies":
         "tomllib is in the standard library from Python 3.11 and pyproject.toml says requires-python >= 3.10: "
         "imported here, only reading a program's pyproject.toml needs 3.11 (the module still imports on 3.10)",
 }

@@ -9,9 +9,7 @@ one declaration come:
   choices, another spec or a tuple of them...), an unknown key answered with
   the closest valid one (:func:`from_mapping`, :func:`build` for nested
   specs such as a tuning file's ``hyperparameters`` block);
-* the command-line flags (:func:`add_flags`, :func:`given_flags`), with the
-  field's help, and :func:`to_argv`, the flags that rebuild a spec elsewhere
-  (``launcher submit`` runs ``launcher run`` with them on the cluster).
+* the command-line flags, with the field's help (:mod:`launcher.flags`).
 
 Every problem is a :class:`~launcher.errors.UserError` naming the key (with
 its place in a nested spec, e.g. ``params[0] (lr).minValue``), the bad value
@@ -22,7 +20,6 @@ as one line too. This is the project's one mechanism for checking specs.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import difflib
 import functools
@@ -38,8 +35,9 @@ _KINDS = {int: "int", float: "float", str: "str", bool: "bool"}
 _EXAMPLES = {"int": "2", "float": "0.5", "str": "text", "bool": "true", "dict": "{key: value}",
              "tuple": "[a, b]"}
 _BOUNDS = (("ge", operator.lt, "at least"), ("gt", operator.le, "more than"), ("le", operator.gt, "at most"))
-_WANT = {"int": "an integer", "float": "a number", "str": "a non-empty string", "bool": "true or false",
-         "dict": "a mapping of name: value", "tuple": "a list of strings"}
+# what a value of each kind must be, as a message says it (the flags' messages too)
+WANT = {"int": "an integer", "float": "a number", "str": "a non-empty string", "bool": "true or false",
+        "dict": "a mapping of name: value", "tuple": "a list of strings"}
 
 
 def option(default: Any = dataclasses.MISSING, *, help: str, flag: str | None = None, cli: bool = True,
@@ -83,10 +81,6 @@ class Field:
     required: bool = False          # no default: a mapping must give it
     const: Any = None               # a string flag's value when given bare
     repeat: bool = False            # a list flag given once per item
-
-    @property
-    def dest(self) -> str:
-        return self.name
 
 
 @functools.lru_cache(maxsize=None)
@@ -165,12 +159,14 @@ def from_mapping(cls: type, values: Mapping[str, Any], source: str) -> dict[str,
     return {key: coerce(known[key], value, source) for key, value in values.items()}
 
 
-def check_keys(cls: type, values: Mapping[str, Any], source: str) -> None:
-    """UserError for the first key that is not a field of ``cls``, with the closest one."""
+def check_keys(cls: type, values: Mapping[str, Any], source: str, where: str = "") -> None:
+    """UserError for the first key that is not a field of ``cls``, with the closest one (``where``:
+    the mapping's place in a nested spec)."""
     known = [f.name for f in fields(cls)]
     for key in values:
         if key not in known:
-            raise UserError(f"{source}: unknown key {key!r}", closest(str(key), known))
+            raise UserError(f"{source}: unknown key {key!r}" + (f" in {where}" if where else ""),
+                            closest(str(key), known))
 
 
 def closest(key: str, known: list[str]) -> str:
@@ -204,15 +200,15 @@ def coerce(field: Field, value: Any, source: str, where: str = "") -> Any:
         return _list(field, value, source, key)
     ok, result = _convert(field.kind, value)
     if not ok:
-        raise UserError(f"{source}: {key} must be {_WANT[field.kind]}, got {value!r}",
+        raise UserError(f"{source}: {key} must be {WANT[field.kind]}, got {value!r}",
                         f"for example {field.name}: {_EXAMPLES[field.kind]}")
-    broken = _broken_bound(field, result)
+    broken = broken_bound(field, result)
     if broken:
         raise UserError(f"{source}: {key} = {value!r}: must be {broken}", f"give {field.name} a value of {broken}")
     return result
 
 
-def _broken_bound(field: Field, value: Any) -> str | None:
+def broken_bound(field: Field, value: Any) -> str | None:
     """The bound of ``field`` that the number ``value`` breaks ("at least 1"); None: it keeps them all."""
     bounds = ((getattr(field, key), breaks, words) for key, breaks, words in _BOUNDS)
     return next((f"{words} {b:g}" for b, breaks, words in bounds if b is not None and breaks(value, b)), None)
@@ -232,7 +228,7 @@ def _list(field: Field, value: Any, source: str, key: str) -> tuple[Any, ...]:
         if isinstance(field.item, str):
             ok, result = _convert(field.item, item)
             if not ok:
-                raise UserError(f"{source}: {where} must be {_WANT[field.item]}, got {item!r}",
+                raise UserError(f"{source}: {where} must be {WANT[field.item]}, got {item!r}",
                                 f"for example {field.name}: [{_EXAMPLES[field.item]}]")
             out.append(result)
             continue
@@ -255,20 +251,17 @@ def build(cls: type, raw: Any, source: str, where: str = "") -> Any:
     if not isinstance(raw, dict):
         raise UserError(f"{source}: {where or 'the file'} must be a mapping of keys, got {raw!r}",
                         f"valid keys: {', '.join(f.name for f in fields(cls))}")
+    check_keys(cls, raw, source, where)
     known = {f.name: f for f in fields(cls)}
-    for key in raw:
-        if key not in known:
-            raise UserError(f"{source}: unknown key {key!r}" + (f" in {where}" if where else ""),
-                            closest(str(key), list(known)))
     for f in known.values():
         if f.required and f.name not in raw:
             raise UserError(f"{source}: {where + '.' if where else ''}{f.name} is missing",
                             getattr(cls, "HINT", f"add {f.name}: ..."))
     values = {key: coerce(known[key], value, source, where) for key, value in raw.items()}
-    return _checked(cls(**values), f"{source}: ", "fix the value")
+    return checked(cls(**values), f"{source}: ", "fix the value")
 
 
-def _checked(instance: Any, prefix: str = "", hint: str | None = None) -> Any:
+def checked(instance: Any, prefix: str = "", hint: str | None = None) -> Any:
     """``instance`` after its own ``check()`` (a rule across fields), whose ValueError becomes one line."""
     check = getattr(instance, "check", None)
     if callable(check):
@@ -312,92 +305,6 @@ def to_mapping(spec: Any) -> dict[str, Any]:
             value = [to_mapping(v) if dataclasses.is_dataclass(v) else v for v in value]
         out[f.name] = value
     return out
-
-
-# -- the command line -------------------------------------------------------------------
-
-def parse_bool(text: str) -> bool:
-    """``--switch true|false|yes|no|1|0`` (a bare ``--switch`` means true)."""
-    lowered = text.strip().lower()
-    if lowered in ("true", "yes", "1", "on"):
-        return True
-    if lowered in ("false", "no", "0", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-_PARSERS: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str}
-
-
-def add_flags(parser: argparse.ArgumentParser, cls: type, skip: tuple[str, ...] = (), switches: bool = False) -> None:
-    """One flag per declared field of ``cls`` (except ``skip``); every default is None, so
-    :func:`given_flags` can tell a flag given from one left out (the YAML's value stands).
-    ``switches``: a bool flag takes no value (``--emulator``), for commands without a YAML to override."""
-    for f in fields(cls):
-        if f.flag is None or f.name in skip:
-            continue
-        if not f.flag.startswith("-"):  # positional
-            parser.add_argument(f.dest, metavar=f.flag, help=f.help)
-        elif f.kind == "bool":
-            how = {"action": "store_const"} if switches else {"nargs": "?", "type": parse_bool, "metavar": "true|false"}
-            parser.add_argument(f.flag, dest=f.dest, const=True, default=None, help=f.help, **how)
-        else:
-            bare = {"nargs": "?", "const": f.const} if f.const is not None else {}
-            metavar = f.metavar or (None if f.choices else f.flag[2:].upper().replace("-", "_"))
-            parser.add_argument(f.flag, dest=f.dest, type=_PARSERS.get(f.kind, str), default=None, help=f.help,
-                                metavar=metavar, choices=f.choices or None,
-                                action="append" if f.repeat else "store", **bare)
-
-
-def given_flags(args: argparse.Namespace, cls: type) -> dict[str, Any]:
-    """The fields whose flags were given (parsed by :func:`add_flags`), by field name."""
-    return {f.name: getattr(args, f.dest) for f in fields(cls)
-            if f.flag is not None and getattr(args, f.dest, None) is not None}
-
-
-def from_flags(cls: type, args: argparse.Namespace) -> Any:
-    """An instance of ``cls`` from the flags :func:`add_flags` added (a command with no YAML): a flag
-    left out keeps its field's default; a given one is checked against the field's bounds, then
-    the instance's ``check()``. UserError: one line naming the flag."""
-    return _checked(cls(**{name: _flag_value(field_named(cls, name), raw)
-                           for name, raw in given_flags(args, cls).items()}))
-
-
-def _flag_value(f: Field, raw: Any) -> Any:
-    """A given flag's value as its field holds it (a list flag's text split at commas, each item
-    converted); UserError for a value out of the field's bounds or a list of no items."""
-    if f.kind not in ("tuple", "list"):
-        if _broken_bound(f, raw):
-            raise UserError(f"{f.flag} must be {_broken_bound(f, raw)}, got {raw}")
-        return raw
-    items = [t.strip() for t in (raw if f.repeat else raw.split(",")) if t.strip()]
-    if len(items) < max(f.min_items or 0, 1):
-        raise UserError(f"{f.flag} {raw!r} gives no value", f"for example {f.flag} {'1,2' if f.item else 'a,b'}")
-    try:
-        items = [_PARSERS[f.item or "str"](t) for t in items]
-    except ValueError:
-        raise UserError(f"{f.flag} {raw!r} is not a comma-separated list of {_WANT[f.item].split()[-1]}s",
-                        f"for example {f.flag} 1,2") from None
-    broken = [b for b in (_broken_bound(f, v) for v in items) if b]
-    if broken:
-        raise UserError(f"{f.flag} {raw!r}: every value must be {broken[0]}")
-    return tuple(items)
-
-
-def to_argv(spec: Any, skip: tuple[str, ...] = ()) -> list[str]:
-    """Flags that rebuild ``spec``'s flag fields (those not None, except ``skip``)."""
-    argv: list[str] = []
-    for f in fields(type(spec)):
-        value = getattr(spec, f.name)
-        if f.flag is None or f.name in skip or value is None:
-            continue
-        if f.kind == "bool":
-            argv += [f.flag, "true" if value else "false"]
-        elif f.kind == "tuple":
-            argv += [f.flag, ",".join(value)]
-        else:
-            argv += [f.flag, repr(value) if isinstance(value, float) else str(value)]
-    return argv
 
 
 # -- YAML files -------------------------------------------------------------------------

@@ -288,7 +288,8 @@ def test_the_header_summary_and_json_say_the_strategy():
 
 def test_a_model_exported_as_weights_only_is_said_in_the_summary_with_how_to_predict():
     from launcher.cli.run import format_summary
-    from launcher.summary import RunStatus, RunSummary, pick_metrics
+    from launcher.measures import pick_metrics
+    from launcher.summary import RunStatus, RunSummary
     from launcher.worker.export import weights_only_note
 
     note = weights_only_note("its forward takes Tensor, str, and predict and serve send it tensors of a batch")

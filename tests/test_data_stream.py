@@ -104,7 +104,8 @@ def test_input_wait_is_a_share_of_the_training_time_on_the_line_and_in_the_summa
     from launcher.cli.run import format_summary
     from launcher.driver.progress import format_epoch
     from launcher.driver.tracker import Tracker
-    from launcher.summary import RunSummary, pick_metrics
+    from launcher.measures import pick_metrics
+    from launcher.summary import RunSummary
     from launcher.worker.usersession import data_wait
 
     assert data_wait(np.array([1.0, 3.0]), 10.0) == {"data_wait_s": 2.0, "data_wait_fraction": 0.2,

@@ -227,7 +227,9 @@ def _summaries():
     memory, no breakdown but an input wait); an XGBoost run; a program; many ranks."""
     import dataclasses
 
-    from launcher.summary import RunSummary, summarise_usage
+    from launcher.measures import summarise_usage
+
+    from launcher.summary import RunSummary
 
     known = {f.name for f in dataclasses.fields(RunSummary)}
     usage = summarise_usage({0: [[0, 34, 525, 0, 0]], 1: [[0, 33, 524, 0, 0]]})

@@ -16,7 +16,9 @@ import types
 import numpy as np
 import pytest
 
-from launcher.summary import RunStatus, RunSummary, format_memory, peak_memory
+from launcher.measures import format_memory, peak_memory
+
+from launcher.summary import RunStatus, RunSummary
 
 # Ray 2.60's memory monitor on an actor it killed (shortened: the object store's figures left out).
 RAY_OOM = ("1 worker(s) were killed due to the node running low on memory. Memory on the node (IP: 10.0.0.5, "
@@ -158,7 +160,7 @@ def test_the_summary_keeps_the_peaks_and_says_them_by_rank():
     assert format_memory({"peak_rss_mb_max": 900.0}) == "peak memory per rank: RSS max 900 MB"
     assert format_memory(vars(RunSummary(name="r", status=RunStatus.SUCCEEDED, workload="w", framework="torch",
                                          backend="native", workers=2, epochs=2))) == ""
-    from launcher.summary import pick_metrics
+    from launcher.measures import pick_metrics
 
     assert pick_metrics({"loss": 0.5, **peak_memory([vars(s)])}) == {"loss": 0.5}  # not metrics of the model
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from launcher.driver.progress import format_epoch
-from launcher.summary import format_shares
+from launcher.measures import format_shares
 from launcher.worker.timing import PHASES, SHARE_KEYS, StepClock, breakdown, combine, describe, own_row
 from test_user_workloads import elsewhere, run_cli, write  # noqa: F401 - elsewhere: a fixture
 
@@ -349,7 +349,7 @@ def test_launcher_logs_shows_the_traceback_of_the_rank_that_failed(ray_local, ca
 
 
 def test_usage_is_summed_up_per_rank_and_condensed_for_many_ranks():
-    from launcher.summary import format_usage, summarise_usage
+    from launcher.measures import format_usage, summarise_usage
 
     per_rank = summarise_usage({r: [[0.0, 50.0 + r, 100.0 * (r + 1), 0.0, 0.0], [5.0, 70.0 + r, 150.0, 0.0, 0.0]]
                                 for r in range(2)})

@@ -18,9 +18,11 @@ import pytest
 
 from launcher.cli.main import main
 from launcher.driver import archives, jobs
-from launcher.driver.program import WORKING_DIR_VAR, _setup_py_dependencies, from_package
+from launcher.driver.dependencies import setup_py_dependencies
+from launcher.driver.program import from_package
 from launcher.errors import Unreachable, UserError
 from launcher.worker import deps
+from launcher.worker.deps import WORKING_DIR_VAR
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "trainer_package")
@@ -118,7 +120,7 @@ def test_a_wheel_and_an_src_layout_sdist(tmp_path):
 
 def test_declared_dependencies_are_read_from_the_archive(tmp_path):
     def declared(path):
-        return archives.open_archive(path, path).declared_requirements(_setup_py_dependencies)
+        return archives.open_archive(path, path).declared_requirements(setup_py_dependencies)
 
     assert declared(write_sdist(tmp_path / "a-1.tar.gz", requires=["extra>=1", "PyYAML"])) == ["extra>=1", "PyYAML"]
     # an old sdist's PKG-INFO without Requires-Dist: setup.py says
@@ -277,7 +279,7 @@ def test_an_sdist_by_path_then_by_gs_uri_trains_on_two_nodes_and_resumes(tmp_pat
     wheels = tmp_path / "wheels"
     build_dependency(tmp_path, str(wheels))
     sdist = build_sdist(tmp_path)
-    assert archives.open_archive(sdist, sdist).declared_requirements(_setup_py_dependencies) == \
+    assert archives.open_archive(sdist, sdist).declared_requirements(setup_py_dependencies) == \
         ["cloudml-hypertune", "launcher-test-extra"]  # a real sdist's PKG-INFO
     client.bucket(bucket).blob("code/trainer-0.1.tar.gz").upload_from_filename(sdist)
     # The nodes never see this machine's pip options: only what the launcher passes on finds the dependency.

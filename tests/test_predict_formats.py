@@ -21,7 +21,8 @@ from sklearn.preprocessing import StandardScaler
 
 from launcher.errors import UserError
 from launcher.predict import endpoint as replica
-from launcher.predict import formats
+from launcher.predict.formats.instances import INPUT
+from launcher.predict.formats.tensorflow import tensorflow
 from launcher.predict.model import Model, locate
 
 
@@ -80,7 +81,7 @@ def test_an_xgboost_booster_answers_as_its_predict_and_a_runs_classifier_with_cl
 
 
 def test_a_saved_model_with_named_inputs_takes_objects_and_answers_by_name(tmp_path):
-    tf = formats._tensorflow()
+    tf = tensorflow()
 
     class Scaler(tf.Module):
         def __init__(self):
@@ -113,7 +114,7 @@ def test_a_saved_model_with_named_inputs_takes_objects_and_answers_by_name(tmp_p
 
 
 def test_a_keras_functions_model_keras_answers_as_the_model(tmp_path):
-    formats._tensorflow()
+    tensorflow()
     from workloads.tf_models import keras
 
     k = keras()
@@ -405,7 +406,7 @@ def test_vertex_instances_by_the_inputs_name_are_taken_and_a_400_lists_the_forms
         return response.status_code, json.loads(response.body)
 
     meta, _ = asyncio.run(endpoint.answer(request("GET", "/v2/models/digits")))
-    assert [i["name"] for i in json.loads(meta.body)["inputs"]] == [formats.INPUT] == ["x"]
+    assert [i["name"] for i in json.loads(meta.body)["inputs"]] == [INPUT] == ["x"]
     code, plain = call({"instances": x[:3].tolist()})
     assert code == 200, plain
     code, named = call({"instances": [{"x": row} for row in x[:3].tolist()]})

@@ -13,9 +13,11 @@ import textwrap
 import pytest
 
 from launcher.cli.main import main
-from launcher.driver.program import WORKING_DIR_VAR, declared_requirements, from_package
+from launcher.driver.dependencies import declared_requirements
+from launcher.driver.program import from_package
 from launcher.errors import UserError
 from launcher.worker import vertex
+from launcher.worker.deps import WORKING_DIR_VAR
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "trainer_package")

@@ -85,7 +85,7 @@ def test_the_torchvision_release_follows_torchs(monkeypatch, torch, torchvision)
     stack installs); a torch 1.x is left unsaid."""
     from importlib import metadata
 
-    from launcher.driver.program import release_for_torch
+    from launcher.driver.dependencies import release_for_torch
 
     monkeypatch.setattr(metadata, "version", lambda name: torch)
     said = release_for_torch("torchvision")

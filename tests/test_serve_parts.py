@@ -11,15 +11,16 @@ import sys
 import pytest
 
 from launcher.errors import UserError
-from launcher.predict import endpoint, formats, serve, servers
+from launcher.predict import endpoint, serve, servers
+from launcher.predict.formats.instances import _not_a_number
 
 
 def test_the_element_that_is_not_a_number_is_named():
-    assert formats._not_a_number([[1, 2.5], [3, -4]]) is None
-    assert formats._not_a_number([None]) == "instances[0] is null, not a number"
-    assert formats._not_a_number([[1, 2], [3, {"a": 1}]]) == "instances[1][1] is an object, not a number"
-    assert formats._not_a_number([[[0, True]]]) == "instances[0][0][1] is true/false, not a number"
-    assert formats._not_a_number([["text"]]) is None  # left to the workload's check, which says "text"
+    assert _not_a_number([[1, 2.5], [3, -4]]) is None
+    assert _not_a_number([None]) == "instances[0] is null, not a number"
+    assert _not_a_number([[1, 2], [3, {"a": 1}]]) == "instances[1][1] is an object, not a number"
+    assert _not_a_number([[[0, True]]]) == "instances[0][0][1] is true/false, not a number"
+    assert _not_a_number([["text"]]) is None  # left to the workload's check, which says "text"
 
 
 def test_histogram_text_is_cumulative_prometheus():

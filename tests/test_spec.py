@@ -118,7 +118,7 @@ def test_min_workers_must_be_between_one_and_workers(min_workers):
 
 
 def test_machine_types_from_flags_and_yaml(tmp_path):
-    from launcher import schema
+    from launcher import flags
     from launcher.cli.main import build_parser
     from launcher.cli.options import spec_from_args
 
@@ -131,7 +131,7 @@ def test_machine_types_from_flags_and_yaml(tmp_path):
     flagged = spec_from_args(args)
     assert (flagged.machine_type, flagged.primary_machine_type) == ("g2-standard-8+nvidia-l4x1", "n1-standard-4")
     # `launcher submit` rebuilds them on the cluster as flags.
-    argv = schema.to_argv(flagged)
+    argv = flags.to_argv(flagged)
     assert argv[argv.index("--machine-type") + 1] == "g2-standard-8+nvidia-l4x1"
     assert argv[argv.index("--primary-machine-type") + 1] == "n1-standard-4"
     assert JobSpec().validated().machine_type is None  # default: any node

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from launcher import schema
+from launcher import flags
 from launcher.cli.main import build_parser
 from launcher.cli.options import spec_from_args
 from launcher.cli.run import format_summary
@@ -58,7 +58,7 @@ def test_mlflow_flag_alone_means_a_store_in_the_launching_folder_and_a_uri_is_ch
     assert spec_from_args(build_parser().parse_args(["run"])).mlflow is None  # off unless asked
     given = spec_from_args(build_parser().parse_args(["run", "--mlflow", "http://127.0.0.1:5000"]))
     assert given.mlflow == "http://127.0.0.1:5000"
-    assert schema.to_argv(given)[schema.to_argv(given).index("--mlflow") + 1] == "http://127.0.0.1:5000"
+    assert flags.to_argv(given)[flags.to_argv(given).index("--mlflow") + 1] == "http://127.0.0.1:5000"
     assert normalize_tracking("sqlite:///m.db") == f"sqlite:///{tmp_path}/m.db"  # trial actors start elsewhere
     assert normalize_tracking("sqlite:////abs/m.db") == "sqlite:////abs/m.db"
     assert normalize_tracking("file:rel") == f"file://{tmp_path}/rel"

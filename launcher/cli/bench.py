@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from launcher import schema
+from launcher import flags
 from launcher.cli import bench_training, bench_systems  # noqa: F401, I001 (registers them, in this order)
 from launcher.cli.bench_registry import BENCHMARKS, OUT, OUT_HELP
 from launcher.cli.options import Parser
@@ -19,7 +19,7 @@ def add_parsers(sub) -> None:
     bench_sub = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", parser_class=Parser, required=True)
     for b in BENCHMARKS.values():
         parser = bench_sub.add_parser(b.name, help=b.help)
-        schema.add_flags(parser, b.settings, switches=True)
+        flags.add_flags(parser, b.settings, switches=True)
         if b.more_flags:
             b.more_flags(parser)
         parser.add_argument("--out", default=OUT, help=OUT_HELP)
@@ -27,7 +27,7 @@ def add_parsers(sub) -> None:
 
 def settings(args: argparse.Namespace) -> Any:
     """The settings of the benchmark ``args`` names, from its flags (UserError: a bad value)."""
-    return schema.from_flags(BENCHMARKS[args.bench_command].settings, args)
+    return flags.from_flags(BENCHMARKS[args.bench_command].settings, args)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

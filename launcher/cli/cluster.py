@@ -23,7 +23,7 @@ import sys
 import tempfile
 
 from cluster.spec import ClusterSpec
-from launcher import __version__, _deferred, schema
+from launcher import __version__, _deferred, flags, schema
 from launcher.cli.options import EXIT_FAILED, EXIT_OK, Parser
 from launcher.errors import LauncherError, UserError
 
@@ -36,7 +36,7 @@ def add_parsers(sub) -> None:
                                      required=True)
     cfg = actions.add_parser("config", help="write a Ray cluster file for GCP on stdout (> cluster.yaml)")
     cfg.add_argument("--spec", help="cluster spec YAML (keys as the flags, e.g. max_workers: 4); flags win")
-    schema.add_flags(cfg, ClusterSpec)
+    flags.add_flags(cfg, ClusterSpec)
     cfg.add_argument("-o", "--output", help="write to this file instead of stdout")
 
     pre = actions.add_parser("preflight", help="check a cluster file against the project before `ray up`")
@@ -104,7 +104,7 @@ def spec_from_args(args: argparse.Namespace):
     if args.preset:  # the preset decides the base values, so it must be known before the rest
         values["preset"] = args.preset
     spec = ClusterSpec.from_mapping(values, source)
-    overrides = schema.given_flags(args, ClusterSpec)
+    overrides = flags.given_flags(args, ClusterSpec)
     if spec.project is None and overrides.get("project") is None:
         overrides["project"] = _env_project()
     # The source goes to the nodes to be installed, or for scripts/install-horovod.

@@ -14,7 +14,7 @@ import datetime as _dt
 import re
 import sys
 
-from launcher import schema
+from launcher import flags, schema
 from launcher.errors import UserError
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED = 0, 1, 2, 130
@@ -39,7 +39,7 @@ def add_run_flags(parser: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -
 
     parser.add_argument("--config", help="job spec YAML, or an AI Platform / Vertex AI job file (trainingInput, "
                         "workerPoolSpecs, a CustomJob or HyperparameterTuningJob); flags override its values")
-    schema.add_flags(parser, JobSpec, skip=skip)
+    flags.add_flags(parser, JobSpec, skip=skip)
     parser.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                         help="workload parameter, e.g. --param image_size=64 (repeatable)")
 
@@ -198,7 +198,7 @@ def spec_from_args(args: argparse.Namespace):
         spec = JobSpec.from_mapping(job.fields, source=job.source)
     else:
         spec = load_spec_file(args.config) if args.config else JobSpec()
-    overrides = schema.given_flags(args, JobSpec)
+    overrides = flags.given_flags(args, JobSpec)
     if args.param:
         overrides["params"] = parse_params(args.param, spec.params)
     return spec.merged(overrides).validated()

@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 
-from launcher import schema
+from launcher import flags
 from launcher.cli.options import (EXIT_FAILED, EXIT_OK, Parser, add_program_flags, add_run_flags, program_from_args,
                                   program_spec, spec_from_args, wants_job_dir)
 from launcher.cli.run import format_summary
@@ -140,7 +140,7 @@ def demo_spec(args: argparse.Namespace):
     where a flag is not given), and the program it runs (None: a workload or training function)."""
     program = program_from_args(args)
     spec = program_spec(args, program) if program is not None else spec_from_args(args)
-    given = schema.given_flags(args, type(spec))
+    given = flags.given_flags(args, type(spec))
     defaults = {k: v for k, v in DEMO_DEFAULTS.items() if k not in given and program is None}
     if "name" not in given and program is None:
         defaults["name"] = time.strftime("preemption_demo_%Y%m%d_%H%M%S")

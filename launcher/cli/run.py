@@ -15,9 +15,10 @@ from launcher import frameworks
 from launcher.cli.options import (EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, add_program_flags, add_run_flags, add_verbose,
                                   program_from_args, program_spec, spec_from_args, wants_job_dir)
 from launcher.driver import startup
+from launcher.measures import format_memory, format_shares, format_usage
 from launcher.storage.checkpoint import resume_point
 from launcher.storage.runs import format_quorums
-from launcher.summary import RunStatus, RunSummary, format_memory, format_shares, format_usage
+from launcher.summary import RunStatus, RunSummary
 
 
 def add_parsers(sub) -> None:

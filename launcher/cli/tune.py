@@ -9,7 +9,7 @@ import json
 import re
 import sys
 
-from launcher import schema
+from launcher import flags
 from launcher.cli.options import (EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, add_program_flags, add_run_flags, add_verbose,
                                   job_file, parse_params, program_from_args, wants_job_dir)
 from launcher.cli.run import sigterm_as_ctrl_c, summary_stream
@@ -81,7 +81,7 @@ def study_from_args(args: argparse.Namespace):
                 raise UserError(f"{flag} must be at least 1, got {value}", f"for example {flag} 2")
             hp = dataclasses.replace(hp, **{key: value})
     spec = JobSpec.from_mapping(raw, source=job.source if job is not None else args.config)
-    overrides = schema.given_flags(args, JobSpec)
+    overrides = flags.given_flags(args, JobSpec)
     overrides.pop("config", None)
     if args.param:
         overrides["params"] = parse_params(args.param, spec.params)

@@ -7,7 +7,9 @@ is never read. The modules:
 * :mod:`~launcher.data.index` reads, checks and writes ``index.json`` (what the set holds);
 * :mod:`~launcher.data.formats` reads and writes one shard file of each kind
   (parquet, jsonl, WebDataset tar, TFRecord) and checks a copy against the index;
-* :mod:`~launcher.data.writer` makes a set from local data (``launcher data shard``)
+* :mod:`~launcher.data.inputs` reads the local data ``launcher data shard`` takes (an image
+  folder, a table, an ``.npz``, JSON lines) as pieces of samples;
+* :mod:`~launcher.data.writer` makes a set from those pieces (``launcher data shard``)
   or indexes existing shard files (``launcher data index``);
 * :mod:`~launcher.data.cache` keeps a node's fetched shards within ``--data-cache-gb``;
 * :mod:`~launcher.data.dataset` is :class:`Shards`, the set as a dataset of the training

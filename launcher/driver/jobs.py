@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
-from launcher import __version__, schema
+from launcher import __version__, flags, schema
 from launcher.errors import Unreachable, UserError
 from launcher.storage.tracking import check_store_reach
 from launcher.worker import deps
@@ -190,7 +190,7 @@ def _job_errors(client, job_id: str) -> Iterator[None]:
 def run_argv(spec) -> list[str]:
     """`launcher run` flags for every field of a validated spec (the cluster's address aside:
     inside the job Ray's RAY_ADDRESS names it)."""
-    argv = schema.to_argv(spec, skip=("address",))
+    argv = flags.to_argv(spec, skip=("address",))
     for key, value in sorted(spec.params.items()):
         argv += ["--param", f"{key}={value}"]
     return argv
@@ -206,8 +206,8 @@ def entrypoint(spec, program=None, program_args: list[str] | tuple[str, ...] = (
     if program is None:
         return shlex.join(["python", "-m", "launcher", "run", *run_argv(spec)])
     # A program's run takes only the flags that shape its workers and its run folder.
-    flags = schema.to_argv(spec, skip=tuple(f.name for f in schema.fields(type(spec)) if f.name not in PROGRAM_FIELDS))
-    return shlex.join(["python", "-m", "launcher", "run", *flags, *program.to_argv(),
+    shaping = flags.to_argv(spec, skip=tuple(f.name for f in schema.fields(type(spec)) if f.name not in PROGRAM_FIELDS))
+    return shlex.join(["python", "-m", "launcher", "run", *shaping, *program.to_argv(),
                        "--job-dir-arg" if job_dir else "--no-job-dir", "--", *program_args])
 
 

@@ -23,12 +23,13 @@ from launcher.driver.progress import Progress
 from launcher.driver.replacement import Replacements
 from launcher.driver.tracker import Tracker
 from launcher.errors import UserError
+from launcher.measures import pick_metrics
 from launcher.spec import STRATEGY_EXTRAS, JobSpec
 from launcher.storage import Storage, datacache, gcs
 from launcher.storage.checkpoint import Manifest, complete_checkpoints, prune, resume_point
 from launcher.storage.runlock import RunLock
 from launcher.storage.runlog import RunLog
-from launcher.summary import Preempting, Restart, RunStatus, RunSummary, pick_metrics
+from launcher.summary import Preempting, Restart, RunStatus, RunSummary
 from launcher.worker import pool, usage
 
 if TYPE_CHECKING:

@@ -10,9 +10,10 @@ MODULE``) and the dependencies its folder declares (``requirements.txt``,
 environment's working directory, then installed once per node on top of
 the node's environment (see :mod:`launcher.worker.deps`). Everything that can be checked without running the
 user's code is checked here, before Ray starts: the folder and the module exist,
-the code compiles, every module it imports at the top is in the folder,
-installed here or declared, local wheels named in ``requirements.txt`` are in
-the folder, and the folder is not too big to ship.
+and (:mod:`launcher.driver.dependencies`) the code compiles, every module it imports
+at the top is in the folder, installed here or declared, and local wheels named in
+``requirements.txt`` are in the folder. Whether a program trains on its own
+(scikit-learn, XGBoost) is read from its imports (:func:`single_process_framework`).
 
 A built package (an sdist or a wheel, a local file or a ``gs://`` object; see
 :mod:`launcher.driver.archives`) is fetched once here, checked the same way from
@@ -29,27 +30,25 @@ says in one line what would have run.
 
 from __future__ import annotations
 
-import ast
-import importlib.util
+import dataclasses
 import os
 import re
 import shlex
 import shutil
 import sys
 import tempfile
-import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
 from launcher import frameworks
 from launcher.driver import archives, session
+from launcher.driver.dependencies import check_imports, declared_requirements, local_module, setup_py_dependencies
 from launcher.errors import UserError
 from launcher.storage.uri import URI_LIKE
 from launcher.worker.deps import WORKING_DIR_VAR, env_key, pip_env  # WORKING_DIR_VAR: the node's copy of the folder
 
 SHEBANG = re.compile(rb"^#!.*\bpython[0-9.]*\b")
 MODULE_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_LOCAL_SUFFIXES = (".whl", ".tar.gz", ".zip", ".tar.bz2")
 
 
 @dataclass(frozen=True)
@@ -190,7 +189,7 @@ def from_script(path: str) -> Program:
     folder = os.path.dirname(full)
     requirements, sources = declared_requirements(folder)
     program = Program("script", folder, os.path.basename(full), tuple(requirements), tuple(sources))
-    return dataclasses.replace(program, libraries=check_imports(program, full, f"--script {path}"))
+    return dataclasses.replace(program, libraries=check_imports(folder, full, f"--script {path}", bool(requirements)))
 
 
 def from_package(package: str, module: str) -> Program:
@@ -207,13 +206,13 @@ def from_package(package: str, module: str) -> Program:
         raise UserError(f"--package {package}: not a folder, and not an sdist or wheel (.tar.gz or .whl)",
                         "give the folder that holds the package (e.g. --package . --module trainer.task), or "
                         "what python setup.py sdist or pip wheel built from it")
-    path = module_file(folder, module)
+    path = local_module(folder, module, "__main__.py")
     if path is None:
         raise UserError(f"--module {module}: no {module.replace('.', '/')}.py (or package with __main__.py) "
                         f"in {folder}", "run from the folder that holds the package, or pass --package FOLDER")
     requirements, sources = declared_requirements(folder)
     program = Program("module", folder, module, tuple(requirements), tuple(sources))
-    return dataclasses.replace(program, libraries=check_imports(program, path, f"--module {module}"))
+    return dataclasses.replace(program, libraries=check_imports(folder, path, f"--module {module}", bool(requirements)))
 
 
 def from_archives(uris: list[str], module: str) -> Program:
@@ -257,210 +256,16 @@ def _check_archived_module(opened: list, holder, module: str) -> frozenset[str]:
     """The module's code, as the archives would install it, compiles and imports only what is
     in them, installed here or declared by one of them (unknown declarations: not refused);
     returns the libraries it imports."""
-    declared = [a.declared_requirements(_setup_py_dependencies) for a in opened]
+    declared = [a.declared_requirements(setup_py_dependencies) for a in opened]
     lenient = any(d is None or d for d in declared)
     with tempfile.TemporaryDirectory(prefix="launcher-package-") as tree:
         for archive in opened:  # later ones over earlier ones, as the installs would
             archive.extract_sources(tree)
-        program = Program("module", tree, module)
-        entry = module_file(tree, module)
-        return check_imports(program, entry, f"--module {module} in {holder.name}", declared=lenient,
-                      where=" or ".join(a.name for a in opened),
-                      fix="declare it in setup.py's install_requires (or pyproject.toml's dependencies), build "
-                          "the package again, or fix the import")
-
-
-def module_file(folder: str, module: str) -> str | None:
-    """The file ``python -m module`` runs from ``folder``, or None."""
-    base = os.path.join(folder, *module.split("."))
-    for candidate in (base + ".py", os.path.join(base, "__main__.py")):
-        if os.path.isfile(candidate):
-            return candidate
-    return None
-
-
-# -- dependencies ----------------------------------------------------------------------------
-
-def declared_requirements(folder: str) -> tuple[list[str], list[str]]:
-    """The pip requirements a folder declares, and the files they came from.
-
-    Local files named in ``requirements.txt`` (a wheel, an sdist, a folder)
-    must be inside the folder; they are rewritten to the node's copy of it.
-
-    Raises:
-        UserError: a requirements line or a declaration that cannot work on another node.
-    """
-    out: list[str] = []
-    sources: list[str] = []
-    req = os.path.join(folder, "requirements.txt")
-    if os.path.isfile(req):
-        sources.append("requirements.txt")
-        out += _requirements_file(folder, req)
-    pyproject = os.path.join(folder, "pyproject.toml")
-    setup = os.path.join(folder, "setup.py")
-    if os.path.isfile(pyproject):
-        deps = _pyproject_dependencies(pyproject)
-        if deps is not None:
-            sources.append("pyproject.toml")
-            out += deps
-    if os.path.isfile(setup) and "pyproject.toml" not in sources:
-        deps = _setup_py_dependencies(setup)
-        sources.append("setup.py")
-        # A computed install_requires: let pip build the package to find them.
-        out += deps if deps is not None else [WORKING_DIR_VAR]
-    unique: list[str] = []
-    for line in out:
-        if line not in unique:
-            unique.append(line)
-    return unique, sources
-
-
-def _requirements_file(folder: str, path: str) -> list[str]:
-    out = []
-    with open(path, encoding="utf-8", errors="replace") as f:
-        lines = f.read().splitlines()
-    for number, raw in enumerate(lines, 1):
-        line = raw.split(" #")[0].strip()
-        if not line or line.startswith("#"):
-            continue
-        where = f"{os.path.join(os.path.basename(folder), 'requirements.txt')} line {number}"
-        if line.startswith(("-r", "--requirement", "-c", "--constraint", "-e", "--editable")):
-            raise UserError(f"{where}: {line!r}: nested requirement files and editable installs are not "
-                            "supported", "list the packages in requirements.txt itself")
-        if line.startswith("-"):
-            raise UserError(f"{where}: {line!r}: pip options are not supported here",
-                            "list only packages (names, versions, or files inside the package folder)")
-        out.append(_local_requirement(folder, line, where) if _looks_local(line) else line)
-    return out
-
-
-def _looks_local(line: str) -> bool:
-    return line.startswith((".", "/", "~", "file:")) or line.endswith(_LOCAL_SUFFIXES)
-
-
-def _local_requirement(folder: str, line: str, where: str) -> str:
-    """A file or folder named in requirements.txt, as the node's copy of it."""
-    path = line[len("file:"):] if line.startswith("file:") else line
-    full = os.path.abspath(os.path.join(folder, os.path.expanduser(path)))
-    inside = full == folder or full.startswith(folder + os.sep)
-    if not os.path.exists(full):
-        raise UserError(f"{where}: {line}: no such file", "put the file inside the package folder and name it "
-                        "relative to it, e.g. ./deps/mylib-1.0-py3-none-any.whl")
-    if not inside:
-        raise UserError(f"{where}: {line} is outside {folder}, so other nodes would not have it",
-                        "copy it into the package folder and name it relative to it")
-    rel = os.path.relpath(full, folder)
-    return WORKING_DIR_VAR if rel == "." else f"{WORKING_DIR_VAR}/{rel}"
-
-
-def _pyproject_dependencies(path: str) -> list[str] | None:
-    import tomllib
-
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: not valid TOML ({exc})", "fix the file, or remove it") from None
-    deps = (data.get("project") or {}).get("dependencies")
-    if deps is None:
-        return None
-    if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
-        raise UserError(f"{path}: [project] dependencies must be a list of strings")
-    return list(deps)
-
-
-def _setup_py_dependencies(path: str, source: bytes | None = None) -> list[str] | None:
-    """``install_requires`` when setup.py spells it as a list of strings; None when it is computed.
-    ``source``: the file's content, when it is not on disk (inside an archive)."""
-    try:
-        tree = ast.parse(_read(path) if source is None else source, path)
-    except SyntaxError as exc:
-        raise UserError(f"{path}: syntax error at line {exc.lineno}: {exc.msg}") from None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "setup":
-            for kw in node.keywords:
-                if kw.arg == "install_requires":
-                    try:
-                        value = ast.literal_eval(kw.value)
-                    except ValueError:
-                        return None
-                    return [str(v) for v in value] if isinstance(value, (list, tuple)) else None
-            return []
-    return None
-
-
-# -- imports ---------------------------------------------------------------------------------
-
-def check_imports(program: Program, entry: str, what: str, declared: bool | None = None, where: str | None = None,
-                  fix: str | None = None) -> frozenset[str]:
-    """Compile the entry file and the folder's modules it imports; every module imported at
-    the top must be in the folder, installed here, or declared as a dependency. Returns the
-    libraries (top-level names, the standard library's left out) they import.
-
-    ``declared``: whether dependencies are declared (default: the program's requirements);
-    ``where``, ``fix``: the folder as the message names it, and how to fix a missing import.
-
-    Raises:
-        UserError: a syntax error, or a module nothing provides.
-    """
-    declared = bool(program.requirements) if declared is None else declared
-    seen: set[str] = set()
-    libraries: set[str] = set()
-    todo = [entry]
-    while todo:
-        path = todo.pop()
-        if path in seen:
-            continue
-        seen.add(path)
-        rel = os.path.relpath(path, program.folder)
-        try:
-            tree = ast.parse(_read(path), path)
-        except SyntaxError as exc:
-            raise UserError(f"{what}: {rel} line {exc.lineno}: syntax error: {exc.msg}",
-                            f"run `python -m py_compile {path}` to see it") from None
-        except ValueError as exc:  # null bytes: not a text file
-            raise UserError(f"{what}: {rel} is not Python source ({exc})") from None
-        package = _package_of(program.folder, path)
-        for name, line in top_level_imports(tree, package):
-            local = _local_module(program.folder, name)
-            if local:
-                todo.append(local)
-                continue
-            top = name.split(".")[0]
-            if top not in sys.stdlib_module_names:
-                libraries.add(top)
-            if top in sys.stdlib_module_names or _importable(top):
-                continue
-            if declared:
-                continue  # import names and distribution names differ (yaml/PyYAML): pip will tell
-            raise UserError(f"{what}: {rel} line {line} imports {top}, which is not in {where or program.folder}, "
-                            "not installed here and not declared as a dependency",
-                            fix or f"add {release_for_torch(top) or top} to "
-                            f"{os.path.join(program.folder, 'requirements.txt')}, or fix the import")
-    return frozenset(libraries)
-
-
-def release_for_torch(library: str) -> str | None:
-    """``"torchvision==0.28.0 (the release for the torch 2.13.0+cpu installed here)"`` for
-    torchvision where torch is installed; None for anything else (or without torch).
-
-    torchvision is released in step with torch, 0.N with torch 2.(N - 15) (0.28 with 2.13),
-    their patch releases alike (but for 2.0.x, whose torchvision patches were one ahead:
-    0.15.2 with 2.0.1), and each torchvision pins its torch: an unpinned one is the newest,
-    which would bring a torch other than the one the workers run."""
-    if library != "torchvision":
-        return None
-    from importlib import metadata
-
-    try:
-        torch = metadata.version("torch")
-    except metadata.PackageNotFoundError:
-        return None
-    found = re.match(r"(\d+)\.(\d+)\.(\d+)", torch)
-    if not found or found[1] != "2":
-        return None
-    minor, patch = int(found[2]), int(found[3])
-    return f"torchvision==0.{minor + 15}.{patch + (minor == 0)} (the release for the torch {torch} installed here)"
+        entry = local_module(tree, module, "__main__.py")
+        return check_imports(tree, entry, f"--module {module} in {holder.name}", declared=lenient,
+                             where=" or ".join(a.name for a in opened),
+                             fix="declare it in setup.py's install_requires (or pyproject.toml's dependencies), "
+                                 "build the package again, or fix the import")
 
 
 # Libraries through which a program trains across processes: one that imports none of them, but
@@ -470,7 +275,7 @@ DISTRIBUTED_LIBRARIES = frozenset({"torch", "tensorflow", "keras", "tf_keras", "
 SINGLE_PROCESS_FRAMEWORKS = {"sklearn": "scikit-learn", "xgboost": "XGBoost"}  # --framework -> its name
 
 
-def single_process_framework(program: "Program") -> str | None:
+def single_process_framework(program: Program) -> str | None:
     """"sklearn" or "xgboost" for a program whose modules import that library at their top and no
     library that trains across processes (XGBoost first: its packages use scikit-learn too); else None."""
     if program.libraries & DISTRIBUTED_LIBRARIES:
@@ -479,54 +284,3 @@ def single_process_framework(program: "Program") -> str | None:
         if framework in program.libraries:
             return framework
     return None
-
-
-def top_level_imports(tree: ast.Module, package: str) -> list[tuple[str, int]]:
-    """Absolute names of the modules imported by module-level statements (not inside
-    functions or try/except, which are often optional), with their line numbers."""
-    out = []
-    body = list(tree.body)
-    while body:
-        node = body.pop(0)
-        if isinstance(node, ast.If):  # `if __name__ == "__main__":` and version checks
-            body = node.body + node.orelse + body
-        elif isinstance(node, ast.Import):
-            out += [(alias.name, node.lineno) for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".") if package else []
-                base = parts[:len(parts) - node.level + 1] if node.level <= len(parts) + 1 else []
-                name = ".".join(filter(None, [*base, node.module or ""]))
-                if name:
-                    out.append((name, node.lineno))
-                    if not node.module:  # from . import model
-                        out += [(f"{name}.{alias.name}", node.lineno) for alias in node.names]
-            elif node.module != "__future__":
-                out.append((node.module, node.lineno))
-                out += [(f"{node.module}.{alias.name}", node.lineno) for alias in node.names]
-    return out
-
-
-def _package_of(folder: str, path: str) -> str:
-    rel = os.path.relpath(os.path.dirname(path), folder)
-    return "" if rel == "." else rel.replace(os.sep, ".")
-
-
-def _local_module(folder: str, name: str) -> str | None:
-    base = os.path.join(folder, *name.split("."))
-    for candidate in (base + ".py", os.path.join(base, "__init__.py")):
-        if os.path.isfile(candidate):
-            return candidate
-    return None
-
-
-def _importable(top: str) -> bool:
-    try:
-        return importlib.util.find_spec(top) is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def _read(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()

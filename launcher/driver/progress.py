@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from typing import Any, TextIO
 
-from launcher.summary import METRIC_KEYS, pick_metrics
+from launcher.measures import METRIC_KEYS, pick_metrics
 from launcher.worker.timing import describe, largest_share
 
 

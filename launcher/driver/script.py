@@ -29,9 +29,10 @@ from launcher.driver import runpath, session, startup, trainer
 from launcher.driver.program import Program, check_container
 from launcher.driver.progress import Progress
 from launcher.errors import UserError
+from launcher.measures import program_epochs, program_metrics
 from launcher.storage import gcs
 from launcher.storage.runlog import ProgramLines, read_jsonl
-from launcher.summary import Interruption, Preempting, Restart, RunStatus, RunSummary, program_epochs, program_metrics
+from launcher.summary import Interruption, Preempting, Restart, RunStatus, RunSummary
 from launcher.worker import deps, vertex
 from launcher.worker.script import program_folder, script_worker
 

@@ -23,11 +23,11 @@ from typing import Any, Callable
 from launcher import frameworks
 from launcher.driver import startup, trainer
 from launcher.driver.progress import Progress, format_epoch, format_round
+from launcher.measures import peak_memory, pick_metrics, summarise_usage
 from launcher.spec import JobSpec
 from launcher.storage.checkpoint import Manifest, complete_checkpoints, resume_point
 from launcher.storage.runlog import RunLog
-from launcher.summary import (Attempt, Event, Failure, Interruption, Preempting, Report, Restart,
-                              RunStatus, RunSummary, peak_memory, pick_metrics, summarise_usage)
+from launcher.summary import Attempt, Event, Failure, Interruption, Preempting, Report, Restart, RunStatus, RunSummary
 from launcher.worker.timing import SHARE_KEYS, combine
 
 
@@ -58,7 +58,7 @@ class Tracker:
     data_wait: list[tuple[float, float, float]] = field(default_factory=list)  # per epoch: mean s, max share, time
     timed: list[dict[str, Any]] = field(default_factory=list)  # the epoch reports with a time breakdown
     usage: dict[int, list[list[float]]] = field(default_factory=dict)  # each rank's usage samples this launch
-    memory: dict[str, Any] = field(default_factory=dict)  # each rank's peak memory so far (summary.peak_memory)
+    memory: dict[str, Any] = field(default_factory=dict)  # each rank's peak memory so far (measures.peak_memory)
     log_failed: bool = False
     on_epoch: Callable[[dict[str, Any]], None] | None = None  # e.g. a tuning trial's report to Ray Tune
     plain_reports: int = 0  # reports without the launcher's bookkeeping (a Ray Train function's)

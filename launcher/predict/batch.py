@@ -31,7 +31,7 @@ import numpy as np
 
 from launcher.driver import session
 from launcher.errors import UserError
-from launcher.predict import formats
+from launcher.predict.formats.base import column
 from launcher.predict.model import Model, ModelRef
 from launcher.storage import Storage
 from launcher.storage.uri import normalize_storage
@@ -162,7 +162,7 @@ class Predictor:
         instances = _unpacked(batch["instance"])
         if self.model.hook is not None:  # the run's predict hook makes the predictions
             return {"file": batch["file"], "row": batch["row"],
-                    "prediction": formats.column(self.model.predict(instances))}
+                    "prediction": column(self.model.predict(instances))}
         out = self.model.run(self.model.inputs(instances))
         return {"file": batch["file"], "row": batch["row"], **self.model.columns(out)}
 

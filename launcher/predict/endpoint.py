@@ -33,7 +33,8 @@ from typing import Any
 import orjson
 
 from launcher.errors import UserError
-from launcher.predict import formats, protocols
+from launcher.predict import protocols
+from launcher.predict.formats.base import Batch, column, join, rows, split
 from launcher.predict.model import Model, ModelRef
 
 MAX_INSTANCES = 1024
@@ -227,7 +228,7 @@ class Endpoint:
             return _error(problem), 0
         out = await self.batched(batch)
         answer = {"predictions": self.model.answers(out), "deployedModelId": self.routes.deployed_model_id}
-        return _json(answer), formats.rows(batch)
+        return _json(answer), rows(batch)
 
     async def hooked(self, instances: list, parameters: dict[str, Any]) -> tuple[Any, int]:
         """A request through the run's predict hook (each request on its own: the hook decides
@@ -246,20 +247,20 @@ class Endpoint:
         try:
             request, tensors = protocols.parse(body, header_length)
             names = [i["name"] for i in self.about.get("inputs") or []]
-            rows = len(next(iter(tensors.values())))
-            if not rows or rows > self.max_instances:
-                raise ValueError(f"{rows} instances in one request; send 1..{self.max_instances}")
+            count = len(next(iter(tensors.values())))
+            if not count or count > self.max_instances:
+                raise ValueError(f"{count} instances in one request; send 1..{self.max_instances}")
             # A predict hook takes the request's own instances; the model, its inputs by name.
             given = protocols.instances(tensors, None if self.model.hook is not None else names)
             if self.model.hook is not None:
                 predictions = await asyncio.to_thread(self.model.predict, list(given), request.get("parameters"))
-                columns = {"prediction": formats.column(predictions)}
-                return _json(protocols.response(self.routes.name, request, columns)), rows
+                columns = {"prediction": column(predictions)}
+                return _json(protocols.response(self.routes.name, request, columns)), count
             batch = self.model.inputs(given)
         except (ValueError, TypeError) as exc:
             return _error(f"{exc}{self.hint}"), 0
         out = await self.batched(batch)
-        return _json(protocols.response(self.routes.name, request, self.model.columns(out))), rows
+        return _json(protocols.response(self.routes.name, request, self.model.columns(out))), count
 
     async def _body(self, request) -> bytes | None:
         """The body, or None when it is longer than the limit: kept no further than the limit;
@@ -280,7 +281,7 @@ class Endpoint:
                 chunks.append(chunk)
         return None if over else b"".join(chunks)
 
-    def check(self, body: Any) -> tuple[str | None, formats.Batch | None]:
+    def check(self, body: Any) -> tuple[str | None, Batch | None]:
         """(what is wrong, None) or (None, the model's input batch)."""
         problem, instances = self.request(body)
         if problem:
@@ -305,16 +306,16 @@ class Endpoint:
             return f"parameters must be an object, got {type(body['parameters']).__name__}", None
         return None, instances
 
-    async def batched(self, batch: formats.Batch) -> formats.Batch:
+    async def batched(self, batch: Batch) -> Batch:
         return await self._batch(batch)
 
-    async def _batch_impl(self, batches: list[formats.Batch]) -> list[formats.Batch]:
-        sizes = [formats.rows(b) for b in batches]
+    async def _batch_impl(self, batches: list[Batch]) -> list[Batch]:
+        sizes = [rows(b) for b in batches]
         self.batch_requests.observe(len(batches))
         self.batch_instances.observe(sum(sizes))
         # In a thread: the replica goes on reading and checking the next requests meanwhile.
-        out = await asyncio.to_thread(self.model.run, formats.join(batches))
-        return formats.split(out, sizes)
+        out = await asyncio.to_thread(self.model.run, join(batches))
+        return split(out, sizes)
 
     def metrics(self) -> str:
         """Prometheus text exposition of this replica's counters."""

@@ -22,6 +22,7 @@ import numpy as np
 
 from launcher.errors import UserError
 from launcher.predict import formats
+from launcher.predict.formats.base import Batch, Loaded, plain
 from launcher.storage import Storage
 from launcher.storage.uri import DEFAULT_STORAGE, normalize_storage
 
@@ -151,7 +152,7 @@ class HookModel:
     returns its output (several: a dict by name), and what the run knew: ``params``,
     ``data`` and ``info`` (its whole model.json)."""
 
-    def __init__(self, loaded: formats.Loaded) -> None:
+    def __init__(self, loaded: Loaded) -> None:
         self._loaded = loaded
         self.info = loaded.info
         self.params = loaded.info.get("params") or {}
@@ -204,17 +205,17 @@ class Model:
     def about(self) -> dict[str, Any]:
         return {**self.loaded.about(), "model": self.ref.uri}
 
-    def inputs(self, instances: Any) -> formats.Batch:
+    def inputs(self, instances: Any) -> Batch:
         """Raw instances -> the model's input batch; ValueError saying what was expected."""
         return self.loaded.inputs(instances)
 
-    def run(self, batch: formats.Batch) -> formats.Batch:
+    def run(self, batch: Batch) -> Batch:
         return self.loaded.run(batch)
 
-    def answers(self, out: formats.Batch) -> list[Any]:
+    def answers(self, out: Batch) -> list[Any]:
         return self.loaded.answers(out)
 
-    def columns(self, out: formats.Batch) -> dict[str, np.ndarray]:
+    def columns(self, out: Batch) -> dict[str, np.ndarray]:
         return self.loaded.columns(out)
 
     def predict(self, instances: Any, parameters: dict[str, Any] | None = None) -> list[Any]:
@@ -230,7 +231,7 @@ class Model:
             raise HookError(f"the predict hook returned {type(out).__name__}"
                             f"{' of ' + str(len(out)) if isinstance(out, list) else ''} for {len(instances)} "
                             "instances: return one prediction per instance")
-        return [formats.plain(o) for o in out]
+        return [plain(o) for o in out]
 
     def close(self) -> None:
         if getattr(self, "_tmp", None):

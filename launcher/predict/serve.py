@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from launcher.driver import localhead, session
 from launcher.errors import UserError
-from launcher.predict import formats
+from launcher.predict.formats.base import Batch
 from launcher.predict.endpoint import MAX_INSTANCES, PROBE_HEADER, Endpoint, Routes
 from launcher.predict.model import ModelRef
 from launcher.predict.servers import (APP, _check_port, _entry_path, _remove, _write_entry,
@@ -89,7 +89,7 @@ def deployment(options: ServeOptions):
 
     class ModelEndpoint(Endpoint):
         @serve.batch(max_batch_size=options.max_batch, batch_wait_timeout_s=options.batch_wait_ms / 1000)
-        async def _batch(self, batches: list[formats.Batch]) -> list[formats.Batch]:
+        async def _batch(self, batches: list[Batch]) -> list[Batch]:
             return await self._batch_impl(batches)
 
     return serve.deployment(ModelEndpoint, name="model", num_replicas=options.replicas,

@@ -18,12 +18,12 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
+from launcher.measures import (format_memory, format_shares, format_usage, peak_memory, pick_metrics, program_epochs,
+                               program_metrics, summarise_usage)
 from launcher.storage.checkpoint import complete_checkpoints
 from launcher.storage.runlog import read_jsonl
 from launcher.storage.store import Storage
-from launcher.summary import (USAGE_FIELDS, RunStatus, RunSummary, TuningSummary, format_memory, format_shares,
-                              format_usage, peak_memory, pick_metrics, program_epochs, program_metrics,
-                              summarise_usage)
+from launcher.summary import USAGE_FIELDS, RunStatus, RunSummary, TuningSummary
 
 TUNING_FILE = "tuning.json"      # a tuning run's folder holds this (its definition) instead of run.json
 TUNING_SUMMARY = "summary.json"  # and, once a launch ends, its summary
@@ -68,12 +68,12 @@ class RunRow:
     quorum_change_s: list[float] = field(default_factory=list)
     replicas_replaced: int = 0
     wall_s: float = 0.0
-    # Each worker's peak memory over the run's epochs, by rank (MiB; see launcher.summary.peak_memory).
+    # Each worker's peak memory over the run's epochs, by rank (MiB; see launcher.measures.peak_memory).
     peak_rss_mb_max: float | None = None
     peak_rss_mb_ranks: list[float] = field(default_factory=list)
     peak_gpu_mb_max: float | None = None
     peak_gpu_mb_ranks: list[float] = field(default_factory=list)
-    # Each worker's CPU, memory and GPU over every launch (usage.jsonl; launcher.summary.summarise_usage),
+    # Each worker's CPU, memory and GPU over every launch (usage.jsonl; launcher.measures.summarise_usage),
     # and where the last launch that measured it spent its training time.
     usage: list[dict[str, Any]] = field(default_factory=list)
     time_shares: dict[str, float] = field(default_factory=dict)

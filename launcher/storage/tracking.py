@@ -41,9 +41,10 @@ from urllib.parse import urlsplit
 
 from launcher import _deferred
 from launcher.errors import Unreachable, UserError
+from launcher.measures import pick_metrics
 from launcher.storage.runlog import read_jsonl
 from launcher.storage.store import Storage
-from launcher.summary import TIME_PHASES, USAGE_FIELDS, RunStatus, pick_metrics
+from launcher.summary import TIME_PHASES, USAGE_FIELDS, RunStatus
 
 RECORD_FILE = "mlflow.jsonl"
 RUN_DIR_TAG = "launcher.run_dir"
