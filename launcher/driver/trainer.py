@@ -345,7 +345,7 @@ _PID = re.compile(r"\bpid[=:] ?(\d+)")
 def killed_for_memory(error: Any, memory: dict[str, Any] | None = None) -> str | None:
     """One line for a worker killed for memory: which (rank, node), how much memory (the node's
     figures from Ray's message, the worker's peak from ``memory``, see
-    :func:`launcher.summary.peak_memory`) and the fix; None when ``error`` says nothing of memory.
+    :func:`launcher.measures.peak_memory`) and the fix; None when ``error`` says nothing of memory.
 
     ``error``: Ray Train's exception (its ``worker_failures`` by rank), ``{rank: error}`` (an
     exception or its text, as a :class:`~launcher.summary.Failure` holds it), or one error.
