@@ -44,8 +44,17 @@ def test_the_hook_imports_the_frameworks_worker_modules_and_never_fails(monkeypa
     modules = frameworks.get("torch").worker_modules()
     assert {"torch", "launcher.worker.session", "launcher.worker.torch_loop"} <= set(modules), modules
     assert frameworks.get("tensorflow").worker_modules() == ("launcher.worker.entry",)  # configured before import
+    monkeypatch.setenv("RAY_JOB_ID", "ffffffff")  # a pool process: started for no job
     monkeypatch.setenv(pool.FRAMEWORK_ENV, "no-such-framework")
     pool.preload()  # a framework it cannot name: nothing imported, nothing raised
     monkeypatch.setenv(pool.FRAMEWORK_ENV, "torch")
     pool.preload()
     assert {"torch", "launcher.worker.session", "launcher.worker.torch_loop"} <= set(sys.modules)
+
+
+def test_a_process_started_for_a_jobs_actor_imports_nothing_ahead(monkeypatch):
+    monkeypatch.setenv("RAY_JOB_ID", "05000000")
+    monkeypatch.setenv(pool.FRAMEWORK_ENV, "xgboost")
+    monkeypatch.delitem(sys.modules, "launcher.worker.xgb_loop", raising=False)
+    pool.preload()
+    assert "launcher.worker.xgb_loop" not in sys.modules

@@ -45,9 +45,14 @@ def job_env(framework: str) -> dict:
 
 
 def preload() -> None:
-    """Ray's setup hook in each new process of a warm-head job: import Ray Train's actor
-    modules and the framework's worker modules. Never raises: a module that fails to import
-    here fails, and says why, where the run imports it."""
+    """Ray's setup hook in each new process of a warm-head job: in a process started for the
+    pool, import Ray Train's actor modules and the framework's worker modules. A process Ray
+    starts on demand for one of the job's actors (no pool process matched) imports only what its
+    actor needs, as it would without the pool: Ray names its job in ``RAY_JOB_ID``, where a
+    pool process, started for no job, has the nil id (all ``f``). Never raises: a module that
+    fails to import here fails, and says why, where the run imports it."""
+    if os.environ.get("RAY_JOB_ID", "").strip("f"):
+        return
     for name in RAY_TRAIN_MODULES:
         try:
             _ray.resolve(name)
