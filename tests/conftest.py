@@ -38,7 +38,9 @@ def _warm_head_state(tmp_path_factory):
     state = str(tmp_path_factory.mktemp("warm-head"))
     with pytest.MonkeyPatch.context() as mp:  # only while it starts: a test asks for it by the fixture
         mp.setenv(localhead.STATE_ENV, state)
-        localhead.up(port=port)
+        # Ready processes (launcher.worker.pool) kept a minute, not the default ten: tests change
+        # settings often, and each setting's unused pool holds ~1.5 GB until its time is up.
+        localhead.up(port=port, pool_s=60)
     try:
         yield state
     finally:
