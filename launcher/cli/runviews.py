@@ -13,6 +13,7 @@ import time
 
 from launcher.cli.options import EXIT_OK
 from launcher.errors import UserError
+from launcher.settings import USAGE_S
 from launcher.storage import Storage
 from launcher.storage.runlog import LOGS, USAGE as USAGE_LOG, RunRecord
 from launcher.storage.runs import describe_run, format_comparison, plottable, series
@@ -161,7 +162,7 @@ def plot_usage(samples: list, name: str, out: str) -> str:
     ranks = sorted({int(u["rank"]) for u in samples if isinstance(u.get("rank"), int)})
     if not ranks:
         raise UserError(f"--plot {USAGE}: run {name} has no usage samples ({USAGE_LOG})",
-                        "workers sample every 5 s (LAUNCHER_USAGE_S); a run shorter than that has none")
+                        f"workers sample every {USAGE_S.default} s ({USAGE_S}); a run shorter than that has none")
     gpu = any(float(u.get("gpu_pct") or 0) or float(u.get("gpu_mb") or 0) for u in samples)
     figures = [f for f in USAGE_FIELDS[1:] if gpu or not f.startswith("gpu")]
     fig, axes = _figure(len(figures))
