@@ -23,14 +23,13 @@ step and time):
 from __future__ import annotations
 
 import dataclasses
-import json
 import tempfile
 import time
 from typing import Any, Callable
 
 from benchmarks.preemption_report import timeline
 from launcher.driver import stop_running
-from launcher.storage import Storage
+from launcher.storage import RunRecord, Storage
 
 
 def goodput(attempts: list[dict[str, Any]]) -> float:
@@ -158,7 +157,7 @@ def run_strategy(strategy: str, *, workers: int, min_workers: int, every_s: floa
         # After the last one: the full group again, and a little training on it, then stop.
         if job.running:
             last = time.time()
-            before = {r.get("attempt") for r in _records(Storage.resolve(root), spec.name)}
+            before = {r.get("attempt") for r in RunRecord(Storage.resolve(root), spec.name).metrics()}
             lab.wait_for_nodes(workers, timeout_s=boot_s + stockout_s + 300)
             _train_at_full_size(job, storage_root=root, name=spec.name, workers=workers,
                                 back=_ft_back(last) if STRATEGIES[strategy].ft else _restarted(before),
@@ -167,7 +166,7 @@ def run_strategy(strategy: str, *, workers: int, min_workers: int, every_s: floa
         summary = job.wait(timeout_s=3600)
         removals = [e["time"] for e in lab.events if e["event"].startswith("node removed")]
         events = _lab_events(lab)
-        records = _records(Storage.resolve(root), spec.name)
+        records = RunRecord(Storage.resolve(root), spec.name).metrics()
     attempts = summary.to_json()["attempts"]
     line = timeline(records, attempts, workers, int(spec.batch_size))
     return {"strategy": strategy, "workers": workers, "min_workers": spec.min_workers, "every_s": every_s,
@@ -215,17 +214,6 @@ def run_program(base, program, program_args: list[str], job_dir: bool, strategy:
             "goodput_samples": None, "period_s": period(removals), "breakdown_s": {}, "lab_events": events}
 
 
-def _records(storage, name: str) -> list[dict[str, Any]]:
-    text = storage.read_text(name, "metrics.jsonl") or ""
-    out = []
-    for line in text.splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
-
-
 def _restarted(old: set) -> Callable[[list[dict[str, Any]]], list[dict[str, Any]]]:
     """A restarting strategy's reports since the last preemption: those of a group (an attempt) not in ``old``."""
     return lambda records: [r for r in records if r.get("attempt") not in old]
@@ -245,7 +233,7 @@ def _train_at_full_size(job, storage_root: str, name: str, workers: int, back, t
     3 times (``back``: the records since it came back, of :func:`_restarted` or :func:`_ft_back`)."""
     storage, end = Storage.resolve(storage_root), time.time() + timeout_s
     while job.running and time.time() < end:
-        if len([r for r in back(_records(storage, name)) if r.get("world_size") == workers]) >= 3:
+        if len([r for r in back(RunRecord(storage, name).metrics()) if r.get("world_size") == workers]) >= 3:
             return
         time.sleep(0.5)
 

@@ -25,6 +25,8 @@ import tempfile
 import time
 from typing import Callable
 
+from launcher.storage import RunRecord, Storage
+
 # launcher/faultpoint.py's variables (a test hook, not the public API): pause rank 0 at a named point.
 ENV, MARK_ENV = "LAUNCHER_FAULT_PAUSE", "LAUNCHER_FAULT_MARK"
 
@@ -52,9 +54,8 @@ def _summary(proc: subprocess.Popen, timeout: float = 900) -> dict:
 
 
 def _epochs(storage: str, name: str) -> list[dict]:
-    rows = [json.loads(line) for line in open(os.path.join(storage, name, "metrics.jsonl"), encoding="utf-8")]
     last: dict[int, dict] = {}
-    for r in rows:
+    for r in RunRecord(Storage.resolve(storage), name).metrics():
         if r.get("kind") == "epoch":
             last[int(r["epoch"])] = r  # a launch's report of an epoch; the resumed launch's comes last
     return [last[e] for e in sorted(last)]

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from launcher import _deferred
 from launcher.errors import Unreachable, UserError
+from launcher.settings import COMPUTE_ENDPOINT as ENDPOINT_ENV
 
-ENDPOINT_ENV = "LAUNCHER_COMPUTE_ENDPOINT"
 # Where each Google API's methods live under one endpoint: the path Google's own server puts before them
 # (the discovery documents' servicePath; Compute's methods also start with it).
 SERVICE_PATHS = {"compute": "compute/v1/", "cloudresourcemanager": "cloudresourcemanager/", "iam": "iam/",

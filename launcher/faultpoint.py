@@ -29,8 +29,8 @@ import os
 import sys
 import time
 
-ENV = "LAUNCHER_FAULT_PAUSE"
-MARK_ENV = "LAUNCHER_FAULT_MARK"
+from launcher.settings import FAULT_MARK as MARK_ENV, FAULT_PAUSE as ENV
+
 _reached: set[str] = set()
 
 

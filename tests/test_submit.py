@@ -25,6 +25,7 @@ import pytest
 from launcher.driver import jobs as submit
 from launcher.cli.main import build_parser, main
 from launcher.cli.options import spec_from_args
+from launcher import settings
 from launcher.lab.gcs_emulator import free_port
 from launcher.storage import Storage
 
@@ -393,7 +394,7 @@ def follow_a_job_server_that_stops_answering(head: str, job: str, capsys, monkey
     (server,) = {psutil.Process(c.pid) for c in psutil.net_connections(kind="tcp")
                  if c.status == psutil.CONN_LISTEN and c.laddr.port == port and c.pid}
     monkeypatch.setattr(submit, "FOLLOW_CHECK_S", 1.0)
-    monkeypatch.setenv(submit.TIMEOUT_ENV, "3")
+    monkeypatch.setenv(settings.JOB_TIMEOUT_S, "3")
     result = {}
     follower = threading.Thread(target=lambda: result.update(code=main(["logs", job, "--address", head, "--follow"])))
     follower.start()

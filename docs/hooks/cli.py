@@ -3,6 +3,8 @@
 - ``reference/cli.md``: every ``launcher`` command and subcommand, rendered from the
   argparse parser :func:`launcher.cli.main.build_parser` builds (its help line, and
   its ``--help`` text: usage, arguments and flags).
+- ``reference/environment.md``: every ``LAUNCHER_*`` environment variable, from the table in
+  :mod:`launcher.settings`.
 - ``benchmarks/results/...``: the result files (plots, tables, JSON, CSV) under
   ``benchmarks/results/``, added to the site as they are, so the Results pages show
   the plots without a second copy of them in ``docs/``; ``results/files.md`` lists them.
@@ -27,6 +29,7 @@ if str(ROOT) not in sys.path:  # the launcher's packages, also without an instal
 
 PLACEHOLDER = "<!-- generated -->"
 CLI_PAGE = "reference/cli.md"
+ENV_PAGE = "reference/environment.md"
 FILES_PAGE = "results/files.md"
 RESULTS = ROOT / "benchmarks" / "results"
 # Pages taken from outside docs/: their path in the site -> the file.
@@ -53,6 +56,8 @@ def on_page_markdown(markdown, page, config, files):
         return markdown.replace(PLACEHOLDER, cli_reference())
     if uri == FILES_PAGE:
         return markdown.replace(PLACEHOLDER, files_table())
+    if uri == ENV_PAGE:
+        return markdown.replace(PLACEHOLDER, environment_table())
     return markdown
 
 
@@ -70,7 +75,7 @@ def on_page_content(html_text, page, config, files):
 
 def on_serve(server, config, builder):
     """`mkdocs serve` rebuilds when the CLI or the results change, not only docs/."""
-    for path in (ROOT / "launcher" / "cli", RESULTS, *PAGES.values()):
+    for path in (ROOT / "launcher" / "cli", ROOT / "launcher" / "settings.py", RESULTS, *PAGES.values()):
         server.watch(str(path))
     return server
 
@@ -120,6 +125,23 @@ def cli_reference() -> str:
            "```text", _help_text(parser), "```", ""]
     for name, help_line, sub_parser in subs:
         out += _render(sub_parser, f"launcher {name}", help_line, 2)
+    return "\n".join(out)
+
+
+# -- the environment variables -----------------------------------------------------------------
+
+def environment_table() -> str:
+    """One table per audience (launcher.settings.Var.who), each variable's name, default and use."""
+    from launcher.settings import TABLE
+
+    titles = {"user": "What you set", "program": "What a program's ranks are given",
+              "internal": "What the launcher sets for itself", "scripts": "What scripts/ reads",
+              "tests": "What the tests and benchmarks read"}
+    out = []
+    for who, title in titles.items():
+        out += [f"## {title}", "", "| variable | default | what it does |", "|---|---|---|"]
+        out += [f"| `{v}` | {f'`{v.default}`' if v.default else '-'} | {_inline(v.help)} |" for v in TABLE if v.who == who]
+        out.append("")
     return "\n".join(out)
 
 

@@ -31,6 +31,7 @@ from ray.train.backend import Backend, BackendConfig
 from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
 from launcher import _ray
+from launcher.settings import PG_CLEANER
 
 
 class LeanTrainer(DataParallelTrainer):
@@ -44,7 +45,7 @@ class LeanTrainer(DataParallelTrainer):
 
     def _create_default_callbacks(self):  # listed in launcher._ray.OVERRIDDEN
         unused = () if self.datasets else (_ray.DatasetsCallback,)
-        if os.environ.get("LAUNCHER_PG_CLEANER") != "1":
+        if PG_CLEANER.get() != "1":
             unused += (_ray.PlacementGroupCleanerCallback,)
         ours = getattr(self.backend_config, "callbacks", None)  # what the backend needs of the controller
         return [cb for cb in super()._create_default_callbacks() if not isinstance(cb, unused)] + \

@@ -18,6 +18,7 @@ from launcher import _ray
 from launcher.cli.options import (EXIT_CANCELLED, EXIT_OK, add_program_flags, add_run_flags, add_verbose,
                                   program_from_args, program_spec, spec_from_args, wants_job_dir)
 from launcher.storage import Storage
+from launcher.storage.runlog import RunRecord
 from launcher.storage.uri import DEFAULT_STORAGE, normalize_storage
 
 ADDRESS_HELP = ("the head's dashboard (Ray job API), e.g. http://127.0.0.1:8265; "
@@ -159,7 +160,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
     storage = Storage.resolve(normalize_storage(args.storage))
     cluster = args.job_server or os.environ.get("RAY_API_SERVER_ADDRESS") or os.environ.get("RAY_ADDRESS")
-    if args.job_server is None and (storage.read_text(args.job_id, "run.json") is not None or not cluster):
+    if args.job_server is None and (RunRecord(storage, args.job_id).exists() or not cluster):
         # A run of that name (or no cluster to ask for a job): its ranks' output, from its storage.
         from launcher.cli.runviews import show_logs
 

@@ -13,9 +13,10 @@ import time
 
 from launcher.cli.options import EXIT_OK
 from launcher.errors import UserError
+from launcher.settings import USAGE_S
 from launcher.storage import Storage
-from launcher.storage.runlog import read_jsonl
-from launcher.storage.runs import describe_run, format_comparison, launch_spec, metric_rows, plottable, series
+from launcher.storage.runlog import LOGS, USAGE as USAGE_LOG, RunRecord
+from launcher.storage.runs import describe_run, format_comparison, plottable, series
 from launcher.summary import USAGE_FIELDS
 from launcher.worker.timing import PHASES, SHARE_KEYS, WORDS
 
@@ -42,11 +43,11 @@ def compare(storage: Storage, names: list[str], args: argparse.Namespace) -> int
     runs = {n: run_named(storage, n) for n in names}
     if any(r.kind == "tuning" for r in runs.values()):
         raise UserError("--compare takes runs, not tuning runs", "compare a tuning run's trials by their names")
-    specs = {n: launch_spec(storage, n) for n in names}
+    specs = {n: RunRecord(storage, n).spec() for n in names}
     if args.json:
         print(json.dumps({n: {"spec": specs[n], **runs[n].to_json()} for n in names}, indent=1))
         return EXIT_OK
-    rows = {n: metric_rows(storage, n) for n in names}
+    rows = {n: RunRecord(storage, n).at_steps() for n in names}
     metric = args.plot or _default_metric(rows)
     if args.plot:  # a metric no run reported is one line, before the table
         check_metric(rows, metric, special=False)
@@ -66,12 +67,12 @@ def _default_metric(rows: dict[str, list]) -> str | None:
 
 
 def plot_run(storage: Storage, name: str, metric: str, out: str | None) -> str:
-    out = out or f"{name}-{metric}.png"
+    out, record = out or f"{name}-{metric}.png", RunRecord(storage, name)
     if metric == TIME:
-        return plot_time(metric_rows(storage, name), name, out)
+        return plot_time(record.at_steps(), name, out)
     if metric == USAGE:
-        return plot_usage(read_jsonl(storage.read_text(name, "usage.jsonl")), name, out)
-    return plot_metric({name: metric_rows(storage, name)}, metric, out)
+        return plot_usage(record.usage(), name, out)
+    return plot_metric({name: record.at_steps()}, metric, out)
 
 
 def _figure(nrows: int = 1):
@@ -160,8 +161,8 @@ def plot_usage(samples: list, name: str, out: str) -> str:
     """Each worker's CPU % and RSS over wall time (and its GPU where one was used)."""
     ranks = sorted({int(u["rank"]) for u in samples if isinstance(u.get("rank"), int)})
     if not ranks:
-        raise UserError(f"--plot {USAGE}: run {name} has no usage samples (usage.jsonl)",
-                        "workers sample every 5 s (LAUNCHER_USAGE_S); a run shorter than that has none")
+        raise UserError(f"--plot {USAGE}: run {name} has no usage samples ({USAGE_LOG})",
+                        f"workers sample every {USAGE_S.default} s ({USAGE_S}); a run shorter than that has none")
     gpu = any(float(u.get("gpu_pct") or 0) or float(u.get("gpu_mb") or 0) for u in samples)
     figures = [f for f in USAGE_FIELDS[1:] if gpu or not f.startswith("gpu")]
     fig, axes = _figure(len(figures))
@@ -188,12 +189,12 @@ LOG_NAME = re.compile(r"^(?P<started>\d{8}-\d{6})-(?P<id>[0-9a-f]+)-rank(?P<rank
 
 def log_files(storage: Storage, name: str, launch: int | None) -> tuple[int, list[tuple[str, int]]]:
     """(the launch, its rank logs as (file, rank) in the order their worker groups started)."""
-    if storage.read_text(name, "run.json") is None:
+    record = RunRecord(storage, name)
+    if not record.exists():
         raise no_run(storage, name, "; a job's driver output: its id (`launcher jobs` lists them) and --address")
-    launches = sorted(int(d[len("launch"):]) for d in storage.list_dirs(name, "logs")
-                      if d.startswith("launch") and d[len("launch"):].isdigit())
+    launches = record.logged_launches()
     if not launches:
-        raise UserError(f"run {name} has no worker output in {storage.uri_of(name, 'logs')}",
+        raise UserError(f"run {name} has no worker output in {record.uri(LOGS)}",
                         "runs keep it from this version on; an earlier launch's output is in Ray's logs "
                         "(`launcher run --verbose` shows it as it comes)")
     if launch is None:
@@ -202,23 +203,18 @@ def log_files(storage: Storage, name: str, launch: int | None) -> tuple[int, lis
         raise UserError(f"--launch {launch}: run {name} has worker output of launch(es) "
                         f"{', '.join(map(str, launches))}", "give one of those")
     files = []
-    for file in storage.list_files(name, "logs", f"launch{launch}"):
+    for file in record.rank_logs(launch):
         m = LOG_NAME.match(file)
         if m:
             files.append((m.group("started"), int(m.group("rank")), file))
     return launch, [(file, rank) for _, rank, file in sorted(files)]
 
 
-def launch_ended(storage: Storage, name: str, launch: int) -> bool:
-    return any(e.get("event") == "end" and e.get("launch") == launch
-               for e in read_jsonl(storage.read_text(name, "launches.jsonl")))
-
-
 def show_logs(storage: Storage, name: str, rank: int | None = None, launch: int | None = None,
               follow: bool = False, out=None, poll_s: float = 1.0) -> int:
     """Print each rank's output of the launch, every line prefixed with its rank; ``follow``:
     then the new output as it comes, until the launch has ended."""
-    out = out or sys.stdout
+    out, record = out or sys.stdout, RunRecord(storage, name)
     launch, files = log_files(storage, name, launch)
     if rank is not None and files and rank not in {r for _, r in files}:
         raise UserError(f"--rank {rank}: launch {launch} of run {name} has output of rank(s) "
@@ -230,7 +226,7 @@ def show_logs(storage: Storage, name: str, rank: int | None = None, launch: int 
         for file, r in log_files(storage, name, launch)[1]:
             if rank is not None and r != rank:
                 continue
-            text = storage.read_text(name, "logs", f"launch{launch}", file) or ""
+            text = record.rank_log(launch, file)
             end = len(text) if whole else text.rfind("\n") + 1  # a line being written waits for its end
             if end > shown.get(file, 0):
                 for line in text[shown.get(file, 0):end].splitlines():
@@ -243,7 +239,7 @@ def show_logs(storage: Storage, name: str, rank: int | None = None, launch: int 
     show_new(whole=not follow)
     try:
         while follow:
-            ended = launch_ended(storage, name, launch)
+            ended = record.ended(launch)
             time.sleep(poll_s)
             if not show_new(whole=ended) and ended:
                 break

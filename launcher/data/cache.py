@@ -33,11 +33,10 @@ from typing import Callable, Iterator
 from launcher.data.formats import verify
 from launcher.data.index import ShardError, ShardIndex, normalise, read_index_text
 from launcher.errors import UserError
+from launcher.settings import DATA_CACHE_GB
 from launcher.storage import Storage, datacache
 from launcher.storage.runs import pid_alive
 
-LIMIT_ENV = "LAUNCHER_DATA_CACHE_GB"
-DEFAULT_LIMIT_GB = 16.0
 LEDGER = ".ledger.json"
 WAIT_S = 0.2
 POLL_S = 0.005  # how often a rank looks for a shard another rank is downloading
@@ -48,7 +47,7 @@ def limit_bytes(cache_gb: float | None = None) -> int:
     """The cache's size limit: ``cache_gb``, else ``$LAUNCHER_DATA_CACHE_GB`` (the run's
     ``--data-cache-gb``), else 16 GiB."""
     if cache_gb is None:
-        cache_gb = float(os.environ.get(LIMIT_ENV) or DEFAULT_LIMIT_GB)
+        cache_gb = float(DATA_CACHE_GB.get())
     if not cache_gb > 0:
         raise UserError(f"a data cache of {cache_gb:g} GB holds nothing", "give --data-cache-gb a size above 0")
     return int(cache_gb * 2**30)

@@ -25,12 +25,11 @@ import launcher
 import workloads
 from launcher import _ray
 from launcher.errors import UserError
+from launcher.settings import CODE_LIMIT_MB, PREFIX
 from workloads.user import SHIPPED_ENV, parse_reference
 
 EXCLUDES = [".git", "__pycache__", "*.pyc", ".venv", "venv", ".ipynb_checkpoints", ".pytest_cache", "runs",
             "bench-results", "*.egg-info"]
-LIMIT_ENV = "LAUNCHER_CODE_LIMIT_MB"
-DEFAULT_LIMIT_MB = 100
 
 
 def launcher_modules() -> list[str]:
@@ -84,7 +83,7 @@ PASSED_ENV = ("STORAGE_EMULATOR_HOST", "MLFLOW_EXPERIMENT_NAME")
 
 def passed_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The launch's settings its workers must see, from ``environ``."""
-    return {k: v for k, v in environ.items() if v and (k.startswith("LAUNCHER_") or k in PASSED_ENV)}
+    return {k: v for k, v in environ.items() if v and (k.startswith(PREFIX) or k in PASSED_ENV)}
 
 
 def runtime_env(workload: str | None, joining_cluster: bool, program: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -106,7 +105,7 @@ def runtime_env(workload: str | None, joining_cluster: bool, program: dict[str, 
 
 def check_size(folder: str, limit_mb: float | None = None, what: str = "the workload's folder") -> int:
     """Bytes Ray would ship from ``folder`` (walked as Ray walks it); UserError above the limit."""
-    limit_mb = limit_mb if limit_mb is not None else float(os.environ.get(LIMIT_ENV, DEFAULT_LIMIT_MB))
+    limit_mb = limit_mb if limit_mb is not None else float(CODE_LIMIT_MB.get())
     limit = int(limit_mb * 1024 * 1024)
 
     total = 0
@@ -135,7 +134,7 @@ def check_size(folder: str, limit_mb: float | None = None, what: str = "the work
         raise UserError(f"{what} {folder} holds over {limit_mb:g} MiB to ship to every worker "
                         f"(largest: {largest})",
                         "keep data out of it (pass --data), list big files in a .rayignore there, or raise "
-                        f"{LIMIT_ENV}") from None
+                        f"{CODE_LIMIT_MB}") from None
     return total
 
 

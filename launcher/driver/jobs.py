@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 from launcher import __version__, flags, schema
 from launcher.errors import Unreachable, UserError
+from launcher.settings import GCS_RETRY_S, JOB_TIMEOUT_S
 from launcher.storage.tracking import check_store_reach
 from launcher.worker import deps
 
@@ -38,14 +39,13 @@ ID_PREFIX = "launcher-"
 STOP_GRACE_S = 30
 # Environment worth passing to the job when set here; never credentials.
 # Not credentials: the cluster has its own (its service account; MLflow's token set there).
-PASSED_ENV = ("STORAGE_EMULATOR_HOST", "LAUNCHER_GCS_RETRY_S", "MLFLOW_EXPERIMENT_NAME")
+PASSED_ENV = ("STORAGE_EMULATOR_HOST", GCS_RETRY_S, "MLFLOW_EXPERIMENT_NAME")
 TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
-CONNECT_TIMEOUT_S = 10.0   # every request to the job server: connecting, then waiting for
-TIMEOUT_ENV = "LAUNCHER_JOB_TIMEOUT_S"  # each part of the answer (default 60 s)
+CONNECT_TIMEOUT_S = 10.0   # every request to the job server: connecting (then JOB_TIMEOUT_S for each part of the answer)
 
 
 def request_timeout_s() -> float:
-    return float(os.environ.get(TIMEOUT_ENV, "60"))
+    return float(JOB_TIMEOUT_S.get())
 FOLLOW_CHECK_S = 10.0  # while following a job's logs, check that its server still answers this often
 # `launcher logs --follow` and `submit --follow` exit like `launcher run` would.
 EXIT_CODES = {"SUCCEEDED": 0, "FAILED": 1, "STOPPED": 130}
@@ -158,7 +158,7 @@ def connect(address: str | None):
         raise Unreachable(f"the Ray job server at {url} did not answer within {request_timeout_s():g}s "
                           f"({type(exc).__name__})", "is the head overloaded or stuck? check its dashboard "
                           f"log (/tmp/ray/session_latest/logs/dashboard.log), the address, or raise "
-                          f"{TIMEOUT_ENV}") from None
+                          f"{JOB_TIMEOUT_S}") from None
     except (ConnectionError, RuntimeError) as exc:
         raise UserError(f"{url} does not answer as a Ray job server: {_first_line(exc)}", FIX_ADDRESS) from None
 

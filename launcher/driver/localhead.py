@@ -25,7 +25,7 @@ from launcher.errors import UserError
 from launcher.storage.runs import pid_alive
 from launcher.worker import pool
 
-STATE_ENV = "LAUNCHER_STATE_DIR"
+from launcher.settings import STATE_DIR as STATE_ENV
 # A launch without a warm head starts a local Ray with as many logical CPUs as its workers ask
 # for, up to this many per core (session.check_local_fit): a laptop runs more workers than it has
 # cores. The warm head is given that many by default, so it takes every run a cold start takes.

@@ -31,7 +31,7 @@ from launcher.driver.progress import Progress
 from launcher.errors import UserError
 from launcher.measures import program_epochs, program_metrics
 from launcher.storage import gcs
-from launcher.storage.runlog import ProgramLines, read_jsonl
+from launcher.storage.runlog import ProgramLines
 from launcher.summary import Interruption, Preempting, Restart, RunStatus, RunSummary
 from launcher.worker import deps, vertex
 from launcher.worker.script import program_folder, script_worker
@@ -284,8 +284,7 @@ def run_reports(log, outcome: Outcome) -> list[dict[str, Any]]:
     """Every hypertune entry of the run, its earlier launches' included (the run log's); this
     launch's alone where the log cannot be read."""
     try:
-        lines = read_jsonl(log.storage.read_text(log.name, "metrics.jsonl"))
-        return [e for e in lines if e.get("source") == "hypertune"]
+        return [e for e in log.reader.metrics() if e.get("source") == "hypertune"]
     except OSError:
         return list(outcome.metrics)
 

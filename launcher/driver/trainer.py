@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from launcher.driver import placement
 from launcher.errors import LauncherError, UserError
+from launcher.settings import RAY_TRAIN_SET as SET_BY_LAUNCHER_ENV
 from launcher.summary import RunStatus
 
 POLL_S = 0.5
@@ -46,9 +47,6 @@ def ray_train_env() -> dict[str, str]:
 # Ray Train's preemption watcher: an actor per worker group that polls the nodes' drain state.
 PREEMPTION_WATCHER_ENV = "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"
 _SET_HERE: dict[str, str] = {}  # what apply_ray_train_env set, and to what (the rest is the user's)
-# What a launcher set (KEY=VALUE,...), for the processes this one starts (a bench, a test, a
-# notebook that launches again): there a variable that still holds that value is not the user's.
-SET_BY_LAUNCHER_ENV = "LAUNCHER_RAY_TRAIN_SET"
 # An elastic group looks for room to grow back this often (Ray Train's default: 60 s, so a
 # replacement node that joined waited up to a minute before the group used it).
 RESIZE_CHECK_S = 5.0

@@ -42,8 +42,8 @@ from launcher.lab.gcs_emulator import free_port
 from launcher.lab.metadata import FakeMetadataServer
 from launcher.preemption.drain import node_drainer
 from launcher.preemption.watcher import Watcher
+from launcher.settings import LAB_ID as LAB_ENV
 
-LAB_ENV = "LAUNCHER_LAB_ID"      # on every process of the lab's cluster, so the lab stops only its own
 NODE_ENV = "RAY_OVERRIDE_NODE_ID_FOR_TESTING"  # the fake provider's node id, which Ray takes as the node's
 HEAD_TYPE = "ray.head.default"
 

@@ -57,11 +57,11 @@ from launcher.lab.compute_world import World
 from launcher.lab.rehearsal import _rehearsal_copy, format_call
 from launcher.lab.sshd import LoopbackSSHD, free_port
 from launcher.lab.up_copy import prepare_vm_home, snapshot_mounts, up_copy, write_sitecustomize
+from launcher.settings import REHEARSAL_KEEP
 
 HEAD_LABEL = ("ray-node-type", "head")  # the label Ray's GCP provider gives the head VM (TAG_RAY_NODE_KIND)
 LOOPBACK = "127.0.0.1"
 RUN_NAME = "rehearsal"
-KEEP = "LAUNCHER_REHEARSAL_KEEP"  # set: the rehearsal's folder stays (to read its logs)
 
 @dataclass
 class UpReport:
@@ -224,7 +224,7 @@ def rehearse_up(config: dict, emulator_url: str, bucket: str, quotas: dict[str, 
                     raise
             report.calls = api.calls
     finally:
-        if os.environ.get(KEEP):
+        if REHEARSAL_KEEP.get():
             say(f"kept the rehearsal's folder (logs, the VM's home, Ray's sessions): {root}")
         else:
             shutil.rmtree(root, ignore_errors=True)

@@ -12,16 +12,15 @@ import time
 from typing import Any
 
 from launcher.driver import session
-from launcher.driver.localhead import STATE_ENV
 from launcher.errors import UserError
+from launcher.settings import STATE_DIR
 from launcher.storage.runs import pid_alive
 
 APP = "launcher-model"
 
 
 def servers_dir() -> str:
-    root = os.environ.get(STATE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "launcher")
-    return os.path.join(root, "servers")
+    return os.path.join(os.path.expanduser(STATE_DIR.get()), "servers")
 
 
 def _entry_path(port: int) -> str:

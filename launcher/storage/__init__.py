@@ -8,7 +8,8 @@ seen through one pyarrow filesystem. The modules beside it:
   emulator-aware, and turns their errors into one line;
 * :mod:`~launcher.storage.datacache` verifies and caches ``gs://`` data per node;
 * :mod:`~launcher.storage.checkpoint` is the checkpoint manifest (what is complete);
-* :mod:`~launcher.storage.runlog` writes a run's log; :mod:`~launcher.storage.runs` reads them back.
+* :mod:`~launcher.storage.runlog` names a run folder's records, writes them (``RunLog``) and
+  reads them back (``RunRecord``); :mod:`~launcher.storage.runs` lists runs from them.
 """
 
 from launcher._lazy import lazy_exports
@@ -23,5 +24,6 @@ _lazy, __getattr__ = lazy_exports(__name__, {
     "cache_root": "launcher.storage.datacache",
     "CACHE_ENV": "launcher.storage.datacache",
     "normalize_storage": "launcher.storage.uri",
+    "RunRecord": "launcher.storage.runlog",
 })
 __all__ = ["Storage", *_lazy]

@@ -23,14 +23,14 @@ import google_crc32c
 
 from launcher.errors import UserError
 from launcher.storage import gcs
+from launcher.settings import CACHE as CACHE_ENV
 from launcher.storage.store import Storage
 
-CACHE_ENV = "LAUNCHER_CACHE"
 CHUNK = 8 * 1024 * 1024
 
 
 def cache_root() -> str:
-    return os.path.abspath(os.path.expanduser(os.environ.get(CACHE_ENV, "~/.cache/launcher")))
+    return os.path.abspath(os.path.expanduser(CACHE_ENV.get()))
 
 
 def local_data(data: str | None, note: Callable[[str], None] | None = None) -> str | None:

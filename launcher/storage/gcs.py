@@ -14,10 +14,10 @@ import os
 import sys
 
 from launcher.errors import LauncherError, Unreachable, UserError
+from launcher.settings import GCS_RETRY_S
 from launcher.storage.uri import GcsPath, parse_gs_uri
 
 EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
-RETRY_ENV = "LAUNCHER_GCS_RETRY_S"  # how long transient errors are retried (default 120 s)
 __all__ = ["GcsPath", "parse_gs_uri", "EMULATOR_ENV", "emulator_host", "worker_env", "filesystem", "client",
            "retry_policy", "explain"]
 
@@ -37,7 +37,7 @@ def filesystem():
     """A pyarrow GcsFileSystem: the emulator's when STORAGE_EMULATOR_HOST is set, else ADC."""
     import pyarrow.fs
 
-    retry = _dt.timedelta(seconds=float(os.environ.get(RETRY_ENV, "120")))
+    retry = _dt.timedelta(seconds=float(GCS_RETRY_S.get()))
     host = emulator_host()
     if host:
         scheme, _, endpoint = host.rpartition("://")
@@ -75,7 +75,7 @@ def _retry_notice():
         where = (f"the Cloud Storage emulator at {emulator_host()} ({EMULATOR_ENV})" if emulator_host()
                  else "Cloud Storage")
         print(f"launcher: {where} did not answer ({type(exc).__name__}); retrying for up to "
-              f"{float(os.environ.get(RETRY_ENV, '120')):g}s ({RETRY_ENV} sets it)", file=sys.stderr, flush=True)
+              f"{float(GCS_RETRY_S.get()):g}s ({GCS_RETRY_S} sets it)", file=sys.stderr, flush=True)
 
     return say
 
@@ -88,7 +88,7 @@ def retry_policy():
 
     return Retry(predicate=DEFAULT_RETRY._predicate, initial=DEFAULT_RETRY._initial,
                  maximum=DEFAULT_RETRY._maximum, multiplier=DEFAULT_RETRY._multiplier,
-                 timeout=float(os.environ.get(RETRY_ENV, "120")), on_error=_retry_notice())
+                 timeout=float(GCS_RETRY_S.get()), on_error=_retry_notice())
 
 
 def _shortened(text: str, limit: int = 200) -> str:
@@ -126,11 +126,11 @@ def explain(exc: Exception, uri: str, action: str, waited_s: float | None = None
 
 def outage_cause(exc: Exception, waited_s: float | None = None) -> str:
     """What happened, in a few words, for a service that did not answer (not the library's text)."""
-    limit = float(os.environ.get(RETRY_ENV, "120"))
+    limit = float(GCS_RETRY_S.get())
     if waited_s is None:
-        retried = f"; retried for {limit:g}s ({RETRY_ENV} sets it)"
+        retried = f"; retried for {limit:g}s ({GCS_RETRY_S} sets it)"
     else:
-        retried = f"; tried for {waited_s:.0f} s, retries included ({RETRY_ENV}={limit:g} bounds the retries)"
+        retried = f"; tried for {waited_s:.0f} s, retries included ({GCS_RETRY_S}={limit:g} bounds the retries)"
     exc = getattr(exc, "cause", None) or exc  # a RetryError: what the last try met
     text = str(exc).lower()
     if "refused" in text or "could not connect" in text:

@@ -19,10 +19,10 @@ import time
 from typing import Any
 
 from launcher.errors import UserError
+from launcher.storage.runlog import LOCK, RunRecord
 from launcher.storage.runs import pid_alive
 from launcher.storage.store import Storage
 
-LOCK = "launch.lock"
 HEARTBEAT_S = 60.0     # how often a training launch refreshes its lock
 STALE_S = 5 * 60.0     # a lock not refreshed for this long belongs to a dead driver
 
@@ -30,6 +30,7 @@ STALE_S = 5 * 60.0     # a lock not refreshed for this long belongs to a dead dr
 class RunLock:
     def __init__(self, storage: Storage, name: str) -> None:
         self.storage, self.name = storage, name
+        self.reader = RunRecord(storage, name)
         self.held = False
         self._beat = 0.0
 
@@ -50,7 +51,7 @@ class RunLock:
             if self.storage.create_exclusive(json.dumps(self._record()), self.name, LOCK):
                 self.held, self._beat = True, time.time()
                 return
-            holder = self._holder()
+            holder = self.reader.lock()
             if holder is not None and not self.stale(holder):
                 since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("since", 0))))
                 raise UserError(f"run {self.name} is being trained by another launch (pid {holder.get('pid')} on "
@@ -61,20 +62,12 @@ class RunLock:
         raise UserError(f"run {self.name}: could not take its lock ({self.storage.uri_of(self.name, LOCK)})",
                         "another launch keeps taking it; try again")
 
-    def _holder(self) -> dict[str, Any] | None:
-        text = self.storage.read_text(self.name, LOCK)
-        try:
-            holder = json.loads(text) if text else None
-        except ValueError:  # cut off while written: its writer died then
-            return {"heartbeat": 0}
-        return holder if isinstance(holder, dict) else {"heartbeat": 0}
-
     def refresh(self) -> None:
         """Renew the heartbeat, at most every HEARTBEAT_S (called often, e.g. by the pump)."""
         now = time.time()
         if self.held and now - self._beat >= HEARTBEAT_S:
             self._beat = now
-            holder = self._holder() or {}
+            holder = self.reader.lock() or {}
             try:
                 self.storage.write_text(json.dumps({**self._record(), "since": holder.get("since", now)}),
                                         self.name, LOCK)

@@ -1,14 +1,19 @@
-"""The run log: what ran, with what configuration, for how long, with what result.
+"""A run's folder: its records, written by :class:`RunLog` and read back by :class:`RunRecord`.
 
 Layout under ``<storage>/<name>/`` (Ray Train's checkpoint folders sit beside it):
 
 * ``run.json``       identity of the run, written by its first launch, never rewritten
 * ``launches.jsonl`` one "start" and one "end" line per launch (spec, host, status)
 * ``metrics.jsonl``  one line per epoch and per mid-epoch checkpoint, appended
+* ``usage.jsonl``    each rank's CPU, memory and GPU samples, appended
 * ``summary.json``   the latest launch's summary (every summary is also in launches.jsonl)
+* ``launch.lock``    the launch training now (:mod:`launcher.storage.runlock`)
+* ``logs/``          each rank's output, ``logs/launch<L>/<started>-<group>-rank<N>.log``
 * ``tensorboard/``   TensorBoard event files, one file per launch
 * ``model/``         the final model in the framework's own format
 
+A tuning run's folder holds ``tuning.json`` (its definition) instead of ``run.json``, and
+its own ``summary.json``. These names are written here and nowhere else.
 Nothing is overwritten except summary.json, whose history stays in launches.jsonl.
 """
 
@@ -23,9 +28,12 @@ import time
 from typing import Any
 
 from launcher.errors import UserError
-from launcher.summary import TIME_PHASES, USAGE_FIELDS
+from launcher.summary import TIME_PHASES, USAGE_FIELDS, RunSummary, TuningSummary
 from launcher.storage.store import Storage
 
+RUN, LAUNCHES, METRICS, USAGE = "run.json", "launches.jsonl", "metrics.jsonl", "usage.jsonl"
+SUMMARY, LOCK, TUNING = "summary.json", "launch.lock", "tuning.json"
+LOGS, TENSORBOARD = "logs", "tensorboard"
 IDENTITY_KEYS = ("workload", "framework")
 
 
@@ -44,8 +52,117 @@ def read_jsonl(text: str | None) -> list[dict[str, Any]]:
     return out
 
 
-def _why(value: Any) -> str:
-    return f"not JSON: {value}" if isinstance(value, ValueError) else f"a {type(value).__name__}, not an object"
+class RunRecord:
+    """A run's folder read back, each file when asked. ``name``: the folder's path under the storage
+    root, in parts (a tuning run's trial: the tuning run, the trial). A torn last line of a JSON-lines
+    file (its writer cut off) is passed over; a damaged JSON file is a ValueError naming it."""
+
+    def __init__(self, storage: Storage, *name: str) -> None:
+        self.storage, self.name = storage, name
+
+    def uri(self, *parts: str) -> str:
+        return self.storage.uri_of(*self.name, *parts)
+
+    def _lines(self, *parts: str) -> list[dict[str, Any]]:
+        return read_jsonl(self.storage.read_text(*self.name, *parts))
+
+    def _object(self, file: str) -> dict[str, Any] | None:
+        text = self.storage.read_text(*self.name, file)
+        try:
+            value = None if text is None else json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"{self.uri(file)} is damaged (not JSON: {exc})") from None
+        if value is not None and not isinstance(value, dict):
+            raise ValueError(f"{self.uri(file)} is damaged (a {type(value).__name__}, not an object)")
+        return value
+
+    def exists(self) -> bool:
+        """Whether the folder is a run's (it has a run.json; a tuning run's has not)."""
+        return self.storage.exists(*self.name, RUN)
+
+    def identity(self) -> dict[str, Any] | None:
+        """run.json (name, created, workload, framework, the first launch's spec); None: no run yet."""
+        return self._object(RUN)
+
+    def launches(self) -> list[dict[str, Any]]:
+        """launches.jsonl: a "start" line per launch, and an "end" line with its summary once it ended."""
+        return self._lines(LAUNCHES)
+
+    def starts(self) -> list[dict[str, Any]]:
+        return [e for e in self.launches() if e.get("event") == "start"]
+
+    def ended(self, launch: int) -> bool:
+        return any(e.get("event") == "end" and e.get("launch") == launch for e in self.launches())
+
+    def summaries(self, launches: list[dict[str, Any]] | None = None) -> list[RunSummary]:
+        """The summaries the launches ended with, oldest first (unreadable ones left out)."""
+        out = []
+        for e in self.launches() if launches is None else launches:
+            if e.get("event") == "end" and isinstance(e.get("summary"), dict):
+                try:
+                    out.append(RunSummary.from_json(e["summary"]))
+                except (ValueError, TypeError):
+                    continue
+        return out
+
+    def summary(self) -> RunSummary | None:
+        """The latest launch's summary (summary.json); None without a readable one."""
+        try:
+            data = self._object(SUMMARY)
+            return None if data is None else RunSummary.from_json(data)
+        except (ValueError, TypeError):
+            return None
+
+    def spec(self) -> dict[str, Any]:
+        """The latest launch's spec (run.json's before any launch line)."""
+        starts = self.starts()
+        if starts and isinstance(starts[-1].get("spec"), dict):
+            return starts[-1]["spec"]
+        try:
+            return dict((self.identity() or {}).get("spec") or {})
+        except (ValueError, TypeError):
+            return {}
+
+    def metrics(self) -> list[dict[str, Any]]:
+        """metrics.jsonl: the epochs', the mid-epoch checkpoints' and a program's (hypertune) reports."""
+        return self._lines(METRICS)
+
+    def at_steps(self) -> list[dict[str, Any]]:
+        """The metrics that stand at a step (epochs and mid-epoch checkpoints)."""
+        return [m for m in self.metrics() if isinstance(m.get("global_step"), (int, float))]
+
+    def usage(self) -> list[dict[str, Any]]:
+        """usage.jsonl: a line per rank and sample (launcher.summary.USAGE_FIELDS)."""
+        return self._lines(USAGE)
+
+    def lock(self) -> dict[str, Any] | None:
+        """The holder of the run's lock (host, pid, since, heartbeat); None: no launch holds it. A
+        lock cut off while written (its writer died then) has no heartbeat."""
+        try:
+            return self._object(LOCK)
+        except ValueError:
+            return {"heartbeat": 0}
+
+    def tuning(self) -> dict[str, Any] | None:
+        """A tuning run's definition (tuning.json); None: the folder is not a tuning run's."""
+        return self._object(TUNING)
+
+    def tuning_summary(self) -> TuningSummary | None:
+        """A tuning run's latest summary; None before a launch of it ended."""
+        data = self._object(SUMMARY)
+        return None if data is None else TuningSummary.from_json(data)
+
+    def logged_launches(self) -> list[int]:
+        """The launches whose ranks' output is kept (logs/launch<L>/), oldest first."""
+        return sorted(int(d[len("launch"):]) for d in self.storage.list_dirs(*self.name, LOGS)
+                      if d.startswith("launch") and d[len("launch"):].isdigit())
+
+    def rank_logs(self, launch: int) -> list[str]:
+        """The file names of a launch's rank logs (:func:`rank_log_name`)."""
+        return self.storage.list_files(*self.name, LOGS, log_folder(launch))
+
+    def rank_log(self, launch: int, file: str) -> str:
+        return self.storage.read_text(*self.name, LOGS, log_folder(launch), file) or ""
 
 
 class RunLog:
@@ -54,6 +171,7 @@ class RunLog:
 
     def __init__(self, storage: Storage, name: str, tracking=None) -> None:
         self.storage, self.name, self.tracking = storage, name, tracking
+        self.reader = RunRecord(storage, name)
         self.launch = 0
         self._tb = None
         self._tb_dir = ""
@@ -72,18 +190,11 @@ class RunLog:
         Raises:
             UserError: run.json is damaged (it is never rewritten, so this is not ours to fix).
         """
-        text = self.storage.read_text(self.name, "run.json")
-        if text is None:
-            return None
         try:
-            ident = json.loads(text)
+            return self.reader.identity()
         except ValueError as exc:
-            ident = exc
-        if not isinstance(ident, dict):
-            raise UserError(f"run {self.name}: {self.uri('run.json')} is damaged ({_why(ident)})",
-                            "restore it from a backup, or delete that file to start the run's log anew "
-                            "(its checkpoints are kept), or choose another --name")
-        return ident
+            raise UserError(f"run {self.name}: {exc}", "restore it from a backup, or delete that file to start the "
+                            "run's log anew (its checkpoints are kept), or choose another --name") from None
 
     def check_compatible(self, spec) -> dict[str, Any] | None:
         """The existing run's identity, if any; UserError when the spec cannot continue it."""
@@ -99,25 +210,23 @@ class RunLog:
 
     def begin(self, spec_dict: dict[str, Any]) -> int:
         """Record the start of a launch; returns its index (1 for the first)."""
-        launches = [e for e in read_jsonl(self.storage.read_text(self.name, "launches.jsonl"))
-                    if e.get("event") == "start"]
-        self.launch = len(launches) + 1
+        self.launch = len(self.reader.starts()) + 1
         if self.tracking is not None:  # a store that cannot be opened stops the launch before it is logged
             self.tracking.begin(self.launch, spec_dict)
         if self.launch == 1:
             self.storage.write_text(json.dumps({
                 "name": self.name, "created": time.time(),
-                **{k: spec_dict[k] for k in IDENTITY_KEYS}, "spec": spec_dict}, indent=1), self.name, "run.json")
+                **{k: spec_dict[k] for k in IDENTITY_KEYS}, "spec": spec_dict}, indent=1), self.name, RUN)
         self.storage.append_text(_line({
             "event": "start", "launch": self.launch, "time": time.time(), "host": socket.gethostname(),
-            "pid": os.getpid(), "spec": spec_dict}), self.name, "launches.jsonl")
+            "pid": os.getpid(), "spec": spec_dict}), self.name, LAUNCHES)
         summary_writer_class()  # now, not at the first report while the workers train
         return self.launch
 
     def record(self, metrics: dict[str, Any], tensorboard: bool = True) -> None:
         """Append one metrics line and (``tensorboard``) the scalars to TensorBoard."""
         self.storage.append_text(_line({"launch": self.launch, "time": time.time(), **metrics}),
-                                 self.name, "metrics.jsonl")
+                                 self.name, METRICS)
         if self.tracking is not None:
             self.tracking.record(metrics)
         if not tensorboard:
@@ -140,7 +249,7 @@ class RunLog:
                  for rank, samples in sorted(by_rank.items()) for sample in samples]
         if not lines:
             return
-        self.storage.append_text("".join(lines), self.name, "usage.jsonl")
+        self.storage.append_text("".join(lines), self.name, USAGE)
         if self.tracking is not None:
             self.tracking.usage(by_rank)
         writer = self._writer()
@@ -160,7 +269,7 @@ class RunLog:
         if self._tb is None:
             SummaryWriter = summary_writer_class()
             # Object stores cannot append: write locally, upload after each flush.
-            self._tb_dir = (self.storage.path(self.name, "tensorboard") if self.storage.is_local
+            self._tb_dir = (self.storage.path(self.name, TENSORBOARD) if self.storage.is_local
                             else tempfile.mkdtemp(prefix="launcher-tb-"))
             # A distinct suffix per launch: event files are never overwritten.
             self._tb = SummaryWriter(self._tb_dir, filename_suffix=f".launch{self.launch}")
@@ -168,7 +277,7 @@ class RunLog:
 
     def _sync_tensorboard(self) -> None:
         if self._tb is not None and not self.storage.is_local:
-            self.storage.upload_dir(self._tb_dir, self.name, "tensorboard")
+            self.storage.upload_dir(self._tb_dir, self.name, TENSORBOARD)
 
     def finish(self, summary: dict[str, Any]) -> None:
         if self._tb is not None:
@@ -176,9 +285,9 @@ class RunLog:
             self._sync_tensorboard()
             self._tb = None
         self.storage.append_text(_line({"event": "end", "launch": self.launch, "time": time.time(),
-                                        "summary": summary}), self.name, "launches.jsonl")
+                                        "summary": summary}), self.name, LAUNCHES)
         self.storage.write_text(json.dumps(summary, indent=1, sort_keys=True, default=str),
-                                self.name, "summary.json")
+                                self.name, SUMMARY)
         if self.tracking is not None:
             self.tracking.summary(summary, self.launch)
 
@@ -221,7 +330,7 @@ class ProgramLines:
         self._flushed = time.monotonic()
         waiting, self._waiting = self._waiting, {}
         for name, lines in waiting.items():
-            self.log.storage.append_text("".join(f"{line}\n" for line in lines), self.log.name, "logs",
+            self.log.storage.append_text("".join(f"{line}\n" for line in lines), self.log.name, LOGS,
                                          log_folder(self.log.launch), name)
 
 

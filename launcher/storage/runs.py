@@ -21,12 +21,10 @@ from typing import Any
 from launcher.measures import (format_memory, format_shares, format_usage, peak_memory, pick_metrics, program_epochs,
                                program_metrics, summarise_usage)
 from launcher.storage.checkpoint import complete_checkpoints
-from launcher.storage.runlog import read_jsonl
+from launcher.storage.runlog import RUN, SUMMARY, TUNING, RunRecord
 from launcher.storage.store import Storage
 from launcher.summary import USAGE_FIELDS, RunStatus, RunSummary, TuningSummary
 
-TUNING_FILE = "tuning.json"      # a tuning run's folder holds this (its definition) instead of run.json
-TUNING_SUMMARY = "summary.json"  # and, once a launch ends, its summary
 # Metric name families, most telling first: a run's headline loss and accuracy (see headline()).
 LOSS_NAMES = ("loss", "val_loss", "eval_loss", "test_loss", "valid_loss", "validation_loss", "train_loss")
 ACCURACY_NAMES = ("accuracy", "val_accuracy", "acc", "val_acc", "eval_accuracy", "test_accuracy", "test_acc",
@@ -95,48 +93,29 @@ class RunRow:
         return out
 
 
-def _status(launches: list[dict[str, Any]], summary: dict[str, Any] | None) -> RunStatus:
+def _status(launches: list[dict[str, Any]], summary: RunSummary | None) -> RunStatus:
     """The last launch's status; a launch with no end is running or was interrupted."""
     if not launches:
         return RunStatus.PENDING
     last = launches[-1]
     if last.get("event") == "end":
-        return RunStatus.parse((last.get("summary") or summary or {}).get("status"))
+        said = last.get("summary")  # summary.json: the same summary, unless this line lost it
+        return RunStatus.parse(said.get("status")) if said else summary.status if summary else RunStatus.UNKNOWN
     if last.get("host") == socket.gethostname() and not pid_alive(int(last.get("pid", 0))):
         return RunStatus.INTERRUPTED
     return RunStatus.RUNNING
 
 
-def _summaries(launches: list[dict[str, Any]]) -> list[RunSummary]:
-    """The summaries the run log's launches ended with (unreadable ones left out)."""
-    out = []
-    for e in launches:
-        if e.get("event") == "end" and isinstance(e.get("summary"), dict):
-            try:
-                out.append(RunSummary.from_json(e["summary"]))
-            except (ValueError, TypeError):
-                continue
-    return out
-
-
 def describe_run(storage: Storage, name: str) -> RunRow | None:
     """The run ``name``'s row (a tuning run's too); None when the folder is neither."""
-    ident = storage.read_text(name, "run.json")
-    if ident is None:
+    record = RunRecord(storage, name)
+    try:
+        info = record.identity()
+    except ValueError:
+        return damaged(name, f"{RUN} is damaged")
+    if info is None:
         return describe_tuning(storage, name)
-    try:
-        info = json.loads(ident)
-        if not isinstance(info, dict):
-            raise ValueError("not an object")
-    except ValueError:
-        return damaged(name, "run.json is damaged")
-    launches = read_jsonl(storage.read_text(name, "launches.jsonl"))
-    summary_text = storage.read_text(name, "summary.json")
-    try:
-        summary = json.loads(summary_text) if summary_text else None
-    except ValueError:
-        summary = None  # launches.jsonl has every summary too
-    lines = read_jsonl(storage.read_text(name, "metrics.jsonl"))
+    launches, lines = record.launches(), record.metrics()
     checkpoints = complete_checkpoints(storage, name)
     reported = [m for m in lines if m.get("source") == "hypertune"]  # a script's or package's run
     if reported:
@@ -145,14 +124,14 @@ def describe_run(storage: Storage, name: str) -> RunRow | None:
         epochs, shown = final_metrics(lines)
     if checkpoints:
         epochs = checkpoints[-1][0].epoch
-    ends = _summaries(launches)
+    ends = record.summaries(launches)
     timed = [e for e in ends if e.time_shares]
     samples: dict[int, list[list[float]]] = {}
-    for u in read_jsonl(storage.read_text(name, "usage.jsonl")):
+    for u in record.usage():
         if isinstance(u.get("rank"), int):
             samples.setdefault(u["rank"], []).append([float(u.get(f) or 0.0) for f in USAGE_FIELDS])
     return RunRow(
-        name=name, status=_status(launches, summary), workload=info.get("workload") or "?",
+        name=name, status=_status(launches, record.summary()), workload=info.get("workload") or "?",
         framework=info.get("framework") or "?", strategy=_strategy(info, ends), epochs=epochs, metrics=shown,
         checkpoint=storage.to_uri(checkpoints[-1][1]) if checkpoints else None,
         checkpoints=[{"epoch": m.epoch, "step": m.global_step, "uri": storage.to_uri(path)}
@@ -196,15 +175,14 @@ def final_metrics(lines: list[dict[str, Any]]) -> tuple[int, dict[str, float]]:
 
 def describe_tuning(storage: Storage, name: str) -> RunRow | None:
     """A tuning run's row (None: the folder is not a tuning run either)."""
-    definition = storage.read_text(name, TUNING_FILE)
-    if definition is None:
-        return None
+    record = RunRecord(storage, name)
     try:
-        info = json.loads(definition)
-        text = storage.read_text(name, TUNING_SUMMARY)
-        summary = TuningSummary.from_json(json.loads(text)) if text else None
+        info = record.tuning()
+        summary = record.tuning_summary() if info is not None else None
     except ValueError:
-        return damaged(name, f"{TUNING_FILE} or {TUNING_SUMMARY} is damaged")
+        return damaged(name, f"{TUNING} or {SUMMARY} is damaged")
+    if info is None:
+        return None
     spec = info.get("spec") or {}
     program = info.get("program")
     row = RunRow(name=name, status=RunStatus.UNKNOWN, kind="tuning", framework=spec.get("framework", "?"),
@@ -213,7 +191,7 @@ def describe_tuning(storage: Storage, name: str) -> RunRow | None:
     trials = trial_rows(storage, name)
     row.epochs = sum(t.epochs for t in trials.values())
     if summary is None:  # no launch has ended: one runs now, or the last was cut off
-        row.status = RunStatus.RUNNING if storage.read_text(name, "launch.lock") else RunStatus.INTERRUPTED
+        row.status = RunStatus.RUNNING if record.lock() is not None else RunStatus.INTERRUPTED
         return row
     best = summary.best
     row.status = summary.status
@@ -341,12 +319,6 @@ def format_lost(r: RunRow) -> str:
 
 # -- comparing runs and plotting their metrics (launcher runs --compare / --plot) ------------------
 
-def metric_rows(storage: Storage, name: str) -> list[dict[str, Any]]:
-    """The run's metrics.jsonl rows that stand at a step (epochs and mid-epoch checkpoints)."""
-    return [m for m in read_jsonl(storage.read_text(name, "metrics.jsonl"))
-            if isinstance(m.get("global_step"), (int, float))]
-
-
 def series(rows: list[dict[str, Any]], metric: str) -> list[tuple[int, float]]:
     """(step, value) of ``metric`` over the rows, by step; a step reported twice (a resumed
     launch's report of a step it redid, an epoch's end and a checkpoint at one step) keeps the last."""
@@ -364,17 +336,6 @@ def plottable(rows: list[dict[str, Any]]) -> list[str]:
     for m in rows:
         seen.update(dict.fromkeys(pick_metrics(m)))
     return list(seen)
-
-
-def launch_spec(storage: Storage, name: str) -> dict[str, Any]:
-    """The spec of the run's latest launch (run.json's first spec before any launch line)."""
-    starts = [e for e in read_jsonl(storage.read_text(name, "launches.jsonl")) if e.get("event") == "start"]
-    if starts and isinstance(starts[-1].get("spec"), dict):
-        return starts[-1]["spec"]
-    try:
-        return dict(json.loads(storage.read_text(name, "run.json") or "{}").get("spec") or {})
-    except (ValueError, AttributeError):
-        return {}
 
 
 def differing(specs: dict[str, dict[str, Any]], always: tuple[str, ...] = ("workload",)) -> list[str]:

@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from launcher import schema
-from launcher.storage.runs import TUNING_SUMMARY
+from launcher.storage.runlog import SUMMARY, RunRecord
 from launcher.storage.tracking import Tracking, check_store_reach, params_of
 from launcher.summary import BestTrial, RunStatus, RunSummary, TrialCounts, TuningSummary
 from launcher.tune.trial import trial_name
@@ -61,28 +61,16 @@ def trial_status(study, storage, trial, tally=None) -> str:
     if trial.status == "ERROR":
         return FAILED
     name = trial_name(trial.trial_id)
-    if run_status(storage, study.name, name) == SUCCEEDED:
+    record = RunRecord(storage, study.name, name)
+    summary = record.summary()
+    if summary is not None and summary.status == SUCCEEDED:
         return SUCCEEDED
     if tally is not None and trial.trial_id in tally.stopped:
         return STOPPED
     started = tally is not None and trial.trial_id in tally.started
-    if not started and storage.read_text(study.name, name, "run.json") is None:
+    if not started and not record.exists():
         return PENDING
     return UNFINISHED
-
-
-def run_status(storage, name: str, trial: str) -> RunStatus | None:
-    """The status in a trial run's summary.json; None without a readable one."""
-    summary = _run_summary(storage, name, trial)
-    return summary.status if summary is not None else None
-
-
-def _run_summary(storage, name: str, trial: str) -> RunSummary | None:
-    text = storage.read_text(name, trial, "summary.json")
-    try:
-        return RunSummary.from_json(json.loads(text)) if text else None
-    except ValueError:
-        return None
 
 
 def earlier_rows(storage, name: str) -> list[dict[str, Any]]:
@@ -188,7 +176,7 @@ def write(study, storage, table: list[dict[str, Any]], *, started: float, interr
         status, note = RunStatus.SUCCEEDED, None
     best_out = None
     if top is not None:
-        run = _run_summary(storage, study.name, top["trial"])
+        run = RunRecord(storage, study.name, top["trial"]).summary()
         best_out = BestTrial(trial=top["trial"], metric=metric, value=top[metric],
                              params={p.parameterName: top[p.parameterName] for p in study.hp.params},
                              run_dir=top["run_dir"], model=run.model if run is not None else None)
@@ -206,7 +194,7 @@ def write(study, storage, table: list[dict[str, Any]], *, started: float, interr
                        study.name, "trials.json")
     storage.write_text(to_csv(table), study.name, "trials.csv")
     storage.write_bytes(plot(study, table, top), study.name, "tuning.png")
-    storage.write_text(json.dumps(summary.to_json(), indent=1, default=str), study.name, TUNING_SUMMARY)
+    storage.write_text(json.dumps(summary.to_json(), indent=1, default=str), study.name, SUMMARY)
     if tracking is not None:
         _tracked(tracking, summary)
     return summary

@@ -35,7 +35,7 @@ from launcher.driver.script import check_backend, install_everywhere, is_shipped
 from launcher.errors import UserError
 from launcher.storage import Storage
 from launcher.storage.runlock import RunLock
-from launcher.storage.runs import TUNING_FILE
+from launcher.storage.runlog import TUNING, RunRecord
 from launcher.summary import RunStatus, TuningSummary
 from launcher.tune import results
 from launcher.tune.results import earlier_rows
@@ -146,18 +146,17 @@ def _check_job(study: Study, out: TextIO) -> None:
 
 def _keep_definition(storage, study: Study, record: dict[str, Any]) -> None:
     """Write tuning.json on the first launch; later launches must define the same search."""
-    text = storage.read_text(study.name, TUNING_FILE)
-    if text is None:
-        if storage.read_text(study.name, "run.json") is not None:
+    found = RunRecord(storage, study.name)
+    try:
+        recorded = found.tuning()
+    except ValueError as exc:
+        raise UserError(str(exc), "restore it, or start a tuning run under another --name") from None
+    if recorded is None:
+        if found.exists():
             raise UserError(f"--name {study.name} is a training run in {study.spec.storage}, not a tuning run",
                             "pass another --name")
-        storage.write_text(json.dumps(record, indent=1, default=str), study.name, TUNING_FILE)
+        storage.write_text(json.dumps(record, indent=1, default=str), study.name, TUNING)
         return
-    try:
-        recorded = json.loads(text)
-    except ValueError:
-        raise UserError(f"{storage.uri_of(study.name, TUNING_FILE)} is damaged (not JSON)",
-                        "restore it, or start a tuning run under another --name") from None
     changed = same_definition(recorded, record)
     if changed:
         raise UserError(f"tuning run {study.name} was started with a different {changed}",

@@ -28,9 +28,9 @@ import subprocess
 import sys
 import sysconfig
 
+from launcher.settings import ENV_CACHE
 from launcher.storage.datacache import node_lock
 
-CACHE_ENV = "LAUNCHER_ENV_CACHE"
 WORKING_DIR_VAR = "{folder}"  # in a requirement: the program's folder, as shipped to this node
 PIP_OPTIONS = ["--disable-pip-version-check", "--no-input", "--no-build-isolation", "--no-warn-conflicts"]
 PIP_ENV_PREFIX = "PIP_"  # pip reads every option from PIP_<OPTION> as well
@@ -60,7 +60,7 @@ def env_key(requirements: list[str], folder: str) -> str:
 
 
 def cache_root() -> str:
-    return os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache", "launcher", "envs")
+    return os.path.expanduser(ENV_CACHE.get())
 
 
 def python_of(env: str) -> str:

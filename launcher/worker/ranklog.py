@@ -24,7 +24,7 @@ import uuid
 from typing import TextIO
 
 from launcher.storage import Storage
-from launcher.storage.runlog import log_folder, rank_log_name
+from launcher.storage.runlog import LOGS, log_folder, rank_log_name
 
 STORE_EVERY_S = 10.0  # gs://: the least time between two uploads of a rank's log
 _current: "RankLog | None" = None
@@ -52,7 +52,7 @@ class RankLog:
 
     def __init__(self, storage_uri: str, name: str, launch: int | None, rank: int) -> None:
         self.storage = Storage.resolve(storage_uri)
-        self.parts = (name, "logs", log_folder(launch), rank_log_name(time.time(), uuid.uuid4().hex, rank))
+        self.parts = (name, LOGS, log_folder(launch), rank_log_name(time.time(), uuid.uuid4().hex, rank))
         if self.storage.is_local:
             self.path = self.storage.path(*self.parts)
             os.makedirs(os.path.dirname(self.path), exist_ok=True)

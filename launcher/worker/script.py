@@ -37,6 +37,7 @@ import uuid
 from typing import Any
 
 from launcher import _ray, frameworks
+from launcher.settings import ATTEMPT, PREEMPTION_DEADLINE_S, PREEMPTION_FILE, RUN_NAME
 from launcher.worker import deps, vertex
 from launcher.worker.usage import Sampler
 
@@ -131,9 +132,8 @@ def program_env(config: dict[str, Any], rank: int, world: int, attempt: str, add
     """Vertex AI's variables for this rank (see :mod:`launcher.worker.vertex`) and the launcher's."""
     env = {"CLUSTER_SPEC": json.dumps(vertex.cluster_spec(addresses, rank, {"run": config["run_name"]})),
            vertex.METRIC_FILE_ENV: metrics_path,
-           vertex.DEADLINE_ENV: str(int(config.get("notice_s", 30))),
-           vertex.NOTICE_FILE_ENV: notice_path,
-           "LAUNCHER_RUN_NAME": config["run_name"], "LAUNCHER_ATTEMPT": attempt,
+           PREEMPTION_DEADLINE_S: str(int(config.get("notice_s", 30))), PREEMPTION_FILE: notice_path,
+           RUN_NAME: config["run_name"], ATTEMPT: attempt,
            "PYTHONUNBUFFERED": "1"}
     env.update(vertex.output_dirs(config["run_uri"]))
     if config.get("trial_id"):

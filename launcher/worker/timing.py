@@ -27,12 +27,12 @@ more than :data:`STRAGGLER_FACTOR` times the ranks' median.
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
 import numpy as np
 
+from launcher.settings import STEP_HOOKS
 from launcher.summary import TIME_PHASES
 
 PHASES = TIME_PHASES
@@ -43,7 +43,6 @@ WORDS = {"data": "waiting for data", "compute": "computing", "sync": "synchronis
          "optimizer": "in the optimizer step", "checkpoint": "checkpointing",
          "notice": "checking for preemption notices"}
 SHARE_KEYS = tuple(f"time_{p}" for p in PHASES)  # a report's share of training time per phase
-HOOKS_ENV = "LAUNCHER_STEP_HOOKS"  # "0": no gradient and optimizer hooks (sync and optimizer count as compute)
 
 
 class StepClock:
@@ -55,7 +54,7 @@ class StepClock:
         self._ready: float | None = None    # this rank's last gradient was computed
         self._update: float | None = None   # the optimizer's update began
         self._handles: list[Any] = []
-        self.hooks = os.environ.get(HOOKS_ENV, "1") != "0"
+        self.hooks = STEP_HOOKS.get() != "0"
         self._grad_hooks: dict[int, Any] = {}  # id of a parameter -> its hook's handle
         self._last_param: int | None = None   # the parameter whose gradient came last
         self._lasts: set[int] = set()

@@ -1,7 +1,7 @@
 """How busy each worker is: CPU, memory and GPU, sampled every few seconds.
 
-A daemon thread in each worker takes a sample every :data:`INTERVAL_S` seconds
-(``LAUNCHER_USAGE_S`` overrides it; 0 turns sampling off): the CPU its process and their
+A daemon thread in each worker takes a sample every 5 seconds
+(``LAUNCHER_USAGE_S`` sets it; 0 turns sampling off): the CPU its process and their
 children (data-loading workers, a program's process) used since the last sample, as a
 percentage of one core; their resident memory; and on a GPU, the device's utilisation and the
 memory this process holds there (NVIDIA's NVML). The samples ride with the rank's next report
@@ -26,23 +26,20 @@ import psutil
 import pynvml
 
 from launcher.summary import USAGE_FIELDS  # what a sample holds, in order
-from launcher.worker.timing import HOOKS_ENV
-
-INTERVAL_S = 5.0
-INTERVAL_ENV = "LAUNCHER_USAGE_S"
+from launcher.settings import STEP_HOOKS, USAGE_S
 
 
 def worker_env() -> dict[str, str]:
     """The driver's settings of what workers measure (``LAUNCHER_USAGE_S``, and
     ``LAUNCHER_STEP_HOOKS`` of :mod:`launcher.worker.timing`), passed on to them."""
-    return {k: os.environ[k] for k in (INTERVAL_ENV, HOOKS_ENV) if k in os.environ}
+    return {k: os.environ[k] for k in (USAGE_S, STEP_HOOKS) if k in os.environ}
 
 
 def interval_s() -> float:
     try:
-        return max(0.0, float(os.environ.get(INTERVAL_ENV, INTERVAL_S)))
+        return max(0.0, float(USAGE_S.get()))
     except ValueError:
-        return INTERVAL_S
+        return float(USAGE_S.default)
 
 
 class Sampler:

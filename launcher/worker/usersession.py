@@ -24,6 +24,7 @@ import numpy as np
 
 import workloads
 from launcher.errors import LauncherError, Unreachable, UserError
+from launcher.settings import DATA_CACHE_GB
 from launcher.storage.datacache import local_data
 from launcher.worker.loader import SessionError, user_line
 from launcher.worker.loop import Session
@@ -38,7 +39,7 @@ class UserSession(Session):
         super().__init__(spec, comm)
         self.function = function
         if getattr(spec, "data_cache_gb", None):  # what launcher.data.Shards made in this worker takes
-            os.environ["LAUNCHER_DATA_CACHE_GB"] = str(spec.data_cache_gb)
+            os.environ[DATA_CACHE_GB] = str(spec.data_cache_gb)
         self._carried: dict[str, Any] | None = None  # the interrupted epoch's metrics so far
         self._sums: dict[str, Any] = {}        # step metrics of the epoch under way, summed (on the device)
         self._counts: dict[str, int] = {}
