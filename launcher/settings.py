@@ -72,6 +72,8 @@ PREEMPTION_FILE = Var("LAUNCHER_PREEMPTION_FILE", None, "a file that appears jus
 RAY_TRAIN_SET = Var("LAUNCHER_RAY_TRAIN_SET", None,
                     "the Ray Train settings the launcher set, so a process it starts can tell them from a user's",
                     "internal")
+PRELOAD = Var("LAUNCHER_PRELOAD", None, "the framework a warm-head run's ready processes import ahead, in "
+              "their job's runtime environment (launcher.worker.pool)", "internal")
 WORKLOAD_CODE = Var("LAUNCHER_WORKLOAD_CODE", None, "1 where a user workload's folder was shipped with the job: "
                     "workers load that copy (read by workloads/user.py)", "internal")
 LAB_ID = Var("LAUNCHER_LAB_ID", None, "on every process of a lab's cluster, so the lab stops only its own", "internal")

@@ -26,10 +26,10 @@ import importlib
 import json
 import os
 
-from launcher import _ray, frameworks
+from launcher import _ray, frameworks, settings
 
 # The run's framework, for :func:`preload` (a variable of the job's runtime environment).
-FRAMEWORK_ENV = "LAUNCHER_PRELOAD"
+FRAMEWORK_ENV = settings.PRELOAD
 # Ray's name for a setup hook given as a module path: "module.function".
 HOOK = "launcher.worker.pool.preload"
 # Actors of a run besides its workers: Ray Train's controller and its synchronisation actor
