@@ -58,3 +58,20 @@ def test_a_process_started_for_a_jobs_actor_imports_nothing_ahead(monkeypatch):
     monkeypatch.delitem(sys.modules, "launcher.worker.xgb_loop", raising=False)
     pool.preload()
     assert "launcher.worker.xgb_loop" not in sys.modules
+
+
+def test_up_waits_for_pool_processes_that_stand_still_and_finds_its_raylet(tmp_path):
+    from launcher.driver import localhead
+
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    for pid in (21, 22):
+        _process(proc, pid, b"ray::IDLE\0", RAY_RAYLET_PID="300", LAUNCHER_PRELOAD="torch")
+        # utime and stime are fields 14 and 15 of /proc/PID/stat; a file that does not change is
+        # a process whose CPU time stands still: done importing
+        (proc / str(pid) / "stat").write_text(f"{pid} (python) S 300 1 1 0 -1 0 0 0 0 0 7 3 0 0 20 0 1 0")
+    _process(proc, 300, b"/venv/ray/core/src/ray/raylet/raylet\0--node_ip_address=127.0.0.1\0")
+    (proc / "300" / "stat").write_text("300 (raylet) S 299 1 1 0")
+    assert pool.wait_ready(300, 2, timeout_s=5, proc=str(proc)) == 2
+    assert pool.wait_ready(301, 2, timeout_s=0, proc=str(proc)) == 0  # another raylet's: none, at the deadline
+    assert localhead._raylet_of(299, str(proc)) == 300 and localhead._raylet_of(298, str(proc)) is None

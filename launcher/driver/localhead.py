@@ -143,7 +143,32 @@ def up(num_cpus: int | None = None, port: int = 6390, timeout_s: float = 60.0,
     note("warming it up with a 1-epoch run of the default workload (about 10 s on 2 cores)"
          + ("; it leaves processes ready for the next run" if state["pool_s"] else ""))
     _warm_up(env, min(2, cpus), 180.0)
+    raylet = _raylet_of(proc.pid)
+    if state["pool_s"] and raylet:
+        note("waiting for those processes to finish importing (seconds on 2 cores)")
+        pool.wait_ready(raylet, min(2, cpus) + pool.RAY_TRAIN_ACTORS, 90.0)
     return state
+
+
+def _raylet_of(head_pid: int, proc: str = "/proc") -> int | None:
+    """The pid of the raylet that ``ray start`` (``head_pid``) started, found through /proc
+    (None elsewhere, or if it is not found)."""
+    try:
+        pids = [p for p in os.listdir(proc) if p.isdigit()]
+    except OSError:
+        return None
+    for pid in pids:
+        try:
+            with open(os.path.join(proc, pid, "cmdline"), "rb") as f:
+                if b"/raylet/raylet" not in f.read().split(b"\0")[0]:
+                    continue
+            with open(os.path.join(proc, pid, "stat"), encoding="ascii", errors="replace") as f:
+                parent = int(f.read().rpartition(")")[2].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == head_pid:
+            return int(pid)
+    return None
 
 
 def default_cpus(cores: int | None = None) -> int:

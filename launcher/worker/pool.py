@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import time
 
 from launcher import _ray, frameworks, settings
 
@@ -84,11 +85,36 @@ def refill(size: int, keep_alive_s: int) -> int:
     return max(need, 0)
 
 
-def idle_matching(env_vars: dict[str, str], proc: str = "/proc") -> list[int]:
-    """Pids of this raylet's idle worker processes whose environment holds ``env_vars`` (those
-    of a runtime environment: a process started for it has them). Linux only: elsewhere none are
-    found, and a refill asks for the whole pool."""
-    raylet = os.environ.get("RAY_RAYLET_PID")
+def wait_ready(raylet: int, size: int, timeout_s: float, proc: str = "/proc") -> int:
+    """Wait until ``raylet`` has ``size`` pool processes of a torch or other framework run that
+    are done importing (their CPU time stands still for half a second), or ``timeout_s`` has
+    passed; returns how many are ready. ``launcher up`` waits so, so that the first run finds
+    them ready rather than still importing beside it on the same cores."""
+    deadline = time.time() + timeout_s
+    while True:
+        pids = idle_matching({FRAMEWORK_ENV: os.environ.get(FRAMEWORK_ENV, "torch")}, proc, str(raylet))
+        before = {pid: _cpu_ticks(pid, proc) for pid in pids}
+        time.sleep(0.5)
+        ready = [pid for pid in pids if before[pid] is not None and _cpu_ticks(pid, proc) == before[pid]]
+        if len(ready) >= size or time.time() > deadline:
+            return len(ready)
+
+
+def _cpu_ticks(pid: int, proc: str) -> int | None:
+    try:
+        with open(os.path.join(proc, str(pid), "stat"), encoding="ascii", errors="replace") as f:
+            fields = f.read().rpartition(")")[2].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def idle_matching(env_vars: dict[str, str], proc: str = "/proc", raylet: str | None = None) -> list[int]:
+    """Pids of a raylet's idle worker processes (``raylet``: its pid; this worker's raylet by
+    default) whose environment holds ``env_vars`` (those of a runtime environment: a process
+    started for it has them). Linux only: elsewhere none are found, and a refill asks for the
+    whole pool."""
+    raylet = raylet or os.environ.get("RAY_RAYLET_PID")
     found = []
     for pid in (p for p in _listdir(proc) if p.isdigit()):
         try:
