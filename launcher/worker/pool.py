@@ -17,7 +17,8 @@ environments are the same, and its raylet starts such processes on request, kept
   run with other settings matches none and starts as it would without the pool.
 
 Idle processes hold memory (a torch worker about 0.4 GB) until the pool time ends; a refill
-adds only what its environment's pool lacks.
+adds only what its environment's pool lacks, which it sees through /proc: Linux only, no pool
+elsewhere.
 """
 
 from __future__ import annotations
@@ -78,6 +79,8 @@ def refill(size: int, keep_alive_s: int) -> int:
     environment kept for ``keep_alive_s``; returns how many were asked for."""
     import ray
 
+    if not os.path.isdir("/proc"):  # it could not see what it already has: no pool (Linux only)
+        return 0
     env = ray.get_runtime_context().get_runtime_env_string()
     need = size - len(idle_matching(json.loads(env).get("env_vars", {})))
     if need > 0:
@@ -112,8 +115,7 @@ def _cpu_ticks(pid: int, proc: str) -> int | None:
 def idle_matching(env_vars: dict[str, str], proc: str = "/proc", raylet: str | None = None) -> list[int]:
     """Pids of a raylet's idle worker processes (``raylet``: its pid; this worker's raylet by
     default) whose environment holds ``env_vars`` (those of a runtime environment: a process
-    started for it has them). Linux only: elsewhere none are found, and a refill asks for the
-    whole pool."""
+    started for it has them). Linux only (:func:`refill` asks for none elsewhere)."""
     raylet = raylet or os.environ.get("RAY_RAYLET_PID")
     found = []
     for pid in (p for p in _listdir(proc) if p.isdigit()):
