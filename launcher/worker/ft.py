@@ -45,7 +45,7 @@ import numpy as np
 from launcher import _ray
 from launcher.storage import Storage
 from launcher.storage.checkpoint import MANIFEST, Manifest, prune, write_manifest
-from launcher.summary import Report, event_to_json
+from launcher.summary import Preempting, Report, event_to_json
 from launcher.worker import ranklog
 from launcher.worker.loader import BatchOrder, SessionError, user_line
 from launcher.worker.loop import Position
@@ -314,8 +314,13 @@ class FaultTolerant(Replicated):
             return None
         import ray
 
-        if ray.get_runtime_context().get_node_id() in (_ray.global_state.get_draining_nodes() or {}):
+        draining = _ray.global_state.get_draining_nodes() or {}
+        node = ray.get_runtime_context().get_node_id()
+        if node in draining:
             self.leaving, s.noticed = "its node has a preemption notice", True
+            # Ray Train's own notice path is off for replica groups: the driver hears it from here,
+            # and asks for the replacement node now rather than once this one is gone.
+            self._tell_event(Preempting(time.time(), int(draining[node] or 0) or None, [self.replica]))
         return None
 
     def _leave(self) -> None:
@@ -421,7 +426,11 @@ class FaultTolerant(Replicated):
         return storage.path(spec.name, folder)
 
     def _tell(self, metrics: dict[str, Any], checkpoint: str | None = None) -> None:
-        """A report to the driver, through the run's mailbox (waited for: the driver may be
+        """A report to the driver, through the run's mailbox."""
+        self._tell_event(Report(time.time(), metrics, checkpoint))
+
+    def _tell_event(self, event) -> None:
+        """An event to the driver, through the run's mailbox (waited for: the driver may be
         reading its last events)."""
         import ray
 
@@ -429,10 +438,9 @@ class FaultTolerant(Replicated):
         if mailbox is None:
             return
         try:
-            ray.get(mailbox.put.remote(event_to_json(Report(time.time(), metrics, checkpoint))),
-                    timeout=REPORT_TIMEOUT_S)
-        except Exception as exc:  # noqa: BLE001 - a report is bookkeeping: training goes on
-            print(f"replica {self.replica}: a report did not reach the driver ({type(exc).__name__}: {exc})",
+            ray.get(mailbox.put.remote(event_to_json(event)), timeout=REPORT_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - an event is bookkeeping: training goes on
+            print(f"replica {self.replica}: {event.type} did not reach the driver ({type(exc).__name__}: {exc})",
                   flush=True)
 
     def rank_state(self, directory: str, manifest, info: dict[str, Any]) -> tuple[Any, Any]:
