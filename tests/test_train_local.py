@@ -265,7 +265,12 @@ def test_warm_local_head_is_used_until_down_and_keeps_processes_ready_between_ru
     from launcher.lab.gcs_emulator import free_port
 
     env = {**os.environ, "LAUNCHER_STATE_DIR": str(tmp_path / "state")}
-    for name in ("RAY_ADDRESS", "RAY_AUTH_MODE"):  # as a new shell has it (an in-process test may set them)
+    # As a new shell has it: an in-process launch earlier in the session leaves Ray's address and
+    # its Ray Train settings in this process. The head's processes inherit what `launcher up` had;
+    # a run that then changes a Ray Train setting gives its controller other settings than its
+    # workers (which read the head's), and only the workers find ready processes.
+    for name in [k for k in env if k.startswith("RAY_TRAIN_")] + ["RAY_ADDRESS", "RAY_AUTH_MODE",
+                                                                    "LAUNCHER_RAY_TRAIN_SET"]:
         env.pop(name, None)
     port = str(free_port())
     up = subprocess.run([sys.executable, "-m", "launcher", "up", "--num-cpus", "2", "--port", port], cwd=ROOT,
