@@ -55,23 +55,16 @@ def preload() -> None:
     fails to import here fails, and says why, where the run imports it."""
     if os.environ.get("RAY_JOB_ID", "").strip("f"):
         return
-    for name in RAY_TRAIN_MODULES:
-        try:
-            _ray.resolve(name)
-        except Exception:  # noqa: BLE001 - see the docstring
-            pass
-    name = os.environ.get(FRAMEWORK_ENV)
-    if not name:
-        return
+    modules = ["ray", *(_ray.PRIVATE[name][0].partition(":")[0] for name in RAY_TRAIN_MODULES)]
     try:
-        modules = frameworks.get(name).worker_modules()
-    except Exception:  # noqa: BLE001 - see the docstring
-        return
+        modules += frameworks.get(os.environ.get(FRAMEWORK_ENV, "")).worker_modules()
+    except Exception:  # noqa: BLE001 - no framework named (or none we know): Ray Train's only
+        pass
     for module in modules:
         try:
             importlib.import_module(module)
         except Exception:  # noqa: BLE001 - see the docstring
-            return
+            pass
 
 
 def refill(size: int, keep_alive_s: int) -> int:
