@@ -62,6 +62,7 @@ MANAGER_TIMEOUT_S = 60        # the manager's calls: the commit vote, a heal's c
 QUORUM_POLL_S = 60
 REPORT_TIMEOUT_S = 30
 ATTEMPT = "replicas"          # the reports' attempt: the replicas are one group however they change
+LEAVE_MIN_S = 3.0            # a replica with notice leaves the quorum at least this long before its drain deadline
 
 
 def _seed_step(seed: int, step: int, rank: int) -> None:
@@ -72,6 +73,16 @@ def _seed_step(seed: int, step: int, rank: int) -> None:
     torch.manual_seed(value)
     np.random.seed(value % 2**32)
     random.seed(value)
+
+
+def leave_now(deadline_ms: int | None, now: float, step_s: float, k: int) -> bool:
+    """Whether a replica with notice leaves the quorum at this check: when the drain deadline is
+    unknown, or when it is nearer than two check intervals' steps (at least :data:`LEAVE_MIN_S`),
+    so that it leaves on a step boundary before its node goes (a node gone mid-step would cost the
+    others the process group's timeout). Until then a full quorum trains on."""
+    if deadline_ms is None:
+        return True
+    return deadline_ms / 1000 - now <= max(LEAVE_MIN_S, 2 * k * step_s)
 
 
 class QuorumOrder(BatchOrder):
@@ -307,8 +318,9 @@ class FaultTolerant(Replicated):
         return outcome is not False
 
     def preemption_action(self, ask):
-        """No barrier and no checkpoint: each replica watches its own node, and one with notice
-        leaves the quorum at its next step (the others hold the state)."""
+        """No barrier and no checkpoint: each replica watches its own node. One with notice tells
+        the driver at once (the replacement node is asked for then), trains on while the drain
+        deadline is far, and leaves the quorum when it comes close (the others hold the state)."""
         s, k = self.session, self.session.spec.preemption_check_steps
         if self.leaving or not k or not s.notices or s.pos.global_step % k:
             return None
@@ -316,11 +328,16 @@ class FaultTolerant(Replicated):
 
         draining = _ray.global_state.get_draining_nodes() or {}
         node = ray.get_runtime_context().get_node_id()
-        if node in draining:
-            self.leaving, s.noticed = "its node has a preemption notice", True
+        if node not in draining:
+            return None
+        deadline_ms = int(draining[node] or 0) or None
+        if not s.noticed:
+            s.noticed = True
             # Ray Train's own notice path is off for replica groups: the driver hears it from here,
             # and asks for the replacement node now rather than once this one is gone.
-            self._tell_event(Preempting(time.time(), int(draining[node] or 0) or None, [self.replica]))
+            self._tell_event(Preempting(time.time(), deadline_ms, [self.replica]))
+        if leave_now(deadline_ms, time.time(), s.step_s, k):
+            self.leaving = "its node has a preemption notice"
         return None
 
     def _leave(self) -> None:
