@@ -75,7 +75,8 @@ STRATEGIES = {"wait": Strategy("a fixed group waits for the replacement node"),
               "elastic-early": Strategy("elastic, and the replacement asked for as the notice comes", elastic=True,
                                         replace_on_notice=True),
               "ft": Strategy("--strategy ft: torchft replica groups; the others train on while a node's replica "
-                             "leaves and its replacement joins", elastic=True, ft=True)}
+                             "leaves and its replacement joins (asked for as the notice comes, as a user's run does)",
+                             elastic=True, replace_on_notice=True, ft=True)}
 
 
 def run(strategies: list[str], *, workers: int, min_workers: int, every_s: float, preemptions: int,

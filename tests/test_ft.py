@@ -174,16 +174,16 @@ def test_an_allreduce_broken_by_a_lost_peer_leaves_the_step_uncommitted_not_the_
     assert [str(e) for e in manager.errors] == ["Connection closed by peer"]  # the step will not commit
 
 
-def test_a_replica_with_notice_trains_on_until_its_deadline_is_two_check_intervals_off():
+def test_a_replica_with_notice_trains_on_until_its_deadline_is_two_steps_and_3_s_off():
     now = 1_000.0
     at = lambda left: int((now + left) * 1000)  # noqa: E731 - a deadline `left` seconds away, in ms
-    assert not leave_now(at(25.0), now, step_s=2.0, k=1)   # 25 s left, 4 s of steps in two checks
-    assert leave_now(at(3.9), now, step_s=2.0, k=1)
-    assert not leave_now(at(10.0), now, step_s=0.5, k=5)  # 5 s in two checks of 5 half-second steps
-    assert leave_now(at(4.9), now, step_s=0.5, k=5)
-    assert leave_now(at(2.9), now, step_s=0.01, k=1)       # never nearer than LEAVE_MIN_S
-    assert leave_now(None, now, step_s=2.0, k=1)           # no deadline known: leave at once
-    assert leave_now(at(-1.0), now, step_s=2.0, k=1)
+    assert not leave_now(at(25.0), now, step_s=2.0)   # 25 s left, steps of 2 s: 7 s are needed
+    assert not leave_now(at(7.5), now, step_s=2.0)
+    assert leave_now(at(6.9), now, step_s=2.0)
+    assert not leave_now(at(3.5), now, step_s=0.01)   # fast steps: LEAVE_MIN_S is the margin
+    assert leave_now(at(2.9), now, step_s=0.01)
+    assert leave_now(None, now, step_s=2.0)           # no deadline known: leave at once
+    assert leave_now(at(-1.0), now, step_s=2.0)
 
 
 def test_ft_replicas_watch_for_notices_on_a_cluster_whatever_ray_trains_watcher_setting(monkeypatch):

@@ -62,7 +62,8 @@ MANAGER_TIMEOUT_S = 60        # the manager's calls: the commit vote, a heal's c
 QUORUM_POLL_S = 60
 REPORT_TIMEOUT_S = 30
 ATTEMPT = "replicas"          # the reports' attempt: the replicas are one group however they change
-LEAVE_MIN_S = 3.0            # a replica with notice leaves the quorum at least this long before its drain deadline
+NOTICE_POLL_S = 1.0          # a replica reads its node's drain state at least this often (and every k steps)
+LEAVE_MIN_S = 3.0            # a replica with notice leaves the quorum this long (and 2 steps) before its deadline
 
 
 def _seed_step(seed: int, step: int, rank: int) -> None:
@@ -75,14 +76,14 @@ def _seed_step(seed: int, step: int, rank: int) -> None:
     random.seed(value)
 
 
-def leave_now(deadline_ms: int | None, now: float, step_s: float, k: int) -> bool:
-    """Whether a replica with notice leaves the quorum at this check: when the drain deadline is
-    unknown, or when it is nearer than two check intervals' steps (at least :data:`LEAVE_MIN_S`),
-    so that it leaves on a step boundary before its node goes (a node gone mid-step would cost the
-    others the process group's timeout). Until then a full quorum trains on."""
+def leave_now(deadline_ms: int | None, now: float, step_s: float) -> bool:
+    """Whether a replica with notice leaves the quorum before its next step: when the drain
+    deadline is unknown, or nearer than two of its recent steps and :data:`LEAVE_MIN_S`, so that
+    it leaves on a step boundary before its node goes (a node gone mid-step would cost the others
+    the process group's timeout). Until then a full quorum trains on."""
     if deadline_ms is None:
         return True
-    return deadline_ms / 1000 - now <= max(LEAVE_MIN_S, 2 * k * step_s)
+    return deadline_ms / 1000 - now <= LEAVE_MIN_S + 2 * step_s
 
 
 class QuorumOrder(BatchOrder):
@@ -201,6 +202,8 @@ class FaultTolerant(Replicated):
         self.quorum = None           # torchft's id of that quorum
         self.outcome: bool | None = None  # the step's optimizer step: committed, not committed, not yet
         self.leaving: str | None = None   # why this replica leaves at its next step
+        self.deadline_ms: int | None = None  # its node's drain deadline, once noticed (0: none given)
+        self.notice_polled = 0.0     # when this replica last read its node's drain state (monotonic)
         self.healed = False
 
     # -- setting up --------------------------------------------------------------------------
@@ -319,24 +322,30 @@ class FaultTolerant(Replicated):
 
     def preemption_action(self, ask):
         """No barrier and no checkpoint: each replica watches its own node. One with notice tells
-        the driver at once (the replacement node is asked for then), trains on while the drain
-        deadline is far, and leaves the quorum when it comes close (the others hold the state)."""
+        the driver at once (the replacement node is asked for then), trains on in the full quorum
+        while the drain deadline is far (checked against its own clock at every step from then on),
+        and leaves the quorum when it comes close (the others hold the state)."""
         s, k = self.session, self.session.spec.preemption_check_steps
-        if self.leaving or not k or not s.notices or s.pos.global_step % k:
+        if self.leaving or not k or not s.notices:
             return None
-        import ray
+        if self.deadline_ms is None:
+            # every k steps, and at least every NOTICE_POLL_S: the sooner the notice is seen, the
+            # sooner the replacement node is asked for (a read of the node's drain state, no barrier)
+            if s.pos.global_step % k and time.monotonic() - self.notice_polled < NOTICE_POLL_S:
+                return None
+            self.notice_polled = time.monotonic()
+            import ray
 
-        draining = _ray.global_state.get_draining_nodes() or {}
-        node = ray.get_runtime_context().get_node_id()
-        if node not in draining:
-            return None
-        deadline_ms = int(draining[node] or 0) or None
-        if not s.noticed:
+            draining = _ray.global_state.get_draining_nodes() or {}
+            node = ray.get_runtime_context().get_node_id()
+            if node not in draining:
+                return None
+            self.deadline_ms = int(draining[node] or 0) or 0
             s.noticed = True
             # Ray Train's own notice path is off for replica groups: the driver hears it from here,
             # and asks for the replacement node now rather than once this one is gone.
-            self._tell_event(Preempting(time.time(), deadline_ms, [self.replica]))
-        if leave_now(deadline_ms, time.time(), s.step_s, k):
+            self._tell_event(Preempting(time.time(), self.deadline_ms or None, [self.replica]))
+        if leave_now(self.deadline_ms or None, time.time(), s.step_s):
             self.leaving = "its node has a preemption notice"
         return None
 

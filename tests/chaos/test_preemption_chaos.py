@@ -55,33 +55,6 @@ def assert_completed(s) -> None:
     assert (s.epochs_completed, s.steps_completed) == (EPOCHS, TOTAL), s
 
 
-def test_notice_costs_no_steps_and_ends_with_the_same_weights(lab, runs_root, reference):
-    mlruns = os.path.join(runs_root, "mlruns")
-    run = run_in_background(spec_for(lab, runs_root, "notice", mlflow=mlruns))
-    run.wait_for_checkpoint(lambda m: m.global_step >= EVERY)
-    lab.preempt(0)
-    s = run.wait()
-    assert_completed(s)
-    assert (s.restarts, s.preemptions, s.preemption_notices, s.steps_lost) == (1, 1, 1, 0), s
-    assert s.interruptions[0].cause == "preemption" and s.interruptions[0].time_lost_s > 0
-    assert s.weights_sha256 == reference.weights_sha256
-    # --mlflow: the preempted run is one MLflow run, its epochs' loss in step order, its restart counted
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(f"sqlite:///{mlruns}/mlflow.db")
-    (tracked,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
-    assert s.mlflow.startswith(f"run {tracked.info.run_id} ") and tracked.info.status == "FINISHED"
-    epochs = [m.step for m in client.get_metric_history(tracked.info.run_id, "loss")]
-    assert epochs == sorted(epochs) and epochs[-1] == TOTAL and len(set(epochs)) >= EPOCHS
-    assert tracked.data.metrics["summary/restarts"] == 1.0
-    # each worker group's ranks wrote logs of their own: the preempted group's are kept beside the new one's
-    logs = sorted(os.listdir(os.path.join(runs_root, "notice", "logs", "launch1")))
-    assert sorted(name.rsplit("-", 1)[1] for name in logs) == ["rank0.log"] * 2 + ["rank1.log"] * 2, logs
-    for name in logs:
-        with open(os.path.join(runs_root, "notice", "logs", "launch1", name)) as f:
-            assert f.readline().startswith(f"=== {name.rsplit('-', 1)[1][:-4].replace('rank', 'rank ')}, worker group")
-
-
 def test_node_lost_without_notice_costs_at_most_one_interval(lab, runs_root, reference):
     run = run_in_background(spec_for(lab, runs_root, "no_notice", max_failures=1))
     run.wait_for_checkpoint(lambda m: m.global_step >= EVERY)
@@ -96,8 +69,12 @@ def test_node_lost_without_notice_costs_at_most_one_interval(lab, runs_root, ref
     assert s.weights_sha256 == reference.weights_sha256
 
 
-def test_three_preemptions_in_one_run(lab, runs_root, reference):
-    run = run_in_background(spec_for(lab, runs_root, "three"))
+def test_three_notices_cost_no_steps_and_end_with_the_same_weights(lab, runs_root, reference):
+    """Three preemptions with notice in one run (nodes 0, 1, 0): each a checkpoint at the notice
+    and a restart from it, no step lost, the uninterrupted run's weights; with --mlflow the run is
+    one MLflow run, and each worker group's ranks keep logs of their own."""
+    mlruns = os.path.join(runs_root, "mlruns")
+    run = run_in_background(spec_for(lab, runs_root, "three", mlflow=mlruns))
     last = 0
     for i in range(3):
         # A checkpoint the restarted group took after resuming: the next notice finds it training.
@@ -108,7 +85,24 @@ def test_three_preemptions_in_one_run(lab, runs_root, reference):
     assert_completed(s)
     assert (s.restarts, s.preemptions, s.preemption_notices, s.steps_lost) == (3, 3, 3, 0), s
     assert [i.cause for i in s.interruptions] == ["preemption"] * 3
+    assert all(i.time_lost_s > 0 for i in s.interruptions), s
     assert s.weights_sha256 == reference.weights_sha256
+    # --mlflow: the preempted run is one MLflow run, its epochs' loss in step order, its restarts counted
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{mlruns}/mlflow.db")
+    (tracked,) = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert s.mlflow.startswith(f"run {tracked.info.run_id} ") and tracked.info.status == "FINISHED"
+    epochs = [m.step for m in client.get_metric_history(tracked.info.run_id, "loss")]
+    assert epochs == sorted(epochs) and epochs[-1] == TOTAL and len(set(epochs)) >= EPOCHS
+    assert tracked.data.metrics["summary/restarts"] == 3.0
+    # each worker group's ranks wrote logs of their own: the preempted groups' are kept beside the last one's
+    folder = os.path.join(runs_root, "three", "logs", "launch1")
+    logs = sorted(os.listdir(folder))
+    assert sorted(name.rsplit("-", 1)[1] for name in logs) == ["rank0.log"] * 4 + ["rank1.log"] * 4, logs
+    for name in logs:
+        with open(os.path.join(folder, name)) as f:
+            assert f.readline().startswith(f"=== {name.rsplit('-', 1)[1][:-4].replace('rank', 'rank ')}, worker group")
 
 
 def test_a_node_reclaimed_before_its_notice_checkpoint_costs_no_step(lab, tmp_path):
