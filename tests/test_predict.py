@@ -224,17 +224,19 @@ def _ended(proc: subprocess.Popen, seconds: float = 60) -> None:
             proc.kill()
 
 
-def get(url: str) -> tuple[int, str]:
+def get(url: str, token: str | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(url, timeout=60) as r:
+        with urllib.request.urlopen(request, timeout=60) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
-def test_serve_answers_like_batch_prediction_and_refuses_bad_requests(models, test_split, tmp_path, framework):
+def test_serve_answers_like_batch_prediction_and_refuses_bad_requests(models, test_split, tmp_path):
+    """A torch model (the TensorFlow one answers its run's accuracy in the load test below)."""
+    framework = "torch"
     run_dir, accuracy = models[framework]
     _, raw, labels = test_split
     port = free_port()
@@ -332,66 +334,55 @@ def sklearn_digits(folder):
     return x, model
 
 @pytest.mark.integration
-def test_a_vertex_scikit_learn_model_is_served_where_the_aip_variables_say_with_a_token(tmp_path):
-    """What Vertex AI's serving container is told: the model in AIP_STORAGE_URI, the port and
-    routes in AIP_*; with --token-file, a request without the token is a 401."""
+def test_a_vertex_model_is_served_where_the_aip_variables_say_with_a_token_by_the_replica_itself(tmp_path):
+    """What Vertex AI's serving container is told: the model in AIP_STORAGE_URI (a scikit-learn
+    model), the port and routes in AIP_*; with --token-file, a request without the token is a 401.
+    One replica on the command's own Ray takes HTTP itself (direct ingress: the replica process
+    listens on the port, no proxy in between) and answers predictions, limits and metrics; the
+    serving line says which way in runs."""
+    import psutil
+
     x, model = sklearn_digits(tmp_path / "model")
-    (tmp_path / "token").write_text("vertex-test-token-0123456789\n")
+    token = "vertex-test-token-0123456789"
+    (tmp_path / "token").write_text(token + "\n")
     port = free_port()
     route = "/v1/endpoints/7/deployedModels/9:predict"
     env = {**os.environ, "LAUNCHER_STATE_DIR": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1",
            "AIP_STORAGE_URI": str(tmp_path / "model"), "AIP_HTTP_PORT": str(port), "AIP_PREDICT_ROUTE": route,
            "AIP_HEALTH_ROUTE": "/health", "AIP_DEPLOYED_MODEL_ID": "9"}
+    env.pop("RAY_ADDRESS", None)
     log = open(tmp_path / "serve.err", "w+")
     proc = subprocess.Popen([sys.executable, "-m", "launcher", "serve", "--token-file", str(tmp_path / "token")],
                             stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=ROOT)
     try:
         line = _line_within(proc.stdout, 180)
         assert f"{route}, bearer token required, GET /health" in line, line + (tmp_path / "serve.err").read_text()
-        assert "vertex-test-token" not in line + (tmp_path / "serve.err").read_text()
+        assert "through direct ingress" in line, line
+        assert token not in line + (tmp_path / "serve.err").read_text()
+        listeners = [c.pid for c in psutil.net_connections("tcp")
+                     if c.status == psutil.CONN_LISTEN and c.laddr.port == port]
+        assert len(listeners) == 1 and listeners[0] != proc.pid, listeners
+        assert "ServeReplica" in " ".join(psutil.Process(listeners[0]).cmdline()), \
+            psutil.Process(listeners[0]).cmdline()
         url = f"http://127.0.0.1:{port}"
         assert json.load(urllib.request.urlopen(url + "/health", timeout=30)) == {"status": "ok"}
         body = {"instances": x[1000:1100].tolist(), "parameters": {}}
         assert post(url + route, body)[0] == 401
-        code, answer = post(url + route, body, token="vertex-test-token-0123456789")
+        code, answer = post(url + route, body, token=token)
         assert code == 200 and answer["deployedModelId"] == "9"
         assert answer["predictions"] == model.predict(x[1000:1100]).tolist()
-        code, answer = post(url + route, {"instances": [[1, 2]]}, token="vertex-test-token-0123456789")
+        code, answer = post(url + route, {"instances": [[1, 2]]}, token=token)
         assert code == 400 and "each instance must be 64 numbers" in answer["error"], answer
+        assert post(url + route, b"[" + b"0," * 2_000_000 + b"0]", token=token)[0] == 413
+        assert get(url + "/v2/health/ready")[0] == 200 and get(url + "/nowhere", token)[0] == 404
+        code, metrics = get(url + "/metrics", token)
+        counted = ((200, 3), (400, 1), (401, 1), (404, 1), (413, 1))  # 200: a prediction and two health checks
+        assert code == 200 and all(f'code="{c}"}} {n}' in metrics for c, n in counted), metrics
     finally:
         proc.terminate()  # SIGTERM: the server stops as on Ctrl-C
         _ended(proc)
         log.close()
     assert proc.returncode == 0, (tmp_path / "serve.err").read_text()[-3000:]
-
-
-@pytest.mark.integration
-def test_one_replica_takes_http_itself_on_the_port_clients_know(tmp_path):
-    """Direct ingress: the replica process listens on --port (no proxy in between), answers
-    predictions, limits and metrics, and the serving line says which way in runs."""
-    import psutil
-
-    x, model = sklearn_digits(tmp_path / "model")
-    env = {**os.environ, "LAUNCHER_STATE_DIR": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
-    env.pop("RAY_ADDRESS", None)
-    server = Server(str(tmp_path / "model"), free_port(), env, tmp_path / "serve.err")
-    try:
-        url = server.ready()
-        listeners = [c.pid for c in psutil.net_connections("tcp")
-                     if c.status == psutil.CONN_LISTEN and c.laddr.port == server.port]
-        assert len(listeners) == 1 and listeners[0] != server.proc.pid
-        assert "ServeReplica" in " ".join(psutil.Process(listeners[0]).cmdline()), \
-            psutil.Process(listeners[0]).cmdline()
-        code, answer = post(url + "/predict", {"instances": x[1000:1010].tolist()})
-        assert code == 200 and answer["predictions"] == model.predict(x[1000:1010]).tolist()
-        assert post(url + "/predict", b"[" + b"0," * 2_000_000 + b"0]")[0] == 413
-        assert get(url + "/v2/health/ready")[0] == 200 and get(url + "/nowhere")[0] == 404
-        _, metrics = get(url + "/metrics")
-        assert all(f'code="{c}"}} {n}' in metrics for c, n in ((200, 2), (404, 1), (413, 1))), metrics
-    finally:
-        server.close()
-    assert "through direct ingress" in server.said, server.said
-
 
 
 @pytest.mark.integration
@@ -501,8 +492,8 @@ def test_servers_batch_under_load_list_stop_one_and_restart_at_once(models, test
     requests per replica); two servers are listed and stopped one by one; a server stopped
     under keep-alive load starts again on its port at once."""
     run_dir, _ = models["torch"]
-    tf_dir, _ = models["tensorflow"]
-    _, raw, _ = test_split
+    tf_dir, tf_accuracy = models["tensorflow"]
+    _, raw, labels = test_split
     env = {**os.environ, "LAUNCHER_STATE_DIR": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)
     first, second = free_port(), free_port()
@@ -511,6 +502,11 @@ def test_servers_batch_under_load_list_stop_one_and_restart_at_once(models, test
     servers = [a, b]
     try:
         url_a, url_b = a.ready(), b.ready()
+        # the TensorFlow model answers as its run measured it (the torch one: the test above)
+        assert json.load(urllib.request.urlopen(url_b + "/healthz", timeout=30))["framework"] == "tensorflow"
+        code, body = post(url_b + "/", {"instances": raw.tolist()})
+        predicted = np.asarray([p["prediction"] for p in body["predictions"]])
+        assert code == 200 and np.mean(predicted == labels) == pytest.approx(tf_accuracy, abs=1e-6)
         answers = hammer(url_a, raw[:2].tolist(), clients=32, per_client=10)
         assert answers == [(200, 2)] * 320
         _, metrics = get(url_a + "/metrics")
