@@ -340,7 +340,7 @@ class FaultTolerant(Replicated):
             node = ray.get_runtime_context().get_node_id()
             if node not in draining:
                 return None
-            self.deadline_ms = int(draining[node] or 0) or 0
+            self.deadline_ms = int(draining[node] or 0)
             s.noticed = True
             # Ray Train's own notice path is off for replica groups: the driver hears it from here,
             # and asks for the replacement node now rather than once this one is gone.
