@@ -39,9 +39,10 @@ def _warm_head_state(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:  # only while it starts: a test asks for it by the fixture
         mp.setenv(localhead.STATE_ENV, state)
         # No ready processes (launcher.worker.pool): tests change settings often, so most of a
-        # pool went unused, and its warm-up made the head's start 16 s longer. Side by side
-        # (2026-11-28, three warm-head tests): 172 s with a 60 s pool, 155 s without. The pool
-        # itself is tested by test_pool.py and test_train_local.py's warm-head test.
+        # pool went unused, and the head's start waited for its imports. Side by side
+        # (2026-11-28, three warm-head tests, the head's start included): 172 s with a 60 s
+        # pool, 155 s without. The pool itself is tested by test_pool.py and
+        # test_train_local.py's warm-head test.
         localhead.up(port=port, pool_s=0)
     try:
         yield state
