@@ -54,6 +54,13 @@ CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"  # CPU-only VMs skip GB
 UV_VERSION = "0.13.9"
 PYTHON_VERSION = "3.11"
 VENV = "~/launcher-venv"
+UV = "~/.local/bin/uv"
+# Every install into the venv goes through uv: it downloads and unpacks in parallel, where pip takes one
+# wheel at a time (the pinned stack is about 5 GB with CUDA torch, TensorFlow and xgboost).
+UV_PIP = f"{UV} pip install --quiet --python {VENV}/bin/python"
+# With a second index, uv's default takes a package from the first index that has it (not pip's rule);
+# the CPU torch index also carries numpy, pillow and others in fewer versions, so the best match wins.
+CPU_INDEX_FLAGS = f"--index-strategy unsafe-best-match --extra-index-url {CPU_TORCH_INDEX}"
 # Ray's GCP provider, run by the autoscaler on the head, imports these (pyproject.toml's cluster extra pins the same).
 GOOGLE_API_CLIENT = ("google-api-python-client==2.202.0", "google-auth-httplib2==0.4.4")
 # How long a GPU node waits for its NVIDIA driver (installed at first boot on some images).
@@ -295,7 +302,7 @@ def _resource(spec: ClusterSpec, collection: str, name: str) -> str:
 def python_commands() -> list[str]:
     """Every node: uv, a Python 3.11 venv, and that venv first on PATH for the commands Ray runs
     (Ray runs each one in ``bash --login -i`` after sourcing ~/.bashrc)."""
-    uv = "~/.local/bin/uv"
+    uv = UV
     return [
         # pip --user into ~/.local (PEP 668 images refuse it unless told; older pips ignore the variable),
         # else Astral's installer
@@ -332,15 +339,15 @@ def _install_commands(spec: ClusterSpec, version: str, gpu: bool, head: bool) ->
     if spec.install is not None:
         install = spec.install
     else:
-        index = "" if gpu else f" --extra-index-url {CPU_TORCH_INDEX}"
+        index = "" if gpu else f" {CPU_INDEX_FLAGS}"
         extras = sorted(set(spec.extras) | ({"horovod"} if spec.horovod else set()))
         # ~ expands before the quote; the brackets are quoted (a glob to the shell otherwise)
-        install = f"pip install --quiet{index} {REMOTE_SOURCE}" + (f"'[{','.join(extras)}]'" if extras else "")
+        install = f"{UV_PIP}{index} {REMOTE_SOURCE}" + (f"'[{','.join(extras)}]'" if extras else "")
     commands = [install,
                 f"python -c 'import launcher, sys; v = launcher.__version__; "
                 f"sys.exit(0 if v == \"{version}\" else \"launcher \" + v + \" installed, {version} wanted\")'"]
     if head:  # also with --install: whatever it installs, Ray's autoscaler needs these
-        commands.append(f"pip install --quiet {' '.join(GOOGLE_API_CLIENT)}")
+        commands.append(f"{UV_PIP} {' '.join(GOOGLE_API_CLIENT)}")
     if gpu:
         commands.insert(0, f"timeout {DRIVER_WAIT_S} bash -c 'until nvidia-smi > /dev/null 2>&1; do sleep 5; done'")
     if gpu and spec.install is None and (spec.horovod or {"xgboost", "all"} & set(spec.extras)):
@@ -355,7 +362,7 @@ def _install_commands(spec: ClusterSpec, version: str, gpu: bool, head: bool) ->
 # This reinstalls the one torch's metadata names (nothing when it names none: a torch of --install's).
 TORCH_NCCL = ("nccl=$(python -c 'from importlib.metadata import requires; print(next((r.split(\";\")[0].strip() "
               "for r in requires(\"torch\") or () if r.startswith(\"nvidia-nccl\")), \"\"))') && "
-              "{ test -z \"$nccl\" || pip install --quiet --no-deps --force-reinstall \"$nccl\"; }")
+              "{ test -z \"$nccl\" || " + UV_PIP + " --no-deps --reinstall \"$nccl\"; }")
 # Where the NCCL wheel is: its include/nccl.h and lib/libnccl.so.2 (the wheel ships no libnccl.so).
 NCCL_DIR = ("python -c 'import importlib.util as u; s = u.find_spec(\"nvidia\") and u.find_spec(\"nvidia.nccl\"); "
             "print(list(s.submodule_search_locations)[0] if s else \"\")'")

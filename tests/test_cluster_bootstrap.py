@@ -285,6 +285,8 @@ def test_a_stock_out_fails_the_operation_and_leaves_nothing(tmp_path, capsys):
     assert "workers g2-standard-8" not in capsys.readouterr().out  # `ray up` ends at the head's failure
     assert main(["cluster", "rehearse", str(path), "--fail-head-setup"]) == 2
     assert "--fail-head-setup needs --up" in capsys.readouterr().err
+    assert main(["cluster", "rehearse", str(path), "--fresh-install"]) == 2
+    assert "--fresh-install needs --up" in capsys.readouterr().err
 
 
 def test_the_client_waits_for_an_operation_and_says_its_error():

@@ -8,7 +8,7 @@ import os
 import pytest
 import yaml
 
-from cluster.config import TORCH_NCCL, ray_cluster_config, to_yaml
+from cluster.config import TORCH_NCCL, UV_PIP, ray_cluster_config, to_yaml
 from cluster.spec import CPU_IMAGE, GPU_IMAGE, PRESETS, ClusterSpec
 from launcher.cli.main import main
 from launcher.errors import UserError
@@ -102,7 +102,7 @@ def test_spot_gpu_workers():
     # GPU nodes install the CUDA torch wheels, the CPU head the small CPU ones.
     assert "download.pytorch.org/whl/cpu" in config["head_setup_commands"][0]
     assert config["worker_setup_commands"][0].startswith("timeout 300 bash -c 'until nvidia-smi")
-    assert config["worker_setup_commands"][1] == "pip install --quiet ~/launcher"
+    assert config["worker_setup_commands"][1] == f"{UV_PIP} ~/launcher"
     assert "cache_stopped_nodes" not in config["provider"]  # DELETE: a preempted VM is gone
 
 
@@ -142,8 +142,9 @@ def test_install_source_and_horovod():
     for key in ("head_setup_commands", "worker_setup_commands"):
         commands = config[key]
         # Horovod's build needs TensorFlow: the horovod extra
-        assert commands[0].endswith("pip install --quiet --extra-index-url https://download.pytorch.org/whl/cpu "
-                                    "~/launcher'[horovod]'")
+        # uv, with pip's rule for two indexes (the best match), so numpy and others still come from PyPI
+        assert commands[0] == (f"{UV_PIP} --index-strategy unsafe-best-match --extra-index-url "
+                               "https://download.pytorch.org/whl/cpu ~/launcher'[horovod]'")
         assert '"0.1.0"' in commands[1]  # the node checks it got this very version
         # Horovod's build needs cmake 3 and a compiler, installed first; CPU nodes build with Gloo only.
         assert commands[-2].endswith("install -y cmake g++") and "apt-get" in commands[-2]
@@ -189,16 +190,19 @@ def _fake_site(tmp_path, torch_requires: list[str], libnccl: bool = True):
 
 
 def _stand_ins(tmp_path) -> str:
-    """pip and scripts/install-horovod that print what they were given; returns the PATH to run with."""
+    """uv (~/.local/bin/uv) and scripts/install-horovod that print what they were given; returns the PATH to run
+    with."""
     import sys
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "pip").write_text("#!/bin/sh\necho \"pip $*\"\n")
+    uv = tmp_path / ".local" / "bin" / "uv"
+    uv.parent.mkdir(parents=True)
+    uv.write_text("#!/bin/sh\necho \"uv $*\"\n")
     script = tmp_path / "launcher" / "scripts" / "install-horovod"
     script.parent.mkdir(parents=True)
     script.write_text("#!/bin/sh\nenv | grep '^HOROVOD_' | sort\n")
-    for path in (bin_dir / "pip", script):
+    for path in (uv, script):
         path.chmod(0o755)
     return f"{bin_dir}:{os.path.dirname(sys.executable)}:/usr/bin:/bin"
 
@@ -214,8 +218,9 @@ def _run(command: str, tmp_path, site, path: str):
     ({"accelerator_type": "nvidia-tesla-t4"}, "75"), ({"worker_machine_type": "g2-standard-8"}, "89"),
     ({"worker_machine_type": "a2-highgpu-1g"}, "80"), ({"worker_machine_type": "a3-highgpu-8g"}, "90")])
 def test_horovod_on_gpu_nodes_builds_with_the_nccl_wheel_for_the_nodes_gpu(tmp_path, values, capability):
-    """The GPU build recipe (unrun on a GPU here): the commands run in bash against a venv laid out as a GPU
-    node's, with stand-ins for pip and scripts/install-horovod that print what they are given."""
+    """The GPU build recipe's commands run in bash against a venv laid out as a GPU node's, with stand-ins for uv
+    and scripts/install-horovod that print what they are given (benchmarks/gpu_horovod_nccl.sh runs the real
+    build on a GPU)."""
     config = build(preset="standard-1", horovod=True, **values)
     worker, head = config["worker_setup_commands"], config["head_setup_commands"]
     assert worker[-2].endswith("install -y cmake g++") and "apt-get" in worker[-2]  # before the build
@@ -225,7 +230,8 @@ def test_horovod_on_gpu_nodes_builds_with_the_nccl_wheel_for_the_nodes_gpu(tmp_p
     # torch's own NCCL wheel is put back last, over xgboost's or TensorFlow's nvidia-nccl-cu12
     assert worker[-3] == TORCH_NCCL
     done = _run(worker[-3], tmp_path, site, path)
-    assert done.stdout.strip() == "pip install --quiet --no-deps --force-reinstall nvidia-nccl-cu13==2.29.7"
+    assert done.stdout.strip() == (f"uv pip install --quiet --python {tmp_path}/launcher-venv/bin/python --no-deps "
+                                   "--reinstall nvidia-nccl-cu13==2.29.7")
     done = _run(worker[-1], tmp_path, site, path)
     assert done.returncode == 0, done.stderr
     nccl = site / "nvidia" / "nccl"
@@ -569,7 +575,7 @@ def test_pyproject_pins_what_the_nodes_need():
     from ray.autoscaler._private.gcp import node_provider  # noqa: F401
 
     config = build(preset="standard-1", install="pip install launcher==0.1.0", source_dir=None)
-    pins = "pip install --quiet google-api-python-client==2.202.0 google-auth-httplib2==0.4.4"
+    pins = f"{UV_PIP} google-api-python-client==2.202.0 google-auth-httplib2==0.4.4"
     assert pins in config["head_setup_commands"]  # the head's autoscaler, whatever --install installs
     assert pins not in config["worker_setup_commands"]
 

@@ -267,6 +267,67 @@ def test_ray_up_over_ssh_trains_and_ray_down_leaves_nothing(gcs_emulator, bucket
     assert re.search(r"setup guard \(~/launcher-setup-guard.log\): launcher setup-guard: following \S+/ray/session_"
                      r"[^/]+/logs/monitor.log; a node type is capped after 3 failed setups in a row", text), text
     assert took < 180, f"{took:.0f} s\n{text}"
+    # every setup command the head ran was timed, in order, and none failed
+    setup = config["setup_commands"] + config["head_setup_commands"]
+    assert [c for c, _, _ in report.steps] == setup and all(rc == 0 for _, _, rc in report.steps), report.steps
+    assert re.search(r"the head's setup commands took \d+\.\d s \(\d ran\)", text), text
+
+
+def test_each_setup_step_is_timed_with_its_exit_status_kept(tmp_path):
+    """The copy's commands, run by bash as Ray runs them: each one's time and exit status reach the
+    steps file, and the command still ends with its own status."""
+    import subprocess
+
+    from launcher.lab.up_copy import read_steps, timed
+
+    commands = ["sleep 0.3", "false || true; sh -c 'exit 3'", "echo done &"]
+    ends = [subprocess.run(["bash", "-c", f"({timed(n, c)})"], env={"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"},
+                           capture_output=True).returncode for n, c in enumerate(commands)]
+    assert ends == [0, 3, 0]
+    steps = read_steps(str(tmp_path), commands)
+    assert [(c, rc) for c, _, rc in steps] == [(commands[0], 0), (commands[1], 3), (commands[2], 0)]
+    assert 0.3 <= steps[0][1] < 5 and steps[1][1] < 1
+
+
+def test_a_fresh_rehearsal_runs_every_install_from_this_machines_package_sources(tmp_path, monkeypatch):
+    """--fresh-install: the head VM has no venv, so no install is skipped or only checked (the GPU and
+    Horovod steps still are); pip's settings here reach uv as its own variables; a CPU torch index
+    that does not answer is left out of the installs, one that answers is kept."""
+    import http.server
+    import threading
+
+    from cluster import config as cluster_config
+    from launcher.lab.sshd import LoopbackSSHD
+    from launcher.lab.up_copy import package_sources, rehearsed_command, up_copy
+
+    config = build(min_workers=2, accelerator_type="nvidia-tesla-t4")
+    sshd = LoopbackSSHD(str(tmp_path), {"HOME": str(tmp_path)})
+    ports = dict.fromkeys(("gcs", "object_manager", "dashboard", "client", "agent"), 1001)
+    drop = (f" --extra-index-url {cluster_config.CPU_TORCH_INDEX}",)
+    copy_, said = up_copy(config, sshd, ports, fresh=True, drop=drop)
+    assert all(what == "ran" for c, what in said if "uv pip install" in c), said
+    install = copy_["head_setup_commands"][0]
+    assert "uv pip install" in install and "download.pytorch.org" not in install and "unsafe-best-match" in install
+    assert rehearsed_command("timeout 300 bash -c 'until nvidia-smi; do sleep 5; done'", fresh=True)[1].startswith(
+        "skipped")
+
+    constraints = tmp_path / "constraints.txt"
+    monkeypatch.setenv("PIP_FIND_LINKS", "/opt/a /opt/b")
+    monkeypatch.setenv("PIP_CONSTRAINT", str(constraints))
+    monkeypatch.setattr(cluster_config, "CPU_TORCH_INDEX", "http://127.0.0.1:9")  # the discard port: nothing answers
+    sources = package_sources(probe_s=2)
+    env = sources["env"]
+    assert env["UV_FIND_LINKS"].split(",")[-2:] == ["/opt/a", "/opt/b"] and env["PIP_FIND_LINKS"] == "/opt/a /opt/b"
+    assert env["UV_CONSTRAINT"].split()[-1] == str(constraints) and env["UV_PYTHON_DOWNLOADS"] == "never"
+    assert sources["drop"] == (" --extra-index-url http://127.0.0.1:9",)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setattr(cluster_config, "CPU_TORCH_INDEX", f"http://127.0.0.1:{server.server_port}")
+        assert package_sources(probe_s=5)["drop"] == ()
+    finally:
+        server.shutdown()
 
 
 def test_the_up_rehearsals_copy_says_what_it_skips(tmp_path):
@@ -287,7 +348,8 @@ def test_the_up_rehearsals_copy_says_what_it_skips(tmp_path):
     install, version_check, google = config["head_setup_commands"]
     assert fate[install].startswith("skipped") and fate[version_check] == "ran"
     assert fate[google].startswith("checked only")
-    assert copy_["head_setup_commands"][2].startswith("pip install --dry-run --no-index")
+    assert ("pip install --dry-run --no-index google-api-python-client==2.202.0 google-auth-httplib2==0.4.4\n"
+            in copy_["head_setup_commands"][2])
     start = next(c for c in copy_["head_start_ray_commands"] if "ray start" in c)
     assert "--port=1001" in start and "--object-manager-port=1002" in start and "--dashboard-port=1003" in start
     assert "--ray-client-server-port=1004" in start and "6379" not in start and "8076" not in start

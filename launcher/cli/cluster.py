@@ -76,6 +76,10 @@ def add_parsers(sub) -> None:
     rh.add_argument("--fail-head-setup", action="store_true",
                     help="with --up: the head's setup fails (an extra command exits 1), to see `launcher cluster up` "
                          "delete what it made")
+    rh.add_argument("--fresh-install", action="store_true",
+                    help="with --up: the head VM starts without this project's venv, as a new VM does: its setup "
+                         "commands install uv, Python 3.11 and the pinned packages (minutes, a few GB of downloads "
+                         "from this machine's package sources), and each step's time is printed")
 
     guard = actions.add_parser("setup-guard", help="on a cluster's head (its file starts it): when N worker VMs "
                                "of a type in a row fail their setup, stop Ray launching more of that type")
@@ -262,9 +266,10 @@ def _rehearse(args: argparse.Namespace) -> int:
     config = schema.load_yaml(args.cluster_file, "cluster file")
     stockout = tuple("*" if m == "all" else m for m in args.stockout)
     if args.up:
-        return _rehearse_up(config, parse_quotas(args.quota), stockout, args.fail_head_setup)
-    if args.fail_head_setup:
-        raise UserError("--fail-head-setup needs --up (the head's setup runs only there)", "add --up")
+        return _rehearse_up(config, parse_quotas(args.quota), stockout, args.fail_head_setup, args.fresh_install)
+    for flag in ("fail_head_setup", "fresh_install"):
+        if getattr(args, flag):
+            raise UserError(f"--{flag.replace('_', '-')} needs --up (the head's setup runs only there)", "add --up")
     try:
         report = rehearse(config, parse_quotas(args.quota), stockout=stockout)
     except UserError as exc:  # the file cannot be rehearsed (or would be refused before any request)
@@ -276,7 +281,8 @@ def _rehearse(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _rehearse_up(config: dict, quotas: dict[str, float], stockout: tuple[str, ...], fail_setup: bool) -> int:
+def _rehearse_up(config: dict, quotas: dict[str, float], stockout: tuple[str, ...], fail_setup: bool,
+                 fresh: bool = False) -> int:
     from launcher.lab.gcs_emulator import Emulator
     from launcher.lab.ray_up import create_bucket, rehearse_up
 
@@ -287,7 +293,7 @@ def _rehearse_up(config: dict, quotas: dict[str, float], stockout: tuple[str, ..
             print(f"Cloud Storage emulator at {emulator.url}, bucket gs://launcher-rehearsal", flush=True)
             report = rehearse_up(config, emulator.url, "launcher-rehearsal", quotas,
                                  say=lambda line: print(line, flush=True), stockout=stockout,
-                                 fail_head_setup=fail_setup)
+                                 fail_head_setup=fail_setup, fresh=fresh)
         finally:
             emulator.stop()
     if not report.ok:

@@ -56,7 +56,8 @@ from launcher.lab.compute_api import Call, ComputeAPI
 from launcher.lab.compute_world import World
 from launcher.lab.rehearsal import _rehearsal_copy, format_call
 from launcher.lab.sshd import LoopbackSSHD, free_port
-from launcher.lab.up_copy import prepare_vm_home, snapshot_mounts, up_copy, write_sitecustomize
+from launcher.lab.up_copy import (package_sources, prepare_vm_home, read_steps, snapshot_mounts, up_copy,
+                                  write_sitecustomize)
 from launcher.settings import REHEARSAL_KEEP
 
 HEAD_LABEL = ("ray-node-type", "head")  # the label Ray's GCP provider gives the head VM (TAG_RAY_NODE_KIND)
@@ -74,6 +75,8 @@ class UpReport:
     left: list[str] = field(default_factory=list)  # VMs, then disks
     ray_left: list[str] = field(default_factory=list)
     calls: list[Call] = field(default_factory=list)
+    steps: list[tuple[str, float, int]] = field(default_factory=list)  # the head's setup: (command, s, exit)
+    fresh: bool = False  # the head's venv was made and installed by its own setup commands
     injected: str = ""  # the failure asked for ("" none)
     failed_as_injected: bool = False  # `launcher cluster up` failed, as it had to
 
@@ -177,7 +180,7 @@ def _ray_step(line: str) -> bool:
 
 def rehearse_up(config: dict, emulator_url: str, bucket: str, quotas: dict[str, float] | None = None,
                 workers: int = 2, say: Callable[[str], None] = print, timeout_s: float = 600,
-                stockout: tuple[str, ...] = (), fail_head_setup: bool = False) -> UpReport:
+                stockout: tuple[str, ...] = (), fail_head_setup: bool = False, fresh: bool = False) -> UpReport:
     """Rehearse ``ray up`` -> ``launcher submit`` -> ``ray down`` of ``config`` on this machine.
 
     Args:
@@ -187,6 +190,8 @@ def rehearse_up(config: dict, emulator_url: str, bucket: str, quotas: dict[str, 
         timeout_s: the most any one command may take.
         stockout: machine types (``*``: all) out of stock in the zone.
         fail_head_setup: the head's setup fails (a last command exits 1).
+        fresh: the head VM starts without this project's venv: its setup commands make it (uv, Python,
+            every install, from this machine's package sources: :func:`package_sources`); each step is timed.
 
     Raises:
         RehearsalFailed: a stage failed (what it printed last is said first); the cluster is taken down.
@@ -194,7 +199,7 @@ def rehearse_up(config: dict, emulator_url: str, bucket: str, quotas: dict[str, 
     """
     for extra in ("lab", "cluster"):
         _deferred.require(extra, "`launcher cluster rehearse --up`")
-    report = UpReport(injected=" and ".join(
+    report = UpReport(fresh=fresh, injected=" and ".join(
         ([f"a stock-out of {', '.join(stockout)}"] if stockout else []) + (["a failing head setup"]
                                                                            if fail_head_setup else [])))
     root = tempfile.mkdtemp(prefix="lrh-", dir="/tmp")  # short: Ray's socket paths live under it
@@ -203,12 +208,16 @@ def rehearse_up(config: dict, emulator_url: str, bucket: str, quotas: dict[str, 
         for path in paths.values():
             os.makedirs(path, exist_ok=True)
         ray_tmp = root  # RAY_TMPDIR: Ray's sessions and ray_current_cluster under root/ray
-        prepare_vm_home(paths["vm"])
+        prepare_vm_home(paths["vm"], fresh)
         # PYTHONPATH on the head: the sitecustomize, then ~/launcher (the project `ray up` synced there), which
-        # stands in for the skipped `pip install ~/launcher` (the venv is shared; its own install may be elsewhere)
-        head_path = os.pathsep.join([paths["site"], os.path.join(paths["vm"], "launcher")])
-        sshd = LoopbackSSHD(paths["sshd"], {"HOME": paths["vm"], "PYTHONPATH": head_path,
-                                            "RAY_TMPDIR": ray_tmp, "RAY_USAGE_STATS_ENABLED": "0"})
+        # stands in for the skipped `pip install ~/launcher` (the venv is shared; its own install may be
+        # elsewhere). A fresh head imports what its own install put in its venv.
+        head_path = os.pathsep.join([paths["site"]] + ([] if fresh else [os.path.join(paths["vm"], "launcher")]))
+        vm_env = {"HOME": paths["vm"], "PYTHONPATH": head_path, "RAY_TMPDIR": ray_tmp, "RAY_USAGE_STATS_ENABLED": "0"}
+        sources = package_sources() if fresh else {}
+        sshd = LoopbackSSHD(paths["sshd"], {**vm_env, **sources.get("env", {})})
+        for line in sources.get("said", []):
+            say(line)
         provider = _rehearsal_copy(config)["provider"]
         world = World.with_limits(quotas or {}, provider["availability_zone"])
         world.stocked_out |= set(stockout)
@@ -218,7 +227,7 @@ def rehearse_up(config: dict, emulator_url: str, bucket: str, quotas: dict[str, 
             with sshd:
                 try:
                     _up_run_down(config, api, sshd, paths, ray_tmp, report, emulator_url, bucket, workers, say,
-                                 timeout_s, fail_head_setup)
+                                 timeout_s, fail_head_setup, sources.get("drop", ()))
                 except RehearsalFailed:
                     say(f"   sshd's log ends: {sshd.log_tail()}")
                     raise
@@ -233,9 +242,9 @@ def rehearse_up(config: dict, emulator_url: str, bucket: str, quotas: dict[str, 
 
 
 def _up_run_down(config, api, sshd, paths, ray_tmp, report, emulator_url, bucket, workers, say, timeout_s,
-                 fail_head_setup=False):
+                 fail_head_setup=False, drop=()):
     ports = {k: free_port() for k in ("gcs", "object_manager", "dashboard", "client", "agent")}
-    config, report.commands = up_copy(config, sshd, ports, fail_head_setup)
+    config, report.commands = up_copy(config, sshd, ports, fail_head_setup, report.fresh, drop)
     # this side's commands import the launcher this process runs (the venv's editable install may point elsewhere)
     python_path = os.pathsep.join(p for p in (paths["site"], _source_root(), os.environ.get("PYTHONPATH")) if p)
     # TMPDIR: where `ray up` caches the bootstrapped file (ray exec and ray down read it), removed with the rest
@@ -267,9 +276,11 @@ def _up_run_down(config, api, sshd, paths, ray_tmp, report, emulator_url, bucket
         with stages.stage("`launcher cluster up --skip-preflight` (Ray's `ray up -y`: bootstrap, the head's insert, "
                           "SSH, file mounts, initialization and setup commands, ray start --head)"):
             up = True
-            stages.run("cluster-up", up_command, env, timeout_s, _ray_step)
-            for command, what in report.commands:
-                say(f"   setup: {what}: {command}")
+            try:
+                stages.run("cluster-up", up_command, env, timeout_s, _ray_step)
+            finally:
+                report.steps = read_steps(paths["vm"], [c for c, _ in report.commands])
+                _say_setup(report, say)
         dashboard = f"http://127.0.0.1:{ports['dashboard']}"
         _wait_dashboard(dashboard, 60)
         with stages.stage("`ray status` on the head (ray exec, over SSH)"):
@@ -295,6 +306,19 @@ def _up_run_down(config, api, sshd, paths, ray_tmp, report, emulator_url, bucket
                 _down(stages, launcher, cluster_file, env, timeout_s, api, ray_tmp, report, say)
         raise
     _down(stages, launcher, cluster_file, env, timeout_s, api, ray_tmp, report, say)
+
+
+def _say_setup(report: UpReport, say: Callable[[str], None]) -> None:
+    """Each setup command: what the rehearsal did with it and, where it ran, how long it took."""
+    took = {command: (seconds, rc) for command, seconds, rc in report.steps}
+    for command, what in report.commands:
+        seconds, rc = took.get(command, (None, 0))
+        when = "" if seconds is None else f"[{seconds:5.1f} s{f', exit {rc}' if rc else ''}] "
+        say(f"   setup: {when}{what}: {command}")
+    if report.steps:
+        ran = [s for c, s, _ in report.steps if dict(report.commands).get(c) == "ran"]
+        say(f"   the head's setup commands took {sum(s for _, s, _ in report.steps):.1f} s "
+            f"({len(ran)} ran{', in a fresh venv' if report.fresh else ''})")
 
 
 def _injected_up(stages, up_command, env, timeout_s, api, ray_tmp, report, say) -> None:

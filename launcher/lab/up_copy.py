@@ -20,6 +20,7 @@ import subprocess
 import sys
 from typing import Callable
 
+from cluster import config as cluster_config
 from launcher.errors import UserError
 from launcher.lab.rehearsal import SERVICES, _rehearsal_copy
 from launcher.lab.sshd import LoopbackSSHD
@@ -31,44 +32,97 @@ SKIPPED = "skipped"
 CHECKED = "checked"
 
 
+# Options of `pip install` / `uv pip install` in the generated file that take a value.
+_VALUED = {"--python", "--index-strategy", "--extra-index-url", "--index-url", "-i", "--find-links", "-f"}
+
+
+def _install_words(command: str) -> list[str] | None:
+    """The requirements of a ``pip install`` or ``uv pip install`` command (None: not one)."""
+    words = shlex.split(command)
+    for head in (["pip", "install"], ["uv", "pip", "install"]):
+        n = len(head)
+        if [os.path.basename(w) for w in words[:n]] == head:
+            rest, found = words[n:], []
+            while rest:
+                word = rest.pop(0)
+                if word in _VALUED:
+                    rest = rest[1:]
+                elif not word.startswith("-"):
+                    found.append(word)
+            return found
+    return None
+
+
 def _pinned_only(command: str) -> bool:
     """``pip install`` of name==version requirements only (no path, no unpinned name)."""
-    words = [w for w in shlex.split(command)[2:] if not w.startswith("-") and "://" not in w]
+    words = [w for w in _install_words(command) or [] if "://" not in w]
     return bool(words) and all(re.fullmatch(r"[A-Za-z0-9_.\-\[\],]+==[A-Za-z0-9_.+!\-]+", w) for w in words)
 
 
-# (test, replacement kind, why); the first that matches decides. Everything else runs as it is.
-SKIPS: list[tuple[Callable[[str], bool], str, str]] = [
-    (lambda c: "nvidia-smi" in c, SKIPPED, "no GPU here: the wait for the NVIDIA driver would time out"),
+def _installs(command: str) -> bool:
+    return _install_words(command) is not None
+
+
+# (test, replacement kind, why, also when the install is fresh); the first that matches decides.
+# Everything else runs as it is.
+SKIPS: list[tuple[Callable[[str], bool], str, str, bool]] = [
+    (lambda c: "nvidia-smi" in c, SKIPPED, "no GPU here: the wait for the NVIDIA driver would time out", True),
     (lambda c: "install-horovod" in c or "apt-get" in c, SKIPPED,
-     "Horovod's build (apt-get cmake g++, then minutes of compiling) is not rehearsed"),
-    (lambda c: c.startswith("pip install") and _pinned_only(c), CHECKED,
-     "pip install --dry-run --no-index: ~/launcher-venv (the project's venv) must already have these versions"),
-    (lambda c: c.startswith("pip install"), SKIPPED,
+     "Horovod's build (apt-get cmake g++, then minutes of compiling) is not rehearsed", True),
+    (lambda c: _installs(c) and _pinned_only(c), CHECKED,
+     "pip install --dry-run --no-index: ~/launcher-venv (the project's venv) must already have these versions",
+     False),
+    (_installs, SKIPPED,
      "~/launcher-venv is the project's own venv, which has the project; pip would rebuild it into that venv "
-     "(the next command still checks the version that imports)"),
+     "(the next command still checks the version that imports)", False),
 ]
 
 
-def rehearsed_command(command: str) -> tuple[str, str]:
-    """(what the rehearsal runs, what it says about it) for one setup command."""
-    for test, kind, why in SKIPS:
-        if test(command.strip()):
+def rehearsed_command(command: str, fresh: bool = False) -> tuple[str, str]:
+    """(what the rehearsal runs, what it says about it) for one setup command; ``fresh``: the VM starts
+    without the project's venv, so every install runs."""
+    for test, kind, why, when_fresh in SKIPS:
+        if (when_fresh or not fresh) and test(command.strip()):
             if kind == CHECKED:
-                rest = command.strip()[len("pip install"):]
-                return f"pip install --dry-run --no-index{rest}", f"checked only ({why})"
+                return (f"pip install --dry-run --no-index {shlex.join(_install_words(command) or [])}",
+                        f"checked only ({why})")
             return f"echo {shlex.quote('rehearsal skipped: ' + command)}", f"skipped ({why})"
     return command, "ran"
 
 
-def up_copy(config: dict, sshd: LoopbackSSHD, ports: dict[str, int],
-            fail_head_setup: bool = False) -> tuple[dict, list[tuple[str, str]]]:
+# Each setup command the rehearsal runs appends "N START END EXIT" here (the VM's home), for the
+# node's set-up time per step.
+STEPS_FILE = ".rehearsal-steps"
+
+
+def timed(n: int, command: str) -> str:
+    """``command`` as the copy runs it: the same, its times and exit status appended to STEPS_FILE."""
+    return (f"__t=$(date +%s.%N); {command}\n__rc=$?; echo \"{n} $__t $(date +%s.%N) $__rc\" >> ~/{STEPS_FILE}; "
+            "(exit $__rc)")
+
+
+def read_steps(home: str, commands: list[str]) -> list[tuple[str, float, int]]:
+    """(command, seconds, exit status) of each timed setup command that ran, in order."""
+    try:
+        with open(os.path.join(home, STEPS_FILE), encoding="utf-8") as f:
+            rows = [line.split() for line in f if line.strip()]
+    except FileNotFoundError:
+        return []
+    return [(commands[int(n)], float(end) - float(start), int(rc)) for n, start, end, rc in rows
+            if n.isdigit() and int(n) < len(commands)]
+
+
+def up_copy(config: dict, sshd: LoopbackSSHD, ports: dict[str, int], fail_head_setup: bool = False,
+            fresh: bool = False, drop: tuple[str, ...] = ()) -> tuple[dict, list[tuple[str, str]]]:
     """The cluster file as the rehearsal's ``ray up`` runs it, and what happens to each setup command.
 
     Changed: SSH (this machine's user, through ``auth.ssh_proxy_command`` to sshd's port, since Ray's SSH
     runner dials port 22), the placeholder token, min_workers 0 (workers stay simulated), free ports for
     ``ray start --head`` (other Rays on this machine keep theirs), and the setup commands in :data:`SKIPS`;
-    ``fail_head_setup`` adds :data:`FAILING_SETUP` last to the head's setup commands.
+    ``fail_head_setup`` adds :data:`FAILING_SETUP` last to the head's setup commands; ``fresh`` (a VM
+    without the project's venv) runs every install, without the ``drop`` text (a package index this
+    machine cannot reach: :func:`package_sources`). Each setup command is :func:`timed`; the said list
+    holds the original commands in that order (:func:`read_steps` indexes it).
     Initialization, setup and start commands otherwise run as written. (File mounts: :func:`snapshot_mounts`.)
     """
     config = _rehearsal_copy(config)
@@ -80,12 +134,14 @@ def up_copy(config: dict, sshd: LoopbackSSHD, ports: dict[str, int],
     for key in ("initialization_commands", "setup_commands", "head_setup_commands"):
         commands = []
         for command in config.get(key) or []:
-            run, what = rehearsed_command(command)
-            commands.append(run)
+            run, what = rehearsed_command(command, fresh)
+            for text in drop:
+                run = run.replace(text, "")
+            commands.append(timed(len(said), run))
             said.append((command, what))
         config[key] = commands
     if fail_head_setup:
-        config["head_setup_commands"].append(FAILING_SETUP)
+        config["head_setup_commands"].append(timed(len(said), FAILING_SETUP))
         said.append((FAILING_SETUP, "injected"))
     config["head_start_ray_commands"] = [_head_start(c, ports) for c in config.get("head_start_ray_commands") or []]
     said += [(c, "ran") for c in config["head_start_ray_commands"]]
@@ -184,12 +240,17 @@ def write_sitecustomize(folder: str, url: str) -> str:
 UV_STAND_IN = "#!/bin/sh\necho 'rehearsal: no uv on this machine; ~/launcher-venv is the project venv' >&2\nexit 1\n"
 
 
-def prepare_vm_home(home: str) -> None:
-    """The VM's home as a node looks after its first ``ray up``: the venv (this project's) and uv exist."""
+def prepare_vm_home(home: str, fresh: bool = False) -> None:
+    """The VM's home as a node looks after its first ``ray up``: the venv (this project's) and uv exist.
+    ``fresh``: as a new VM has it, with neither (its setup commands make them)."""
     if sys.prefix == sys.base_prefix:
         raise UserError("the `ray up` rehearsal runs from the project's virtual environment (it becomes the "
                         "head's ~/launcher-venv)", "run it with .venv/bin/launcher (scripts/setup-env makes it)")
     os.makedirs(os.path.join(home, ".local", "bin"), exist_ok=True)
+    with open(os.path.join(home, ".bashrc"), "w", encoding="utf-8") as f:
+        f.write("# the ray up rehearsal's VM home\n")
+    if fresh:
+        return
     os.symlink(sys.prefix, os.path.join(home, "launcher-venv"))
     uv = shutil.which("uv")
     target = os.path.join(home, ".local", "bin", "uv")
@@ -199,5 +260,46 @@ def prepare_vm_home(home: str) -> None:
         with open(target, "w", encoding="utf-8") as f:
             f.write(UV_STAND_IN)
         os.chmod(target, 0o755)
-    with open(os.path.join(home, ".bashrc"), "w", encoding="utf-8") as f:
-        f.write("# the ray up rehearsal's VM home\n")
+
+
+# pip's settings that say where packages come from, and uv's variable for each (uv reads no pip.conf).
+_PIP_TO_UV = {"find-links": ("UV_FIND_LINKS", ","), "constraint": ("UV_CONSTRAINT", " "),
+              "cert": ("SSL_CERT_FILE", " ")}  # a CA bundle of its own (a proxy's) for pip: uv's too
+
+
+def package_sources(probe_s: float = 5.0) -> dict:
+    """Where a fresh head's installs get packages, as this machine gets them: pip's own settings here
+    (its configuration files and PIP_* variables) handed to the VM's pip and, translated, to uv; and
+    the CPU torch index left out of the installs when it does not answer from here (torch then comes
+    from PyPI or those settings). Returns {"env": {...}, "drop": (...), "said": [lines]}."""
+    import urllib.request
+
+    env = {k: v for k, v in os.environ.items() if k.startswith("PIP_")}
+    values: dict[str, list[str]] = {}
+    listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True)
+    for line in listed.stdout.splitlines():
+        key, _, value = line.partition("=")
+        name = key.rsplit(".", 1)[-1]
+        if name in _PIP_TO_UV:
+            values.setdefault(name, []).extend(value.strip().strip("'\"").split())
+    for name, (variable, sep) in _PIP_TO_UV.items():
+        found = list(dict.fromkeys(values.get(name, []) + os.environ.get(f"PIP_{name.upper().replace('-', '_')}",
+                                                                           "").split()))
+        if found:
+            env[variable] = sep.join(found)
+    # No Python downloads: uv uses a Python 3.11 on the machine, or says there is none.
+    env["UV_PYTHON_DOWNLOADS"] = "never"
+    shown = ", ".join(re.sub(r"//[^/@\s]+@", "//***@", f"{k}={v}")  # no credentials of an index URL
+                      for k, v in sorted(env.items()) if k.startswith(("UV_", "SSL_")))
+    said = [f"fresh head: its setup makes ~/launcher-venv and installs into it; package sources as pip has them "
+            f"here: {shown}"]
+    drop: tuple[str, ...] = ()
+    try:
+        probe = urllib.request.Request(cluster_config.CPU_TORCH_INDEX + "/", method="HEAD")
+        urllib.request.urlopen(probe, timeout=probe_s).close()
+    except Exception as exc:  # noqa: BLE001 - any failure: the index is not reachable from here
+        drop = (f" --extra-index-url {cluster_config.CPU_TORCH_INDEX}",)
+        said.append(f"fresh head: {cluster_config.CPU_TORCH_INDEX} does not answer from here "
+                    f"({type(exc).__name__}): the rehearsal's installs leave it out, and torch comes from the other "
+                    "sources")
+    return {"env": env, "drop": drop, "said": said}
