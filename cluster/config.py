@@ -45,6 +45,15 @@ from launcher.errors import UserError
 # a worker type is named after its machine type (machines.MachineType.node_type).
 HEAD_TYPE = "ray_head"
 REMOTE_SOURCE = "~/launcher"
+# Ray's GCP provider with its label cache kept current (cluster/gcp_provider.py says why), named as an
+# external provider: Ray imports it on the laptop for `ray up` and on the head for the autoscaler.
+PROVIDER_MODULE = "cluster.gcp_provider.Provider"
+
+
+def is_gcp(provider: dict) -> bool:
+    """Ray's GCP provider, named as Ray names it (type gcp) or as this launcher's cluster files do."""
+    kind = provider.get("type")
+    return kind == "gcp" or (kind == "external" and provider.get("module") == PROVIDER_MODULE)
 # The service account `ray up` creates and grants roles to (ray/autoscaler/_private/gcp/config.py).
 RAY_SERVICE_ACCOUNT = "ray-autoscaler-sa-v1@{project}.iam.gserviceaccount.com"
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"  # CPU-only VMs skip GBs of CUDA wheels
@@ -95,6 +104,9 @@ def ray_cluster_config(spec: ClusterSpec, version: str) -> dict[str, Any]:
         "file_mounts": {REMOTE_SOURCE: spec.source_dir} if spec.source_dir else {},
         "rsync_exclude": list(RSYNC_EXCLUDE),
         "rsync_filter": [".gitignore"],
+        # What Ray's GCP defaults would add, which an external provider does not get from Ray.
+        "cluster_synced_files": [],
+        "file_mounts_sync_continuously": False,
         "initialization_commands": [],
         "setup_commands": python_commands() + container_commands(spec.container_images),
         "head_setup_commands": _install_commands(spec, version, gpu=spec.node_gpus(head=True) > 0, head=True),
@@ -263,8 +275,8 @@ def _provider(spec: ClusterSpec) -> dict[str, Any]:
     ``launcher cluster down`` deletes whatever `ray down` left. Preemptible workers do not get it:
     Compute Engine stops them on preemption whatever the file says, and Ray (without it) deletes
     idle ones and starts new VMs instead of the stopped ones, which `launcher cluster down` deletes."""
-    provider: dict[str, Any] = {"type": "gcp", "region": spec.region, "availability_zone": spec.zone,
-                                "project_id": spec.project}
+    provider: dict[str, Any] = {"type": "external", "module": PROVIDER_MODULE, "region": spec.region,
+                                "availability_zone": spec.zone, "project_id": spec.project}
     if spec.provisioning == "spot" and spec.termination_action == "STOP":
         provider["cache_stopped_nodes"] = True
     return provider

@@ -34,6 +34,7 @@ from typing import Any, Callable
 
 from cluster import bootstrap, machines, quotas as quota_rules
 from cluster.checks import FAIL, OK, WARN, Check
+from cluster.config import is_gcp
 from cluster.compute import Compute, MachineInfo, Project, Quota
 from cluster.machines import ACCELERATORS, bundled_accelerator, bundled_gpus, machine_series
 from cluster.network import network_checks
@@ -96,7 +97,7 @@ def run_checks(config: dict[str, Any], compute: Compute, bucket: str | None = No
     """Every preflight check for a cluster file; the caller prints them and fails on any FAIL.
     ``apis``: Service Usage, Resource Manager and IAM (default: for the compute's project and endpoint)."""
     provider = config.get("provider") or {}
-    if provider.get("type") != "gcp":
+    if not is_gcp(provider):
         raise UserError(f"the cluster file's provider is {provider.get('type')!r}, not gcp",
                         "preflight checks Compute Engine cluster files (launcher cluster config writes one)")
     zone, region = provider.get("availability_zone"), provider.get("region")

@@ -78,6 +78,9 @@ EXCEPTIONS: dict[str, str] = {
     "launcher.driver.dependencies:_pyproject_dependencies":
         "tomllib is in the standard library from Python 3.11 and pyproject.toml says requires-python >= 3.10: "
         "imported here, only reading a program's pyproject.toml needs 3.11 (the module still imports on 3.10)",
+    "launcher.lab.rehearsal:_provider_class":
+        "cluster.gcp_provider subclasses Ray's GCP provider when imported (through launcher._ray), which imports "
+        "Ray's autoscaler and the Google API client: heavy, though no import line of it says so",
 }
 
 

@@ -274,7 +274,9 @@ def test_network_and_service_account():
     assert nc["networkInterfaces"][0]["network"] == "projects/my-project/global/networks/my-vpc"
     assert nc["networkInterfaces"][0]["subnetwork"] == "projects/my-project/regions/europe-west4/subnetworks/my-subnet"
     assert nc["serviceAccounts"][0]["email"] == "trainer@my-project.iam.gserviceaccount.com"
-    assert config["provider"] == {"type": "gcp", "region": "europe-west4", "availability_zone": "europe-west4-a",
+    # Ray's GCP provider with its label cache kept current (cluster/gcp_provider.py), named as an external one
+    assert config["provider"] == {"type": "external", "module": "cluster.gcp_provider.Provider",
+                                  "region": "europe-west4", "availability_zone": "europe-west4-a",
                                   "project_id": "my-project"}
 
 

@@ -461,3 +461,4 @@ def test_cluster_down_says_when_it_cannot_look_for_left_vms(tmp_path, monkeypatc
     assert err == ["warning: could not look for VMs labelled ray-cluster-name=demo in us-central1-a left after "
                    "`ray down` (the Compute Engine API did not answer (ConnectionError)); check with: gcloud compute "
                    f"instances list --project {PROJECT} --filter labels.ray-cluster-name=demo"]
+

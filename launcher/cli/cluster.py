@@ -76,6 +76,9 @@ def add_parsers(sub) -> None:
     rh.add_argument("--fail-head-setup", action="store_true",
                     help="with --up: the head's setup fails (an extra command exits 1), to see `launcher cluster up` "
                          "delete what it made")
+    rh.add_argument("--worker", action="store_true",
+                    help="with --up: one worker VM (a second loopback sshd) is launched by the head's autoscaler, "
+                         "set up over SSH and joins the head's Ray, as a real worker does")
     rh.add_argument("--fresh-install", action="store_true",
                     help="with --up: the head VM starts without this project's venv, as a new VM does: its setup "
                          "commands install uv, Python 3.11 and the pinned packages (minutes, a few GB of downloads "
@@ -266,8 +269,9 @@ def _rehearse(args: argparse.Namespace) -> int:
     config = schema.load_yaml(args.cluster_file, "cluster file")
     stockout = tuple("*" if m == "all" else m for m in args.stockout)
     if args.up:
-        return _rehearse_up(config, parse_quotas(args.quota), stockout, args.fail_head_setup, args.fresh_install)
-    for flag in ("fail_head_setup", "fresh_install"):
+        return _rehearse_up(config, parse_quotas(args.quota), stockout, args.fail_head_setup, args.fresh_install,
+                            args.worker)
+    for flag in ("fail_head_setup", "fresh_install", "worker"):
         if getattr(args, flag):
             raise UserError(f"--{flag.replace('_', '-')} needs --up (the head's setup runs only there)", "add --up")
     try:
@@ -282,7 +286,7 @@ def _rehearse(args: argparse.Namespace) -> int:
 
 
 def _rehearse_up(config: dict, quotas: dict[str, float], stockout: tuple[str, ...], fail_setup: bool,
-                 fresh: bool = False) -> int:
+                 fresh: bool = False, join: bool = False) -> int:
     from launcher.lab.gcs_emulator import Emulator
     from launcher.lab.ray_up import create_bucket, rehearse_up
 
@@ -293,7 +297,7 @@ def _rehearse_up(config: dict, quotas: dict[str, float], stockout: tuple[str, ..
             print(f"Cloud Storage emulator at {emulator.url}, bucket gs://launcher-rehearsal", flush=True)
             report = rehearse_up(config, emulator.url, "launcher-rehearsal", quotas,
                                  say=lambda line: print(line, flush=True), stockout=stockout,
-                                 fail_head_setup=fail_setup, fresh=fresh)
+                                 fail_head_setup=fail_setup, fresh=fresh, join=join)
         finally:
             emulator.stop()
     if not report.ok:

@@ -39,6 +39,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -51,7 +52,7 @@ import yaml
 
 from cluster.compute import ENDPOINT_ENV
 from launcher import _deferred
-from launcher.errors import LauncherError
+from launcher.errors import LauncherError, UserError
 from launcher.lab.compute_api import Call, ComputeAPI
 from launcher.lab.compute_world import World
 from launcher.lab.rehearsal import _rehearsal_copy, format_call
@@ -62,6 +63,7 @@ from launcher.settings import REHEARSAL_KEEP
 
 HEAD_LABEL = ("ray-node-type", "head")  # the label Ray's GCP provider gives the head VM (TAG_RAY_NODE_KIND)
 LOOPBACK = "127.0.0.1"
+WORKER_IP = "127.0.0.2"  # the worker VM's address: another loopback address, its own sshd
 RUN_NAME = "rehearsal"
 
 @dataclass
@@ -76,16 +78,24 @@ class UpReport:
     ray_left: list[str] = field(default_factory=list)
     calls: list[Call] = field(default_factory=list)
     steps: list[tuple[str, float, int]] = field(default_factory=list)  # the head's setup: (command, s, exit)
+    worker_steps: list[tuple[str, float, int]] = field(default_factory=list)  # the worker VM's, when one joins
+    join: str = ""  # the worker type one VM of which joins the head ("" none: workers simulated)
+    joined_s: float | None = None  # from the head's start to the worker's Ray node in `ray status`
     fresh: bool = False  # the head's venv was made and installed by its own setup commands
     injected: str = ""  # the failure asked for ("" none)
     failed_as_injected: bool = False  # `launcher cluster up` failed, as it had to
+
+    def worker_inserts(self) -> int:
+        """Worker VMs the autoscaler inserted: one when a worker joins and stays, more when it was replaced."""
+        return sum(1 for c in self.calls if c.verb == "insert" and not c.refusal and "-worker-" in c.target)
 
     @property
     def ok(self) -> bool:
         clean = not self.left and not self.ray_left
         if self.injected:
             return self.failed_as_injected and clean
-        return self.job_status == "SUCCEEDED" and bool(self.checkpoints) and clean
+        joined = not self.join or (self.joined_s is not None and self.worker_inserts() == 1)
+        return self.job_status == "SUCCEEDED" and bool(self.checkpoints) and clean and joined
 
 
 class RehearsalFailed(LauncherError):
@@ -93,24 +103,35 @@ class RehearsalFailed(LauncherError):
 
 
 class LoopbackAPI(ComputeAPI):
-    """The local Compute Engine API, whose head VM is this machine, reached through ``sshd``."""
+    """The local Compute Engine API, whose head VM is this machine, reached through ``sshd``; with ``workers``
+    (more sshds), the worker VMs it creates are those, in order, at each one's address."""
 
-    def __init__(self, project: str, sshd: LoopbackSSHD, world: World | None = None) -> None:
+    def __init__(self, project: str, sshd: LoopbackSSHD, world: World | None = None,
+                 workers: tuple[LoopbackSSHD, ...] = ()) -> None:
         super().__init__(project, world)
-        self.sshd = sshd
+        self.sshd, self.workers, self.placed = sshd, workers, 0
+        self.on_vm: dict[str, LoopbackSSHD] = {}  # worker VM name -> the sshd that is that VM
 
     def answer(self, method: str, path: str, query: dict[str, str], body: dict) -> dict:
         with self._lock:
             result = super().answer(method, path, query, body)
+            if method == "DELETE" and path.rsplit("/", 1)[-1] in self.on_vm:
+                self.on_vm.pop(path.rsplit("/", 1)[-1]).stop()  # a deleted VM's processes end with it
             if method == "POST" and path.endswith("/setCommonInstanceMetadata"):
-                self.sshd.authorize(self.metadata.get("items", []))  # what the VM's guest agent does
+                for vm in (self.sshd, *self.workers):  # what each VM's guest agent does
+                    vm.authorize(self.metadata.get("items", []))
             elif method == "POST" and path.endswith("/instances"):
                 instance = self.instances.get(str(body.get("name", "")))
-                if instance and instance["labels"].get(HEAD_LABEL[0]) == HEAD_LABEL[1]:
+                head = instance and instance["labels"].get(HEAD_LABEL[0]) == HEAD_LABEL[1]
+                vm = self.sshd if head else None
+                if instance and not head and self.placed < len(self.workers):
+                    vm, self.placed = self.workers[self.placed], self.placed + 1
+                    self.on_vm[instance["name"]] = vm
+                if vm is not None:
                     for nic in instance["networkInterfaces"]:
-                        nic["networkIP"] = LOOPBACK
+                        nic["networkIP"] = vm.ip
                         for access in nic.get("accessConfigs", []):
-                            access["natIP"] = LOOPBACK
+                            access["natIP"] = vm.ip
             return result
 
 
@@ -180,7 +201,8 @@ def _ray_step(line: str) -> bool:
 
 def rehearse_up(config: dict, emulator_url: str, bucket: str, quotas: dict[str, float] | None = None,
                 workers: int = 2, say: Callable[[str], None] = print, timeout_s: float = 600,
-                stockout: tuple[str, ...] = (), fail_head_setup: bool = False, fresh: bool = False) -> UpReport:
+                stockout: tuple[str, ...] = (), fail_head_setup: bool = False, fresh: bool = False,
+                join: bool = False) -> UpReport:
     """Rehearse ``ray up`` -> ``launcher submit`` -> ``ray down`` of ``config`` on this machine.
 
     Args:
@@ -192,6 +214,8 @@ def rehearse_up(config: dict, emulator_url: str, bucket: str, quotas: dict[str, 
         fail_head_setup: the head's setup fails (a last command exits 1).
         fresh: the head VM starts without this project's venv: its setup commands make it (uv, Python,
             every install, from this machine's package sources: :func:`package_sources`); each step is timed.
+        join: one VM of the first worker type joins: a second sshd (127.0.0.2) that the head's autoscaler
+            launches through the local API, sets up over SSH and starts Ray on, as it does a real worker.
 
     Raises:
         RehearsalFailed: a stage failed (what it printed last is said first); the cluster is taken down.
@@ -204,30 +228,40 @@ def rehearse_up(config: dict, emulator_url: str, bucket: str, quotas: dict[str, 
                                                                            if fail_head_setup else [])))
     root = tempfile.mkdtemp(prefix="lrh-", dir="/tmp")  # short: Ray's socket paths live under it
     try:
-        paths = {k: os.path.join(root, k) for k in ("sshd", "site", "laptop", "vm", "logs", "tmp", "mounts")}
+        paths = {k: os.path.join(root, k) for k in ("sshd", "site", "laptop", "vm", "logs", "tmp", "mounts",
+                                                    "sshd-w", "vm-w")}
         for path in paths.values():
             os.makedirs(path, exist_ok=True)
         ray_tmp = root  # RAY_TMPDIR: Ray's sessions and ray_current_cluster under root/ray
-        prepare_vm_home(paths["vm"], fresh)
-        # PYTHONPATH on the head: the sitecustomize, then ~/launcher (the project `ray up` synced there), which
-        # stands in for the skipped `pip install ~/launcher` (the venv is shared; its own install may be
-        # elsewhere). A fresh head imports what its own install put in its venv.
-        head_path = os.pathsep.join([paths["site"]] + ([] if fresh else [os.path.join(paths["vm"], "launcher")]))
-        vm_env = {"HOME": paths["vm"], "PYTHONPATH": head_path, "RAY_TMPDIR": ray_tmp, "RAY_USAGE_STATS_ENABLED": "0"}
         sources = package_sources() if fresh else {}
-        sshd = LoopbackSSHD(paths["sshd"], {**vm_env, **sources.get("env", {})})
+
+        def vm(home: str, folder: str, ip: str, port: int | None = None, identity: str | None = None) -> LoopbackSSHD:
+            prepare_vm_home(home, fresh)
+            # PYTHONPATH on a node: the sitecustomize, then ~/launcher (the project `ray up` synced there), which
+            # stands in for the skipped `pip install ~/launcher` (the venv is shared; its own install may be
+            # elsewhere). A fresh node imports what its own install put in its venv.
+            path = os.pathsep.join([paths["site"]] + ([] if fresh else [os.path.join(home, "launcher")]))
+            env = {"HOME": home, "PYTHONPATH": path, "RAY_TMPDIR": ray_tmp, "RAY_USAGE_STATS_ENABLED": "0"}
+            return LoopbackSSHD(folder, {**env, **sources.get("env", {})}, ip, port, identity)
+
+        # with a worker: the head's autoscaler reaches it with the key Ray puts in the head's home
+        sshd = vm(paths["vm"], paths["sshd"], LOOPBACK, identity=os.path.join(paths["vm"], "ray_bootstrap_key.pem")
+                  if join else None)
+        if join:
+            _check_worker_port()
+        worker = vm(paths["vm-w"], paths["sshd-w"], WORKER_IP, 22) if join else None
         for line in sources.get("said", []):
             say(line)
         provider = _rehearsal_copy(config)["provider"]
         world = World.with_limits(quotas or {}, provider["availability_zone"])
         world.stocked_out |= set(stockout)
-        api = LoopbackAPI(provider["project_id"], sshd, world)
+        api = LoopbackAPI(provider["project_id"], sshd, world, (worker,) if worker else ())
         with api:
             write_sitecustomize(paths["site"], api.url)
-            with sshd:
+            with sshd, (worker or contextlib.nullcontext()):
                 try:
                     _up_run_down(config, api, sshd, paths, ray_tmp, report, emulator_url, bucket, workers, say,
-                                 timeout_s, fail_head_setup, sources.get("drop", ()))
+                                 timeout_s, fail_head_setup, sources.get("drop", ()), worker)
                 except RehearsalFailed:
                     say(f"   sshd's log ends: {sshd.log_tail()}")
                     raise
@@ -242,9 +276,13 @@ def rehearse_up(config: dict, emulator_url: str, bucket: str, quotas: dict[str, 
 
 
 def _up_run_down(config, api, sshd, paths, ray_tmp, report, emulator_url, bucket, workers, say, timeout_s,
-                 fail_head_setup=False, drop=()):
+                 fail_head_setup=False, drop=(), worker=None):
     ports = {k: free_port() for k in ("gcs", "object_manager", "dashboard", "client", "agent")}
-    config, report.commands = up_copy(config, sshd, ports, fail_head_setup, report.fresh, drop)
+    worker_ports = {k: free_port() for k in ("object_manager", "agent", "metrics")}
+    config, report.commands = up_copy(config, sshd, ports, fail_head_setup, report.fresh, drop,
+                                      (worker, worker_ports) if worker else None)
+    if worker:
+        report.join = next(n for n, t in config["available_node_types"].items() if t.get("min_workers"))
     # this side's commands import the launcher this process runs (the venv's editable install may point elsewhere)
     python_path = os.pathsep.join(p for p in (paths["site"], _source_root(), os.environ.get("PYTHONPATH")) if p)
     # TMPDIR: where `ray up` caches the bootstrapped file (ray exec and ray down read it), removed with the rest
@@ -271,7 +309,7 @@ def _up_run_down(config, api, sshd, paths, ray_tmp, report, emulator_url, bucket
     if report.injected:
         _injected_up(stages, up_command, env, timeout_s, api, ray_tmp, report, say)
         return
-    up = False
+    up, started = False, time.monotonic()
     try:
         with stages.stage("`launcher cluster up --skip-preflight` (Ray's `ray up -y`: bootstrap, the head's insert, "
                           "SSH, file mounts, initialization and setup commands, ray start --head)"):
@@ -283,6 +321,15 @@ def _up_run_down(config, api, sshd, paths, ray_tmp, report, emulator_url, bucket
                 _say_setup(report, say)
         dashboard = f"http://127.0.0.1:{ports['dashboard']}"
         _wait_dashboard(dashboard, 60)
+        if worker:
+            with stages.stage(f"a worker VM ({report.join}) joins: the head's autoscaler inserts it through the "
+                              "local API, runs its setup over SSH (sshd at 127.0.0.2) and starts Ray on it"):
+                _wait_joined(stages, ray, cluster_file, env, timeout_s, report, started)
+                report.worker_steps = read_steps(paths["vm-w"], [c for c, _ in report.commands])
+                for command, seconds, rc in report.worker_steps:
+                    say(f"   worker setup: [{seconds:5.1f} s{f', exit {rc}' if rc else ''}] {command}")
+                say(f"   the worker's setup commands took {sum(s for _, s, _ in report.worker_steps):.1f} s; "
+                    f"in `ray status` {report.joined_s:.0f} s after the head's `ray up` began")
         with stages.stage("`ray status` on the head (ray exec, over SSH)"):
             stages.run("ray-status", [ray, "exec", cluster_file, "ray status"], env, timeout_s, _after("Autoscaler"))
         guard_log = os.path.join(paths["vm"], "launcher-setup-guard.log")  # the head's start commands began it
@@ -319,6 +366,38 @@ def _say_setup(report: UpReport, say: Callable[[str], None]) -> None:
         ran = [s for c, s, _ in report.steps if dict(report.commands).get(c) == "ran"]
         say(f"   the head's setup commands took {sum(s for _, s, _ in report.steps):.1f} s "
             f"({len(ran)} ran{', in a fresh venv' if report.fresh else ''})")
+
+
+def _check_worker_port() -> None:
+    """The worker VM's sshd needs port 22 of WORKER_IP: the head's autoscaler dials port 22 (Ray drops
+    ``ssh_proxy_command`` from the head's copy of the cluster file)."""
+    with socket.socket() as s:
+        try:
+            s.bind((WORKER_IP, 22))
+        except OSError as exc:
+            raise UserError(f"--worker needs port 22 of {WORKER_IP} for the worker VM's sshd (the head's autoscaler "
+                            f"dials port 22), and it is not free here ({exc.strerror})",
+                            "stop the sshd that listens on every address (or run as root), or rehearse without "
+                            "--worker") from None
+
+
+def _wait_joined(stages, ray, cluster_file, env, timeout_s, report, started) -> None:
+    """Poll `ray status` on the head until the worker type has an active node (or timeout_s passes)."""
+    deadline = time.monotonic() + timeout_s
+    text = ""
+    while time.monotonic() < deadline:
+        done = subprocess.run([ray, "exec", cluster_file, "ray status"], env=env, capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=timeout_s)
+        text = _plain(done.stdout + done.stderr)
+        active = text.partition("Active:")[2].partition("Pending:")[0]
+        if re.search(rf"^\s*1 {re.escape(report.join)}\s*$", active, re.MULTILINE):
+            report.joined_s = time.monotonic() - started
+            return
+        time.sleep(5)
+    for line in text.splitlines()[-20:]:
+        stages.say("   ! " + line.rstrip())
+    raise RehearsalFailed(f"no {report.join} worker joined the head in {timeout_s:.0f} s",
+                          f"the head's autoscaler log (monitor.*) in the kept folder says why: {REHEARSAL_KEEP}=1")
 
 
 def _injected_up(stages, up_command, env, timeout_s, api, ray_tmp, report, say) -> None:
@@ -434,6 +513,14 @@ def up_summary(report: UpReport) -> str:
              f"{len(inserts)} VM insert(s), {len(deletes)} delete(s); {outcome}",
              f"  left in the API: {', '.join(report.left) or 'nothing'}; Ray processes left: "
              f"{len(report.ray_left) or 'none'}"]
-    if not report.injected:
+    if report.join and report.joined_s is not None:
+        lines.append(f"  a {report.join} worker VM joined the head {report.joined_s:.0f} s after `ray up` began "
+                     f"(its setup commands {sum(s for _, s, _ in report.worker_steps):.1f} s)")
+        if report.worker_inserts() > 1:
+            lines.append(f"  but the autoscaler inserted {report.worker_inserts()} worker VMs for it: the worker "
+                         "was deleted and replaced (Ray's own GCP provider does that: cluster/gcp_provider.py)")
+    elif report.join:
+        lines.append(f"  no {report.join} worker VM joined the head")
+    elif not report.injected:
         lines.append("  workers stayed simulated (min_workers 0 in the rehearsal's copy; the run fits on the head)")
     return "\n".join(lines)

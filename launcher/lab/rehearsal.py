@@ -52,6 +52,7 @@ from ray.autoscaler.tags import (NODE_KIND_HEAD, NODE_KIND_WORKER, STATUS_UNINIT
                                  TAG_RAY_USER_NODE_TYPE)
 
 from cluster.compute import SERVICE_PATHS, Compute, delete_left_disks, delete_left_vms
+from cluster.config import is_gcp
 from cluster.preflight import scheduling_check
 from launcher import _deferred, _ray
 from launcher.errors import UserError
@@ -138,7 +139,7 @@ def rehearse(config: dict, quotas: dict[str, float] | None = None, bootstrap: bo
         if bootstrap:
             with phase("bootstrap (Ray's bootstrap_gcp, as `ray up` runs it)"):
                 config = _ray.resolve("GCPNodeProvider").bootstrap_config(config)
-        provider = _ray.resolve("GCPNodeProvider")(config["provider"], config["cluster_name"])
+        provider = _provider_class(config["provider"])(config["provider"], config["cluster_name"])
         _up(config, provider, phase)
         _ray_down(config, provider, phase)
         if config["provider"].get("cache_stopped_nodes"):
@@ -305,6 +306,15 @@ def pointed_at(url: str) -> Iterator[None]:
         discovery.build = real
 
 
+def _provider_class(provider: dict) -> type:
+    """The provider the file names: Ray's GCP one, or this launcher's subclass of it (cluster.gcp_provider)."""
+    if provider.get("type") == "external":
+        from cluster.gcp_provider import Provider
+
+        return Provider
+    return _ray.resolve("GCPNodeProvider")
+
+
 @contextlib.contextmanager
 def _quiet_provider() -> Iterator[None]:
     """Ray's GCP provider logs every operation it waits for at INFO; the rehearsal prints its own lines."""
@@ -340,7 +350,7 @@ def _rehearsal_copy(config: dict) -> dict:
     if not isinstance(config, dict):
         raise UserError("not a Ray cluster file (expected a mapping)", "write one with launcher cluster config")
     provider = config.get("provider") or {}
-    if provider.get("type") != "gcp":
+    if not is_gcp(provider):
         raise UserError(f"provider type {provider.get('type')!r}: the rehearsal runs Ray's GCP provider",
                         "rehearse a file from launcher cluster config (provider type: gcp)")
     for key in ("project_id", "availability_zone", "region"):

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -37,6 +38,7 @@ import time
 from launcher.errors import UserError
 
 SSHD = "/usr/sbin/sshd"
+SSH_CONFIG = "/etc/ssh/ssh_config"
 INSTALL = "sudo apt-get install -y openssh-server rsync (Debian/Ubuntu)"
 
 # Copies the SSH client's stdin to the server's port and the port's answers to stdout (ssh's ProxyCommand).
@@ -93,10 +95,13 @@ class LoopbackSSHD:
         env: variables every session gets (HOME first: the VM's home).
     """
 
-    def __init__(self, folder: str, env: dict[str, str]) -> None:
-        self.folder, self.env = folder, dict(env)
+    def __init__(self, folder: str, env: dict[str, str], ip: str = "127.0.0.1", port: int | None = None,
+                 identity: str | None = None) -> None:
+        self.folder, self.env, self.ip = folder, dict(env), ip  # ip: the VM's address in the local API
+        # A key file every SSH client in the sessions offers (see _ssh_config)
+        self.identity = identity
         self.user = getpass.getuser()
-        self.port = free_port()
+        self.port = port or free_port()
         self.keys_file = os.path.join(folder, "authorized_keys")
         self.log = os.path.join(folder, "sshd.log")
         self.relay = os.path.join(folder, "relay.py")
@@ -128,13 +133,31 @@ class LoopbackSSHD:
             raise UserError(f"sshd refuses the rehearsal's config: {check.stderr.strip()}", f"install: {INSTALL}")
         # --kill-child: if this process dies, the namespace's first process (sshd) gets SIGKILL, and with it
         # every process in the namespace.
+        command = [SSHD, "-D", "-e", "-f", config]
+        if self.identity:
+            command = ["sh", "-c", f"mount --bind {self._ssh_config()} {SSH_CONFIG} && exec {shlex.join(command)}"]
         with open(self.log, "ab") as log:
-            self._proc = subprocess.Popen(
-                ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", SSHD, "-D", "-e", "-f", config],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+            self._proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", *command],
+                                          stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         self._wait_listening(timeout_s)
         self._check_isolated()
         return self
+
+    def _ssh_config(self) -> str:
+        """The SSH clients' system-wide config as the sessions see it (bind-mounted in sshd's own mount
+        namespace, so nothing else on this machine sees it): the real one, and ``identity`` offered to every
+        host. Ray's SSH runner on a head passes ``-i ~/ray_bootstrap_key.pem``, and ssh expands that ``~`` to
+        the user's home in the password database, not to the VM's HOME, where the key is."""
+        try:
+            with open(SSH_CONFIG, encoding="utf-8") as f:
+                system = f.read()
+        except OSError:
+            system = ""
+        path = os.path.join(self.folder, "ssh_config")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(f"# the ray up rehearsal's VM: the key Ray put in the VM's home\n"
+                    f"Host *\n    IdentityFile {self.identity}\n\n{system}")
+        return path
 
     def _check_isolated(self) -> None:
         """sshd (so every session) runs in a PID namespace other than this process's: a `ray stop` there
@@ -154,7 +177,7 @@ class LoopbackSSHD:
     def _config(self, host_key: str) -> str:
         env = " ".join(f"{k}={v}" for k, v in self.env.items())
         return "\n".join([
-            f"Port {self.port}", "ListenAddress 127.0.0.1", f"HostKey {host_key}",
+            f"Port {self.port}", f"ListenAddress {self.ip}", f"HostKey {host_key}",
             f"PidFile {os.path.join(self.folder, 'sshd.pid')}", f"AuthorizedKeysFile {self.keys_file}",
             "PubkeyAuthentication yes", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
             "UsePAM no", "StrictModes no", "PermitRootLogin prohibit-password", f"AllowUsers {self.user}",
@@ -167,12 +190,12 @@ class LoopbackSSHD:
             if self._proc.poll() is not None:
                 raise UserError(f"sshd stopped at once: {self.log_tail()}", f"install: {INSTALL}")
             try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as s:
+                with socket.create_connection((self.ip, self.port), timeout=1) as s:
                     if s.recv(64).startswith(b"SSH-"):
                         return
             except OSError:
                 time.sleep(0.1)
-        raise UserError(f"sshd did not answer on 127.0.0.1:{self.port} in {timeout_s:.0f} s: {self.log_tail()}",
+        raise UserError(f"sshd did not answer on {self.ip}:{self.port} in {timeout_s:.0f} s: {self.log_tail()}",
                         f"install: {INSTALL}")
 
     def authorize(self, metadata_items: list[dict]) -> int:

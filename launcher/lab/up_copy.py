@@ -113,7 +113,8 @@ def read_steps(home: str, commands: list[str]) -> list[tuple[str, float, int]]:
 
 
 def up_copy(config: dict, sshd: LoopbackSSHD, ports: dict[str, int], fail_head_setup: bool = False,
-            fresh: bool = False, drop: tuple[str, ...] = ()) -> tuple[dict, list[tuple[str, str]]]:
+            fresh: bool = False, drop: tuple[str, ...] = (),
+            worker: tuple[LoopbackSSHD, dict[str, int]] | None = None) -> tuple[dict, list[tuple[str, str]]]:
     """The cluster file as the rehearsal's ``ray up`` runs it, and what happens to each setup command.
 
     Changed: SSH (this machine's user, through ``auth.ssh_proxy_command`` to sshd's port, since Ray's SSH
@@ -123,15 +124,23 @@ def up_copy(config: dict, sshd: LoopbackSSHD, ports: dict[str, int], fail_head_s
     without the project's venv) runs every install, without the ``drop`` text (a package index this
     machine cannot reach: :func:`package_sources`). Each setup command is :func:`timed`; the said list
     holds the original commands in that order (:func:`read_steps` indexes it).
+    ``worker`` (a second sshd and its free ports): the first worker type keeps one worker
+    (min_workers = max_workers = 1), which the head's autoscaler launches, sets up over SSH and
+    starts, as it does a real one. Ray drops the proxy command from the head's copy of the file, so the
+    autoscaler dials the worker's address on port 22, where the worker's sshd listens.
     Initialization, setup and start commands otherwise run as written. (File mounts: :func:`snapshot_mounts`.)
     """
     config = _rehearsal_copy(config)
     config["auth"] = {"ssh_user": sshd.user, "ssh_proxy_command": sshd.proxy_command}
+    joins = next((name for name in config["available_node_types"] if name != config["head_node_type"]), None)
     for name, node_type in config["available_node_types"].items():
         if name != config["head_node_type"]:
-            node_type["min_workers"] = 0
+            node_type["min_workers"] = node_type["max_workers"] = int(bool(worker) and name == joins)
+    if worker:
+        config["max_workers"] = 1
     said: list[tuple[str, str]] = []
-    for key in ("initialization_commands", "setup_commands", "head_setup_commands"):
+    keys = ["initialization_commands", "setup_commands", "head_setup_commands"]
+    for key in keys + (["worker_setup_commands"] if worker else []):
         commands = []
         for command in config.get(key) or []:
             run, what = rehearsed_command(command, fresh)
@@ -145,7 +154,27 @@ def up_copy(config: dict, sshd: LoopbackSSHD, ports: dict[str, int], fail_head_s
         said.append((FAILING_SETUP, "injected"))
     config["head_start_ray_commands"] = [_head_start(c, ports) for c in config.get("head_start_ray_commands") or []]
     said += [(c, "ran") for c in config["head_start_ray_commands"]]
+    if worker:
+        starts = [_worker_start(c, ports["gcs"], worker[0].ip, worker[1])
+                  for c in config.get("worker_start_ray_commands") or []]
+        config["worker_start_ray_commands"] = [run for run, _ in starts]
+        said += starts
     return config, said
+
+
+def _worker_start(command: str, gcs_port: int, ip: str, ports: dict[str, int]) -> tuple[str, str]:
+    """A worker's start command as the rehearsal runs it, and what it says about it: ``ray start`` joins the
+    head's GCS at its rehearsal port, from the worker VM's own address and free ports."""
+    if "preemption watch" in command:
+        return (f"echo {shlex.quote('rehearsal skipped: ' + command)}",
+                "skipped (no Compute Engine metadata server on this machine to watch for a notice)")
+    if "ray start" not in command:
+        return command, "ran"
+    command = re.sub(r"(--address[= ]\S*?):6379\b", rf"\g<1>:{gcs_port}", command)
+    command = re.sub(r"--object-manager-port[= ]\d+", f"--object-manager-port={ports['object_manager']}", command)
+    extra = {"--node-ip-address": ip, "--dashboard-agent-listen-port": ports["agent"],
+             "--metrics-export-port": ports["metrics"]}
+    return command + "".join(f" {flag}={value}" for flag, value in extra.items() if flag not in command), "ran"
 
 
 def snapshot_mounts(config: dict, folder: str) -> list[tuple[str, str]]:
