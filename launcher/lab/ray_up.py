@@ -57,8 +57,8 @@ from launcher.lab.compute_api import Call, ComputeAPI
 from launcher.lab.compute_world import World
 from launcher.lab.rehearsal import _rehearsal_copy, format_call
 from launcher.lab.sshd import LoopbackSSHD, free_port
-from launcher.lab.up_copy import (package_sources, prepare_vm_home, read_steps, snapshot_mounts, up_copy,
-                                  write_sitecustomize)
+from launcher.lab.up_copy import (ON_WORKER, package_sources, prepare_vm_home, read_steps, snapshot_mounts,
+                                  up_copy, write_sitecustomize)
 from launcher.settings import REHEARSAL_KEEP
 
 HEAD_LABEL = ("ray-node-type", "head")  # the label Ray's GCP provider gives the head VM (TAG_RAY_NODE_KIND)
@@ -359,11 +359,14 @@ def _say_setup(report: UpReport, say: Callable[[str], None]) -> None:
     """Each setup command: what the rehearsal did with it and, where it ran, how long it took."""
     took = {command: (seconds, rc) for command, seconds, rc in report.steps}
     for command, what in report.commands:
+        if what.startswith(ON_WORKER):  # said with the worker's own times when it has joined
+            continue
         seconds, rc = took.get(command, (None, 0))
         when = "" if seconds is None else f"[{seconds:5.1f} s{f', exit {rc}' if rc else ''}] "
         say(f"   setup: {when}{what}: {command}")
     if report.steps:
-        ran = [s for c, s, _ in report.steps if dict(report.commands).get(c) == "ran"]
+        head = {c: what for c, what in report.commands if not what.startswith(ON_WORKER)}
+        ran = [s for c, s, _ in report.steps if head.get(c) == "ran"]
         say(f"   the head's setup commands took {sum(s for _, s, _ in report.steps):.1f} s "
             f"({len(ran)} ran{', in a fresh venv' if report.fresh else ''})")
 

@@ -90,6 +90,9 @@ def rehearsed_command(command: str, fresh: bool = False) -> tuple[str, str]:
     return command, "ran"
 
 
+# What the said list of up_copy puts before what happens to a command of the worker VM.
+ON_WORKER = "on the worker: "
+
 # Each setup command the rehearsal runs appends "N START END EXIT" here (the VM's home), for the
 # node's set-up time per step.
 STEPS_FILE = ".rehearsal-steps"
@@ -139,26 +142,29 @@ def up_copy(config: dict, sshd: LoopbackSSHD, ports: dict[str, int], fail_head_s
     if worker:
         config["max_workers"] = 1
     said: list[tuple[str, str]] = []
-    keys = ["initialization_commands", "setup_commands", "head_setup_commands"]
-    for key in keys + (["worker_setup_commands"] if worker else []):
+    def rehearsed(key: str, where: str = "") -> None:
         commands = []
         for command in config.get(key) or []:
             run, what = rehearsed_command(command, fresh)
             for text in drop:
                 run = run.replace(text, "")
             commands.append(timed(len(said), run))
-            said.append((command, what))
+            said.append((command, where + what))
         config[key] = commands
+
+    for key in ("initialization_commands", "setup_commands", "head_setup_commands"):
+        rehearsed(key)
     if fail_head_setup:
         config["head_setup_commands"].append(timed(len(said), FAILING_SETUP))
         said.append((FAILING_SETUP, "injected"))
     config["head_start_ray_commands"] = [_head_start(c, ports) for c in config.get("head_start_ray_commands") or []]
     said += [(c, "ran") for c in config["head_start_ray_commands"]]
     if worker:
+        rehearsed("worker_setup_commands", ON_WORKER)
         starts = [_worker_start(c, ports["gcs"], worker[0].ip, worker[1])
                   for c in config.get("worker_start_ray_commands") or []]
         config["worker_start_ray_commands"] = [run for run, _ in starts]
-        said += starts
+        said += [(run, ON_WORKER + what) for run, what in starts]
     return config, said
 
 
