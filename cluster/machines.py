@@ -144,6 +144,13 @@ N1_SHAPES: dict[str, dict[int, tuple[int, int]]] = {
 }
 # GB of memory per vCPU of the predefined N1 types.
 N1_MEMORY_PER_VCPU = {"standard": 3.75, "highmem": 6.5, "highcpu": 0.9}
+# Shared-core types (their names carry no vCPU count): vCPUs, GB of memory, the share of a core they
+# may use over time (Compute Engine's machine-type documentation). A head can be one; a training
+# worker on a fraction of a core is not worth it.
+SHARED_CORE: dict[str, tuple[int, float, float]] = {
+    "e2-micro": (2, 1.0, 0.25), "e2-small": (2, 2.0, 0.5), "e2-medium": (2, 4.0, 1.0),
+    "f1-micro": (1, 0.6, 0.2), "g1-small": (1, 1.7, 0.5),
+}
 
 # Boot disk types per machine series, the default first. The API's own default, pd-standard, is
 # refused by G2, A3, C3 and newer series; the newest series take Hyperdisk only.
@@ -179,7 +186,6 @@ PREDEFINED: dict[str, tuple[int, ...]] = {
     "c2-standard": (4, 8, 16, 30, 60), "c2d-standard": _C2D, "c2d-highmem": _C2D, "c2d-highcpu": _C2D,
     "t2d-standard": (1, 2, 4, 8, 16, 32, 48, 60),
 }
-SHARED_CORE = ("e2-micro", "e2-small", "e2-medium", "f1-micro", "g1-small")
 # Family words Compute Engine uses: an unlisted family of a checked series spelled so is taken as real.
 FAMILY_WORDS = ("standard", "highmem", "highcpu", "megamem", "ultramem", "hypermem", "custom")
 
@@ -223,16 +229,20 @@ def machine_vcpus(machine_type: str) -> int:
     """vCPUs of a machine type, from the table of GPU types or its name (n1-standard-8 -> 8)."""
     if machine_type in GPU_MACHINES:
         return GPU_MACHINES[machine_type].vcpus
+    if machine_type in SHARED_CORE:
+        return SHARED_CORE[machine_type][0]
     m = re.match(r"^(?:[a-z][a-z0-9]*-)?(standard|highmem|highcpu|megamem|ultramem|custom)-(\d+)",
                  machine_type)
     if not m:
         raise UserError(f"machine type {machine_type!r} is not one whose vCPU count is known",
-                        "use a type like n1-standard-8, n2-highmem-16, g2-standard-8 or a2-highgpu-1g")
+                        "use a type like n1-standard-8, n2-highmem-16, e2-medium, g2-standard-8 or a2-highgpu-1g")
     return int(m.group(2))
 
 
 def machine_memory_gb(machine_type: str) -> float | None:
     """Memory of a predefined or custom N1 type from its name; None when the name does not say."""
+    if machine_type in SHARED_CORE:
+        return SHARED_CORE[machine_type][1]
     m = re.match(r"^n1-(standard|highmem|highcpu)-(\d+)$", machine_type)
     if m:
         return int(m.group(2)) * N1_MEMORY_PER_VCPU[m.group(1)]

@@ -562,3 +562,17 @@ def test_the_files_provider_reads_back_the_status_it_set_where_rays_own_reads_th
             seen[cls.__name__] = provider.node_tags(node)["ray-node-status"]
             assert api.instances[node]["labels"]["ray-node-status"] == "up-to-date"  # what Compute Engine holds
     assert seen == {"GCPNodeProvider": "setting-up", "Provider": "up-to-date"}
+
+
+def test_a_shared_core_head_is_a_real_machine_type_the_local_api_serves():
+    """e2-medium and the other shared-core types have no vCPU count in their names: the table knows them,
+    the file gives Ray their vCPUs, and the local API serves them as Compute Engine does (isSharedCpu)."""
+    from launcher.lab.compute_world import World
+
+    assert machines.machine_vcpus("e2-medium") == 2 and machines.machine_memory_gb("e2-micro") == 1.0
+    config = build(head_machine_type="e2-medium")
+    assert config["available_node_types"]["ray_head"]["resources"]["CPU"] == 2
+    report, out = quietly(config, bootstrap=False)
+    assert report.left == [] and any(c.verb == "insert" and c.refusal is None for c in report.calls), out
+    served = World.with_limits({}, "us-central1-a").machine_type("p", "us-central1-a", "e2-micro")
+    assert (served["guestCpus"], served["memoryMb"], served["isSharedCpu"]) == (2, 1024, True)

@@ -160,12 +160,14 @@ class World:
             return None
         try:
             cpus = machines.machine_vcpus(name)
-        except UserError:  # a type whose vCPUs the table cannot say (e2-micro): not served
+        except UserError:  # a type whose vCPUs the table cannot say: not served
             return None
-        memory_gb = machines.machine_memory_gb(name) or cpus * 4  # N1 from the name; others: 4 GB per vCPU
+        # N1 and shared-core types from the table; others: 4 GB per vCPU
+        memory_gb = machines.machine_memory_gb(name) or cpus * 4
+        shared = name in machines.SHARED_CORE
         return {"kind": "compute#machineType", "id": "3008", "name": name, "guestCpus": cpus,
-                "memoryMb": int(memory_gb * 1024), "maximumPersistentDisks": 128, "zone": zone,
-                "isSharedCpu": False, "description": f"{cpus} vCPUs, {memory_gb:g} GB RAM",
+                "memoryMb": int(memory_gb * 1024), "maximumPersistentDisks": 16 if shared else 128, "zone": zone,
+                "isSharedCpu": shared, "description": f"{cpus} vCPUs, {memory_gb:g} GB RAM",
                 "selfLink": f"{API}/projects/{project}/zones/{zone}/machineTypes/{name}"}
 
     def accelerator_type(self, project: str, zone: str, name: str) -> dict | None:
