@@ -352,7 +352,8 @@ def _rehearsal_copy(config: dict) -> dict:
     provider = config.get("provider") or {}
     if not is_gcp(provider):
         raise UserError(f"provider type {provider.get('type')!r}: the rehearsal runs Ray's GCP provider",
-                        "rehearse a file from launcher cluster config (provider type: gcp)")
+                        "rehearse a file from launcher cluster config (Ray's GCP provider: type gcp, or "
+                        "cluster.gcp_provider.Provider)")
     for key in ("project_id", "availability_zone", "region"):
         if not provider.get(key):
             raise UserError(f"the cluster file's provider has no {key}", "add it, or regenerate the file")
