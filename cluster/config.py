@@ -129,7 +129,7 @@ def to_yaml(config: dict[str, Any], spec: ClusterSpec, version: str) -> str:
               f"# Stop it:   launcher cluster down THIS_FILE (`ray down`, then the VMs and disks it left)\n")
     header += ("# Provider: Ray's GCP provider through cluster.gcp_provider, which keeps its label cache current:\n"
                "# with Ray's own, Ray 2.60's v2 autoscaler takes each new worker's finished setup for a failed one\n"
-               "# and replaces the VM.\n")
+               "# and replaces the VM. `ray up` of this file runs where this launcher is installed.\n")
     header += "".join(f"# {line}\n" for line in cost_notes(spec))
     header += "".join(f"# {line}\n" for note in setup_notes(spec) for line in textwrap.wrap(note, 110))
     return header + yaml.safe_dump(config, sort_keys=False, default_flow_style=False, width=1000)
