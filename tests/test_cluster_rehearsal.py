@@ -576,3 +576,25 @@ def test_a_shared_core_head_is_a_real_machine_type_the_local_api_serves():
     assert report.left == [] and any(c.verb == "insert" and c.refusal is None for c in report.calls), out
     served = World.with_limits({}, "us-central1-a").machine_type("p", "us-central1-a", "e2-micro")
     assert (served["guestCpus"], served["memoryMb"], served["isSharedCpu"]) == (2, 1024, True)
+
+
+def test_a_worker_rehearsal_says_in_one_line_when_port_22_of_its_address_is_taken():
+    """The worker VM's sshd needs port 22 of 127.0.0.2 (the head's autoscaler dials port 22): held by
+    another server, --worker stops before anything starts, with one line and what to do."""
+    import socket
+
+    from launcher.errors import UserError
+    from launcher.lab.ray_up import WORKER_IP, _check_worker_port
+
+    with socket.socket() as held:
+        try:
+            held.bind((WORKER_IP, 22))
+        except OSError as exc:  # taken already (a system sshd) or not allowed: the check must say so too
+            with pytest.raises(UserError, match="--worker needs port 22 of 127.0.0.2"):
+                _check_worker_port()
+            pytest.skip(f"port 22 of {WORKER_IP} could not be held for the test ({exc.strerror}); the refusal was checked")
+        held.listen()
+        with pytest.raises(UserError, match="--worker needs port 22 of 127.0.0.2") as refused:
+            _check_worker_port()
+        assert "rehearse without --worker" in refused.value.fix
+    _check_worker_port()  # free again
