@@ -174,22 +174,6 @@ def test_file_and_synthetic_workloads_train(ray_local, capsys, storage, tmp_path
     assert os.path.isfile(os.path.join(storage, s["name"], "model", "model.pt2"))
 
 
-def _train_worker_pids() -> list[int]:
-    """PIDs of Ray Train worker processes (Ray titles them ray::RayTrainWorker...)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read().decode(errors="replace")
-        except OSError:
-            continue
-        if cmdline.startswith("ray::RayTrainWorker"):
-            pids.append(int(entry))
-    return pids
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds Ray's worker processes through /proc")
 def test_killed_worker_restarts_from_latest_checkpoint(storage):
     """A worker process dies mid-run (SIGKILL): Ray Train restarts the group from the latest checkpoint."""
@@ -203,14 +187,16 @@ def test_killed_worker_restarts_from_latest_checkpoint(storage):
         # for several seconds after epoch 2 is printed.
         if line.startswith("epoch 2/30"):
             break
-    victims = _train_worker_pids()
-    assert victims, "no Ray Train worker process found"
     # The launch's own local Ray has no node anyone could drain and no autoscaler: Ray Train's
     # preemption watcher and autoscaling coordinator are left out there; the launcher's progress
     # board is not (this run can restart).
     import psutil
 
-    titles = [" ".join(p.cmdline()) for p in psutil.Process(proc.pid).children(recursive=True)]
+    # Only this launch's processes: another test's run may be training beside it (pytest -n 2).
+    children = psutil.Process(proc.pid).children(recursive=True)
+    titles = [" ".join(p.cmdline()) for p in children]
+    victims = [p.pid for p, t in zip(children, titles) if t.startswith("ray::RayTrainWorker")]
+    assert victims, "no Ray Train worker process found"
     assert any(t.startswith("ray::ProgressBoard") for t in titles), titles
     assert sum(t.startswith("ray::RayTrainWorker") for t in titles) == 2, titles
     assert not [t for t in titles if "PreemptionWatcher" in t or "AutoscalingCoordinator" in t], titles
