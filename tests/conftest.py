@@ -12,9 +12,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 # Tests never pick up a warm local Ray that a developer started with `launcher up`.
 # TensorFlow runs with the legacy tf.keras (tf-keras), selected before it is first imported.
 os.environ["TF_USE_LEGACY_KERAS"] = "1"
-# Under pytest-xdist (scripts/test runs the suite on two pytest workers) each worker keeps its own.
-os.environ["LAUNCHER_STATE_DIR"] = os.path.join(ROOT, ".pytest_cache", "launcher-state",
-                                                os.environ.get("PYTEST_XDIST_WORKER", "main"))
+os.environ["LAUNCHER_STATE_DIR"] = os.path.join(ROOT, ".pytest_cache", "launcher-state")
 
 
 @pytest.fixture(scope="session")
