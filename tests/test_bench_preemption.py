@@ -179,7 +179,9 @@ def test_bench_preemption_project_writes_the_table_and_plot(capsys, tmp_path):
 def test_bench_preemption_runs_the_ft_strategy_and_counts_it_in_samples(tmp_path):
     """The smallest run of the benchmark with --strategy ft, in a process of its own (the lab is a Ray
     cluster of its own): one node preempted with a short notice, replaced at once. Its replica
-    leaves the quorum and the replacement joins, no group restarts, nothing is trained twice."""
+    leaves the quorum and the replacement joins, no group restarts, nothing is trained twice.
+    This is also the test of --strategy ft under GCE's notice (tests/chaos/test_ft_chaos.py loses a
+    node without one)."""
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     done = subprocess.run([sys.executable, "-m", "launcher", "bench", "preemption", "--strategies", "ft",
@@ -192,6 +194,10 @@ def test_bench_preemption_runs_the_ft_strategy_and_counts_it_in_samples(tmp_path
     debug = (done.stdout, {k: r.get(k) for k in ("status", "error", "restarts", "quorum_changes",
                                                   "replicas_replaced", "nodes_removed", "samples_trained",
                                                   "samples_repeated")})
+    # The leaving replica told the driver of its notice, which asked for the replacement node then
+    # (Ray Train's own notice path is off for replica groups).
+    said = done.stdout + done.stderr
+    assert "preemption notice: Ray is draining" in said and "replacement node(s) now" in said, said[-3000:]
     assert r["strategy"] == "ft" and r["ft"] and r["nodes_removed"] == 1 and r["goodput"] is None, debug
     assert r["restarts"] == 0 and r["quorum_changes"] >= 2 and r["replicas_replaced"] >= 1, debug
     assert r["samples_trained"] > 0 and r["samples_repeated"] == 0 and r["samples_skipped"] == 0, debug
