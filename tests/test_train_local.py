@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import workloads
-from datafiles import write_cifar_tar, write_mnist_idx
+from datafiles import write_cifar_tar
 from launcher.storage.checkpoint import complete_checkpoints
 from launcher.cli.main import main
 from launcher.storage.runlog import read_jsonl
@@ -154,17 +154,16 @@ def test_cluster_too_small_is_rejected_before_start(ray_local, capsys, storage):
     assert not any(os.path.exists(os.path.join(storage, r, "launches.jsonl")) for r in runs)  # no launch began
 
 
+# One file workload (mnist-cnn's IDX files are read by the same path and checked without Ray in
+# test_workloads.py) and one synthetic one.
 @pytest.mark.parametrize("workload,extra,min_acc", [
-    ("mnist-cnn", ["--epochs", "2"], 0.7),
     ("cifar10-cnn", ["--epochs", "2"], 0.3),
     ("resnet18-synthetic", ["--param", "image_size=32", "--param", "num_samples=64", "--param", "num_classes=10",
                             "--batch-size", "8"], None),
 ])
 def test_file_and_synthetic_workloads_train(ray_local, capsys, storage, tmp_path, workload, extra, min_acc):
     data = []
-    if workload.startswith("mnist"):
-        data = ["--data", write_mnist_idx(str(tmp_path / "mnist"), n_train=1200, n_test=300, gz=True)]
-    elif workload.startswith("cifar"):
+    if workload.startswith("cifar"):
         data = ["--data", write_cifar_tar(str(tmp_path / "cifar-10-python.tar.gz"), per_batch=240, n_test=300)]
     code, s = launch(capsys, "--workload", workload, "--storage", storage, *data, *extra)
     assert code == 0 and s["status"] == "succeeded", s
