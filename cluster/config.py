@@ -36,13 +36,13 @@ from __future__ import annotations
 import textwrap
 from typing import Any
 
-from cluster import machines
+from cluster import machine_types, machines
 from cluster.machines import ACCELERATORS, machine_series, machine_vcpus
 from cluster.spec import HEAD_EXTRA_SCOPES, SCOPE_PREFIX, WORKER_SCOPES, ClusterSpec
 from launcher.errors import UserError
 
 # The head keeps one name whatever it runs on (it may share its machine type with the workers);
-# a worker type is named after its machine type (machines.MachineType.node_type).
+# a worker type is named after its machine type (machine_types.MachineType.node_type).
 HEAD_TYPE = "ray_head"
 REMOTE_SOURCE = "~/launcher"
 # Ray's GCP provider with its label cache kept current (cluster/gcp_provider.py says why), named as an
@@ -188,10 +188,10 @@ TENSORFLOW_ON_GPU = ("TensorFlow may run on the CPU of the GPU nodes: the pip te
                      "uses the GPUs.")
 
 
-def machine_type(spec: ClusterSpec, head: bool) -> machines.MachineType:
+def machine_type(spec: ClusterSpec, head: bool) -> machine_types.MachineType:
     """The machine type (and GPUs) of the head (head=True) or worker VMs."""
     accelerator, gpus = spec.node_accelerator(head)
-    return machines.of_node(spec.node_machine(head), accelerator, gpus)
+    return machine_types.of_node(spec.node_machine(head), accelerator, gpus)
 
 
 def _node_type(spec: ClusterSpec, head: bool) -> dict[str, Any]:

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from cluster import machines, zones
+from cluster import machine_types, machines, zones
 # Re-exported: the machine facts live in cluster.machines (one table), older callers import them from here.
 from cluster.machines import ACCELERATORS, bundled_gpus, machine_series, machine_vcpus  # noqa: F401
 from launcher import _deferred, schema
@@ -219,7 +219,7 @@ def _split_gpus(spec: "ClusterSpec") -> "ClusterSpec":
         text = getattr(spec, field)
         if "+" not in text:
             continue
-        parsed = machines.parse(text, flag)
+        parsed = machine_types.parse(text, flag)
         spec = dataclasses.replace(spec, **{field: parsed.machine})
         if parsed.machine in machines.GPU_MACHINES:
             continue  # the GPUs are the type's own

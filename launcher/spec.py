@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 import workloads
-from cluster import machines
+from cluster import machine_types
 from launcher import schema
 from launcher.errors import UserError
 from launcher.schema import option
@@ -282,7 +282,7 @@ class JobSpec:
 
     def _machine_types(self) -> tuple[str | None, str | None]:
         """--machine-type and --primary-machine-type checked and spelled one way (cluster.machines)."""
-        return tuple(str(machines.parse(value, _flag(name))) if value else None
+        return tuple(str(machine_types.parse(value, _flag(name))) if value else None
                      for name, value in (("machine_type", self.machine_type),
                                          ("primary_machine_type", self.primary_machine_type)))
 

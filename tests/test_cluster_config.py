@@ -378,11 +378,11 @@ def test_node_types_are_named_and_labelled_after_their_machine_type():
     ("a2-highgpu-2g+nvidia-tesla-a100", "a2-highgpu-2g+nvidia-tesla-a100x2", "a2-highgpu-2g-a100x2"),
 ])
 def test_machine_types_are_spelled_one_way(text, canonical, node_type):
-    from cluster import machines
+    from cluster import machine_types, machines
 
-    parsed = machines.parse(text)
+    parsed = machine_types.parse(text)
     assert (str(parsed), parsed.node_type) == (canonical, node_type)
-    assert machines.from_labels(parsed.labels) == parsed  # what a labelled node says it is
+    assert machine_types.from_labels(parsed.labels) == parsed  # what a labelled node says it is
 
 
 @pytest.mark.parametrize("text, message", [
@@ -394,10 +394,10 @@ def test_machine_types_are_spelled_one_way(text, canonical, node_type):
                                           "a2-highgpu-2g+nvidia-tesla-a100x2, or just a2-highgpu-2g"),
 ])
 def test_bad_machine_types_are_one_clear_error(text, message):
-    from cluster import machines
+    from cluster import machine_types, machines
 
     with pytest.raises(UserError) as err:
-        machines.parse(text, "--machine-type")
+        machine_types.parse(text, "--machine-type")
     assert message in str(err.value) and str(err.value).startswith(f"--machine-type {text}: ")
 
 
@@ -448,10 +448,10 @@ def test_machine_types_with_built_in_gpus_need_no_accelerator_flag(machine, node
     assert {"key": "install-nvidia-driver", "value": "True"} in nc["metadata"]["items"]
     assert config["worker_setup_commands"][0].startswith("timeout 300 bash -c 'until nvidia-smi")
     assert "whl/cpu" not in " ".join(config["worker_setup_commands"])  # CUDA torch wheels
-    from cluster import machines
+    from cluster import machine_types, machines
 
     # A run's --machine-type g2-standard-24 (its GPUs implied) finds this node type by its labels.
-    assert node["labels"] == machines.parse(machine).labels
+    assert node["labels"] == machine_types.parse(machine).labels
     assert node["labels"]["launcher/accelerator"].endswith(f"x{resources['GPU']}")
     nic = (nc.get("networkInterfaces") or [{}])[0]
     assert (nic.get("nicType") == "GVNIC") == gvnic
@@ -723,7 +723,7 @@ def test_what_does_not_exist_is_refused_offline_in_one_line(flags, said, capsys)
                                      # series the table does not list pass unchecked: never refuse a real type
                                      "c3-standard-22", "n4-standard-16", "c4-highmem-48", "n4-custom-4-16384"])
 def test_real_machine_types_pass(machine):
-    from cluster import machines
+    from cluster import machine_types, machines
 
     assert machines.machine_type_problem(machine) is None
     spec = ClusterSpec.from_mapping({**BASE, "worker_machine_type": machine, "provisioning": "spot"}).validated()

@@ -19,7 +19,7 @@ import sys
 import pytest
 import yaml
 
-from cluster import machines
+from cluster import machine_types
 from launcher.driver import placement
 from launcher.errors import UserError
 from launcher.spec import JobSpec
@@ -88,7 +88,7 @@ def test_the_cluster_files_node_types_count_before_their_nodes_are_up(cluster_ad
     path.write_text(yaml.safe_dump(ray_cluster_config(cluster_spec, "0.1.0")))
     # Only the head is up; the autoscaler starts T4 workers on demand.
     have = placement.cluster_machine_types([CPU4], str(path))
-    assert have == {machines.parse("n1-standard-4"), machines.parse("n1-standard-8+nvidia-tesla-t4x1")}
+    assert have == {machine_types.parse("n1-standard-4"), machine_types.parse("n1-standard-8+nvidia-tesla-t4x1")}
     placement.check(spec(machine_type="n1-standard-8+nvidia-tesla-t4x1"), [CPU4], print, str(path))
 
 

@@ -288,7 +288,8 @@ def _rehearse(args: argparse.Namespace) -> int:
 def _rehearse_up(config: dict, quotas: dict[str, float], stockout: tuple[str, ...], fail_setup: bool,
                  fresh: bool = False, join: bool = False) -> int:
     from launcher.lab.gcs_emulator import Emulator
-    from launcher.lab.ray_up import create_bucket, rehearse_up
+    from launcher.lab.ray_up import rehearse_up
+    from launcher.lab.up_report import create_bucket
 
     with tempfile.TemporaryDirectory(prefix="launcher-rehearsal-gcs-") as folder:
         emulator = Emulator(folder).start()

@@ -21,8 +21,8 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Iterable, Mapping
 
-from cluster import machines
-from cluster.machines import MachineType
+from cluster import machine_types
+from cluster.machine_types import MachineType
 from launcher import schema
 from launcher.errors import UserError
 
@@ -39,8 +39,8 @@ def on_cluster(address: str | None) -> bool:
 
 def wanted(spec) -> tuple[MachineType | None, MachineType | None]:
     """(rank 0's machine type, the other ranks') of a validated spec; None: any node."""
-    worker = machines.parse(spec.machine_type) if spec.machine_type else None
-    primary = machines.parse(spec.primary_machine_type) if spec.primary_machine_type else worker
+    worker = machine_types.parse(spec.machine_type) if spec.machine_type else None
+    primary = machine_types.parse(spec.primary_machine_type) if spec.primary_machine_type else worker
     return primary, worker
 
 
@@ -88,8 +88,8 @@ def check(spec, node_labels: Iterable[Mapping[str, str]], note: Callable[[str], 
 def cluster_machine_types(node_labels: Iterable[Mapping[str, str]], config_path: str = BOOTSTRAP_CONFIG
                           ) -> set[MachineType]:
     """The machine types of the alive nodes (their labels) and of the cluster file's node types."""
-    have = {machines.from_labels(labels) for labels in node_labels}
-    have |= {machines.from_labels(node.get("labels") or {}) for node in _file_node_types(config_path)}
+    have = {machine_types.from_labels(labels) for labels in node_labels}
+    have |= {machine_types.from_labels(node.get("labels") or {}) for node in _file_node_types(config_path)}
     return {m for m in have if m is not None}
 
 

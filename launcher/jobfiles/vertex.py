@@ -10,7 +10,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from cluster import machines
+from cluster import machine_types
 from launcher import schema
 from launcher.errors import UserError
 from launcher.jobfiles.common import NOTE_ACCOUNT, NOTE_DISKS, NOTE_NETWORK, NOTE_QUEUE, NOTE_TRACKING, \
@@ -265,7 +265,7 @@ def _accelerators(spec: MachineSpec | None) -> int:
         return spec.acceleratorCount
     if spec.machineType:
         try:
-            return machines.parse(spec.machineType).count
+            return machine_types.parse(spec.machineType).count
         except UserError:
             return 0
     return 0

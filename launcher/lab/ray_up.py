@@ -28,8 +28,9 @@ cluster up`` must fail, and the rehearsal checks it left nothing in the API.
 
 What the rehearsal's copy of the file changes, and why (also in
 docs/guides/compute-engine.md): :mod:`launcher.lab.up_copy`.
-Workers stay simulated: min_workers is 0 in the copy, and the run fits on
-the head, so the autoscaler launches none.
+Workers stay simulated (min_workers is 0 in the copy, and the run fits on
+the head) unless one worker VM is asked to join (``join``). What the rehearsal
+saw, and how it is said: :mod:`launcher.lab.up_report`.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass, field
 from typing import Callable
 
 import yaml
@@ -53,50 +53,18 @@ import yaml
 from cluster.compute import ENDPOINT_ENV
 from launcher import _deferred
 from launcher.errors import LauncherError, UserError
-from launcher.lab.compute_api import Call, ComputeAPI
+from launcher.lab.compute_api import ComputeAPI
 from launcher.lab.compute_world import World
 from launcher.lab.rehearsal import _rehearsal_copy, format_call
 from launcher.lab.sshd import LoopbackSSHD, free_port
-from launcher.lab.up_copy import (ON_WORKER, package_sources, prepare_vm_home, read_steps, snapshot_mounts,
-                                  up_copy, write_sitecustomize)
+from launcher.lab.up_copy import package_sources, prepare_vm_home, read_steps, snapshot_mounts, up_copy, write_sitecustomize
+from launcher.lab.up_report import UpReport, checkpoints, ray_processes, say_setup, up_summary
 from launcher.settings import REHEARSAL_KEEP
 
 HEAD_LABEL = ("ray-node-type", "head")  # the label Ray's GCP provider gives the head VM (TAG_RAY_NODE_KIND)
 LOOPBACK = "127.0.0.1"
 WORKER_IP = "127.0.0.2"  # the worker VM's address: another loopback address, its own sshd
 RUN_NAME = "rehearsal"
-
-@dataclass
-class UpReport:
-    """What the up -> run -> down rehearsal saw."""
-
-    stages: list[tuple[str, float]] = field(default_factory=list)
-    commands: list[tuple[str, str]] = field(default_factory=list)  # (command, "ran" | "skipped: why" | ...)
-    job_status: str = ""
-    checkpoints: list[str] = field(default_factory=list)
-    left: list[str] = field(default_factory=list)  # VMs, then disks
-    ray_left: list[str] = field(default_factory=list)
-    calls: list[Call] = field(default_factory=list)
-    steps: list[tuple[str, float, int]] = field(default_factory=list)  # the head's setup: (command, s, exit)
-    worker_steps: list[tuple[str, float, int]] = field(default_factory=list)  # the worker VM's, when one joins
-    join: str = ""  # the worker type one VM of which joins the head ("" none: workers simulated)
-    joined_s: float | None = None  # from the head's start to the worker's Ray node in `ray status`
-    fresh: bool = False  # the head's venv was made and installed by its own setup commands
-    injected: str = ""  # the failure asked for ("" none)
-    failed_as_injected: bool = False  # `launcher cluster up` failed, as it had to
-
-    def worker_inserts(self) -> int:
-        """Worker VMs the autoscaler inserted: one when a worker joins and stays, more when it was replaced."""
-        return sum(1 for c in self.calls if c.verb == "insert" and not c.refusal and "-worker-" in c.target)
-
-    @property
-    def ok(self) -> bool:
-        clean = not self.left and not self.ray_left
-        if self.injected:
-            return self.failed_as_injected and clean
-        joined = not self.join or (self.joined_s is not None and self.worker_inserts() == 1)
-        return self.job_status == "SUCCEEDED" and bool(self.checkpoints) and clean and joined
-
 
 class RehearsalFailed(LauncherError):
     """A stage of the rehearsal failed (its output's end is printed before)."""
@@ -318,7 +286,7 @@ def _up_run_down(config, api, sshd, paths, ray_tmp, report, emulator_url, bucket
                 stages.run("cluster-up", up_command, env, timeout_s, _ray_step)
             finally:
                 report.steps = read_steps(paths["vm"], [c for c, _ in report.commands])
-                _say_setup(report, say)
+                say_setup(report, say)
         dashboard = f"http://127.0.0.1:{ports['dashboard']}"
         _wait_dashboard(dashboard, 60)
         if worker:
@@ -353,22 +321,6 @@ def _up_run_down(config, api, sshd, paths, ray_tmp, report, emulator_url, bucket
                 _down(stages, launcher, cluster_file, env, timeout_s, api, ray_tmp, report, say)
         raise
     _down(stages, launcher, cluster_file, env, timeout_s, api, ray_tmp, report, say)
-
-
-def _say_setup(report: UpReport, say: Callable[[str], None]) -> None:
-    """Each setup command: what the rehearsal did with it and, where it ran, how long it took."""
-    took = {command: (seconds, rc) for command, seconds, rc in report.steps}
-    for command, what in report.commands:
-        if what.startswith(ON_WORKER):  # said with the worker's own times when it has joined
-            continue
-        seconds, rc = took.get(command, (None, 0))
-        when = "" if seconds is None else f"[{seconds:5.1f} s{f', exit {rc}' if rc else ''}] "
-        say(f"   setup: {when}{what}: {command}")
-    if report.steps:
-        head = {c: what for c, what in report.commands if not what.startswith(ON_WORKER)}
-        ran = [s for c, s, _ in report.steps if head.get(c) == "ran"]
-        say(f"   the head's setup commands took {sum(s for _, s, _ in report.steps):.1f} s "
-            f"({len(ran)} ran{', in a fresh venv' if report.fresh else ''})")
 
 
 def _check_worker_port() -> None:
@@ -466,64 +418,3 @@ def _wait_dashboard(url: str, timeout_s: float) -> None:
                 raise RehearsalFailed(f"the head's dashboard at {url} did not answer in {timeout_s:.0f} s",
                                       "see the head's logs under RAY_TMPDIR") from None
             time.sleep(0.5)
-
-
-def _emulator_client(emulator_url: str):
-    from google.auth.credentials import AnonymousCredentials
-    from google.cloud import storage
-
-    return storage.Client(project="rehearsal", credentials=AnonymousCredentials(),
-                          client_options={"api_endpoint": emulator_url})
-
-
-def create_bucket(emulator_url: str, bucket: str) -> None:
-    """A bucket in the Cloud Storage emulator at ``emulator_url`` for the rehearsal's run."""
-    _emulator_client(emulator_url).create_bucket(bucket)
-
-
-def checkpoints(emulator_url: str, bucket: str, prefix: str) -> list[str]:
-    """The checkpoint objects under gs://BUCKET/PREFIX in the emulator."""
-    client = _emulator_client(emulator_url)
-    return sorted(b.name for b in client.list_blobs(bucket, prefix=prefix + "/") if "checkpoint" in b.name)
-
-
-def ray_processes(ray_tmp: str) -> list[str]:
-    """Processes whose command line names the rehearsal's Ray folder (raylet, GCS, workers, dashboard)."""
-    folder = os.path.join(ray_tmp, "ray") + os.sep
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if folder in cmdline:
-            found.append(f"{pid} {cmdline[:120]}")
-    return found
-
-
-def up_summary(report: UpReport) -> str:
-    took = sum(s for _, s in report.stages)
-    inserts = [c for c in report.calls if c.verb == "insert" and not c.refusal]
-    deletes = [c for c in report.calls if c.verb == "delete" and not c.refusal]
-    outcome = (f"injected {report.injected}: `launcher cluster up` "
-               f"{'failed as it had to' if report.failed_as_injected else 'did not fail'}" if report.injected else
-               f"run {report.job_status or 'not finished'}, {len(report.checkpoints)} checkpoint object(s) in the "
-               "emulator")
-    lines = [f"summary: {'OK' if report.ok else 'FAILED'} in {took:.0f} s; {len(report.calls)} API requests, "
-             f"{len(inserts)} VM insert(s), {len(deletes)} delete(s); {outcome}",
-             f"  left in the API: {', '.join(report.left) or 'nothing'}; Ray processes left: "
-             f"{len(report.ray_left) or 'none'}"]
-    if report.join and report.joined_s is not None:
-        lines.append(f"  a {report.join} worker VM joined the head {report.joined_s:.0f} s after `ray up` began "
-                     f"(its setup commands {sum(s for _, s, _ in report.worker_steps):.1f} s)")
-        if report.worker_inserts() > 1:
-            lines.append(f"  but the autoscaler inserted {report.worker_inserts()} worker VMs for it: the worker "
-                         "was deleted and replaced (Ray's own GCP provider does that: cluster/gcp_provider.py)")
-    elif report.join:
-        lines.append(f"  no {report.join} worker VM joined the head")
-    elif not report.injected:
-        lines.append("  workers stayed simulated (min_workers 0 in the rehearsal's copy; the run fits on the head)")
-    return "\n".join(lines)
