@@ -3,7 +3,7 @@
 ``torchrun --nproc-per-node 2 benchmarks/torchrun_session.py --workload digits-mlp`` trains
 with the same data, model, optimizer, batch size and loop code as ``launcher run`` (the
 managed loop and a user's training function both run on a session: here
-:class:`launcher.worker.session.BareSession`, the same session less Ray, checkpoints and
+:class:`launcher.worker.bare.BareSession`, the same session less Ray, checkpoints and
 preemption polls), so a benchmark compares launchers, not training code. Rank 0 prints
 one JSON line with its timings and the last epoch's metrics.
 """

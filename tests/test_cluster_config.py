@@ -378,7 +378,7 @@ def test_node_types_are_named_and_labelled_after_their_machine_type():
     ("a2-highgpu-2g+nvidia-tesla-a100", "a2-highgpu-2g+nvidia-tesla-a100x2", "a2-highgpu-2g-a100x2"),
 ])
 def test_machine_types_are_spelled_one_way(text, canonical, node_type):
-    from cluster import machine_types, machines
+    from cluster import machine_types
 
     parsed = machine_types.parse(text)
     assert (str(parsed), parsed.node_type) == (canonical, node_type)
@@ -394,7 +394,7 @@ def test_machine_types_are_spelled_one_way(text, canonical, node_type):
                                           "a2-highgpu-2g+nvidia-tesla-a100x2, or just a2-highgpu-2g"),
 ])
 def test_bad_machine_types_are_one_clear_error(text, message):
-    from cluster import machine_types, machines
+    from cluster import machine_types
 
     with pytest.raises(UserError) as err:
         machine_types.parse(text, "--machine-type")
@@ -448,7 +448,7 @@ def test_machine_types_with_built_in_gpus_need_no_accelerator_flag(machine, node
     assert {"key": "install-nvidia-driver", "value": "True"} in nc["metadata"]["items"]
     assert config["worker_setup_commands"][0].startswith("timeout 300 bash -c 'until nvidia-smi")
     assert "whl/cpu" not in " ".join(config["worker_setup_commands"])  # CUDA torch wheels
-    from cluster import machine_types, machines
+    from cluster import machine_types
 
     # A run's --machine-type g2-standard-24 (its GPUs implied) finds this node type by its labels.
     assert node["labels"] == machine_types.parse(machine).labels
@@ -723,7 +723,7 @@ def test_what_does_not_exist_is_refused_offline_in_one_line(flags, said, capsys)
                                      # series the table does not list pass unchecked: never refuse a real type
                                      "c3-standard-22", "n4-standard-16", "c4-highmem-48", "n4-custom-4-16384"])
 def test_real_machine_types_pass(machine):
-    from cluster import machine_types, machines
+    from cluster import machines
 
     assert machines.machine_type_problem(machine) is None
     spec = ClusterSpec.from_mapping({**BASE, "worker_machine_type": machine, "provisioning": "spot"}).validated()

@@ -1,7 +1,7 @@
 """The training session's state, in one process (no Ray): what a checkpoint holds and restores.
 
 A real single-process gloo group stands in for the workers; the session is
-:class:`launcher.worker.session.BareSession` (the training session less Ray), so
+:class:`launcher.worker.bare.BareSession` (the training session less Ray), so
 these run in the fast tier. The loader's order is checked to resume at the exact
 batch, a checkpoint to round-trip every registered state and the RNG streams, and a
 checkpoint written by the managed loop before it ran on the session to restore.

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from importlib import metadata
 from typing import Any
 
-from cluster import machine_types, machines
+from cluster import machine_types
 from launcher import schema
 from launcher.errors import UserError
 from launcher.schema import option
@@ -115,7 +115,7 @@ def _shown(value: Any) -> str:
 
 
 def _spelled(text: str) -> str:
-    """A machine type as --machine-type spells it (cluster.machines); bad ones are left for the
+    """A machine type as --machine-type spells it (cluster.machine_types); bad ones are left for the
     spec's own check, which names the flag."""
     try:
         return str(machine_types.parse(text))

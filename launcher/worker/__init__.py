@@ -15,7 +15,7 @@ from launcher._lazy import lazy_exports  # noqa: E402
 __all__, __getattr__ = lazy_exports(__name__, {
     "train_loop_per_worker": "launcher.worker.entry",
     "TorchSession": "launcher.worker.session",
-    "BareSession": "launcher.worker.session",
+    "BareSession": "launcher.worker.bare",
     "TFSession": "launcher.worker.tf_session",
     "managed": "launcher.worker.torch_loop",
     "train_workload": "launcher.worker.torch_loop",

@@ -49,6 +49,7 @@ from launcher.storage.checkpoint import read_manifest
 from launcher.worker.formats import TORCH_OPTIMIZER_FILE, torch_rng_file
 from launcher.worker.loader import ResumableLoader, SessionError, user_line
 from launcher.worker.loop import Position
+from launcher.worker import torch_rng
 from launcher.worker.strategies import STATE_FILE, NothingLeft, strategy_for
 from launcher.worker.usersession import UserSession
 
@@ -58,34 +59,6 @@ def _unwrap(model):
     from torch.nn.parallel import DistributedDataParallel
 
     return model.module if isinstance(model, DistributedDataParallel) else model
-
-
-def _rng_states() -> dict[str, Any]:
-    import torch
-
-    states = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
-
-
-def _set_rng_states(states: dict[str, Any]) -> None:
-    import torch
-
-    torch.set_rng_state(states["torch"])
-    if "numpy" in states:
-        np.random.set_state(states["numpy"])
-        random.setstate(states["python"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-
-
-def _seed_all(seed: int) -> None:
-    import torch
-
-    torch.manual_seed(seed)
-    np.random.seed(seed % 2**32)
-    random.seed(seed)
 
 
 class TorchSession(UserSession):
@@ -113,7 +86,7 @@ class TorchSession(UserSession):
         self._prepared = False
         self._example: tuple | None = None  # rank 0: the model's first inputs, 2 rows, for the export
         self._example_hook = None
-        _seed_all(spec.seed)  # the same initial weights on every rank
+        torch_rng.seed_all(spec.seed)  # the same initial weights on every rank
 
     # -- the run's facts -------------------------------------------------------------------
     @property
@@ -354,7 +327,7 @@ class TorchSession(UserSession):
                                "run did not register; register the same objects as the run that wrote it")
         self._settle_position()
         if self._rng is not None:
-            _set_rng_states(self._rng)
+            torch_rng.set_states(self._rng)
             self._rng = None
         else:  # a per-rank stream for dropout and augmentation, as the managed loop
             torch.manual_seed(self.spec.seed * 1000 + self.rank + 1)
@@ -451,7 +424,7 @@ class TorchSession(UserSession):
         import torch
 
         rng = os.path.join(directory, torch_rng_file(self.rank))
-        torch.save({"rng": _rng_states(), "epoch": self._epoch_so_far()}, rng)
+        torch.save({"rng": torch_rng.states(), "epoch": self._epoch_so_far()}, rng)
         return rng
 
     def can_salvage(self) -> bool:
@@ -492,27 +465,3 @@ class TorchSession(UserSession):
         if self.pos.step_in_epoch:
             self._carried = carried
             self._resume = (int(info.get("batches", 0)), manifest.cursor)
-
-
-class BareSession(TorchSession):
-    """The same session without Ray, for a process that torchrun or horovodrun started: the
-    benchmarks' bare twin of a launcher run, or a quick try of a training function. It trains
-    and keeps its reports in :attr:`reports`; it takes no checkpoint and polls for no notice."""
-
-    def __init__(self, spec: JobSpec, comm, function: Any = None) -> None:
-        super().__init__(spec, comm, function)
-        self.reports: list[dict[str, Any]] = []
-
-    @property
-    def local_rank(self) -> int:
-        return int(os.environ.get("LOCAL_RANK", os.environ.get("HOROVOD_LOCAL_RANK", "0")))
-
-    def send(self, metrics: dict[str, Any], checkpoint: bool = True) -> None:
-        self.reports.append({**metrics, "epoch": self.pos.epoch, "global_step": self.pos.global_step})
-
-    def preemption_action(self) -> str | None:
-        return None
-
-    def start(self, config: dict[str, Any] | None = None, started: float | None = None) -> None:
-        self.marks["worker_ready"] = time.time()
-        self.run_function()
