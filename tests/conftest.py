@@ -17,10 +17,16 @@ os.environ["LAUNCHER_STATE_DIR"] = os.path.join(ROOT, ".pytest_cache", "launcher
 
 @pytest.fixture(scope="session")
 def ray_local():
-    """A real local Ray with 2 CPUs, shared by every integration test (start-up is slow)."""
+    """A real local Ray with 2 CPUs, shared by every integration test (start-up is slow), set up as
+    a launch's own local Ray is: no idle workers started ahead, and without the daemons nobody
+    reads (during a whole suite the log monitor alone took 2.6 % of a core: 27 s in 17 minutes)."""
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    from launcher.driver import session
+
+    with session.environ(session.LOCAL_RAY_ENV):
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR")
+    session._stop_daemons(*session.IDLE_DAEMONS)
     yield ray
     ray.shutdown()
 
