@@ -21,7 +21,8 @@ import pytest
 
 from launcher.storage import Storage
 from launcher.storage.checkpoint import complete_checkpoints
-from launcher.worker.ft import QuorumOrder, leave_now
+from launcher.worker.ft import leave_now
+from launcher.worker.ft_order import QuorumOrder
 from launcher.worker.order import GlobalOrder
 from test_session import assert_same_epochs, finish, launch, stop_after_step_checkpoint
 from test_user_workloads import write

@@ -6,7 +6,7 @@ optimizer step is one torchft step: the replicas that ask for it form a *quorum*
 leaves out one whose manager fell silent), its gradients are averaged over the quorum, and the
 step is *committed* on every replica whose collectives went through, or else retried.
 
-What a step trains is the launcher's (:class:`QuorumOrder`), not torchft's sampler (which drops a
+What a step trains is the launcher's (:class:`~launcher.worker.ft_order.QuorumOrder`), not torchft's sampler (which drops a
 missing replica's share): the step's global batch is the next ``batch_size x participants``
 samples of the run's global order from the epoch's *cursor*, split over the replicas in the
 quorum; the cursor moves on by those samples when the step commits, and a step that does not
@@ -47,9 +47,9 @@ from launcher.storage import Storage
 from launcher.storage.checkpoint import MANIFEST, Manifest, prune, write_manifest
 from launcher.summary import Preempting, Report, event_to_json
 from launcher.worker import ranklog
+from launcher.worker.ft_order import QuorumOrder
 from launcher.worker.loader import BatchOrder, SessionError, user_line
 from launcher.worker.loop import Position
-from launcher.worker.order import GlobalOrder
 from launcher.worker.strategies import NothingLeft, Replicated
 
 # A collective (a gradient allreduce, a heal's transfer) that a peer never joins gives up after
@@ -84,71 +84,6 @@ def leave_now(deadline_ms: int | None, now: float, step_s: float) -> bool:
     if deadline_ms is None:
         return True
     return deadline_ms / 1000 - now <= LEAVE_MIN_S + 2 * step_s
-
-
-class QuorumOrder(BatchOrder):
-    """The training loader's batches under ``ft`` (see the module docstring): each draw forms the
-    step's quorum first, then takes this replica's share of the step's global batch."""
-
-    def __init__(self, strategy: "FaultTolerant", *args: Any) -> None:
-        super().__init__(*args)
-        self.strategy = strategy
-        self.cursor = 0     # samples of the epoch that committed steps trained
-        self.pending = 0    # the global batch of the step under way, counted when it commits
-        self.over = False   # the epoch's last step committed
-        self.handed = 0     # batches handed out in the epoch (retried ones too), as the loader counts
-        self._permutation: tuple[int, np.ndarray] | None = None
-
-    def resume_at(self, batches: int, cursor: int | None) -> None:
-        self.cursor = cursor if cursor is not None else self.order.cursor_after(0, self.strategy.replicas, batches)
-
-    def epoch_over(self) -> None:
-        self.cursor = self.pending = self.handed = 0
-        self.over = False
-
-    def __len__(self) -> int:
-        """The loader's batches: those handed out, and once the epoch is over no more (what
-        the session's end-of-epoch test reads); until then an estimate at the current quorum."""
-        participants = self.strategy.participants or self.strategy.replicas
-        return self.handed if self.over else self.handed + max(1, self.order.batches_left(self.cursor, participants))
-
-    def epoch_length(self) -> int:
-        return self.order.batches_left(0, self.strategy.replicas)
-
-    def cursor_at(self, batch: int) -> int:
-        return self.cursor
-
-    def size_of(self, b: int) -> int:
-        return 0  # a step's samples count when it commits (commit), whoever trained them
-
-    def commit(self, participants: int) -> None:
-        """The step under way committed: the cursor moves on by its global batch; the epoch is over
-        when no global batch of this quorum's size is left (at most ``participants - 1`` samples,
-        which wait for the next epoch's order, as in :mod:`launcher.worker.order`)."""
-        self.cursor += self.pending
-        self.session._samples += self.pending
-        self.pending = 0
-        self.over = self.cursor >= self.order.end(self.cursor, participants)
-
-    def permutation(self, epoch: int) -> np.ndarray:
-        if self._permutation is None or self._permutation[0] != epoch:
-            self._permutation = (epoch, self.order.permutation(epoch))
-        return self._permutation[1]
-
-    def __iter__(self):
-        s = self.session
-        self.handed = self.start
-        while not self.over:
-            participants, rank = self.strategy.begin_step()  # may heal: position and cursor change
-            end = self.order.end(self.cursor, participants)
-            if self.cursor >= end:  # nothing left for a quorum this size (it grew at the epoch's end)
-                self.over = True
-                return
-            span = self.order.batch_size * participants
-            global_batch = self.permutation(s.pos.epoch)[self.cursor:min(self.cursor + span, end)]
-            self.pending = len(global_batch)
-            self.handed += 1
-            yield GlobalOrder.share(global_batch, rank, participants).tolist()
 
 
 def _comm_hook(manager, bucket):
