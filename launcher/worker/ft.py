@@ -6,9 +6,9 @@ optimizer step is one torchft step: the replicas that ask for it form a *quorum*
 leaves out one whose manager fell silent), its gradients are averaged over the quorum, and the
 step is *committed* on every replica whose collectives went through, or else retried.
 
-What a step trains is the launcher's (:class:`~launcher.worker.ft_order.QuorumOrder`), not torchft's sampler (which drops a
-missing replica's share): the step's global batch is the next ``batch_size x participants``
-samples of the run's global order from the epoch's *cursor*, split over the replicas in the
+What a step trains is the launcher's (:class:`~launcher.worker.ft_order.QuorumOrder`), not
+torchft's sampler (which drops a missing replica's share): the step's global batch is the next
+``batch_size x participants`` samples of the run's global order from the epoch's *cursor*, split over the replicas in the
 quorum; the cursor moves on by those samples when the step commits, and a step that does not
 commit is drawn again from the same cursor. Each replica keeps its batch size (``--batch-size``
 is per replica): with fewer replicas a step trains fewer samples and an epoch takes more steps;
@@ -32,7 +32,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import random
 import shutil
 import tempfile
 import time
@@ -46,7 +45,7 @@ from launcher import _ray
 from launcher.storage import Storage
 from launcher.storage.checkpoint import MANIFEST, Manifest, prune, write_manifest
 from launcher.summary import Preempting, Report, event_to_json
-from launcher.worker import ranklog
+from launcher.worker import ranklog, torch_rng
 from launcher.worker.ft_order import QuorumOrder
 from launcher.worker.loader import BatchOrder, SessionError, user_line
 from launcher.worker.loop import Position
@@ -68,12 +67,7 @@ LEAVE_MIN_S = 3.0            # a replica with notice leaves the quorum this long
 
 def _seed_step(seed: int, step: int, rank: int) -> None:
     """The random streams of a step: a function of the seed, the step and the rank in its quorum."""
-    import torch
-
-    value = int(np.random.default_rng([seed, step, rank, 0x7F7]).integers(2**62))
-    torch.manual_seed(value)
-    np.random.seed(value % 2**32)
-    random.seed(value)
+    torch_rng.seed_all(int(np.random.default_rng([seed, step, rank, 0x7F7]).integers(2**62)))
 
 
 def leave_now(deadline_ms: int | None, now: float, step_s: float) -> bool:

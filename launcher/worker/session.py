@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import gc
 import os
-import random
 import time
 from typing import Any, Callable
 
@@ -46,10 +45,10 @@ import numpy as np
 from launcher.spec import JobSpec
 from launcher.storage import Storage
 from launcher.storage.checkpoint import read_manifest
+from launcher.worker import torch_rng
 from launcher.worker.formats import TORCH_OPTIMIZER_FILE, torch_rng_file
 from launcher.worker.loader import ResumableLoader, SessionError, user_line
 from launcher.worker.loop import Position
-from launcher.worker import torch_rng
 from launcher.worker.strategies import STATE_FILE, NothingLeft, strategy_for
 from launcher.worker.usersession import UserSession
 
@@ -311,8 +310,6 @@ class TorchSession(UserSession):
     # -- the loop --------------------------------------------------------------------------
     def _begin(self) -> None:
         """Before the first step: a model registered, the RNG streams set (restored)."""
-        import torch
-
         if self.model_name is None:
             raise SessionError(f"`session.epochs()` at {user_line()} before any model was registered: call "
                                "session.register(model=model, optimizer=optimizer, ...) first, so checkpoints "
@@ -330,9 +327,7 @@ class TorchSession(UserSession):
             torch_rng.set_states(self._rng)
             self._rng = None
         else:  # a per-rank stream for dropout and augmentation, as the managed loop
-            torch.manual_seed(self.spec.seed * 1000 + self.rank + 1)
-            np.random.seed((self.spec.seed * 1000 + self.rank + 1) % 2**32)
-            random.seed(self.spec.seed * 1000 + self.rank + 1)
+            torch_rng.seed_all(self.spec.seed * 1000 + self.rank + 1)
         self.say_unregistered()
         if self.rank == 0 and "worker_ready" not in self.marks:
             # The checkpoint was found before the training code built its data and model, and
