@@ -97,6 +97,38 @@ def test_a_checkpoint_round_trips_every_registered_state_and_the_rng(comm, tmp_p
     assert torch.equal(torch.rand(4), after)
 
 
+def test_state_alive_but_not_registered_is_named_and_registered_state_is_not(comm):
+    """What a resumed run would lose is found among the process's live objects: an optimizer
+    and a scheduler nobody registered are named with the register call that keeps them; what is
+    registered, a disabled GradScaler (no state) and an optimizer that a registered wrapper
+    stands in for (Horovod's) are not; an optimizer the loop dropped in a reference cycle is no
+    state of the run."""
+    import gc
+
+    s = session(comm)
+    model, optimizer, scheduler = build()
+    s.register(model=model)
+    disabled = torch.amp.GradScaler("cpu", enabled=False)
+    said = s.unregistered()
+    assert len(said) == 2, said
+    assert said[0].startswith("the LR scheduler StepLR is not registered") and \
+        "session.register(scheduler=...)" in said[0], said
+    assert said[1].startswith("the optimizer Adam is not registered") and \
+        "session.register(optimizer=...)" in said[1], said
+
+    s.register(optimizer=optimizer, scheduler=scheduler)
+    given = torch.optim.SGD(model.parameters(), lr=0.1)
+    wrapper = torch.optim.SGD(model.parameters(), lr=0.1)
+    s._stand_ins[id(given)] = wrapper  # as prepare() records Horovod's wrapper of the given one
+    s.register(wrapped=wrapper)
+    dropped = torch.optim.SGD(model.parameters(), lr=0.1)
+    dropped.cycle = dropped  # only a collection frees it
+    del dropped
+    assert s.unregistered() == []
+    assert disabled is not None and given is not None
+    gc.collect()
+
+
 def test_a_registered_object_without_state_is_one_line(comm):
     from launcher.worker.loader import SessionError
 

@@ -30,6 +30,7 @@ def launch(capsys, *argv: str) -> tuple[int, dict]:
     out, err = capsys.readouterr()
     lines = [line for line in out.splitlines() if line.strip()]
     assert len(lines) == 1, f"stdout must hold exactly one JSON object:\n{out}\nstderr:\n{err}"
+    assert "a resumed run will not be exact" not in err, err  # the managed loop registers all its state
     return code, json.loads(lines[0])
 
 

@@ -35,7 +35,6 @@ registers it like any other state: ``session.register(loader=stateful_loader)``.
 
 from __future__ import annotations
 
-import gc
 import os
 import time
 from typing import Any, Callable
@@ -50,7 +49,7 @@ from launcher.worker.formats import TORCH_OPTIMIZER_FILE, torch_rng_file
 from launcher.worker.loader import ResumableLoader, SessionError, user_line
 from launcher.worker.loop import Position
 from launcher.worker.strategies import STATE_FILE, NothingLeft, strategy_for
-from launcher.worker.usersession import UserSession
+from launcher.worker.usersession import UserSession, unregistered_objects
 
 
 def _unwrap(model):
@@ -346,19 +345,16 @@ class TorchSession(UserSession):
                   "scheduler"),
                  (torch.amp.GradScaler, "GradScaler", "its loss scale starts over", "scaler"))
         registered = {id(o) for o in self.objects.values()}
-        gc.collect()  # objects the loop dropped are no state of the run
+
+        def kept(obj) -> bool:  # registered, stood in for by a registered one, or without state
+            return (id(obj) in registered or id(self._stand_ins.get(id(obj))) in registered
+                    or (isinstance(obj, torch.amp.GradScaler) and not obj.is_enabled()))
+
         found: dict[int, str] = {}
-        for obj in gc.get_objects():
-            for kind, what, why, name in kinds:
-                # type(), not isinstance: a proxy's __class__ can run code (and warn) when asked
-                if not issubclass(type(obj), kind) or id(obj) in registered or id(obj) in found:
-                    continue
-                if id(self._stand_ins.get(id(obj))) in registered:
-                    continue
-                if isinstance(obj, torch.amp.GradScaler) and not obj.is_enabled():
-                    continue  # a disabled scaler has no state
-                found[id(obj)] = f"the {what} {type(obj).__name__} is not registered ({why}; " \
-                                 f"session.register({name}=...) keeps it)"
+        for obj in unregistered_objects(tuple(k[0] for k in kinds), kept):
+            what, why, name = next(k[1:] for k in kinds if issubclass(type(obj), k[0]))
+            found[id(obj)] = f"the {what} {type(obj).__name__} is not registered ({why}; " \
+                             f"session.register({name}=...) keeps it)"
         return sorted(found.values())
 
     # -- checkpoints -------------------------------------------------------------------------

@@ -40,7 +40,6 @@ whose) and each rank's running metrics. The final one exports the model
 from __future__ import annotations
 
 import concurrent.futures
-import gc
 import json
 import os
 import time
@@ -57,7 +56,7 @@ from launcher.worker.loader import SessionError, user_line
 from launcher.worker import tf_keras
 from launcher.worker.loop import Position
 from launcher.worker.tf_data import EpochData
-from launcher.worker.usersession import UserSession
+from launcher.worker.usersession import UserSession, unregistered_objects
 
 
 def configure_tensorflow(threads: int) -> None:
@@ -162,13 +161,10 @@ class TFSession(UserSession):
         kinds = tuple(k for k in (keras().optimizers.Optimizer,
                                   getattr(getattr(keras().optimizers, "legacy", None), "Optimizer", None)) if k)
         registered = {id(o) for o in self.objects.values()}
-        gc.collect()
-        found = {}
-        for obj in gc.get_objects():
-            if (issubclass(type(obj), kinds) and id(obj) not in registered
-                    and id(self._stand_ins.get(id(obj))) not in registered):
-                found[id(obj)] = (f"the optimizer {type(obj).__name__} is not registered (its slots and "
-                                  "iteration count start afresh; session.register(optimizer=...) keeps it)")
+        found = {id(obj): (f"the optimizer {type(obj).__name__} is not registered (its slots and iteration "
+                           "count start afresh; session.register(optimizer=...) keeps it)")
+                 for obj in unregistered_objects(kinds, lambda o: id(o) in registered
+                                                 or id(self._stand_ins.get(id(o))) in registered)}
         return sorted(found.values())
 
     def weights_digest(self) -> str:

@@ -14,6 +14,7 @@ a user's loop has.
 from __future__ import annotations
 
 import abc
+import gc
 import math
 import os
 import sys
@@ -30,6 +31,30 @@ from launcher.worker.loader import SessionError, user_line
 from launcher.worker.loop import Session
 from launcher.worker.timing import breakdown, own_row
 from launcher.worker.usage import memory_report, peak_memory_mb
+
+
+def unregistered_objects(kinds: tuple[type, ...], registered: Callable[[Any], bool]) -> list[Any]:
+    """The objects alive in this process whose type is one of ``kinds`` (or a subclass of one)
+    and that ``registered`` does not claim. One walk over the collector's objects, each type
+    classified once: in a worker holding torch and Ray (~400 k objects) that is ~0.1 s, against
+    ~0.4 s for an ``issubclass`` per object after a full collection. The collection (which drops
+    an object only a reference cycle kept alive) runs only when the walk found something."""
+    def walk() -> list[Any]:
+        verdict: dict[type, bool] = {}
+        found = []
+        for obj in gc.get_objects():
+            kind = type(obj)  # type(), not __class__: a proxy's __class__ can run code (and warn)
+            is_one = verdict.get(kind)
+            if is_one is None:
+                is_one = verdict[kind] = issubclass(kind, kinds)
+            if is_one and not registered(obj):
+                found.append(obj)
+        return found
+
+    if not walk():
+        return []
+    gc.collect()  # objects the loop dropped are no state of the run
+    return walk()
 
 
 class UserSession(Session):
