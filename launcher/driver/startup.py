@@ -93,9 +93,12 @@ def begin_cli() -> None:
 
 
 def begin_run() -> None:
-    """Forget the marks of an earlier run in this process (tests, notebooks)."""
+    """Forget the marks of an earlier run in this process (tests, notebooks). The process's
+    start and the command line's entry count only for the first run after :func:`begin_cli`:
+    a second run in one process starts its checks when it is called."""
+    keep = ("process_start", "cli_main") if "checks_done" not in MARKS else ()
     for key in list(MARKS):
-        if key not in ("process_start", "cli_main"):
+        if key not in keep:
             del MARKS[key]
     mark("cli_main")
 
