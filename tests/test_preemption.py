@@ -248,7 +248,7 @@ def test_demo_takes_what_run_takes(tmp_path):
 
 
 def test_node_keys_tell_a_fake_clusters_nodes_apart():
-    from launcher.worker.loop import node_key
+    from launcher.worker.salvage import node_key
 
     fake = [f"{'f' * 50}{i:06d}" for i in range(1, 5)]  # the lab's nodes: f...f000001, f...f000002, ...
     keys = [node_key(n) for n in fake]
