@@ -17,8 +17,8 @@ from launcher.cli.run import format_summary
 from launcher.errors import Unreachable, UserError
 from launcher.storage import Storage
 from launcher.storage.runlog import RunLog, read_jsonl
-from launcher.storage.tracking import (RECORD_FILE, Tracking, check_store_reach, params_of, report_metrics,
-                                       store_uri)
+from launcher.storage.tracking import RECORD_FILE, Tracking, check_store_reach, store_uri
+from launcher.storage.tracking_values import params_of, report_metrics
 from launcher.storage.uri import normalize_tracking
 from launcher.summary import RunStatus, RunSummary
 

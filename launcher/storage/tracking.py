@@ -41,10 +41,10 @@ from urllib.parse import urlsplit
 
 from launcher import _deferred
 from launcher.errors import Unreachable, UserError
-from launcher.measures import pick_metrics
 from launcher.storage.runlog import read_jsonl
 from launcher.storage.store import Storage
-from launcher.summary import TIME_PHASES, USAGE_FIELDS, RunStatus
+from launcher.storage.tracking_values import metric_key, number, params_of, report_metrics, summary_metrics
+from launcher.summary import USAGE_FIELDS, RunStatus
 
 RECORD_FILE = "mlflow.jsonl"
 RUN_DIR_TAG = "launcher.run_dir"
@@ -54,10 +54,6 @@ BATCH = 1000  # MLflow's most metrics in one log_batch
 # A tracking server that does not answer is given up on in seconds, not MLflow's minutes of retries
 # (the user's own settings win).
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
-# The report's numbers worth a chart beside the metrics (the rest of its bookkeeping is not).
-REPORT_NUMBERS = ("epoch", "samples_per_s", "world_size", "data_wait_fraction", "peak_rss_mb_max", "peak_gpu_mb_max")
-SUMMARY_NUMBERS = ("samples_per_s", "wall_s", "steps_lost", "time_lost_s", "restarts", "preemptions",
-                   "preemption_notices", "epochs_completed", "steps_completed")
 MLFLOW_STATUS = {RunStatus.SUCCEEDED: "FINISHED", RunStatus.FAILED: "FAILED"}  # the rest: KILLED
 
 
@@ -77,31 +73,6 @@ def store_uri(uri: str) -> tuple[str, str | None]:
     return uri, None
 
 
-def params_of(spec: dict[str, Any]) -> dict[str, str]:
-    """A launch's spec as MLflow params: every field that is set, and the workload's parameters
-    under their own names (``param.<name>`` where one is also a field's)."""
-    out = {k: _text(v) for k, v in spec.items() if v is not None and k not in ("params", "mlflow")}
-    for k, v in (spec.get("params") or {}).items():
-        out["param." + k if k in out else k] = _text(v)
-    return {_key(k): v for k, v in out.items()}
-
-
-def report_metrics(m: dict[str, Any]) -> dict[str, float]:
-    """A metrics row's numbers for MLflow: the metrics, the rate and sizes, the time shares."""
-    out: dict[str, float] = dict(pick_metrics(m))
-    for key in REPORT_NUMBERS:
-        if _number(m.get(key)):
-            out[key] = float(m[key])
-    for phase in TIME_PHASES:
-        if _number(m.get(f"time_{phase}")):
-            out[f"time/{phase}"] = float(m[f"time_{phase}"])
-    return {_key(k): float(v) for k, v in out.items()}
-
-
-def summary_metrics(summary: dict[str, Any]) -> dict[str, float]:
-    return {f"summary/{k}": float(summary[k]) for k in SUMMARY_NUMBERS if _number(summary.get(k))}
-
-
 def check_store_reach(uri: str | None, address: str | None, where: str, alternative: str = "") -> None:
     """A local MLflow store (a folder, ``sqlite:``) whose writers run on another machine, a cluster
     at ``address`` (a loopback or no address is this machine), would be written there, where nobody
@@ -112,20 +83,6 @@ def check_store_reach(uri: str | None, address: str | None, where: str, alternat
         raise UserError(f"--mlflow {uri} is a store on this machine, but {where} ({host}) and would write it "
                         "there", "give a tracking server the cluster can reach (--mlflow http://HOST:5000)"
                         + (f", {alternative}" if alternative else ""))
-
-
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _text(v: Any) -> str:
-    text = v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str)
-    return text[:6000]  # MLflow's longest param value
-
-
-def _key(k: str) -> str:
-    """A name MLflow takes: letters, digits, and _ - . space / (anything else becomes _)."""
-    return re.sub(r"[^A-Za-z0-9_\-. /]", "_", str(k))[:250]
 
 
 def unanswered(exc: BaseException) -> tuple[str, str]:
@@ -328,8 +285,8 @@ class Tracking:
     def record(self, m: dict[str, Any]) -> None:
         """A metrics row (an epoch's, a checkpoint's, a program's hypertune report) at its global step."""
         step = m.get("global_step")
-        self.metrics(report_metrics(m), int(step) if _number(step) else 0,
-                     m.get("time") if _number(m.get("time")) else None)
+        self.metrics(report_metrics(m), int(step) if number(step) else 0,
+                     m.get("time") if number(m.get("time")) else None)
 
     def summary(self, summary: dict[str, Any], launch: int) -> None:
         """The launch's end: its summary's figures, file and status, and the exported model."""
@@ -424,7 +381,7 @@ class Tracking:
     def _batch(self, rows: list[tuple[str, float, int, int]]) -> None:
         from mlflow.entities import Metric
 
-        metrics = [Metric(_key(k), v, stamp, step) for k, v, stamp, step in rows]
+        metrics = [Metric(metric_key(k), v, stamp, step) for k, v, stamp, step in rows]
         for i in range(0, len(metrics), BATCH):
             self.client.log_batch(self.run_id, metrics=metrics[i:i + BATCH])
 

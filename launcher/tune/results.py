@@ -17,8 +17,9 @@ from typing import Any
 
 from launcher import schema
 from launcher.storage.runlog import SUMMARY, RunRecord
-from launcher.storage.tracking import Tracking, check_store_reach, params_of
-from launcher.summary import BestTrial, RunStatus, RunSummary, TrialCounts, TuningSummary
+from launcher.storage.tracking import Tracking, check_store_reach
+from launcher.storage.tracking_values import params_of
+from launcher.summary import BestTrial, RunStatus, TrialCounts, TuningSummary
 from launcher.tune.trial import trial_name
 
 SUCCEEDED, STOPPED, FAILED, UNFINISHED = "succeeded", "stopped early", "failed", "not finished"
