@@ -24,6 +24,7 @@ from launcher.spec import JobSpec
 from launcher.storage import Storage
 from launcher.storage.checkpoint import RAY_SNAPSHOT, complete_checkpoints, read_manifest, write_manifest
 from test_session import finish, launch, stop_after_step_checkpoint
+from test_session_state import comm  # noqa: F401 - comm: a fixture (a single-process gloo group)
 from test_user_workloads import run_cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -136,8 +137,14 @@ def test_gradient_accumulation_with_ddp_learns(ray_local, capsys, tmp_path):
     assert s["metrics"]["accuracy"] > 0.7, s
 
 
-@pytest.mark.integration
-def test_a_loss_hook_that_returns_a_vector_fails_naming_it(ray_local, capsys, tmp_path):
+def test_a_loss_hook_that_returns_a_vector_fails_naming_it(comm, tmp_path):
+    """A workload's torch_loss that returns a loss per sample: the managed loop stops at the first
+    batch with one line naming the hook's file and line and the fix. Run on the training session
+    in this process (no Ray); a worker's error becomes the run's as test_session's broken function
+    and test_tf_session's misuse show."""
+    from launcher.worker import BareSession
+    from launcher.worker.loader import SessionError
+    from launcher.worker.torch_loop import managed
     from test_user_workloads import GOOD, write
 
     bad = GOOD.replace("FRAMEWORKS = (\"torch\",)", """FRAMEWORKS = ("torch",)
@@ -151,10 +158,14 @@ class PerSample(Blobs):
 
 PER_SAMPLE = PerSample()""")
     path = write(tmp_path / "code", bad)
-    code, out, err = run_cli(capsys, "run", "--workload", f"{path}:PER_SAMPLE", "--storage", str(tmp_path / "runs"),
-                             "--json")
-    s = json.loads(out.strip().splitlines()[-1])
-    assert code == 1 and s["status"] == "failed", err
+    workload = workloads.get(f"{path}:PER_SAMPLE")
+    spec = JobSpec(workload=f"{path}:PER_SAMPLE", workers=1, storage=str(tmp_path / "runs"),
+                   preemption_check_steps=0).validated()
+    session = BareSession(spec, comm, managed(workload))
+    with pytest.raises(SessionError) as raised:
+        session.start()
+    error = str(raised.value)
     line = 1 + bad.splitlines().index("    def torch_loss(self, outputs, labels, params):")
-    assert f"torch_loss of workload blobs at {path}:{line} returned a tensor of shape (16,)" in s["error"], s["error"]
-    assert "not a scalar tensor" in s["error"]
+    assert f"torch_loss of workload blobs at {path}:{line} returned a tensor of shape (16,)" in error, error
+    assert "not a scalar tensor" in error and "\n" not in error, error
+    assert session.pos.global_step == 0  # no step was taken with it

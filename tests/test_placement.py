@@ -7,14 +7,22 @@ head and an n1-standard-8 worker: a 2-worker run with ``--machine-type
 n1-standard-8`` puts both ranks on the worker node, one with
 ``--primary-machine-type n1-standard-4`` puts rank 0 on the head, and a
 machine type neither node has exits 2 with one line before any worker starts.
+
+The same cluster (one start for the module) also carries two runs that only need two nodes:
+a built-in run whose 3 workers cannot all fit on one node trains across both, and one run too
+big for the cluster is refused counting every node; a Horovod ring of 4 workers, 2 per node,
+whose ranks must follow the nodes. (They started clusters of their own in test_train_local.py
+and test_backends_horovod.py.)
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+import textwrap
 
 import pytest
 import yaml
@@ -24,6 +32,7 @@ from launcher.driver import placement
 from launcher.errors import UserError
 from launcher.spec import JobSpec
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU8 = {"launcher/machine-type": "n1-standard-8", "launcher/accelerator": "none"}
 CPU4 = {"launcher/machine-type": "n1-standard-4", "launcher/accelerator": "none"}
 T4 = {"launcher/machine-type": "n1-standard-8", "launcher/accelerator": "nvidia-tesla-t4x1"}
@@ -164,3 +173,67 @@ def test_a_machine_type_no_node_has_is_refused_before_any_worker_starts(labelled
     assert errors == ["error: --machine-type n1-standard-8+nvidia-tesla-t4x1: the Ray cluster has no node of that "
                       "machine type; it has: n1-standard-4, n1-standard-8"], done.stderr
     assert "starting 2" not in done.stderr
+
+
+def _without_ray_address() -> dict[str, str]:
+    """This process's environment less RAY_ADDRESS (an in-process launch earlier in the session
+    leaves it): a launch goes where --address says."""
+    return {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+
+
+@pytest.mark.integration
+def test_a_run_across_both_nodes_trains_and_one_too_big_for_them_is_refused(labelled_cluster, tmp_path):
+    """3 workers of 1 CPU on two 2-CPU nodes: the ranks must span both nodes, and the run trains.
+    5 workers: refused before any worker starts, naming what every node has together."""
+    address, _ = labelled_cluster
+    cmd = [sys.executable, "-m", "launcher", "run", "--storage", str(tmp_path / "runs"), "--epochs", "2",
+           "--workers", "3", "--address", address, "--json"]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=_without_ray_address())
+    assert res.returncode == 0, res.stderr[-3000:]
+    s = json.loads(res.stdout)
+    assert s["status"] == "succeeded" and s["epochs_completed"] == 2 and s["workers"] == 3, s
+    too_many = subprocess.run(cmd[:-1] + ["--workers", "5"], cwd=ROOT, capture_output=True, text=True,
+                              timeout=120, env=_without_ray_address())
+    assert too_many.returncode == 2, too_many.stderr[-3000:]
+    assert "2 node(s) with 4 CPUs and 0 GPUs in all, room for 4" in too_many.stderr, too_many.stderr[-3000:]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("horovod") is None,
+                    reason="Horovod is not built in this environment: run scripts/install-horovod "
+                           "(scripts/setup-env does)")
+@pytest.mark.integration
+def test_horovod_ring_ranks_follow_node_placement(labelled_cluster, tmp_path):
+    """2 nodes x 2 CPUs, 4 workers (2 on each node): every worker's hvd ranks match its node."""
+    address, _ = labelled_cluster
+    script = tmp_path / "ranks.py"
+    script.write_text(textwrap.dedent("""
+        import json, os
+        import horovod.torch as hvd
+        import torch
+        hvd.init()
+        total = hvd.allreduce(torch.tensor([float(hvd.rank())]), op=hvd.Sum).item()
+        print("RANKS " + json.dumps({"rank": hvd.rank(), "size": hvd.size(), "local_rank": hvd.local_rank(),
+              "local_size": hvd.local_size(), "cross_rank": hvd.cross_rank(), "cross_size": hvd.cross_size(),
+              "node": os.environ["HOROVOD_HOSTNAME"], "total": total}))
+    """))
+    res = subprocess.run([sys.executable, "-m", "launcher", "run", "--script", str(script), "--backend",
+                          "horovod", "--workers", "4", "--address", address, "--storage", str(tmp_path / "runs")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, env=_without_ray_address())
+    assert res.returncode == 0, res.stdout + res.stderr
+    seen = {}
+    for line in res.stderr.splitlines():  # each rank's lines go to stderr, the summary to stdout
+        prefix, _, rest = line.partition(" RANKS ")
+        if rest:
+            info = json.loads(rest)
+            assert prefix == f"[rank {info['rank']}]"
+            seen[info["rank"]] = info
+    assert sorted(seen) == [0, 1, 2, 3], res.stderr
+    nodes = [seen[r]["node"] for r in range(4)]
+    assert len(set(nodes)) == 2 and all(nodes.count(n) == 2 for n in nodes)
+    for r, info in seen.items():
+        same_node = [q for q in range(4) if nodes[q] == info["node"]]
+        node_order = list(dict.fromkeys(nodes))
+        assert (info["size"], info["local_size"], info["cross_size"]) == (4, 2, 2)
+        assert info["local_rank"] == same_node.index(r)
+        assert info["cross_rank"] == node_order.index(info["node"])
+        assert info["total"] == 6.0  # 0+1+2+3 over the ring that spans both nodes

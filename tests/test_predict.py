@@ -233,64 +233,45 @@ def get(url: str, token: str | None = None) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
-@pytest.mark.integration
-def test_serve_answers_like_batch_prediction_and_refuses_bad_requests(models, test_split, tmp_path):
-    """A torch model (the TensorFlow one answers its run's accuracy in the load test below)."""
-    framework = "torch"
-    run_dir, accuracy = models[framework]
-    _, raw, labels = test_split
-    port = free_port()
-    env = {**os.environ, "LAUNCHER_STATE_DIR": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
-    log = open(tmp_path / "serve.err", "w+")  # a pipe nobody reads would fill up and block the server
-    proc = subprocess.Popen([sys.executable, "-m", "launcher", "serve", "--model", run_dir, "--port", str(port)],
-                            stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=ROOT)
-    try:
-        line = proc.stdout.readline()
-        assert "serving" in line, line + (tmp_path / "serve.err").read_text()[-3000:]
-        url = f"http://127.0.0.1:{port}"
-        health = json.load(urllib.request.urlopen(url + "/healthz", timeout=30))
-        assert health["status"] == "ok" and health["framework"] == framework
-        code, body = post(url + "/", {"instances": raw.tolist()})
-        assert code == 200
-        predicted = np.asarray([p["prediction"] for p in body["predictions"]])
-        assert np.mean(predicted == labels) == pytest.approx(accuracy, abs=1e-6)
-        for bad, message in [(b"{not json", "not JSON"), ({"instances": []}, "instances is empty"),
-                             ({"instances": [[1, 2, 3]]}, "each instance must have shape [64]"),
-                             ({"instances": [["a"] * 64]}, "must be numbers, got text"),
-                             ({"rows": [[0] * 64]}, "instances list"),
-                             ({"instances": [[0] * 64] * 2000}, "at most 1024"),
-                             ({"instances": [None]}, "instances[0] is null, not a number"),
-                             ({"instances": [[0] * 63 + [None]]}, "instances[0][63] is null")]:
-            code, answer = post(url + "/predict", bad)
-            assert code == 400 and message in answer["error"], (bad if isinstance(bad, bytes) else "", answer)
-        # the V2 protocol, its tensor as raw bytes after the JSON, answers the same classes
-        rows = raw[:50].astype("<f4")
-        head = json.dumps({"inputs": [{"name": "x", "shape": list(rows.shape), "datatype": "FP32",
-                                       "parameters": {"binary_data_size": rows.nbytes}}]}).encode()
-        v2 = urllib.request.Request(f"{url}/v2/models/digits_{framework}/infer", data=head + rows.tobytes(),
-                                    headers={"Inference-Header-Content-Length": str(len(head))})
-        outputs = {o["name"]: o for o in json.load(urllib.request.urlopen(v2, timeout=60))["outputs"]}
-        assert outputs["prediction"]["data"] == predicted[:50].tolist() and outputs["scores"]["shape"] == [50, 10]
-        # Vertex AI's path predicts too; other paths and methods are refused as such
-        code, answer = post(url + "/v1/models/digits:predict", {"instances": raw[:3].tolist()})
-        assert code == 200 and len(answer["predictions"]) == 3
-        assert post(url + "/nonexistent", {"instances": raw[:1].tolist()})[0] == 404
-        assert get(url + "/predict")[0] == 405 and get(url + "/nonexistent")[0] == 404
-        code, answer = post(url + "/predict", b"[" + b"0," * 2_000_000 + b"0]")  # refused before it is parsed
-        assert code == 413 and "over" in answer["error"], answer
-        # 200 requests from 8 threads, batched by Ray Serve: each answers for its own instance
-        with ThreadPoolExecutor(8) as pool:
-            answers = list(pool.map(lambda i: post(url, {"instances": raw[i:i + 1].tolist()}), range(200)))
-        assert all(c == 200 for c, _ in answers)
-        assert [a["predictions"][0]["prediction"] for _, a in answers] == predicted[:200].tolist()
-    finally:
-        stopped = subprocess.run([sys.executable, "-m", "launcher", "serve", "--stop"], capture_output=True,
-                                 text=True, env=env, cwd=ROOT, timeout=120)
-        _ended(proc)
-    log.close()
-    assert stopped.returncode == 0 and "stopped the model server" in stopped.stdout, \
-        stopped.stderr + (tmp_path / "serve.err").read_text()[-3000:]
-    assert proc.returncode == 0
+def assert_answers_like_batch_prediction(url: str, run: str, raw: np.ndarray, labels: np.ndarray,
+                                         accuracy: float) -> None:
+    """A torch digits server answers with its run's accuracy, refuses bad requests as such, and
+    answers the V2 protocol, Vertex AI's path and concurrent single-instance requests alike."""
+    health = json.load(urllib.request.urlopen(url + "/healthz", timeout=30))
+    assert health["status"] == "ok" and health["framework"] == "torch"
+    code, body = post(url + "/", {"instances": raw.tolist()})
+    assert code == 200
+    predicted = np.asarray([p["prediction"] for p in body["predictions"]])
+    assert np.mean(predicted == labels) == pytest.approx(accuracy, abs=1e-6)
+    for bad, message in [(b"{not json", "not JSON"), ({"instances": []}, "instances is empty"),
+                         ({"instances": [[1, 2, 3]]}, "each instance must have shape [64]"),
+                         ({"instances": [["a"] * 64]}, "must be numbers, got text"),
+                         ({"rows": [[0] * 64]}, "instances list"),
+                         ({"instances": [[0] * 64] * 2000}, "at most 1024"),
+                         ({"instances": [None]}, "instances[0] is null, not a number"),
+                         ({"instances": [[0] * 63 + [None]]}, "instances[0][63] is null")]:
+        code, answer = post(url + "/predict", bad)
+        assert code == 400 and message in answer["error"], (bad if isinstance(bad, bytes) else "", answer)
+    # the V2 protocol, its tensor as raw bytes after the JSON, answers the same classes
+    rows = raw[:50].astype("<f4")
+    head = json.dumps({"inputs": [{"name": "x", "shape": list(rows.shape), "datatype": "FP32",
+                                   "parameters": {"binary_data_size": rows.nbytes}}]}).encode()
+    v2 = urllib.request.Request(f"{url}/v2/models/{run}/infer", data=head + rows.tobytes(),
+                                headers={"Inference-Header-Content-Length": str(len(head))})
+    outputs = {o["name"]: o for o in json.load(urllib.request.urlopen(v2, timeout=60))["outputs"]}
+    assert outputs["prediction"]["data"] == predicted[:50].tolist() and outputs["scores"]["shape"] == [50, 10]
+    # Vertex AI's path predicts too; other paths and methods are refused as such
+    code, answer = post(url + "/v1/models/digits:predict", {"instances": raw[:3].tolist()})
+    assert code == 200 and len(answer["predictions"]) == 3
+    assert post(url + "/nonexistent", {"instances": raw[:1].tolist()})[0] == 404
+    assert get(url + "/predict")[0] == 405 and get(url + "/nonexistent")[0] == 404
+    code, answer = post(url + "/predict", b"[" + b"0," * 2_000_000 + b"0]")  # refused before it is parsed
+    assert code == 413 and "over" in answer["error"], answer
+    # 200 requests from 8 threads, batched by Ray Serve: each answers for its own instance
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda i: post(url, {"instances": raw[i:i + 1].tolist()}), range(200)))
+    assert all(c == 200 for c, _ in answers)
+    assert [a["predictions"][0]["prediction"] for _, a in answers] == predicted[:200].tolist()
 
 
 @pytest.mark.integration
@@ -486,12 +467,41 @@ def hammer(url: str, instances: list, clients: int, per_client: int) -> list[tup
         return [item for chunk in pool.map(client, range(clients)) for item in chunk]
 
 
+def test_a_bare_stop_stops_the_only_server_running(tmp_path, monkeypatch, capsys):
+    """`launcher serve --stop` with no --port/--run/--all stops the one server this machine runs
+    (SIGTERM, which a real server takes as Ctrl-C and exits 0 on: the integration test below
+    stops real servers so, by --port, --run and --all), and says which; nothing running is one
+    line."""
+    monkeypatch.setenv("LAUNCHER_STATE_DIR", str(tmp_path))
+    from launcher.predict import servers
+
+    assert main(["serve", "--stop"]) == 2
+    assert "no model server is running on this machine" in capsys.readouterr().err
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        port = free_port()
+        servers._write_entry({"pid": sleeper.pid, "port": port, "url": f"http://127.0.0.1:{port}",
+                              "model": "/r/digits_torch/model", "run": "digits_torch", "since": 0})
+        assert main(["serve", "--stop"]) == 0
+        out = capsys.readouterr().out
+        assert f"stopped the model server at http://127.0.0.1:{port} (pid {sleeper.pid})" in out, out
+        assert sleeper.wait(timeout=10) == -15
+        assert servers.listing() == "no model server is running on this machine"
+    finally:
+        sleeper.kill()
+
+
 @pytest.mark.integration
-def test_servers_batch_under_load_list_stop_one_and_restart_at_once(models, test_split, tmp_path):
-    """32 concurrent keep-alive clients share forward passes (more than Ray Serve's default of 5
-    requests per replica); two servers are listed and stopped one by one; a server stopped
-    under keep-alive load starts again on its port at once."""
-    run_dir, _ = models["torch"]
+def test_servers_answer_like_batch_prediction_batch_under_load_stop_one_by_one_and_restart_at_once(
+        models, test_split, tmp_path):
+    """A torch and a TensorFlow model served at once, each answering with its run's accuracy; the
+    torch one refuses bad requests as such (assert_answers_like_batch_prediction); 32 concurrent
+    keep-alive clients share forward passes (more than Ray Serve's default of 5 requests per
+    replica); the two servers are listed and stopped one by one; a server stopped under
+    keep-alive load starts again on its port at once. (One test: each `launcher serve` start
+    costs a Ray of its own. `launcher serve --stop` with one server running is checked without
+    Ray: test_a_bare_stop_stops_the_only_server_running.)"""
+    run_dir, accuracy = models["torch"]
     tf_dir, tf_accuracy = models["tensorflow"]
     _, raw, labels = test_split
     env = {**os.environ, "LAUNCHER_STATE_DIR": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
@@ -502,7 +512,7 @@ def test_servers_batch_under_load_list_stop_one_and_restart_at_once(models, test
     servers = [a, b]
     try:
         url_a, url_b = a.ready(), b.ready()
-        # the TensorFlow model answers as its run measured it (the torch one: the test above)
+        # the TensorFlow model answers as its run measured it (the torch one: below)
         assert json.load(urllib.request.urlopen(url_b + "/healthz", timeout=30))["framework"] == "tensorflow"
         code, body = post(url_b + "/", {"instances": raw.tolist()})
         predicted = np.asarray([p["prediction"] for p in body["predictions"]])
@@ -514,6 +524,9 @@ def test_servers_batch_under_load_list_stop_one_and_restart_at_once(models, test
                        if line.startswith("launcher_serve_batch_requests_largest"))
         assert largest > 5, metrics  # Ray Serve's default max_ongoing_requests (5) capped batches at 5
         assert 'launcher_serve_requests_total{replica=' in metrics and 'code="200"} 320' in metrics
+        # after the counts above: what it answers and refuses (none of it a POST /predict of 2 instances
+        # answered with 200, so the access log's count below stays the load's)
+        assert_answers_like_batch_prediction(url_a, "digits_torch", raw, labels, accuracy)
 
         listed = cli(env, "--list")
         assert listed.returncode == 0 and f"{first} " in listed.stdout and f"{second} " in listed.stdout, listed
@@ -521,7 +534,8 @@ def test_servers_batch_under_load_list_stop_one_and_restart_at_once(models, test
         ambiguous = cli(env, "--stop")
         assert ambiguous.returncode == 2 and "2 model servers are running" in ambiguous.stderr, ambiguous
         stopped = cli(env, "--stop", "--port", str(first))
-        assert stopped.returncode == 0 and f"127.0.0.1:{first}" in stopped.stdout, stopped
+        assert stopped.returncode == 0 and f"stopped the model server at http://127.0.0.1:{first}" in stopped.stdout, \
+            stopped
         assert a.proc.wait(timeout=60) == 0
         assert get(url_b + "/healthz")[0] == 200  # the other one still serves
         assert str(first) not in cli(env, "--list").stdout
@@ -571,7 +585,11 @@ def _line_within(stream, seconds: float) -> str:
 @pytest.mark.integration
 def test_an_interrupted_predict_leaves_no_output_that_looks_complete(models, tmp_path):
     """Ctrl-C at several moments: the folder then holds a complete prediction (_SUCCESS, every
-    row, exit 0) or an unfinished one (no _SUCCESS, exit 130), which the same command replaces."""
+    row, exit 0) or an unfinished one (no _SUCCESS, exit 130, its _PARTIAL marker), which the
+    same command replaces. The command is run again on the last unfinished folder only (each
+    run starts a Ray of its own): what it replaces is decided from the folder's markers alone,
+    the same whatever the moment, and each state an interrupt leaves is checked without Ray by
+    test_an_unfinished_prediction_is_replaced_whatever_it_holds_and_a_complete_one_never."""
     import signal
 
     run_dir, _ = models["torch"]
@@ -579,7 +597,7 @@ def test_an_interrupted_predict_leaves_no_output_that_looks_complete(models, tmp
     np.save(tmp_path / "many.npy", np.random.default_rng(0).uniform(0, 16, (rows, 64)))
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)
-    outcomes = []
+    unfinished = []
     for moment, delay in enumerate((0.0, 4.0)):  # while Ray starts, and while it predicts (or after)
         out = tmp_path / f"out{moment}"
         argv = [sys.executable, "-m", "launcher", "predict", "--model", run_dir, "--input", str(tmp_path / "many.npy"),
@@ -596,17 +614,60 @@ def test_an_interrupted_predict_leaves_no_output_that_looks_complete(models, tmp
                 proc.kill()
                 proc.communicate()
         stderr = first + stderr
-        complete = (out / "_SUCCESS").exists()
-        outcomes.append(complete)
-        if complete:
+        if (out / "_SUCCESS").exists():
             assert proc.returncode == 0, stderr
             assert json.load(open(out / "_SUCCESS"))["rows"] == rows and "predicted 60000 rows" in stdout
             assert sum(len(v) for v in read_predictions(str(out)).values()) == rows
             continue
         assert proc.returncode == 130, stderr
         assert "is unfinished (_PARTIAL, no _SUCCESS): the same command replaces it" in stderr, stderr
-        again = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
-        assert again.returncode == 0 and "held the partial output of an interrupted predict" in again.stderr, again
-        assert json.load(open(out / "_SUCCESS"))["rows"] == rows
-        assert sum(len(v) for v in read_predictions(str(out)).values()) == rows  # nothing twice
-    assert not all(outcomes), "every interrupt came too late to test an unfinished output"
+        # what it left is one of the states the fast test has the same command replace
+        left = os.listdir(out)
+        assert "_PARTIAL" in left and "_SUCCESS" not in left, left
+        unfinished.append((argv, out))
+    assert unfinished, "every interrupt came too late to test an unfinished output"
+    argv, out = unfinished[-1]
+    again = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+    assert again.returncode == 0 and "held the partial output of an interrupted predict" in again.stderr, again
+    assert json.load(open(out / "_SUCCESS"))["rows"] == rows
+    assert sum(len(v) for v in read_predictions(str(out)).values()) == rows  # nothing twice
+    assert sorted(n for n in os.listdir(out) if n.startswith("_")) == ["_SUCCESS"]
+
+
+def test_an_unfinished_prediction_is_replaced_whatever_it_holds_and_a_complete_one_never(tmp_path):
+    """What an interrupted predict can leave, by moment: its _PARTIAL marker alone (while Ray
+    starts), with Ray Data's staging folder (while it writes), with some files already moved up
+    (while it finishes), or the staging folder alone. The next predict into the folder empties
+    each (and says so) before it writes; a complete prediction (_SUCCESS) or files of unknown
+    origin are refused, untouched."""
+    from launcher.errors import UserError
+    from launcher.predict.batch import PARTIAL, STAGING, SUCCESS, prepare_output
+    from launcher.storage import Storage
+    from launcher.storage.uri import normalize_storage
+
+    def at(folder) -> Storage:  # as predict resolves --output
+        return Storage.resolve(normalize_storage(str(folder)))
+
+    moved = {"part-0.json": '{"row": 0}\n'}
+    staged = {f"{STAGING}/part-1.json": '{"row": 1}\n'}
+    for name, files in {"partial": {PARTIAL: "{}"}, "staging": {PARTIAL: "{}", **staged},
+                        "finishing": {PARTIAL: "{}", **moved, **staged}, "staging-only": staged}.items():
+        folder = tmp_path / name
+        for path, text in files.items():
+            (folder / path).parent.mkdir(parents=True, exist_ok=True)
+            (folder / path).write_text(text)
+        said = prepare_output(at(folder), f"out/{name}")
+        assert said == (f"--output out/{name} held the partial output of an interrupted predict (no {SUCCESS}): "
+                        "replacing it"), said
+        assert not folder.exists() or os.listdir(folder) == [], (name, os.listdir(folder))
+    assert prepare_output(at(tmp_path / "new"), "out/new") is None
+
+    for name, files, message in (("complete", {SUCCESS: "{}", PARTIAL: "{}", **moved}, "already holds a complete"),
+                                 ("theirs", {"notes.txt": "mine"}, "already holds files")):
+        folder = tmp_path / name
+        folder.mkdir()
+        for path, text in files.items():
+            (folder / path).write_text(text)
+        with pytest.raises(UserError, match=message):
+            prepare_output(at(folder), f"out/{name}")
+        assert sorted(os.listdir(folder)) == sorted(files)

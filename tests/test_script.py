@@ -192,17 +192,6 @@ TORCHRUN_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.integration
-def test_torchrun_style_script_runs_under_the_native_backend(ray_local, tmp_path, capsys):
-    script = tmp_path / "ddp_train.py"
-    script.write_text(TORCHRUN_SCRIPT)
-    code = main(["run", "--script", str(script), "--workers", "2", "--storage", str(tmp_path / "runs")])
-    out, err = capsys.readouterr()
-    assert code == 0, out + err
-    for r in range(2):
-        assert f"[rank {r}] rank {r} of 2 local {r} sum 3" in err
-
-
 TF_CONFIG_SCRIPT = textwrap.dedent("""
     import json, os, sys
     import numpy as np
@@ -237,12 +226,18 @@ def test_tf_config_script_runs_under_the_native_backend_and_a_failure_propagates
 
 
 @pytest.mark.integration
-def test_torchrun_style_script_failure_propagates(ray_local, tmp_path, capsys):
+def test_torchrun_style_script_runs_under_the_native_backend_and_a_failure_propagates(ray_local, tmp_path, capsys):
+    """One launch for both (as for the Horovod and TF_CONFIG scripts): every rank gets torchrun's
+    env:// variables and all-reduces with the others, then rank 0 exits 7 and rank 1 exits 0.
+    A script whose ranks all exit 0 is a succeeded run with exit 0: the package runs of
+    test_programs.py (the same driver) and Outcome's rules above."""
     script = tmp_path / "ddp_fail.py"
     script.write_text(TORCHRUN_SCRIPT + "import sys\nsys.exit(7 if int(os.environ['RANK']) == 0 else 0)\n")
     code = main(["run", "--script", str(script), "--workers", "2", "--storage", str(tmp_path / "runs"),
                  "--name", "fails", "--json"])
     out, err = capsys.readouterr()
+    for r in range(2):  # each rank ran the whole script before its exit
+        assert f"[rank {r}] rank {r} of 2 local {r} sum 3" in err, out + err
     assert code == 7, out + err  # --max-failures 0 (the default): no restart, the rank's status
     assert "error: rank 0 exited with status 7" in err
     summary = json.loads(out)

@@ -301,24 +301,15 @@ BROKEN_CASES = [
 ]
 
 
-def broken_line(name: str) -> int:
-    """The line of BROKEN where the function ``name`` fails."""
-    lines = BROKEN.splitlines()
+def marked_line(code: str, name: str) -> int:
+    """The line of ``code`` (as written to a file) marked ``# NAME fails here``."""
+    lines = code.splitlines()
     return 1 + lines.index(next(t for t in lines if t.endswith(f"# {name} fails here")))
 
 
-@pytest.mark.integration
-def test_a_broken_function_fails_the_run_naming_the_users_line(ray_local, capsys, elsewhere, tmp_path):
-    """An exception in the user's function on a worker is the run's one-line error, with the
-    user's file and line (each misuse's own line: test_session_state)."""
-    path = write(elsewhere, BROKEN, "broken.py")
-    needles = dict(BROKEN_CASES)["raises"] + [f"{path}:{broken_line('raises')}"]
-    code, out, err = run_cli(capsys, "run", "--workload", f"{path}:raises", "--storage", str(tmp_path / "runs"),
-                             "--json")
-    summary = json.loads(out.strip().splitlines()[-1])
-    assert code == 1 and summary["status"] == "failed", err
-    for needle in needles:
-        assert needle in summary["error"], summary["error"]
+def broken_line(name: str) -> int:
+    """The line of BROKEN where the function ``name`` fails."""
+    return marked_line(BROKEN, name)
 
 
 SEEN = '''
@@ -419,6 +410,9 @@ def _loop(session, register):
     register(model, optimizer, scheduler)
     loader = session.loader(list(zip(x, y)))
     for epoch in session.epochs():
+        if epoch == 1:  # the second epoch
+            values = {}
+            values["missing"]  # model_only fails here
         for xb, yb in loader:
             loss = torch.nn.functional.mse_loss(model(xb), yb)
             optimizer.zero_grad()
@@ -435,14 +429,23 @@ def model_only(session):
 
 
 @pytest.mark.integration
-def test_state_the_session_saw_but_no_checkpoint_holds_is_named_once(ray_local, capsys, elsewhere, tmp_path):
-    """Said once by the driver though every rank found it. Which objects count (registered, stood
-    in for, without state) is tests/test_session_state.py's; that a managed loop says nothing,
-    test_train_local.py's."""
+def test_unregistered_state_is_named_once_and_a_later_exception_fails_the_run_naming_the_users_line(
+        ray_local, capsys, elsewhere, tmp_path):
+    """One launch, two things a run of a user's function says (each took a launch of its own).
+    Before the first step, the state the session saw but no checkpoint holds, said once by the
+    driver though every rank found it: which objects count (registered, stood in for, without
+    state) is tests/test_session_state.py's; that a managed loop says nothing,
+    test_train_local.py's. Then an exception in the function on the workers, in its second
+    epoch (the note stopped nothing: the first epoch trained through), is the run's error, with
+    the user's file and line; each misuse's own line is test_session_state's, on BROKEN."""
     path = write(elsewhere, UNREGISTERED, "partly.py")
     code, out, err = run_cli(capsys, "run", "--workload", f"{path}:model_only", "--storage",
                              str(tmp_path / "runs"), "--workers", "2", "--json")
-    assert code == 0, err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert code == 1 and summary["status"] == "failed", err
+    where = f"{path}:{marked_line(UNREGISTERED, 'model_only')}"
+    for needle in ("KeyError in model_only(session) at", "missing", where):
+        assert needle in summary["error"], summary["error"]
     lines = [line for line in err.splitlines() if "a resumed run will not be exact" in line]
     assert len(lines) == 1, err
     for needle in ("the optimizer AdamW is not registered", "session.register(optimizer=...)",
@@ -502,14 +505,15 @@ def train_loop_per_worker(config):
 
 
 @pytest.mark.integration
-def test_a_ray_train_function_runs_as_it_is_and_resumes_from_its_checkpoint(ray_local, capsys, elsewhere,
-                                                                            tmp_path):
+def test_a_ray_train_function_runs_as_it_is_and_resumes_from_its_checkpoint(warm_head, elsewhere, tmp_path):
+    """Its three launches (whole, stopped with Ctrl-C after two epochs, resumed) are `launcher run`
+    processes on the session's warm head, as the other resume tests here: each would otherwise
+    start and stop a local Ray of its own."""
     path = write(elsewhere, RAY_FUNCTION, "ray_style.py")
     storage = str(tmp_path / "runs")
     args = ["--workload", f"{path}:train_loop_per_worker", "--storage", storage, "--epochs", "4", "--lr", "0.05"]
-    code, out, err = run_cli(capsys, "run", *args, "--name", "whole", "--json")
-    whole = json.loads(out.strip().splitlines()[-1])
-    assert code == 0 and whole["status"] == "succeeded" and whole["epochs_completed"] == 4, err
+    whole = finish(launch(args + ["--name", "whole"]))
+    assert whole["status"] == "succeeded" and whole["epochs_completed"] == 4, whole
     assert whole["metrics"]["loss"] < 1.0 and whole["metrics"]["started_at_epoch"] == 0  # it learned
 
     proc = launch(args + ["--name", "stopped", "--param", "stop_after=2"])

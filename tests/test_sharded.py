@@ -16,8 +16,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -179,9 +177,12 @@ def test_the_export_skeleton_holds_no_weights_until_the_whole_state_is_loaded():
 def test_char_lm_sharded_resumes_exactly_on_2_and_from_the_same_step_on_3(warm_head, tmp_path):
     storage = str(tmp_path / "runs")
     data = topics_file(tmp_path / "data")
-    # A global batch of 12 samples: 6 on each of 2 workers, 4 on each of 3.
+    # A global batch of 12 samples: 6 on each of 2 workers, 4 on each of 3. One epoch (about 24
+    # steps): the stop comes at step 5, so each resumed run trains the rest of it, after which the
+    # final weights (on 2) and the epoch's losses (on 3) are compared; a second epoch repeated those
+    # checks at twice the training in each of the three whole or resumed launches.
     base = ["--workload", CHAR_LM, "--data", data, "--storage", storage, "--strategy", "fsdp",
-            "--epochs", "2", "--checkpoint-every-steps", "5", "--param", "max_chars=20000"]
+            "--epochs", "1", "--checkpoint-every-steps", "5", "--param", "max_chars=20000"]
     two = base + ["--workers", "2", "--batch-size", "6"]
 
     whole = finish(launch(two + ["--name", "whole"]))
@@ -258,15 +259,18 @@ GPT = os.path.join(ROOT, "examples", "gpt.py") + ":train"
 
 
 @pytest.mark.integration
-def test_a_sharded_training_functions_model_is_predicted_and_served_as_its_own_class_computes(warm_head, tmp_path,
-                                                                                              monkeypatch):
+def test_a_sharded_training_functions_model_is_predicted_and_served_as_its_own_class_computes(
+        warm_head, ray_local, tmp_path, monkeypatch, capsys):
     """examples/gpt.py (tiny) trained with --strategy fsdp on 2 workers exports a program, not
     weights only: `launcher predict --run` and a real `launcher serve` answer what the user's own
-    class, holding the exported weights, computes."""
+    class, holding the exported weights, computes. (The predict runs in this process, on the
+    session's Ray, as test_predict.py's do: a `launcher predict` process would start a Ray of
+    its own first.)"""
     import importlib
 
     import torch
 
+    from launcher.cli.main import main
     from test_predict import Server, _ended, cli, free_port, post
 
     storage = str(tmp_path / "runs")
@@ -289,11 +293,12 @@ def test_a_sharded_training_functions_model_is_predicted_and_served_as_its_own_c
         expected = net.eval()(ids).numpy()
 
     (tmp_path / "ids.jsonl").write_text(json.dumps({"instances": ids.tolist()}) + "\n")
-    env = {**os.environ, "LAUNCHER_STATE_DIR": str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
-    predicted = subprocess.run([sys.executable, "-m", "launcher", "predict", "--run", "gpt", "--storage", storage,
-                                "--input", str(tmp_path / "ids.jsonl"), "--output", str(tmp_path / "preds")],
-                               capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
-    assert predicted.returncode == 0, predicted.stderr[-3000:]
+    # No warm head from here on: the predict takes the session's Ray, the server starts its own.
+    monkeypatch.setenv("LAUNCHER_STATE_DIR", str(tmp_path / "state"))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    code = main(["predict", "--run", "gpt", "--storage", storage, "--input", str(tmp_path / "ids.jsonl"),
+                 "--output", str(tmp_path / "preds")])
+    assert code == 0, capsys.readouterr().err[-3000:]
     rows = sorted((json.loads(line) for name in os.listdir(tmp_path / "preds") if not name.startswith("_")
                    for line in open(tmp_path / "preds" / name)), key=lambda r: r["row"])
     np.testing.assert_allclose([r["prediction"] for r in rows], expected, rtol=1e-4, atol=1e-5)

@@ -1,14 +1,15 @@
 """TensorFlow training functions: a Keras ``model.fit`` or a GradientTape loop on the session.
 
 The fast tests check the data stream a resumed run depends on (each worker's share of every
-global batch; a stream started at batch N is the tail of the whole one) and how a Keras
-function is recognised. The integration tests train examples/keras_cifar.py (the
+global batch; a stream started at batch N is the tail of the whole one), how a Keras
+function is recognised, and that code using the session wrongly (an uncompiled model, a
+dataset of single examples) fails in one line naming the user's line, on the TensorFlow
+session in this process (no Ray). The integration tests train examples/keras_cifar.py (the
 MultiWorkerMirroredStrategy tutorial's CNN, compiled as its users write it) with 2 workers,
 stop it with Ctrl-C right after a mid-epoch checkpoint and launch it again: the resumed run
 ends with the uninterrupted run's weights and its epoch metrics, with MultiWorkerMirroredStrategy
 and with Horovod. A regression compiled with a loss and metrics of its own, a GradientTape loop,
-and code that uses the session wrongly (an uncompiled model, a dataset of single examples) run
-as real launches.
+and one of those misuses (its error is the run's) run as real launches.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ import numpy as np
 import pytest
 
 import workloads
+from launcher.backends import TFComm
+from launcher.spec import JobSpec
 from test_session import assert_same_epochs, finish, launch, stop_after_step_checkpoint
 from test_user_workloads import elsewhere, run_cli, write  # noqa: F401 - elsewhere: a fixture
 
@@ -110,8 +113,6 @@ def test_a_keras_function_trains_with_tensorflow_without_a_flag(elsewhere):
     path = write(elsewhere, "import workloads\n" + KERAS_FUNCTIONS)
     assert workloads.get(f"{path}:fit").frameworks == ("tensorflow",)
     assert workloads.get(f"{path}:declared_torch").frameworks == ("torch",)
-    from launcher.spec import JobSpec
-
     assert JobSpec(workload=f"{path}:fit").validated().framework == "tensorflow"
 
 
@@ -297,20 +298,60 @@ def test_a_keras_regression_with_its_own_loss_and_a_gradient_tape_loop_train(war
     assert taped["metrics"]["val_mse"] < 0.05 and taped["metrics"]["train_loss"] < 0.1, taped["metrics"]
 
 
-@pytest.mark.integration
-@pytest.mark.parametrize("name, needles", [
-    ("uncompiled", ["session.fit at", "not compiled", "model.compile("]),
-    ("unbatched", ["session.fit at", "single examples", ".batch(session.global_batch_size)"]),
-])
-def test_a_keras_function_used_wrongly_fails_naming_the_users_line(warm_head, elsewhere, tmp_path, name, needles):
-    path = write(elsewhere, REGRESSION, "keras_functions.py")
+MISUSES = {
+    "uncompiled": ["session.fit at", "not compiled", "model.compile("],
+    "unbatched": ["session.fit at", "single examples", ".batch(session.global_batch_size)"],
+}
+
+
+def misuse_needles(path: str, name: str) -> list[str]:
+    """What the error of REGRESSION's function ``name`` (written to ``path``) says: the misuse and
+    how to fix it, and the user's ``path:line`` where it fails."""
     lines = REGRESSION.splitlines()
-    needles = needles + [f"{path}:{1 + lines.index(next(t for t in lines if t.endswith(f'# {name} fails here')))}"]
-    summary = finish(launch(["--workload", f"{path}:{name}", "--storage", str(tmp_path / "runs"), "--name", name]),
-                     expect=1)
+    return MISUSES[name] + [f"{path}:{1 + lines.index(next(t for t in lines if t.endswith(f'# {name} fails here')))}"]
+
+
+class OneWorker(TFComm):
+    """A run of one worker in this process, on TensorFlow's default strategy (TFComm's scope): a
+    worker's MultiWorkerMirroredStrategy must be made before TensorFlow runs anything, and the
+    tests before these ran it in this process."""
+
+    rank, world_size = 0, 1
+
+    def allreduce_sum(self, values):
+        return values
+
+
+@pytest.mark.parametrize("name", sorted(MISUSES))
+def test_each_misuse_of_session_fit_is_one_line_naming_the_users_line(elsewhere, name):
+    """The user's function run on the TensorFlow session in this process: session.fit refuses an
+    uncompiled model, and a dataset of single examples, before training, in one line naming
+    the user's line and the fix (a launch's run fails with it: the integration test below)."""
+    from launcher.worker.loader import SessionError
+    from launcher.worker.tf_session import TFSession
+
+    path = write(elsewhere, REGRESSION, "keras_functions.py")
+    function = workloads.get(f"{path}:{name}")
+    spec = JobSpec(workload=f"{path}:{name}", workers=1, storage=str(elsewhere / "runs"),
+                   preemption_check_steps=0).validated()
+    session = TFSession(spec, OneWorker(), function)
+    with pytest.raises(SessionError) as raised:
+        session.run_function()
+    error = str(raised.value)
+    assert all(n in error for n in misuse_needles(path, name)) and "\n" not in error, error
+    assert session.pos.global_step == 0 and not session.trained
+
+
+@pytest.mark.integration
+def test_a_keras_function_used_wrongly_fails_naming_the_users_line(warm_head, elsewhere, tmp_path):
+    """On a worker, a misuse's error is the run's, in one line (no traceback) naming the user's
+    line; each misuse is checked without Ray in the fast test above."""
+    path = write(elsewhere, REGRESSION, "keras_functions.py")
+    summary = finish(launch(["--workload", f"{path}:unbatched", "--storage", str(tmp_path / "runs"),
+                             "--name", "unbatched"]), expect=1)
     assert summary["status"] == "failed", summary
     error = summary["error"]
-    assert all(n in error for n in needles) and "Traceback" not in error, error
+    assert all(n in error for n in misuse_needles(path, "unbatched")) and "Traceback" not in error, error
 
 
 # -- the managed TensorFlow loop with a workload's own loss and metrics ---------------------------

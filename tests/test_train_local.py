@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -174,68 +173,9 @@ def test_file_and_synthetic_workloads_train(ray_local, capsys, storage, tmp_path
     assert os.path.isfile(os.path.join(storage, s["name"], "model", "model.pt2"))
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds Ray's worker processes through /proc")
-def test_killed_worker_restarts_from_latest_checkpoint(storage):
-    """A worker process dies mid-run (SIGKILL): Ray Train restarts the group from the latest checkpoint."""
-    cmd = [sys.executable, "-m", "launcher", "run", "--storage", storage, "--name", "chaos", "--epochs", "30",
-           "--max-failures", "1", "--json"]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    seen = []
-    for line in proc.stderr:
-        seen.append(line)
-        # Epochs take a fraction of a second here: 30 of them leave the workers alive
-        # for several seconds after epoch 2 is printed.
-        if line.startswith("epoch 2/30"):
-            break
-    # The launch's own local Ray has no node anyone could drain and no autoscaler: Ray Train's
-    # preemption watcher and autoscaling coordinator are left out there; the launcher's progress
-    # board is not (this run can restart).
-    import psutil
-
-    # Only this launch's processes: another test's run may be training beside it (pytest -n 2).
-    children = psutil.Process(proc.pid).children(recursive=True)
-    titles = [" ".join(p.cmdline()) for p in children]
-    victims = [p.pid for p, t in zip(children, titles) if t.startswith("ray::RayTrainWorker")]
-    assert victims, "no Ray Train worker process found"
-    assert any(t.startswith("ray::ProgressBoard") for t in titles), titles
-    assert sum(t.startswith("ray::RayTrainWorker") for t in titles) == 2, titles
-    assert not [t for t in titles if "PreemptionWatcher" in t or "AutoscalingCoordinator" in t], titles
-    # ... nor Ray's log monitor, API server and autoscaler monitor (nobody reads them without
-    # --verbose), while the raylet and the GCS run on.
-    assert not [t for t in titles if any(d in t for d in ("log_monitor.py", "dashboard/dashboard.py",
-                                                          "autoscaler/_private/monitor.py"))], titles
-    assert any("raylet/raylet" in t for t in titles) and any("gcs_server" in t for t in titles), titles
-    os.kill(victims[-1], signal.SIGKILL)
-    out, rest = proc.communicate(timeout=300)
-    assert proc.returncode == 0, "".join(seen) + rest
-    s = json.loads(out)
-    assert s["status"] == "succeeded" and s["restarts"] == 1
-    assert len(s["recovery_s"]) == 1 and 0 < s["recovery_s"][0] < 120  # failure -> first step after restart
-    assert (s["epochs_completed"], s["steps_completed"]) == (30, 30 * 23)
-    assert "restarted from the latest checkpoint" in rest
-
-
-def test_runs_across_nodes_of_a_multi_node_cluster(storage):
-    """Two 1-CPU worker nodes and a head without CPUs: the two workers must land on different nodes."""
-    from ray.cluster_utils import Cluster
-
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    try:
-        for _ in range(2):
-            cluster.add_node(num_cpus=1)
-        cluster.wait_for_nodes()
-        cmd = [sys.executable, "-m", "launcher", "run", "--storage", storage, "--epochs", "2",
-               "--address", cluster.address, "--json"]
-        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0, res.stderr
-        s = json.loads(res.stdout)
-        assert s["status"] == "succeeded" and s["epochs_completed"] == 2 and s["workers"] == 2
-        too_many = subprocess.run(cmd[:-1] + ["--workers", "3"], cwd=ROOT, capture_output=True, text=True,
-                                  timeout=120)
-        assert too_many.returncode == 2
-        assert "3 node(s) with 2 CPUs and 0 GPUs in all, room for 2" in too_many.stderr
-    finally:
-        cluster.shutdown()
+# A worker SIGKILLed mid-run, restarted from the latest checkpoint: the last launch of
+# tests/faults/test_signal_moments.py (a cold launch of this same run). A run whose ranks span the
+# nodes of a multi-node cluster: tests/test_placement.py, on that module's 2-node cluster.
 
 
 def test_diverging_run_fails_with_one_clear_error(ray_local, capsys, storage):

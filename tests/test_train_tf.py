@@ -1,9 +1,13 @@
-"""The managed TensorFlow loop (a workload on the TF session): its data path, and real 2-worker runs on a
-local Ray."""
+"""The managed TensorFlow loop (a workload on the TF session): its data path, a TensorFlow launch
+refused under a torch run's name (no Ray), and real 2-worker runs on a local Ray: one of 2 epochs
+(MultiWorkerMirroredStrategy, seed 5), launched once for the module, is resumed to 4 epochs against
+an uninterrupted run, and is what Horovod's run of the same settings must match epoch by epoch."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import types
@@ -14,6 +18,8 @@ import workloads
 from launcher.cli.main import main
 from launcher.spec import JobSpec
 from test_train_local import launch
+
+SEED = "5"
 
 
 def _split_data(rank: int, world: int, spec: JobSpec):
@@ -61,9 +67,33 @@ def test_the_managed_tf_loop_resumed_on_one_worker_goes_on_at_the_sample_two_wor
     assert len(rows) == len(set(rows)) == 1438 and set(rows) == everything  # nothing twice, nothing skipped
 
 
+def _epoch_losses(storage: str, name: str) -> list[tuple[float, float]]:
+    """(train_loss, loss) of each epoch in run ``name``'s log."""
+    from launcher.storage.runlog import read_jsonl
+
+    log = read_jsonl(open(os.path.join(storage, name, "metrics.jsonl")).read())
+    return [(m["train_loss"], m["loss"]) for m in log if m["kind"] == "epoch"]
+
+
+@pytest.fixture(scope="module")
+def two_epochs(ray_local, tmp_path_factory):
+    """The native run of 2 epochs (``tf_stopped``), launched once for both tests below: its
+    storage, its summary, and its epochs' losses as they were before anything resumed it."""
+    storage = str(tmp_path_factory.mktemp("tf-runs"))
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(["run", "--json", "--framework", "tensorflow", "--storage", storage, "--seed", SEED,
+                     "--name", "tf_stopped", "--epochs", "2"])
+    lines = [line for line in out.getvalue().splitlines() if line.strip()]
+    assert code == 0 and len(lines) == 1, err.getvalue()[-3000:]
+    assert "a resumed run will not be exact" not in err.getvalue(), err.getvalue()  # all its state is registered
+    return {"storage": storage, "summary": json.loads(lines[0]), "losses": _epoch_losses(storage, "tf_stopped")}
+
+
 @pytest.mark.integration
-def test_tf_run_learns_resumes_and_exports_a_saved_model(ray_local, capsys, storage):
-    common = ["--framework", "tensorflow", "--storage", storage, "--seed", "3"]
+def test_tf_run_learns_resumes_and_exports_a_saved_model(ray_local, capsys, two_epochs):
+    storage = two_epochs["storage"]
+    common = ["--framework", "tensorflow", "--storage", storage, "--seed", SEED]
     code, full = launch(capsys, *common, "--name", "tf_full", "--epochs", "4")
     assert code == 0, full
     assert (full["status"], full["framework"], full["backend"]) == ("succeeded", "tensorflow", "native")
@@ -79,8 +109,8 @@ def test_tf_run_learns_resumes_and_exports_a_saved_model(ray_local, capsys, stor
     logits = next(iter(loaded.signatures["serving_default"](x=tf.constant(test.x)).values())).numpy()
     assert (logits.argmax(1) == test.y).mean() >= 0.85
 
-    code, first = launch(capsys, *common, "--name", "tf_stopped", "--epochs", "2")
-    assert code == 0 and first["epochs_completed"] == 2
+    first = two_epochs["summary"]  # tf_stopped: the same settings, stopped after 2 epochs
+    assert first["status"] == "succeeded" and first["epochs_completed"] == 2, first
     code, resumed = launch(capsys, *common, "--name", "tf_stopped", "--epochs", "4")
     assert code == 0, resumed
     assert resumed["resumed_from"] == {"epoch": 2, "step": 46}
@@ -90,30 +120,40 @@ def test_tf_run_learns_resumes_and_exports_a_saved_model(ray_local, capsys, stor
         assert resumed["metrics"][key] == pytest.approx(full["metrics"][key], rel=1e-5), (key, resumed, full)
 
 
-@pytest.mark.integration
-def test_tf_checkpoint_does_not_resume_a_torch_run(ray_local, capsys, storage):
-    code, _ = launch(capsys, "--storage", storage, "--name", "mixed", "--epochs", "1")
-    assert code == 0
+def test_tf_checkpoint_does_not_resume_a_torch_run(capsys, storage):
+    """A torch run (its run log and a checkpoint, as its launch leaves them) is not continued by a
+    TensorFlow launch of the same name: refused in one line before Ray starts, naming both
+    frameworks and the way out."""
+    from launcher.storage import Storage
+    from launcher.storage.checkpoint import Manifest, write_manifest
+    from launcher.storage.runlog import RunLog
+
+    torch_run = JobSpec(storage=storage, name="mixed", epochs=1).validated()
+    assert torch_run.framework == "torch"
+    RunLog(Storage.resolve(storage), "mixed").begin(torch_run.to_dict())
+    folder = os.path.join(storage, "mixed", "checkpoint_000023")
+    os.makedirs(folder)
+    write_manifest(folder, Manifest(epoch=1, step_in_epoch=0, global_step=23, world_size=2, framework="torch",
+                                    backend="native", workload="digits-mlp", batch_size=32, seed=0, metrics={}))
     code = main(["run", "--storage", storage, "--name", "mixed", "--framework", "tensorflow", "--epochs", "2"])
     err = capsys.readouterr().err
-    assert code == 2 and "framework torch, not tensorflow" in err and "another --name" in err
+    assert code == 2 and "framework torch, not tensorflow" in err and "another --name" in err, err
+    assert len(RunLog(Storage.resolve(storage), "mixed").reader.starts()) == 1  # the refused launch left no trace
 
 
 @pytest.mark.integration
 @pytest.mark.skipif(importlib.util.find_spec("horovod") is None,
                     reason="Horovod is not built here: run scripts/install-horovod (scripts/setup-env does)")
-def test_tf_horovod_matches_the_mirrored_strategy(ray_local, capsys, storage):
-    """Both average gradients over the global batch: same seed, same losses epoch by epoch."""
-    from launcher.storage.runlog import read_jsonl
-
-    losses = {}
-    for backend in ("native", "horovod"):
-        code, s = launch(capsys, "--framework", "tensorflow", "--backend", backend, "--storage", storage,
-                         "--seed", "5", "--epochs", "2", "--name", f"tf_{backend}")
-        assert code == 0, s
-        assert s["backend"] == backend and s["metrics"]["accuracy"] >= 0.85
-        log = read_jsonl(open(os.path.join(storage, f"tf_{backend}", "metrics.jsonl")).read())
-        losses[backend] = [(m["train_loss"], m["loss"]) for m in log if m["kind"] == "epoch"]
+def test_tf_horovod_matches_the_mirrored_strategy(ray_local, capsys, storage, two_epochs):
+    """Both average gradients over the global batch: same seed, same losses epoch by epoch (the
+    mirrored strategy's run: the module's run of 2 epochs)."""
+    native = two_epochs["summary"]
+    assert native["backend"] == "native" and native["metrics"]["accuracy"] >= 0.85, native
+    code, s = launch(capsys, "--framework", "tensorflow", "--backend", "horovod", "--storage", storage,
+                     "--seed", SEED, "--epochs", "2", "--name", "tf_horovod")
+    assert code == 0, s
+    assert s["backend"] == "horovod" and s["metrics"]["accuracy"] >= 0.85
+    losses = {"native": two_epochs["losses"], "horovod": _epoch_losses(storage, "tf_horovod")}
     assert len(losses["native"]) == len(losses["horovod"]) == 2
     for a, b in zip(losses["native"], losses["horovod"]):
         assert a == pytest.approx(b, rel=1e-3)

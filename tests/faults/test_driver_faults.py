@@ -5,7 +5,7 @@ Each case launches ``launcher run`` as its own process (a fresh local Ray),
 injects the fault, then checks what the user would: the exit code, the summary,
 that no process of that launch is left, and that the next launch of the same
 run resumes from a complete checkpoint. (A signal at each moment of a launch:
-test_signal_moments.py, which also SIGKILLs a driver and starts a second launch
+test_signal_moments.py, which also SIGKILLs a driver and a worker and starts a second launch
 of a running run.)
 """
 

@@ -7,7 +7,8 @@
   rate the launch trained at, not 0.
 - A slow one-off set-up (the fault point ``setup`` waits inside the phase a first Horovod
   build runs in): a start-up phase, left out of the wall time and the progress lines'
-  elapsed time.
+  elapsed time. The launch that resumes the Ctrl-C'd run waits it out (it was a test of its
+  own, launching the same run: one launch fewer).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def epochs_logged(storage: str, name: str) -> list[int]:
     return sorted(r["epoch"] for r in metric_rows(storage, name) if r.get("kind") == "epoch")
 
 
-def test_ctrl_c_leaves_a_metrics_row_for_every_checkpointed_epoch(warm_head, storage):
+def test_ctrl_c_leaves_a_metrics_row_for_every_checkpointed_epoch_and_a_slow_set_up_is_not_run_time(
+        warm_head, storage):
     # Ray Train's controller takes the workers' reports every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S (0.2 s
     # as the launcher sets it; a value the user sets wins). At 4 s, half a poll after a progress line
     # rank 0 has stored its next epoch's checkpoint and waits to hand its report over (Ray's queue
@@ -66,10 +68,29 @@ def test_ctrl_c_leaves_a_metrics_row_for_every_checkpointed_epoch(warm_head, sto
     assert cut_off and cut_off[-1] == newest, launch.stderr[-3000:]  # the case this test is about happened
     assert launch.stderr.count("the report was cut off") == len(cut_off)
 
-    resumed = Launch("--storage", storage, "--name", name, "--epochs", str(newest + 2))
+    # The resuming launch first waits out a slow one-off set-up.
+    wait_s = 8.0
+    final = newest + 2
+    started = time.time()
+    resumed = Launch("--storage", storage, "--name", name, "--epochs", str(final), "--profile-startup",
+                     env={ENV: f"setup:{wait_s:g}"})
     assert resumed.finish() == 0, resumed.stderr[-4000:]
-    assert resumed.summary()["epochs_completed"] == newest + 2
-    assert epochs_logged(storage, name) == list(range(1, newest + 3))  # each epoch once, no gap
+    took = time.time() - started
+    again = resumed.summary()
+    assert again["epochs_completed"] == final, again
+    assert epochs_logged(storage, name) == list(range(1, final + 1))  # each epoch once, no gap
+
+    # The set-up is a start-up phase, not run time: out of the wall time and the progress lines' elapsed.
+    assert "fault point setup reached" in resumed.stderr
+    assert again["setup_s"] >= wait_s and again["startup"]["phases"][SETUP_PHASE] >= wait_s, again
+    assert again["wall_s"] <= took - wait_s, (again["wall_s"], took)
+    first = re.search(rf"epoch {newest + 1}/{final} .*elapsed ([0-9.]+)s", resumed.stderr)
+    assert first and float(first.group(1)) < again["wall_s"], resumed.stderr[-2000:]
+    assert "backend set-up (a first Horovod build)" in resumed.stderr  # the start-up profile's row
+    runs = subprocess.run([sys.executable, "-m", "launcher", "runs", "--storage", storage, "--json"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    (row,) = json.loads(runs.stdout)
+    assert row["wall_s"] == pytest.approx(summary["wall_s"] + again["wall_s"], abs=0.1)  # the launches' own, summed
 
 
 def test_a_launch_stopped_inside_its_first_epoch_reports_the_rate_it_trained_at(warm_head, storage, tmp_path):
@@ -87,23 +108,3 @@ def test_a_launch_stopped_inside_its_first_epoch_reports_the_rate_it_trained_at(
     assert summary["steps_completed"] == 10, summary
     assert summary["samples_per_s"] > 0, summary  # 10 steps of 2 x 32 samples, over the time they took
     assert summary["samples_per_s"] * summary["wall_s"] >= 10 * 64
-
-
-def test_a_slow_one_off_set_up_is_a_start_up_phase_not_run_time(warm_head, storage):
-    wait_s = 8.0
-    started = time.time()
-    launch = Launch("--storage", storage, "--name", "slow_setup", "--epochs", "2", "--profile-startup",
-                    env={ENV: f"setup:{wait_s:g}"})
-    assert launch.finish() == 0, launch.stderr[-4000:]
-    took = time.time() - started
-    summary = launch.summary()
-    assert "fault point setup reached" in launch.stderr
-    assert summary["setup_s"] >= wait_s and summary["startup"]["phases"][SETUP_PHASE] >= wait_s, summary
-    assert summary["wall_s"] <= took - wait_s, (summary["wall_s"], took)
-    first = re.search(r"epoch 1/2 .*elapsed ([0-9.]+)s", launch.stderr)
-    assert first and float(first.group(1)) < summary["wall_s"], launch.stderr[-2000:]
-    assert "backend set-up (a first Horovod build)" in launch.stderr  # the start-up profile's row
-    runs = subprocess.run([sys.executable, "-m", "launcher", "runs", "--storage", storage, "--json"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
-    (row,) = json.loads(runs.stdout)
-    assert row["wall_s"] == pytest.approx(summary["wall_s"], abs=0.1)

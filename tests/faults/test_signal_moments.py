@@ -8,10 +8,13 @@ launch must exit 130 within seconds, print its summary (and write summary.json
 once the run's log has begun), release the run and leave no process behind; the
 next launch resumes from the newest complete checkpoint. One launch's driver is
 SIGKILLed while training instead: nothing of it may be left running, and the
-next launch takes its lock over. The last launch runs to the end: every step is trained exactly once
-overall, and the model is exported. Moments inside the workers are reached
-through launcher.faultpoint (LAUNCHER_FAULT_PAUSE), so the signal lands there
-every time.
+next launch takes its lock over. The last launch runs to the end: the steps add up to one
+uninterrupted run's, and the model is exported. One of its workers is SIGKILLed on the way
+(it may restart once, --max-failures 1): Ray Train restarts the group from the latest
+checkpoint, and the launch's own local Ray runs only the processes such a run needs. (That was
+a test of its own in test_train_local.py, a cold launch of the same run: it rides on this last
+launch, which is one anyway.) Moments inside the workers are reached through
+launcher.faultpoint (LAUNCHER_FAULT_PAUSE), so the signal lands there every time.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import subprocess
 import sys
 import time
 
+import psutil
 import pytest
 from harness import ROOT, Launch
 
@@ -145,15 +149,39 @@ def test_a_signal_at_each_moment_stops_the_launch_and_the_run_loses_nothing(stor
     assert s.get("model") is None and not os.path.exists(os.path.join(storage, name, "model"))
     took["export"] = launch.finish_s
 
-    # The last launch finishes the run: the steps add up to one uninterrupted run's.
-    launch = Launch(*args_to(final), "--profile-startup")
+    # The last launch finishes the run, asking for 30 epochs more; it may restart once. Epochs take
+    # a fraction of a second here: 30 of them leave the workers alive for several seconds after its
+    # second epoch is printed, when one of them is SIGKILLed.
+    last = final + 29
+    launch = Launch(*args_to(last), "--max-failures", "1", "--profile-startup")
+    launch.wait_for(f"epoch {final + 1}/{last}")
+    # The launch's own local Ray has no node anyone could drain and no autoscaler: Ray Train's
+    # preemption watcher and autoscaling coordinator are left out there; the launcher's progress
+    # board is not (this run can restart). Only this launch's processes: another test's run may be
+    # training beside it (pytest -n 2).
+    children = psutil.Process(launch.proc.pid).children(recursive=True)
+    titles = [" ".join(p.cmdline()) for p in children]
+    victims = [p.pid for p, t in zip(children, titles) if t.startswith("ray::RayTrainWorker")]
+    assert victims, f"no Ray Train worker process found: {titles}"
+    assert any(t.startswith("ray::ProgressBoard") for t in titles), titles
+    assert sum(t.startswith("ray::RayTrainWorker") for t in titles) == 2, titles
+    assert not [t for t in titles if "PreemptionWatcher" in t or "AutoscalingCoordinator" in t], titles
+    # ... nor Ray's log monitor, API server and autoscaler monitor (nobody reads them without
+    # --verbose), while the raylet and the GCS run on.
+    assert not [t for t in titles if any(d in t for d in ("log_monitor.py", "dashboard/dashboard.py",
+                                                          "autoscaler/_private/monitor.py"))], titles
+    assert any("raylet/raylet" in t for t in titles) and any("gcs_server" in t for t in titles), titles
+    os.kill(victims[-1], signal.SIGKILL)
     assert launch.finish() == 0, launch.stderr[-4000:]
     done = launch.summary()
-    assert f"resumed after step {trained * STEPS_PER_EPOCH}, in epoch {final}/{final}" in launch.stderr
+    assert done["restarts"] == 1 and "restarted from the latest checkpoint" in launch.stderr, done
+    assert len(done["recovery_s"]) == 1 and 0 < done["recovery_s"][0] < 120, done  # failure -> first step after
+    # The steps add up to one uninterrupted run's.
+    assert f"resumed after step {trained * STEPS_PER_EPOCH}, in epoch {final}/{last}" in launch.stderr
     assert "start-up profile:" in launch.stderr and "time to first step (from process start)" in launch.stderr
     assert done["startup"]["time_to_first_step_s"] > done["startup"]["phases"]["Ray start or connect"]
     assert done["status"] == "succeeded" and done["resumed_from"]["epoch"] == trained, done
-    assert done["epochs_completed"] == final and done["steps_completed"] == final * STEPS_PER_EPOCH
+    assert done["epochs_completed"] == last and done["steps_completed"] == last * STEPS_PER_EPOCH, done
     assert done["model"] and os.path.exists(os.path.join(storage, name, "model", "model.json"))
     launches = read_jsonl(open(os.path.join(storage, name, "launches.jsonl")).read())
     assert len([r for r in launches if r.get("event") == "start"]) == 6, launches  # Ray start logged nothing
