@@ -37,16 +37,11 @@ LOCAL_OVERSUBSCRIPTION = localhead.LOCAL_OVERSUBSCRIPTION  # a local Ray runs up
 # everything but the workers 6.5 and 6.6 % -> 5.1 and 5.1 %).
 IDLE_DAEMONS = ("PROCESS_TYPE_LOG_MONITOR", "PROCESS_TYPE_DASHBOARD", "PROCESS_TYPE_MONITOR")
 
-# Raylet settings for a launch's own local Ray: by default the raylet starts one idle worker
-# process per CPU when the first driver connects. On 2 cores those two starts landed on the
-# critical path of a cold launch, beside the controller's start (Ray Train's controller and
-# workers carry their own runtime environment, so they never use them). The warm head keeps
-# Ray's default: there they start during `launcher up`, and runs on a fresh warm head were not
-# slower with them (3 alternated pairs). A value the user set wins.
 # Settings for a local Ray the launcher starts (its processes read them from their environment;
-# a value the user set wins): no idle workers prestarted for the driver (docs/guides/startup.md),
-# and the dashboard agent's reporter once a minute (see localhead.REPORTER_ENV).
-LOCAL_RAY_ENV = {"RAY_prestart_worker_first_driver": "0", localhead.REPORTER_ENV: localhead.REPORTER_MS}
+# a value the user set wins): no idle workers prestarted for the driver (localhead.PRESTART_ENV:
+# on 2 cores their start also landed on the critical path of a cold launch, beside the
+# controller's), and the dashboard agent's reporter once a minute (see localhead.REPORTER_ENV).
+LOCAL_RAY_ENV = {localhead.PRESTART_ENV: "0", localhead.REPORTER_ENV: localhead.REPORTER_MS}
 
 
 @dataclass(frozen=True)
