@@ -111,7 +111,8 @@ def bucket(gcs, request):
 # Fixtures that start a Ray instance, a Ray head process or a multi-node cluster: a test that
 # uses one (directly or through another fixture) must say so with a marker, so that the fast
 # tier (-m "not integration and not chaos") never starts Ray.
-RAY_FIXTURES = {"ray_local", "head", "lab", "warm_head", "_warm_head_state"}
+RAY_FIXTURES = {"ray_local", "head", "lab", "warm_head", "_warm_head_state", "two_nodes", "warm_tour",
+                "labelled_cluster", "two_epochs"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -336,8 +336,10 @@ STREAMED = SEEN.replace("import workloads\n", "import workloads\nfrom launcher.d
 @pytest.mark.integration
 def test_a_streamed_run_resized_mid_epoch_reads_every_sample_once(warm_head, gcs, bucket, tmp_path, monkeypatch):
     """Your own torch loop reads a shard set on the emulator through a cache of a quarter of
-    it (--data-cache-gb): stopped on 2 workers, resumed on 1 and stopped, resumed on 2; each
-    epoch trains every sample once."""
+    it (--data-cache-gb): stopped after 3 steps on 2 workers, resumed on 1 and stopped after 3
+    more, resumed on 2; the epoch goes on at the next sample of the run's global order each
+    time, and each epoch trains every sample once. The loop is test_session.py's SEEN reading
+    the set instead of a list, so this covers test_session's own 2-1-2 resize as well."""
     from test_session import assert_each_sample_once, run_resized_twice
 
     monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "cache"))
@@ -346,6 +348,7 @@ def test_a_streamed_run_resized_mid_epoch_reads_every_sample_once(warm_head, gcs
     phases = run_resized_twice(tmp_path, STREAMED, "streamed.py", "--param", f"data={uri}",
                                "--data-cache-gb", repr(quarter))
     assert_each_sample_once(phases, 64, 2)
+    assert {r["epoch"] for r in phases[1]} == {0}  # the shrunk group's steps were mid-epoch
     # Each epoch says how much of its training time the ranks waited for their batches.
     from launcher.storage.runlog import read_jsonl
 

@@ -3,11 +3,11 @@
 The fast tests check what the spec refuses (one line, exit 2) and the cursor a quorum's steps
 move: a committed step advances it by the samples the step trained, whatever the number of
 replicas in its quorum, and a step whose commit failed is drawn again from the same place.
-The integration test trains a training function on 2 replicas on a real local Ray with real
-torchft: every sample of each epoch is trained once, and a run stopped with Ctrl-C after a
-mid-epoch checkpoint and launched again ends with the uninterrupted run's weights. The
-preemption of a replica's node (the survivors keep their processes, the replacement is healed
-from a peer) is tests/chaos/test_ft_chaos.py's.
+The integration test trains a training function on 2 replicas on a real local Ray (the
+session's warm head) with real torchft: every sample of each epoch is trained once, and a run
+stopped with Ctrl-C after a mid-epoch checkpoint and launched again ends with the uninterrupted
+run's weights. The preemption of a replica's node (the survivors keep their processes, the
+replacement is healed from a peer) is tests/chaos/test_ft_chaos.py's.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import json
 import os
 import types
 
-import numpy as np
 import pytest
 
 from launcher.storage import Storage
@@ -251,10 +250,13 @@ def assert_each_sample_once(kept: list[dict], n: int, epochs: int) -> None:
 
 
 @pytest.mark.integration
-def test_ft_trains_each_sample_once_and_resumes_to_the_same_weights(tmp_path):
+def test_ft_trains_each_sample_once_and_resumes_to_the_same_weights(warm_head, tmp_path):
     """2 replicas, a step checkpoint every 4 steps. The uninterrupted run trains every sample of each
     epoch once (each step's global batch split over the quorum); a run stopped by Ctrl-C after its
-    first step checkpoint (mid-epoch) and launched again ends with the same weights and epoch losses."""
+    first step checkpoint (mid-epoch) and launched again ends with the same weights and epoch losses.
+    The three launches connect to the session's warm head rather than each starting a Ray of its
+    own (~9 s a launch here: conftest's warm_head); the lighthouse and the replicas are the run's
+    own actors either way."""
     path = write(tmp_path / "code", SEEN, "seen_ft.py")
     storage = str(tmp_path / "runs")
     args = ["--workload", f"{path}:seen", "--strategy", "ft", "--storage", storage,

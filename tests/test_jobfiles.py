@@ -412,16 +412,20 @@ def _summary(out: str) -> dict:
 
 @pytest.mark.integration
 def test_the_guide_config_verbatim_tunes_the_example_package(ray_local, tmp_path, capsys):
+    """The guide's file as it is, its 10 trials capped to one by --max-trial-count (and its 4
+    workers to 1 by --workers): the trial gets --learning_rate from the guide's range and learns.
+    Trials of the example package side by side (maxParallelTrials 2) are test_tune.py's
+    test_a_package_is_tuned_on_its_hypertune_metric_and_a_missing_tag_is_one_line."""
     path = tmp_path / "config.yaml"
     path.write_text(GUIDE_CONFIG)
     code = main(["tune", "--config", str(path), "--package", EXAMPLE, "--module", "trainer.task", "--workers", "1",
-                 "--max-trial-count", "2", "--storage", str(tmp_path / "runs"), "--name", "guide", "--json",
+                 "--max-trial-count", "1", "--storage", str(tmp_path / "runs"), "--name", "guide", "--json",
                  "--", "--epochs", "1"])
     captured = capsys.readouterr()
     assert code == 0, captured.err[-3000:]
     result = _summary(captured.out)
     rows, summary = result["trials"], result["summary"]
-    assert len(rows) == 2 and all(r["status"] == "succeeded" for r in rows), rows
+    assert len(rows) == 1 and all(r["status"] == "succeeded" for r in rows), rows
     assert all(0.001 <= r["learning_rate"] <= 0.1 and r["accuracy"] > 0.5 for r in rows), rows
     assert summary["best"]["accuracy"] == max(r["accuracy"] for r in rows)
     assert "parameter servers are not started" in captured.err
@@ -434,6 +438,10 @@ def test_the_guide_config_verbatim_tunes_the_example_package(ray_local, tmp_path
 
 @pytest.mark.integration
 def test_a_vertex_custom_job_with_two_pools_on_spot_runs_and_stops_at_its_timeout(ray_local, tmp_path, capsys):
+    """The run is stopped by its scheduling.timeout, counted from the start of its workers, after it
+    has trained (steps_completed: the epochs its ranks reported). The test lasts about as long as
+    the timeout, so it is short (15 s) and the steps quick (--step-sleep 0.05: an epoch's 22 steps
+    in a little over 1 s), leaving the workers and the program most of it to start."""
     path = tmp_path / "custom_job.yaml"
     path.write_text(textwrap.dedent(f"""\
         displayName: digits on spot
@@ -445,16 +453,16 @@ def test_a_vertex_custom_job_with_two_pools_on_spot_runs_and_stops_at_its_timeou
               executorImageUri: us-docker.pkg.dev/vertex-ai/training/pytorch-cpu.2-4.py310:latest
               packageUris: [{EXAMPLE}]
               pythonModule: trainer.task
-              args: [--epochs, 50, --step-sleep, 0.2]
+              args: [--epochs, 50, --step-sleep, 0.05]
           - machineSpec: {{machineType: n1-standard-4}}
             replicaCount: 1
             pythonPackageSpec:
               executorImageUri: us-docker.pkg.dev/vertex-ai/training/pytorch-cpu.2-4.py310:latest
               packageUris: [{EXAMPLE}]
               pythonModule: trainer.task
-              args: [--epochs, 50, --step-sleep, 0.2]
+              args: [--epochs, 50, --step-sleep, 0.05]
           baseOutputDirectory: {{outputUriPrefix: {tmp_path}/out/spot_job}}
-          scheduling: {{timeout: 25s, strategy: SPOT}}
+          scheduling: {{timeout: 15s, strategy: SPOT}}
         """))
     started = time.time()
     code = main(["run", "--config", str(path), "--json"])

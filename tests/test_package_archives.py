@@ -1,16 +1,14 @@
 """Built trainer packages as ``--package``: sdists and wheels, local or gs://, checked on the driver
-(launcher/driver/archives.py, launcher/driver/program.py), installed on every node with the
-driver's PIP_* options, and run from the installed package on a 2-node cluster."""
+(launcher/driver/archives.py, launcher/driver/program.py), with the driver's PIP_* options for
+every node's install. Installed on every node and run from the installed package on a 2-node
+cluster: tests/test_programs.py's test_an_sdist_by_path_then_by_gs_uri_trains_on_two_nodes_and_resumes,
+on the cluster that module starts once for its runs across nodes."""
 
 from __future__ import annotations
 
 import io
-import json
 import os
-import shutil
 import socket
-import subprocess
-import sys
 import tarfile
 import zipfile
 
@@ -233,92 +231,3 @@ def test_the_drivers_pip_options_go_to_every_node(tmp_path, monkeypatch):
     env = jobs.runtime_env({"PIP_NO_INDEX": "1", "HOME": "/root"}, program=program)  # a submitted job's too
     assert env["env_vars"]["PIP_NO_INDEX"] == "1" and "HOME" not in env["env_vars"]
     assert env["working_dir"] == program.folder
-
-
-# -- on a 2-node cluster ---------------------------------------------------------------------------
-
-EXTRA = '''
-import launcher_test_extra, trainer
-print("extra", launcher_test_extra.MARK, "trainer-from", os.path.dirname(trainer.__file__), flush=True)
-'''
-
-
-def build_dependency(tmp_path, dest: str) -> str:
-    """launcher-test-extra, a tiny pure-Python distribution, as a wheel in ``dest``."""
-    src = tmp_path / "extra-src"
-    (src / "launcher_test_extra").mkdir(parents=True)
-    (src / "launcher_test_extra" / "__init__.py").write_text("MARK = 'extra-4.2'\n")
-    (src / "setup.py").write_text("from setuptools import setup\nsetup(name='launcher-test-extra', version='4.2', "
-                                  "packages=['launcher_test_extra'])\n")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-index", "--no-build-isolation", "-q",
-                    "-w", dest, str(src)], check=True, capture_output=True)
-    (wheel,) = os.listdir(dest)
-    return wheel
-
-
-def build_sdist(tmp_path) -> str:
-    """The example trainer package, needing launcher-test-extra, as `python setup.py sdist` builds it."""
-    src = tmp_path / "trainer-src"
-    shutil.copytree(EXAMPLE, src, ignore=shutil.ignore_patterns("__pycache__"))
-    setup = src / "setup.py"
-    setup.write_text(setup.read_text().replace('install_requires=["cloudml-hypertune"]',
-                                               'install_requires=["cloudml-hypertune", "launcher-test-extra"]'))
-    task = src / "trainer" / "task.py"
-    task.write_text(task.read_text().replace("\nimport hypertune\n", "\nimport hypertune\n" + EXTRA))
-    subprocess.run([sys.executable, "setup.py", "-q", "sdist", "-d", str(tmp_path / "dist")], cwd=src, check=True,
-                   capture_output=True)
-    return str(tmp_path / "dist" / "trainer-0.1.tar.gz")
-
-
-@pytest.mark.integration
-@pytest.mark.gcs
-def test_an_sdist_by_path_then_by_gs_uri_trains_on_two_nodes_and_resumes(tmp_path, gcs, bucket, monkeypatch):
-    from ray.cluster_utils import Cluster
-
-    _, client = gcs
-    wheels = tmp_path / "wheels"
-    build_dependency(tmp_path, str(wheels))
-    sdist = build_sdist(tmp_path)
-    assert archives.open_archive(sdist, sdist).declared_requirements(setup_py_dependencies) == \
-        ["cloudml-hypertune", "launcher-test-extra"]  # a real sdist's PKG-INFO
-    client.bucket(bucket).blob("code/trainer-0.1.tar.gz").upload_from_filename(sdist)
-    # The nodes never see this machine's pip options: only what the launcher passes on finds the dependency.
-    for name in deps.pip_env():
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("PIP_NO_INDEX", "1")  # and nothing ever reaches for the network
-    monkeypatch.setenv("LAUNCHER_ENV_CACHE", str(tmp_path / "envs"))  # the nodes' overlay environments
-    env = {**os.environ, "PIP_FIND_LINKS": str(wheels)}
-    storage, run_dir = str(tmp_path / "runs"), str(tmp_path / "runs" / "arc")
-    cwd = tmp_path / "elsewhere"
-    cwd.mkdir()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    try:
-        for _ in range(2):
-            cluster.add_node(num_cpus=1)
-        cluster.wait_for_nodes()
-        runs = []
-        for package, epochs in ((sdist, 1), (f"gs://{bucket}/code/trainer-0.1.tar.gz", 2)):
-            runs.append(subprocess.run(
-                [sys.executable, "-m", "launcher", "run", "--package", package, "--module", "trainer.task",
-                 "--workers", "2", "--address", cluster.address, "--storage", storage, "--name", "arc", "--json",
-                 "--", "--epochs", str(epochs)], cwd=cwd, capture_output=True, text=True, timeout=400, env=env))
-            assert runs[-1].returncode == 0, runs[-1].stderr[-3000:]
-    finally:
-        cluster.shutdown()
-    first, second = runs
-    per_epoch = 1437 // 64
-    for done, steps, accuracy in ((first, per_epoch, 0.2), (second, 2 * per_epoch, 0.8)):
-        summary = json.loads(done.stdout)
-        assert summary["status"] == "succeeded" and summary["exit_codes"] == {"0": 0, "1": 0}, summary
-        assert summary["workload"] == "module:trainer.task (trainer-0.1.tar.gz)"
-        assert summary["steps_completed"] == steps and summary["metrics"]["accuracy"] > accuracy, summary
-        for r in range(2):  # the dependency found through the driver's PIP_FIND_LINKS; the installed trainer
-            line = next(x for x in done.stderr.splitlines() if x.startswith(f"[rank {r}] extra extra-4.2 "))
-            assert line.split("trainer-from ")[1].startswith(str(tmp_path / "envs")), line
-    assert "installing trainer-0.1.tar.gz and its dependencies on 3 node(s)" in first.stderr
-    assert "(installed on " in first.stderr and "(already there)" in second.stderr  # kept for later launches
-    assert f"resumed from step {per_epoch} of {2 * per_epoch}" in second.stderr
-    assert os.path.exists(os.path.join(run_dir, "model", "model.pt"))
-    with open(os.path.join(run_dir, "launches.jsonl")) as f:
-        launches = [json.loads(line)["spec"]["program"]["packages"] for line in f if '"start"' in line]
-    assert launches == [[sdist], [f"gs://{bucket}/code/trainer-0.1.tar.gz"]]

@@ -3,9 +3,9 @@ node names): what each step prints, writes or leaves behind.
 
 The unit tests read the README, the parser and the printed tables. The integration tests run
 the real commands as processes: ``launcher up`` then the tour's first command and ``launcher
-down``; ``launcher serve`` and a Ctrl-C; ``launcher preemption demo`` to its end and cut short
-by a Ctrl-C, after which Ray's note of the current cluster is as it was and no process of the
-lab is left.
+down`` (once, in a fixture); ``launcher serve`` of that run's model and a Ctrl-C; ``launcher
+preemption demo`` to its end and cut short by a Ctrl-C, after which Ray's note of the current
+cluster is as it was and no process of the lab is left.
 """
 
 from __future__ import annotations
@@ -214,28 +214,42 @@ def _gone(pid: int, timeout_s: float = 15) -> bool:
     return False
 
 
-@pytest.mark.integration
-def test_after_launcher_up_the_tours_first_run_runs_and_down_stops_the_head_in_seconds(tmp_path):
+@pytest.fixture(scope="module")
+def warm_tour(tmp_path_factory) -> dict:
+    """`launcher up`, the tour's first command on that warm head and `launcher down`, as processes: what
+    each printed, the head's state file and how long `launcher down` took. The serve test then serves
+    the model this run trained (after `launcher down`, as the README's serve comes before `launcher
+    up`: it starts a Ray of its own), instead of training one of its own (one launch fewer)."""
     from launcher.lab.gcs_emulator import free_port
 
-    env, port = _env(tmp_path), str(free_port())
+    folder = tmp_path_factory.mktemp("tour")
+    env, port = _env(folder), str(free_port())
     first = tour()[0].split()[1:]  # run --workers 4 --epochs 3
-    up = _launcher(env, "up", "--port", port, timeout=180)
+    seen: dict = {"port": port, "storage": str(folder / "runs"), "head": None, "ran": None}
+    seen["up"] = _launcher(env, "up", "--port", port, timeout=180)
     try:
-        cpus = localhead.default_cpus()
-        assert up.returncode == 0 and f"with {cpus} CPUs" in up.stdout, up.stdout + up.stderr
-        head = json.load(open(tmp_path / "state" / "local-head.json"))
-        ran = _launcher(env, *first, "--storage", str(tmp_path / "runs"), "--json")
-        assert ran.returncode == 0, ran.stderr[-3000:]
-        assert f"using the warm local Ray at 127.0.0.1:{port}" in ran.stderr
-        summary = json.loads(ran.stdout)
-        assert summary["status"] == "succeeded" and summary["workers"] == 4, summary
+        if seen["up"].returncode == 0:
+            seen["head"] = json.load(open(folder / "state" / "local-head.json"))
+            seen["ran"] = _launcher(env, *first, "--storage", seen["storage"], "--json")
     finally:
         started = time.time()
-        down = _launcher(env, "down", timeout=120)
-        took = time.time() - started
+        seen["down"] = _launcher(env, "down", timeout=120)
+        seen["took"] = time.time() - started
+    return seen
+
+
+@pytest.mark.integration
+def test_after_launcher_up_the_tours_first_run_runs_and_down_stops_the_head_in_seconds(warm_tour):
+    up, ran, down, port, head = (warm_tour[k] for k in ("up", "ran", "down", "port", "head"))
+    cpus = localhead.default_cpus()
+    assert up.returncode == 0 and f"with {cpus} CPUs" in up.stdout, up.stdout + up.stderr
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert f"using the warm local Ray at 127.0.0.1:{port}" in ran.stderr
+    summary = json.loads(ran.stdout)
+    assert summary["status"] == "succeeded" and summary["workers"] == 4, summary
     assert down.returncode == 0 and down.stdout.strip() == "stopped the warm local Ray", down
     assert f"stopping the warm local Ray at 127.0.0.1:{port} (pid {head['pid']})" in down.stderr, down.stderr
+    took = warm_tour["took"]
     assert took < 20, f"launcher down took {took:.1f}s"  # Ray's drain made it 30 s
     assert _gone(head["pid"], 1), "the head's `ray start` outlived `launcher down`"
     # A head started smaller than the run: tests/test_train_local.py's warm-head test checks
@@ -243,21 +257,22 @@ def test_after_launcher_up_the_tours_first_run_runs_and_down_stops_the_head_in_s
 
 
 @pytest.mark.integration
-def test_serve_says_serving_when_it_answers_and_a_ctrl_c_then_stops_it(tmp_path):
+def test_serve_says_serving_when_it_answers_and_a_ctrl_c_then_stops_it(tmp_path, warm_tour):
     """Before: /healthz answered seconds before "serving" (1 to 6 s here), and a Ctrl-C once it
-    served exited 0 without a word."""
+    served exited 0 without a word. It serves the tour's first run (the warm_tour fixture's, its
+    warm head stopped since), with a state folder of its own: no warm head, its own Ray."""
     import http.client
 
     from launcher.lab.gcs_emulator import free_port
 
     env = _env(tmp_path)
-    trained = _launcher(env, "run", "--epochs", "1", "--workers", "1", "--name", "m",
-                        "--storage", str(tmp_path / "runs"))
-    assert trained.returncode == 0, trained.stderr[-3000:]
+    trained = warm_tour["ran"]
+    assert trained is not None and trained.returncode == 0, "the tour's first run trained no model to serve"
+    name = json.loads(trained.stdout)["name"]
     port = free_port()
     log = open(tmp_path / "serve.err", "w+")
-    proc = subprocess.Popen([sys.executable, "-m", "launcher", "serve", "--run", "m", "--storage",
-                             str(tmp_path / "runs"), "--port", str(port)], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "launcher", "serve", "--run", name, "--storage",
+                             warm_tour["storage"], "--port", str(port)], cwd=ROOT, env=env,
                             stdout=subprocess.PIPE, stderr=log, text=True)
     first_answer: list[float] = []
 

@@ -197,9 +197,9 @@ def _shapes_data(folder) -> str:
     return str(folder)
 
 
-# A workload for the multi-node tests: it notes which copy of itself each process loaded
-# (in the --data folder), and --param delay_ms slows each forward pass, so a test can stop
-# it in the middle of an epoch.
+# A workload for the multi-node tests (tests/test_programs.py's run across two nodes, tests/chaos/):
+# it notes which copy of itself each process loaded (in the --data folder), and --param delay_ms
+# slows each forward pass, so a test can stop it in the middle of an epoch.
 SHIPPED = GOOD + '''
 
 class Noted(Blobs):
@@ -235,69 +235,6 @@ class Noted(Blobs):
 
 NOTED = Noted()
 '''
-
-
-@pytest.mark.integration
-def test_user_workload_is_shipped_to_a_cluster_and_resumes_mid_epoch_exactly(tmp_path):
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    from ray.cluster_utils import Cluster
-
-    from launcher.storage import Storage, complete_checkpoints
-
-    path = write(tmp_path / "code", SHIPPED)
-    cwd, markers, storage = tmp_path / "cwd", tmp_path / "markers", str(tmp_path / "runs")
-    for folder in (cwd, markers):
-        folder.mkdir()
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    try:
-        for _ in range(2):
-            cluster.add_node(num_cpus=1)
-        cluster.wait_for_nodes()
-        base = [sys.executable, "-m", "launcher", "run", "--workload", os.path.relpath(path, cwd) + ":NOTED",
-                "--epochs", "4", "--seed", "5", "--checkpoint-every-steps", "5", "--keep-checkpoints", "30",
-                "--data", str(markers),
-                "--storage", storage, "--address", cluster.address, "--json"]
-
-        def launch(name: str, *extra: str) -> dict:
-            done = subprocess.run(base + ["--name", name, *extra], cwd=cwd, capture_output=True, text=True,
-                                  timeout=300)
-            assert done.returncode == 0, done.stderr
-            return json.loads(done.stdout)
-
-        reference = launch("whole")
-        assert reference["status"] == "succeeded" and reference["steps_completed"] == 4 * 19
-        assert reference["metrics"]["accuracy"] >= 0.9  # it learned
-
-        # The same run, stopped (Ctrl-C) in the middle of an epoch, then launched again. The
-        # workers hold after step 27, so the last checkpoint before the stop is step 25 (epoch 1,
-        # 6 steps in) however long the stop takes to land.
-        proc = subprocess.Popen(base + ["--name", "stopped", "--param", "hold_after=27"], cwd=cwd,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        deadline = time.time() + 240
-        while time.time() < deadline:
-            done = complete_checkpoints(Storage.resolve(storage), "stopped")
-            if any(m.global_step >= 25 for m, _ in done):
-                break
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == 130, err
-        stopped = json.loads(out)
-        assert stopped["status"] == "cancelled" and stopped["steps_completed"] < 4 * 19
-        resumed = launch("stopped")
-        start = resumed["resumed_from"]["step"]
-        assert start == 25, resumed  # in the middle of the second epoch
-        assert resumed["steps_completed"] == 4 * 19
-        assert resumed["weights_sha256"] == reference["weights_sha256"]  # exactly where it stopped
-    finally:
-        cluster.shutdown()
-    # The workers loaded the copy Ray shipped with the job, not the file on this machine.
-    loaded = {open(markers / name).read() for name in os.listdir(markers)}
-    assert any(p != path and p.endswith("my_workload.py") and "runtime_resources" in p for p in loaded), loaded
 
 
 def test_bench_scaling_keeps_a_user_workloads_own_params(elsewhere):

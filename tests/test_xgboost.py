@@ -15,10 +15,9 @@ import os
 import numpy as np
 import pytest
 
-import workloads
 from launcher.errors import UserError
 from launcher.spec import JobSpec
-from test_session import finish, launch, stop_after_step_checkpoint
+from test_session import stop_after_step_checkpoint
 from test_user_workloads import run_cli
 from workloads.tabular import Tabular, read_table
 
@@ -174,7 +173,11 @@ def test_workloads_lists_tabular_with_its_xgboost_params(capsys):
 # -- training (a real local Ray, real processes) ------------------------------------------------------
 
 @pytest.mark.integration
-def test_xgboost_on_2_workers_learns_resumes_at_the_round_and_exports_a_booster(warm_head, tmp_path):
+def test_xgboost_on_2_workers_learns_resumes_at_the_round_and_exports_a_booster(ray_local, warm_head, capsys,
+                                                                                tmp_path):
+    """The uninterrupted run and the resumed one run in this process on the shared local Ray; the
+    run stopped with Ctrl-C after its first round checkpoint is a `launcher run` process (on the
+    warm head), which the test can signal. The resumed booster is the uninterrupted one, bitwise."""
     import xgboost as xgb
 
     storage = str(tmp_path / "runs")
@@ -182,7 +185,13 @@ def test_xgboost_on_2_workers_learns_resumes_at_the_round_and_exports_a_booster(
     args = ["--framework", "xgboost", "--data", data, "--param", "label=progression", "--param",
             "num_boost_round=30", "--param", "max_depth=3", "--param", "eta=0.1", "--checkpoint-every-steps",
             "8", "--storage", storage]
-    whole = finish(launch(args + ["--name", "whole"]))
+
+    def run(name: str) -> dict:
+        code, out, err = run_cli(capsys, "run", "--json", *args, "--name", name)
+        assert code == 0, err[-3000:]
+        return json.loads(out.strip().splitlines()[-1])
+
+    whole = run("whole")
     assert whole["status"] == "succeeded" and whole["steps_completed"] == 30, whole
     m = whole["metrics"]
     # It learned: the target's spread is about 77; predicting the mean scores an rmse of that.
@@ -190,7 +199,7 @@ def test_xgboost_on_2_workers_learns_resumes_at_the_round_and_exports_a_booster(
 
     stopped = stop_after_step_checkpoint(args + ["--name", "stopped"], tmp_path)
     assert stopped["status"] == "cancelled" and stopped["steps_completed"] < 30, stopped
-    resumed = finish(launch(args + ["--name", "stopped"]))
+    resumed = run("stopped")
     assert resumed["resumed_from"] == {"epoch": 0, "step": 8}, resumed
     assert resumed["weights_sha256"] == whole["weights_sha256"]  # the very booster, bitwise
 
@@ -215,7 +224,16 @@ def test_a_ray_train_xgboost_function_runs_as_written_and_goes_on_from_its_check
     """Ray's XGBoostTrainer example shape: get_dataset_shard("train"/"validation") made from --data by
     Ray Data, RayTrainReportCallback checkpoints; a relaunch asking for more rounds goes on from the
     last checkpoint and ends where an uninterrupted run ends. Its last booster is exported as
-    <run>/model/, which `launcher predict --run` takes."""
+    <run>/model/, which `launcher predict --run` takes.
+
+    Each launch costs more than a built-in XGBoost run's: the driver makes both datasets with Ray
+    Data (a read and a split each, materialized before the workers start), Ray Train's data
+    config starts a split coordinator (a process importing Ray Data) per dataset, each worker
+    materializes its shards, and the callback reports every round. A checkpoint every 4 rounds
+    (not 2) keeps a resume from the checkpoint of round 4 with half the checkpoints. The model
+    `launcher predict --run` names is loaded here (locate, Model: what its replicas load) and
+    compared with the booster; predict's Ray Data pipeline over a CSV is
+    test_predict.py's test_a_regression_run_predicts_its_numbers_as_the_exported_program_does."""
     import xgboost as xgb
     from ray.train import Checkpoint
     from ray.train.xgboost import RayTrainReportCallback
@@ -223,7 +241,7 @@ def test_a_ray_train_xgboost_function_runs_as_written_and_goes_on_from_its_check
     storage = str(tmp_path / "runs")
     args = ["run", "--workload", os.path.join(EXAMPLES, "xgboost_ray_train.py:train_fn_per_worker"), "--data",
             diabetes_csv(tmp_path / "data"), "--param", "label=progression", "--param", "max_depth=3", "--param",
-            "eta=0.1", "--param", "checkpoint_every=2", "--workers", "2", "--storage", storage, "--json"]
+            "eta=0.1", "--param", "checkpoint_every=4", "--workers", "2", "--storage", storage, "--json"]
 
     def run(name: str, rounds: int) -> dict:
         code, out, err = run_cli(capsys, *args, "--param", f"num_boost_round={rounds}", "--name", name)
@@ -240,21 +258,18 @@ def test_a_ray_train_xgboost_function_runs_as_written_and_goes_on_from_its_check
     booster = RayTrainReportCallback.get_model(Checkpoint(resumed["checkpoint"]))
     assert booster.num_boosted_rounds() == 8
     # Its last checkpoint's booster is the run's model, exported as the built-in workload's (issue 65
-    # item 4: there was no <run>/model/), and `launcher predict --run` answers what it predicts.
+    # item 4: there was no <run>/model/), and the model `launcher predict --run` loads answers what
+    # the booster predicts.
+    from launcher.predict.model import Model, locate
+
     assert whole["model"] == os.path.join(storage, "whole", "model"), whole
     described = json.load(open(os.path.join(whole["model"], "model.json")))
     assert described["framework"] == "xgboost" and described["rounds"] == 8 and described["features"][:2] == \
         ["age", "sex"] and described["label"] == "progression", described
     x, _, names = read_table(os.path.join(tmp_path, "data", "diabetes.csv"), "progression")
-    np.savetxt(tmp_path / "patients.csv", x[:30], delimiter=",", header=",".join(names), comments="")
-    out = str(tmp_path / "predicted")
-    code, _, err = run_cli(capsys, "predict", "--run", "whole", "--storage", storage, "--input",
-                           str(tmp_path / "patients.csv"), "--output", out)
-    assert code == 0, err[-2000:]
-    rows = sorted((json.loads(line) for name in os.listdir(out) if not name.startswith("_")
-                   for line in open(os.path.join(out, name))), key=lambda r: r["row"])
+    served = Model(locate(run="whole", storage=storage))
     booster = RayTrainReportCallback.get_model(Checkpoint(whole["checkpoint"]))
-    np.testing.assert_allclose([r["prediction"] for r in rows],
+    np.testing.assert_allclose(served.predict(x[:30].tolist()),
                                booster.predict(xgb.DMatrix(x[:30], feature_names=names)), rtol=1e-5)
 
 
@@ -316,16 +331,18 @@ def test_framework_sklearn_is_for_programs_and_not_for_horovod(capsys, tmp_path)
 
 
 @pytest.mark.integration
-def test_sklearn_and_xgboost_packages_run_as_what_they_are_with_their_models_where_vertex_puts_them(warm_head, tmp_path):
+def test_sklearn_and_xgboost_packages_run_as_what_they_are_with_their_models_where_vertex_puts_them(
+        ray_local, capsys, tmp_path):
+    """Both runs in this process on the shared local Ray (what they say, their summaries and
+    models are the point, not a process of their own)."""
     import joblib
     import xgboost as xgb
     from sklearn.datasets import load_digits
 
     storage = str(tmp_path / "runs")
-    sk = launch(["--package", os.path.join(EXAMPLES, "sklearn_package"), "--module", "trainer.task",
-                 "--storage", storage, "--name", "sk"])
-    _, err = sk.communicate(timeout=300)
-    assert sk.returncode == 0, err[-3000:]
+    code, _, err = run_cli(capsys, "run", "--package", os.path.join(EXAMPLES, "sklearn_package"), "--module",
+                           "trainer.task", "--storage", storage, "--name", "sk")
+    assert code == 0, err[-3000:]
     assert "imports scikit-learn and no library that trains across processes: it runs once" in err
     summary = json.load(open(os.path.join(storage, "sk", "summary.json")))
     assert (summary["framework"], summary["workers"], summary["status"]) == ("sklearn", 1, "succeeded"), summary
@@ -336,10 +353,10 @@ def test_sklearn_and_xgboost_packages_run_as_what_they_are_with_their_models_whe
 
     assert Model(locate(os.path.join(storage, "sk"))).predict(x[:50].tolist()) == model.predict(x[:50]).tolist()
 
-    boosted = launch(["--package", os.path.join(EXAMPLES, "xgboost_package"), "--module", "trainer.task",
-                      "--workers", "2", "--storage", storage, "--name", "xg", "--", "--rounds", "10"])
-    _, err = boosted.communicate(timeout=300)
-    assert boosted.returncode == 0, err[-3000:]
+    code, _, err = run_cli(capsys, "run", "--package", os.path.join(EXAMPLES, "xgboost_package"), "--module",
+                           "trainer.task", "--workers", "2", "--storage", storage, "--name", "xg", "--",
+                           "--rounds", "10")
+    assert code == 0, err[-3000:]
     assert "imports XGBoost and no library that trains across processes: each of the 2 workers runs it" in err
     summary = json.load(open(os.path.join(storage, "xg", "summary.json")))
     assert (summary["framework"], summary["workers"]) == ("xgboost", 2), summary
@@ -360,7 +377,9 @@ def test_bench_xgboost_refuses_a_table_without_y_in_one_line(capsys, tmp_path):
 
 
 @pytest.mark.integration
-def test_bench_xgboost_writes_launcher_and_alone_rows(capsys, tmp_path):
+def test_bench_xgboost_writes_launcher_and_alone_rows(warm_head, capsys, tmp_path):
+    """The bench's `launcher run` process goes to the session's warm head (as test_bench_sharding's
+    and test_bench_session's do), not to a local Ray of its own started and stopped for it."""
     out = tmp_path / "out"
     code, printed, err = run_cli(capsys, "bench", "scaling", "--framework", "xgboost", "--workers", "2",
                                  "--repeats", "1", "--rows", "4000", "--features", "8", "--rounds", "12",

@@ -51,28 +51,30 @@ class Run:
         return self.job.exit_code, summary
 
 
-def test_a_notice_reaches_the_package_as_sigterm_and_costs_no_step(lab, tmp_path):
-    run = Run(lab, str(tmp_path), "notice", 0, "--step-sleep", "0.08")
-    run.wait_for("saved checkpoint at step 22 (epoch 1)")
+def test_a_crash_is_restarted_and_a_notice_reaches_the_package_as_sigterm_and_costs_no_step(lab, tmp_path):
+    """One run, two restarts (one launch rather than one per restart). Rank 1 crashes early in
+    epoch 2, once (never after a resume): a failure, restarted within --max-failures 1, both ranks
+    resuming from the epoch-1 checkpoint. Then, once the restarted group trains, a node gets a
+    notice: the package gets SIGTERM, saves at the step it stands at, and every rank resumes there:
+    0 steps lost. The notice is a preemption, not charged to --max-failures (the crash spent it)."""
+    run = Run(lab, str(tmp_path), "crash_notice", 1, "--step-sleep", "0.08", "--fail-at-step", str(PER_EPOCH + 3))
+    # The restarted group has resumed: the notice comes as far from the run's end as epoch 1's end
+    # is in an uncrashed run (4 epochs of 80 ms steps left).
+    run.wait_for(f"resumed from step {PER_EPOCH} of {TOTAL}")
     lab.preempt(0)
     code, s = run.wait()
     out = run.out.getvalue()
     assert code == 0 and s.status == "succeeded", out[-3000:]
-    assert (s.restarts, s.preemptions, s.preemption_notices) == (1, 1, 1), s
+    assert (s.restarts, s.preemptions, s.preemption_notices) == (2, 1, 1), s
+    assert [i.cause for i in s.interruptions] == ["failure", "preemption"], s
+    assert s.exit_codes == {"0": 0, "1": 0}, s
     saved = [int(m) for m in re.findall(r"saved checkpoint at step (\d+) \(SIGTERM\)", out)]
     resumed = [int(m) for m in re.findall(r"resumed from step (\d+)", out)]
-    # every rank resumes at the step saved on SIGTERM: 0 steps lost
-    assert len(saved) == 1 and resumed == saved * 2 and PER_EPOCH < saved[0] < TOTAL, out[-3000:]
-    assert f"exported the model to {tmp_path}/notice/model/ after {TOTAL} steps" in out
+    # both ranks resume from the epoch-1 checkpoint after the crash, then at the step saved on
+    # SIGTERM: 0 steps lost
+    assert len(saved) == 1 and resumed == [PER_EPOCH] * 2 + saved * 2 and PER_EPOCH < saved[0] < TOTAL, out[-3000:]
+    assert out.count(f"resumed from step {PER_EPOCH} of {TOTAL}") == 2
+    assert f"exported the model to {tmp_path}/crash_notice/model/ after {TOTAL} steps" in out
     left = float(re.search(r"preemption notice: ([0-9.]+)s were left", out).group(1))  # the notice file
     assert 0 < left <= 6  # the lab's notice is 6 s
     assert s.steps_completed == TOTAL and s.metrics["accuracy"] > 0.8  # its own hypertune report
-
-
-def test_a_crash_is_restarted_within_max_failures(lab, tmp_path):
-    run = Run(lab, str(tmp_path), "crash", 1, "--fail-at-step", str(PER_EPOCH + 3))
-    code, s = run.wait()
-    out = run.out.getvalue()
-    assert code == 0 and s.status == "succeeded", out[-3000:]
-    assert (s.restarts, s.preemptions) == (1, 0) and s.exit_codes == {"0": 0, "1": 0}, s
-    assert out.count(f"resumed from step {PER_EPOCH} of {TOTAL}") == 2  # both ranks, from the epoch-1 checkpoint
