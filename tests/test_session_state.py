@@ -103,8 +103,6 @@ def test_state_alive_but_not_registered_is_named_and_registered_state_is_not(com
     registered, a disabled GradScaler (no state) and an optimizer that a registered wrapper
     stands in for (Horovod's) are not; an optimizer the loop dropped in a reference cycle is no
     state of the run."""
-    import gc
-
     s = session(comm)
     model, optimizer, scheduler = build()
     s.register(model=model)
@@ -125,8 +123,7 @@ def test_state_alive_but_not_registered_is_named_and_registered_state_is_not(com
     dropped.cycle = dropped  # only a collection frees it
     del dropped
     assert s.unregistered() == []
-    assert disabled is not None and given is not None
-    gc.collect()
+    del disabled, given  # alive until here: the walks above saw them
 
 
 def test_a_registered_object_without_state_is_one_line(comm):

@@ -45,8 +45,8 @@ REPORTER_ENV, REPORTER_MS = "REPORTER_UPDATE_INTERVAL_MS", "60000"
 # By default the raylet starts an idle worker process per CPU when the first driver connects.
 # Ray Train's actors carry their own runtime environment and never use them (the head's pool
 # starts its own, launcher.worker.pool): on the warm head six of them took 3.4 % of a core for as
-# long as it stayed up (the idle head: 6.1 % of a core with them, 2.9 %
-# without, over 30 s). Off for a local Ray the launcher starts; a value the user set wins.
+# long as it stayed up (the idle head: 6.1 % of a core with them, 2.9 % without, over 30 s).
+# Off for a local Ray the launcher starts; a value the user set wins.
 PRESTART_ENV = "RAY_prestart_worker_first_driver"
 # How long the head keeps a run's pool of ready worker processes (launcher.worker.pool) by default.
 POOL_S = 600
