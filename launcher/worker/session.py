@@ -52,13 +52,6 @@ from launcher.worker.strategies import STATE_FILE, NothingLeft, strategy_for
 from launcher.worker.usersession import UserSession, unregistered_objects
 
 
-def _unwrap(model):
-    """The module inside a DDP wrapper (its state_dict keys have no ``module.`` prefix)."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    return model.module if isinstance(model, DistributedDataParallel) else model
-
-
 class TorchSession(UserSession):
     """What a training function gets: the run's facts, the backend, a resumable loader, and
     the checkpoints. See the module docstring for the loop it expects."""
@@ -149,7 +142,7 @@ class TorchSession(UserSession):
         """``clip_grad_norm_`` on the model's gradients as the backend has reduced them (with
         Horovod it waits for the allreduce first); call it between ``backward()`` and
         ``optimizer.step()``. Returns the norm before clipping."""
-        return self.comm.clip_gradients(_unwrap(model).parameters(), optimizer, max_norm)
+        return self.comm.clip_gradients(torch_rng.unwrap(model).parameters(), optimizer, max_norm)
 
     def sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
         import torch
@@ -172,7 +165,7 @@ class TorchSession(UserSession):
                 raise SessionError(f"session.register({name}=...) at {user_line()}: {name!r} is registered "
                                    "already; give each object its own name")
             if isinstance(obj, torch.nn.Module):
-                obj = _unwrap(obj)
+                obj = torch_rng.unwrap(obj)
                 if self.model_name is None or name == "model":
                     self.model_name = name
                     self._watch_inputs(obj)
@@ -410,13 +403,9 @@ class TorchSession(UserSession):
         return self.sizes_over_ranks(torch_rng_file, os.path.getsize(rng))
 
     def _save_rng(self, directory: str) -> str:
-        """Each rank's RNG streams and its share of the epoch's metrics so far (a resumed epoch
+        """This rank's RNG streams and its share of the epoch's metrics so far (a resumed epoch
         reports the whole epoch's means, not only those of the steps after the resume)."""
-        import torch
-
-        rng = os.path.join(directory, torch_rng_file(self.rank))
-        torch.save({"rng": torch_rng.states(), "epoch": self._epoch_so_far()}, rng)
-        return rng
+        return torch_rng.save(directory, self.rank, self._epoch_so_far())
 
     def can_salvage(self) -> bool:
         if not self._strategy.whole_state_on_rank:  # the last complete checkpoint stands

@@ -1,12 +1,16 @@
 """A torch rank's random streams (torch's, CUDA's, NumPy's and Python's): seeded alike on every
-rank, saved with each checkpoint and set back on resume (:class:`launcher.worker.session.TorchSession`)."""
+rank, saved with each checkpoint and set back on resume (:class:`launcher.worker.session.TorchSession`);
+and the module inside a DDP wrapper, which the session registers and clips."""
 
 from __future__ import annotations
 
+import os
 import random
 from typing import Any
 
 import numpy as np
+
+from launcher.worker.formats import torch_rng_file
 
 
 def states() -> dict[str, Any]:
@@ -35,3 +39,19 @@ def seed_all(seed: int) -> None:
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)
     random.seed(seed)
+
+
+def save(directory: str, rank: int, epoch_so_far: dict[str, Any]) -> str:
+    """Write ``rank``'s streams and its share of the epoch's metrics into its file of ``directory``."""
+    import torch
+
+    path = os.path.join(directory, torch_rng_file(rank))
+    torch.save({"rng": states(), "epoch": epoch_so_far}, path)
+    return path
+
+
+def unwrap(model):
+    """The module inside a DDP wrapper (its state_dict keys have no ``module.`` prefix)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model
