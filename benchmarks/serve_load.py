@@ -41,7 +41,7 @@ import time
 from typing import Any, Callable
 
 import launcher
-from benchmarks import results, serve_servers
+from benchmarks import results
 from launcher.predict import serve as launcher_serve
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

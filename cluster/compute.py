@@ -155,11 +155,6 @@ class Compute:
             project=self.project, zone=zone, machine_type=machine_type))
         return None if m is None else MachineInfo(m.guest_cpus, m.memory_mb)
 
-    def machine_type_cpus(self, zone: str, machine_type: str) -> int | None:
-        """vCPUs of a machine type in a zone, None when the zone does not offer it."""
-        m = self.machine_type(zone, machine_type)
-        return None if m is None else m.cpus
-
     def project_info(self) -> Project | None:
         """The project's own quotas and common instance metadata (None: no such project)."""
         p = _or_none(lambda: self._client("ProjectsClient").get(project=self.project))

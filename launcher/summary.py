@@ -39,10 +39,6 @@ class RunStatus(str, enum.Enum):
         except ValueError:
             return cls.UNKNOWN
 
-    @property
-    def is_terminal(self) -> bool:
-        return self in (RunStatus.SUCCEEDED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.INTERRUPTED)
-
     def __str__(self) -> str:
         return self.value
 

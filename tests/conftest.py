@@ -48,7 +48,7 @@ def _warm_head_state(tmp_path_factory):
         # pool went unused, and the head's start waited for its imports. Side by side
         # (2026-11-28, three warm-head tests, the head's start included): 172 s with a 60 s
         # pool, 155 s without. The pool itself is tested by test_pool.py and
-        # test_train_local.py's warm-head test.
+        # test_tour.py's warm-head test.
         localhead.up(port=port, pool_s=0)
     try:
         yield state

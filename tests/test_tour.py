@@ -14,6 +14,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -192,8 +193,13 @@ def test_serve_is_ready_at_its_first_health_answer_not_when_ray_serve_says_so():
 
 
 def _env(tmp_path) -> dict:
+    """The environment of a new shell: an in-process launch earlier in the session leaves Ray's address
+    and its Ray Train settings in this process. (A warm head's processes inherit what `launcher up`
+    had; a run that changed a Ray Train setting would give its controller other settings than its
+    workers, and only the workers would find ready processes.)"""
     env = {**os.environ, localhead.STATE_ENV: str(tmp_path / "state"), "PYTHONUNBUFFERED": "1"}
-    for name in ("RAY_ADDRESS", "RAY_AUTH_MODE"):  # as a new shell has them
+    for name in [k for k in env if k.startswith("RAY_TRAIN_")] + ["RAY_ADDRESS", "RAY_AUTH_MODE",
+                                                                    "LAUNCHER_RAY_TRAIN_SET"]:
         env.pop(name, None)
     return env
 
@@ -216,21 +222,34 @@ def _gone(pid: int, timeout_s: float = 15) -> bool:
 
 @pytest.fixture(scope="module")
 def warm_tour(tmp_path_factory) -> dict:
-    """`launcher up`, the tour's first command on that warm head and `launcher down`, as processes: what
-    each printed, the head's state file and how long `launcher down` took. The serve test then serves
-    the model this run trained (after `launcher down`, as the README's serve comes before `launcher
-    up`: it starts a Ray of its own), instead of training one of its own (one launch fewer)."""
+    """`launcher up`, runs on that warm head and `launcher down`, as processes: what each printed, the
+    head's state file, its ready processes and how long `launcher down` took. On the head: `launcher
+    up` again, a default run (which starts its actors in the processes the warm-up left), a probe of
+    the head's actors, a run too big for the head, then the tour's first command. The serve test then
+    serves the model the tour's run trained (after `launcher down`, as the README's serve comes before
+    `launcher up`: it starts a Ray of its own), instead of training one of its own."""
     from launcher.lab.gcs_emulator import free_port
 
     folder = tmp_path_factory.mktemp("tour")
     env, port = _env(folder), str(free_port())
+    state, storage = str(folder / "state"), str(folder / "runs")
     first = tour()[0].split()[1:]  # run --workers 4 --epochs 3
-    seen: dict = {"port": port, "storage": str(folder / "runs"), "head": None, "ran": None}
-    seen["up"] = _launcher(env, "up", "--port", port, timeout=180)
+    seen: dict = {"port": port, "storage": storage, "head": None, "ran": None}
+    seen["up"] = _launcher(env, "up", "--port", port, timeout=300)
     try:
         if seen["up"].returncode == 0:
             seen["head"] = json.load(open(folder / "state" / "local-head.json"))
-            seen["ran"] = _launcher(env, *first, "--storage", seen["storage"], "--json")
+            seen["ready"] = _ready_processes(state, 4)
+            seen["again"] = _launcher(env, "up", timeout=60)
+            seen["default"] = _launcher(env, "run", "--storage", storage, "--epochs", "1", "--json")
+            probe = ("import ray; ray.init(address='127.0.0.1:%s', logging_level='ERROR');"
+                     "print(sorted({a['ActorClassName'] for a in ray._private.state.actors().values()}))" % port)
+            seen["actors"] = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env={**env, "RAY_AUTH_MODE": "token"},
+                                            capture_output=True, text=True, timeout=120)
+            seen["after"] = _ready_processes(state, 4)
+            seen["too_big"] = _launcher(env, "run", "--storage", storage, "--workers",
+                                        str(localhead.default_cpus() + 1), timeout=120)
+            seen["ran"] = _launcher(env, *first, "--storage", storage, "--json")
     finally:
         started = time.time()
         seen["down"] = _launcher(env, "down", timeout=120)
@@ -252,8 +271,63 @@ def test_after_launcher_up_the_tours_first_run_runs_and_down_stops_the_head_in_s
     took = warm_tour["took"]
     assert took < 20, f"launcher down took {took:.1f}s"  # Ray's drain made it 30 s
     assert _gone(head["pid"], 1), "the head's `ray start` outlived `launcher down`"
-    # A head started smaller than the run: tests/test_train_local.py's warm-head test checks
-    # that the refusal names what helps (one head start fewer here).
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", int(port)), timeout=1).close()
+
+
+@pytest.mark.integration
+def test_the_warm_head_keeps_processes_ready_between_runs_and_refuses_a_run_too_big_for_it(warm_tour):
+    """The warm-up was a run like the user's: it left one idle process per actor of a default run
+    (2 workers, Ray Train's controller and its synchronisation actor), torch loaded. The next default
+    run started its actors in them (they ended with it) and left as many again."""
+    assert "warming it up" in warm_tour["up"].stderr and "processes ready for the next run" in warm_tour["up"].stderr
+    ready, after = warm_tour["ready"], warm_tour["after"]
+    assert len(ready) == 4, ready
+    assert "already running" in warm_tour["again"].stdout
+    default = warm_tour["default"]
+    assert default.returncode == 0, default.stderr[-3000:]
+    assert f"using the warm local Ray at 127.0.0.1:{warm_tour['port']}" in default.stderr
+    assert json.loads(default.stdout)["status"] == "succeeded"
+    # Nothing preempts this machine and the run could not restart: neither Ray Train's preemption
+    # watcher nor the launcher's progress board was started on the head.
+    actors = warm_tour["actors"]
+    assert "RayTrainWorker" in actors.stdout, actors.stderr[-1500:]
+    assert "PreemptionWatcher" not in actors.stdout and "ProgressBoard" not in actors.stdout, actors.stdout
+    assert len(after) == 4 and not after & ready, (ready, after)
+    # A run asking for more CPUs than the head has: one line, naming what helps.
+    cpus = localhead.default_cpus()
+    too_big = warm_tour["too_big"]
+    assert too_big.returncode == 2 and f"room for {cpus}" in too_big.stderr, too_big.stderr
+    error = [line for line in too_big.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1, too_big.stderr
+    assert "`launcher down`" in error[0] and f"launcher up --num-cpus {cpus + 1}" in error[0], error[0]
+
+
+def _ready_processes(state_dir: str, expected: int, timeout_s: float = 120.0) -> set[int]:
+    """Idle Ray worker processes of a warm head's torch runs (their job's settings name
+    ``state_dir``) that have torch loaded, once there are ``expected`` (they start after the run)."""
+    deadline = time.time() + timeout_s
+    while len(found := _ready_now(state_dir)) < expected and time.time() < deadline:
+        time.sleep(0.5)
+    return found
+
+
+def _ready_now(state_dir: str) -> set[int]:
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                idle = f.read().startswith(b"ray::IDLE")
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                environ = f.read().split(b"\0")
+            with open(f"/proc/{pid}/maps", "rb") as f:
+                torch_loaded = b"libtorch" in f.read()
+        except OSError:
+            continue
+        if idle and torch_loaded and f"LAUNCHER_STATE_DIR={state_dir}".encode() in environ \
+                and b"LAUNCHER_PRELOAD=torch" in environ:
+            found.add(int(pid))
+    return found
 
 
 @pytest.mark.integration

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import time
 
 import numpy as np
 import pytest
@@ -184,90 +181,6 @@ def test_diverging_run_fails_with_one_clear_error(ray_local, capsys, storage):
     assert s["error"].startswith("rank ") and "training diverged" in s["error"] and "lower --lr" in s["error"]
     launches = read_jsonl(open(os.path.join(storage, "diverge", "launches.jsonl")).read())
     assert launches[-1]["summary"]["status"] == "failed"
-
-
-def test_warm_local_head_is_used_until_down_and_keeps_processes_ready_between_runs(storage, tmp_path):
-    """`launcher up` starts a head; `launcher run` connects to it instead of starting Ray; `down` stops it."""
-    from launcher.lab.gcs_emulator import free_port
-
-    env = {**os.environ, "LAUNCHER_STATE_DIR": str(tmp_path / "state")}
-    # As a new shell has it: an in-process launch earlier in the session leaves Ray's address and
-    # its Ray Train settings in this process. The head's processes inherit what `launcher up` had;
-    # a run that then changes a Ray Train setting gives its controller other settings than its
-    # workers (which read the head's), and only the workers find ready processes.
-    for name in [k for k in env if k.startswith("RAY_TRAIN_")] + ["RAY_ADDRESS", "RAY_AUTH_MODE",
-                                                                    "LAUNCHER_RAY_TRAIN_SET"]:
-        env.pop(name, None)
-    port = str(free_port())
-    up = subprocess.run([sys.executable, "-m", "launcher", "up", "--num-cpus", "2", "--port", port], cwd=ROOT,
-                        env=env, capture_output=True, text=True, timeout=300)
-    try:
-        assert up.returncode == 0 and f"started at 127.0.0.1:{port} with 2 CPUs" in up.stdout, up.stderr
-        assert "warming it up" in up.stderr and "processes ready for the next run" in up.stderr
-        # The warm-up was a run like the user's: it left one idle process per actor of a default
-        # run (2 workers, Ray Train's controller and its synchronisation actor), torch loaded.
-        ready = _ready_processes(env["LAUNCHER_STATE_DIR"], 4)
-        assert len(ready) == 4, ready
-        again = subprocess.run([sys.executable, "-m", "launcher", "up"], cwd=ROOT, env=env, capture_output=True,
-                               text=True, timeout=60)
-        assert "already running" in again.stdout
-        res = subprocess.run([sys.executable, "-m", "launcher", "run", "--storage", storage, "--epochs", "1",
-                              "--json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-        assert res.returncode == 0, res.stderr
-        assert f"using the warm local Ray at 127.0.0.1:{port}" in res.stderr
-        assert json.loads(res.stdout)["status"] == "succeeded"
-        # Nothing preempts this machine and the run could not restart: neither Ray Train's
-        # preemption watcher nor the launcher's progress board was started on the head.
-        probe = ("import ray; ray.init(address='127.0.0.1:%s', logging_level='ERROR');"
-                 "print(sorted({a['ActorClassName'] for a in ray._private.state.actors().values()}))" % port)
-        seen = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env={**env, "RAY_AUTH_MODE": "token"},
-                              capture_output=True, text=True, timeout=120)
-        assert "RayTrainWorker" in seen.stdout, seen.stderr[-1500:]
-        assert "PreemptionWatcher" not in seen.stdout and "ProgressBoard" not in seen.stdout, seen.stdout
-        # The run started its actors in those processes (they ended with it) and left as many again.
-        after = _ready_processes(env["LAUNCHER_STATE_DIR"], 4)
-        assert len(after) == 4 and not after & ready, (ready, after)
-        too_big = subprocess.run([sys.executable, "-m", "launcher", "run", "--storage", storage, "--workers", "3"],
-                                 cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-        assert too_big.returncode == 2 and "room for 2" in too_big.stderr
-        error = [line for line in too_big.stderr.splitlines() if line.startswith("error:")]
-        assert len(error) == 1, too_big.stderr  # one line, naming what helps
-        assert "`launcher down`" in error[0] and "launcher up --num-cpus 3" in error[0], error[0]
-    finally:
-        down = subprocess.run([sys.executable, "-m", "launcher", "down"], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=120)
-    assert "stopped the warm local Ray" in down.stdout
-    import socket
-
-    with pytest.raises(OSError):
-        socket.create_connection(("127.0.0.1", int(port)), timeout=1).close()
-
-
-def _ready_processes(state_dir: str, expected: int, timeout_s: float = 120.0) -> set[int]:
-    """Idle Ray worker processes of a warm head's torch runs (their job's settings name
-    ``state_dir``) that have torch loaded, once there are ``expected`` (they start after the run)."""
-    deadline = time.time() + timeout_s
-    while len(found := _ready_now(state_dir)) < expected and time.time() < deadline:
-        time.sleep(0.5)
-    return found
-
-
-def _ready_now(state_dir: str) -> set[int]:
-    found = set()
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                idle = f.read().startswith(b"ray::IDLE")
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                environ = f.read().split(b"\0")
-            with open(f"/proc/{pid}/maps", "rb") as f:
-                torch_loaded = b"libtorch" in f.read()
-        except OSError:
-            continue
-        if idle and torch_loaded and f"LAUNCHER_STATE_DIR={state_dir}".encode() in environ \
-                and b"LAUNCHER_PRELOAD=torch" in environ:
-            found.add(int(pid))
-    return found
 
 
 def test_ray_train_settings_leave_the_users_values_and_the_watcher_only_off_on_a_local_ray(monkeypatch):
