@@ -48,7 +48,7 @@ from launcher.worker import torch_rng
 from launcher.worker.formats import TORCH_OPTIMIZER_FILE, torch_rng_file
 from launcher.worker.loader import ResumableLoader, SessionError, user_line
 from launcher.worker.loop import Position
-from launcher.worker.strategies import STATE_FILE, NothingLeft, strategy_for
+from launcher.worker.strategies import STATE_FILE, NothingLeft, strategy_for, unwrap
 from launcher.worker.usersession import UserSession, unregistered_objects
 
 
@@ -142,7 +142,7 @@ class TorchSession(UserSession):
         """``clip_grad_norm_`` on the model's gradients as the backend has reduced them (with
         Horovod it waits for the allreduce first); call it between ``backward()`` and
         ``optimizer.step()``. Returns the norm before clipping."""
-        return self.comm.clip_gradients(torch_rng.unwrap(model).parameters(), optimizer, max_norm)
+        return self.comm.clip_gradients(unwrap(model).parameters(), optimizer, max_norm)
 
     def sum_over_ranks(self, values: np.ndarray) -> np.ndarray:
         import torch
@@ -165,7 +165,7 @@ class TorchSession(UserSession):
                 raise SessionError(f"session.register({name}=...) at {user_line()}: {name!r} is registered "
                                    "already; give each object its own name")
             if isinstance(obj, torch.nn.Module):
-                obj = torch_rng.unwrap(obj)
+                obj = unwrap(obj)
                 if self.model_name is None or name == "model":
                     self.model_name = name
                     self._watch_inputs(obj)

@@ -411,3 +411,10 @@ def strategy_class(name: str) -> type[Strategy]:
 def strategy_for(session) -> Strategy:
     """The strategy ``session.spec.strategy`` names, serving ``session``."""
     return strategy_class(session.spec.strategy)(session)
+
+
+def unwrap(model):
+    """The module inside a DDP wrapper (its state_dict keys have no ``module.`` prefix)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    return model.module if isinstance(model, DistributedDataParallel) else model

@@ -1,6 +1,5 @@
 """A torch rank's random streams (torch's, CUDA's, NumPy's and Python's): seeded alike on every
-rank, saved with each checkpoint and set back on resume (:class:`launcher.worker.session.TorchSession`);
-and the module inside a DDP wrapper, which the session registers and clips."""
+rank, saved with each checkpoint and set back on resume (:class:`launcher.worker.session.TorchSession`)."""
 
 from __future__ import annotations
 
@@ -48,10 +47,3 @@ def save(directory: str, rank: int, epoch_so_far: dict[str, Any]) -> str:
     path = os.path.join(directory, torch_rng_file(rank))
     torch.save({"rng": states(), "epoch": epoch_so_far}, path)
     return path
-
-
-def unwrap(model):
-    """The module inside a DDP wrapper (its state_dict keys have no ``module.`` prefix)."""
-    from torch.nn.parallel import DistributedDataParallel
-
-    return model.module if isinstance(model, DistributedDataParallel) else model
