@@ -23,11 +23,12 @@ FUNCTION = os.path.join(ROOT, "benchmarks", "stall_function.py") + ":stall"
 MODES = ("sync", "async")
 
 
-def run(storages: list[tuple[str, str]], mb: int, steps: int, every: int, note: Callable[[str], None]) -> list[dict]:
+def run(storages: list[tuple[str, str]], mb: int, steps: int, every: int, note: Callable[[str], None],
+        modes: tuple[str, ...] | list[str] = MODES) -> list[dict]:
     """One run per (storage label, URI) and upload mode; one row each."""
     rows = []
     for label, uri in storages:
-        for mode in MODES:
+        for mode in modes:
             cmd = [sys.executable, "-m", "launcher", "run", "--workload", FUNCTION, "--workers", "1",
                    "--storage", uri, "--name", f"stall_{label.replace(' ', '_')}_{mode}",
                    "--checkpoint-every-steps", str(every), "--checkpoint-upload", mode,
