@@ -244,8 +244,8 @@ def warm_tour(tmp_path_factory) -> dict:
             seen["default"] = _launcher(env, "run", "--storage", storage, "--epochs", "1", "--json")
             probe = ("import ray; ray.init(address='127.0.0.1:%s', logging_level='ERROR');"
                      "print(sorted({a['ActorClassName'] for a in ray._private.state.actors().values()}))" % port)
-            seen["actors"] = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env={**env, "RAY_AUTH_MODE": "token"},
-                                            capture_output=True, text=True, timeout=120)
+            seen["actors"] = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
+                                            env={**env, "RAY_AUTH_MODE": "token"}, timeout=120)
             seen["after"] = _ready_processes(state, 4)
             seen["too_big"] = _launcher(env, "run", "--storage", storage, "--workers",
                                         str(localhead.default_cpus() + 1), timeout=120)
@@ -280,7 +280,9 @@ def test_the_warm_head_keeps_processes_ready_between_runs_and_refuses_a_run_too_
     """The warm-up was a run like the user's: it left one idle process per actor of a default run
     (2 workers, Ray Train's controller and its synchronisation actor), torch loaded. The next default
     run started its actors in them (they ended with it) and left as many again."""
-    assert "warming it up" in warm_tour["up"].stderr and "processes ready for the next run" in warm_tour["up"].stderr
+    up = warm_tour["up"]
+    assert up.returncode == 0, up.stderr[-3000:]
+    assert "warming it up" in up.stderr and "processes ready for the next run" in up.stderr
     ready, after = warm_tour["ready"], warm_tour["after"]
     assert len(ready) == 4, ready
     assert "already running" in warm_tour["again"].stdout
