@@ -76,12 +76,16 @@ def _bench_emulator() -> Iterator[str]:
                 os.environ[gcs.EMULATOR_ENV] = previous
 
 
+# where `bench stall` checkpoints: a temporary folder on local disk, the Cloud Storage emulator
+STALL_STORAGES = ("local", "gcs")
+
+
 @dataclass(frozen=True)
 class Stall:
     mb: int = option(100, ge=1, help="size of the state in MB (default 100)")
     steps: int = option(40, ge=1, help="steps in the run (default 40)")
     every: int = option(5, ge=1, help="checkpoint every N steps (default 5)")
-    storages: tuple[str, ...] = option(("local", "gcs"), help="comma-separated: local (a temporary folder on "
+    storages: tuple[str, ...] = option(STALL_STORAGES, help="comma-separated: local (a temporary folder on "
                                        "local disk), gcs (the Cloud Storage emulator on loopback) (default: both)")
     uploads: tuple[str, ...] = option(("sync", "async"), help="comma-separated --checkpoint-upload modes: sync, "
                                       "async (default: both)")
@@ -92,15 +96,20 @@ class Stall:
 def stall_bench(s: Stall, args: argparse.Namespace) -> int:
     from benchmarks import checkpoint_stall, machine
 
-    kinds = names("--storages", s.storages, ("local", "gcs"))
+    kinds = names("--storages", s.storages, STALL_STORAGES)
     modes = names("--uploads", s.uploads, checkpoint_stall.MODES)
     info = machine.describe(1)
     print(machine.header(info, f"checkpoint stall: a {s.mb} MB state, a checkpoint every {s.every} steps"),
           flush=True)
     with contextlib.ExitStack() as stack:
-        where = {"local": lambda: ("local disk", stack.enter_context(tempfile.TemporaryDirectory(prefix="stall-"))),
-                 "gcs": lambda: ("GCS emulator", stack.enter_context(_bench_emulator()))}
-        rows = checkpoint_stall.run([where[k]() for k in kinds], s.mb, s.steps, s.every, note, modes)
+        storages = []
+        for kind in kinds:
+            if kind == "local":
+                folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="launcher-stall-"))
+                storages.append(("local disk", folder))
+            else:
+                storages.append(("GCS emulator", stack.enter_context(_bench_emulator())))
+        rows = checkpoint_stall.run(storages, s.mb, s.steps, s.every, note, modes)
     print(checkpoint_stall.format_rows(rows))
     wrote(checkpoint_stall.write_results(rows, info, args.out))
     return EXIT_OK if all("failed" not in r for r in rows) else EXIT_FAILED
