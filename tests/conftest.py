@@ -115,7 +115,15 @@ RAY_FIXTURES = {"ray_local", "head", "lab", "warm_head", "_warm_head_state", "tw
                 "labelled_cluster", "two_epochs"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups off the items
 def pytest_collection_modifyitems(config, items):
+    # Under pytest-xdist (scripts/test runs two workers with --dist loadgroup) every test that
+    # starts Ray or a subprocess runs in one worker, in the order collected, so two Rays never
+    # share the 2 cores and the session's fixtures (one local Ray, one warm head) are started once;
+    # the fast tests run beside them in the other worker, in the time the first leaves idle.
+    for item in items:
+        if any(item.get_closest_marker(m) for m in ("integration", "chaos")):
+            item.add_marker(pytest.mark.xdist_group("ray"))
     unmarked = [item.nodeid for item in items
                 if RAY_FIXTURES & set(getattr(item, "fixturenames", ()))
                 and not any(item.get_closest_marker(m) for m in ("integration", "chaos"))]
