@@ -115,62 +115,7 @@ RAY_FIXTURES = {"ray_local", "head", "lab", "warm_head", "_warm_head_state", "tw
                 "labelled_cluster", "two_epochs"}
 
 
-# Under pytest-xdist (scripts/test runs two workers with --dist loadgroup) every test that starts
-# Ray or a subprocess (marked integration or chaos) runs in one worker, in the order collected, so
-# two Rays never share the 2 cores and the session's fixtures (one local Ray, one warm head) start
-# once; the fast tests run in the other worker meanwhile, in the time the first leaves idle.
-# pytest-xdist 3.8's own xdist_group cannot do it under pytest 9 (it renames items through an
-# attribute pytest 9 no longer reads), and its controller never sees the items' markers: each
-# worker writes the ids of those tests to a file the controller's scheduler reads.
-RAY_GROUP_FILE = "launcher_ray_group_file"
-
-
-def _is_ray_test(item) -> bool:
-    return any(item.get_closest_marker(m) for m in ("integration", "chaos"))
-
-
-def pytest_configure(config):
-    if config.getoption("dist", "no") == "loadgroup" and not hasattr(config, "workerinput"):
-        import tempfile
-
-        config._ray_group_file = os.path.join(tempfile.mkdtemp(prefix="xdist-groups-"), "ray-tests.txt")
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_configure_node(node):
-    path = getattr(node.config, "_ray_group_file", None)
-    if path:
-        node.workerinput[RAY_GROUP_FILE] = path
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    path = getattr(config, "_ray_group_file", None)
-    if not path:
-        return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class RayGroup(LoadScopeScheduling):
-        """The tests a worker listed as starting Ray are one unit of work; every other test is a
-        unit of its own."""
-        ray_tests: set[str] | None = None
-
-        def _split_scope(self, nodeid: str) -> str:
-            if self.ray_tests is None:
-                with open(path) as f:  # complete: the workers wrote it before their collection ended
-                    self.ray_tests = set(f.read().splitlines())
-            return "ray" if nodeid in self.ray_tests else nodeid
-
-    return RayGroup(config, log)
-
-
 def pytest_collection_modifyitems(config, items):
-    path = getattr(config, "workerinput", {}).get(RAY_GROUP_FILE)
-    if path:
-        mine = f"{path}.{config.workerinput['workerid']}"
-        with open(mine, "w") as f:
-            f.write("".join(item.nodeid + "\n" for item in items if _is_ray_test(item)))
-        os.replace(mine, path)
     unmarked = [item.nodeid for item in items
                 if RAY_FIXTURES & set(getattr(item, "fixturenames", ()))
                 and not any(item.get_closest_marker(m) for m in ("integration", "chaos"))]

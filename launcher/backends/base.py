@@ -62,11 +62,6 @@ class TorchComm(Comm):
 
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
 
-    @property
-    def accumulation_steps(self) -> int:
-        """Backward passes per optimizer step (gradients accumulate locally in between)."""
-        return 1
-
     def allreduce_sum_(self, tensor):
         """Sum ``tensor`` over all ranks in place, as gradients are reduced while training."""
         return self.allreduce_sum(tensor)

@@ -197,10 +197,6 @@ class HorovodComm(_HorovodRing, TorchComm):
     def __init__(self, fp16: bool = False, backward_passes: int = 1) -> None:
         self.fp16, self.backward_passes = fp16, backward_passes
 
-    @property
-    def accumulation_steps(self) -> int:
-        return self.backward_passes
-
     def device(self):
         import torch
 

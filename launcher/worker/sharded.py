@@ -33,12 +33,6 @@ MIN_SHARE = 0.02   # a child holding less of the model's parameters than this st
 DESCEND = 0.5      # a child holding more than this is a container of blocks: its children are looked at
 
 
-def is_sharded(module) -> bool:
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(module, FSDPModule)
-
-
 def default_blocks(root) -> list:
     """The modules that get a ``fully_shard`` of their own, before the root: each child module
     holding at least :data:`MIN_SHARE` of the parameters; one holding more than :data:`DESCEND`
