@@ -185,7 +185,7 @@ def test_bench_preemption_runs_the_ft_strategy_and_counts_it_in_samples(tmp_path
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
     done = subprocess.run([sys.executable, "-m", "launcher", "bench", "preemption", "--strategies", "ft",
-                           "--workers", "2", "--min-workers", "1", "--preemptions", "1", "--every-s", "15",
+                           "--workers", "2", "--min-workers", "1", "--preemptions", "1", "--every-s", "8",
                            "--notice-s", "6", "--boot-s", "0", "--checkpoint-every-steps", "5",
                            "--preemption-check-steps", "1", "--out", str(out)],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)

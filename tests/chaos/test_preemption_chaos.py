@@ -55,22 +55,23 @@ def assert_completed(s) -> None:
     assert (s.epochs_completed, s.steps_completed) == (EPOCHS, TOTAL), s
 
 
-def test_three_notices_cost_no_steps_and_end_with_the_same_weights(lab, runs_root, reference):
-    """Three preemptions with notice in one run (nodes 0, 1, 0): each a checkpoint at the notice
+def test_two_notices_cost_no_steps_and_end_with_the_same_weights(lab, runs_root, reference):
+    """Two preemptions with notice in one run, one of each node: each a checkpoint at the notice
     and a restart from it, no step lost, the uninterrupted run's weights; with --mlflow the run is
-    one MLflow run, and each worker group's ranks keep logs of their own."""
+    one MLflow run, and each worker group's ranks keep logs of their own. (A third notice, on
+    node 0 again, took 13 s more and checked nothing the second does not.)"""
     mlruns = os.path.join(runs_root, "mlruns")
-    run = run_in_background(spec_for(lab, runs_root, "three", mlflow=mlruns))
+    run = run_in_background(spec_for(lab, runs_root, "two", mlflow=mlruns))
     last = 0
-    for i in range(3):
+    for i in range(2):
         # A checkpoint the restarted group took after resuming: the next notice finds it training.
         run.wait_for_checkpoint(lambda m, after=last: m.global_step >= after + EVERY)
         lab.preempt(i % 2)
         last = run.wait_for_checkpoint(lambda m: True)[0].global_step  # the notice's checkpoint
     s = run.wait()
     assert_completed(s)
-    assert (s.restarts, s.preemptions, s.preemption_notices, s.steps_lost) == (3, 3, 3, 0), s
-    assert [i.cause for i in s.interruptions] == ["preemption"] * 3
+    assert (s.restarts, s.preemptions, s.preemption_notices, s.steps_lost) == (2, 2, 2, 0), s
+    assert [i.cause for i in s.interruptions] == ["preemption"] * 2
     assert all(i.time_lost_s > 0 for i in s.interruptions), s
     assert s.weights_sha256 == reference.weights_sha256
     # --mlflow: the preempted run is one MLflow run, its epochs' loss in step order, its restarts counted
@@ -81,11 +82,11 @@ def test_three_notices_cost_no_steps_and_end_with_the_same_weights(lab, runs_roo
     assert s.mlflow.startswith(f"run {tracked.info.run_id} ") and tracked.info.status == "FINISHED"
     epochs = [m.step for m in client.get_metric_history(tracked.info.run_id, "loss")]
     assert epochs == sorted(epochs) and epochs[-1] == TOTAL and len(set(epochs)) >= EPOCHS
-    assert tracked.data.metrics["summary/restarts"] == 3.0
+    assert tracked.data.metrics["summary/restarts"] == 2.0
     # each worker group's ranks wrote logs of their own: the preempted groups' are kept beside the last one's
-    folder = os.path.join(runs_root, "three", "logs", "launch1")
+    folder = os.path.join(runs_root, "two", "logs", "launch1")
     logs = sorted(os.listdir(folder))
-    assert sorted(name.rsplit("-", 1)[1] for name in logs) == ["rank0.log"] * 4 + ["rank1.log"] * 4, logs
+    assert sorted(name.rsplit("-", 1)[1] for name in logs) == ["rank0.log"] * 3 + ["rank1.log"] * 3, logs
     for name in logs:
         with open(os.path.join(folder, name)) as f:
             assert f.readline().startswith(f"=== {name.rsplit('-', 1)[1][:-4].replace('rank', 'rank ')}, worker group")
