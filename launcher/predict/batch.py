@@ -269,20 +269,25 @@ def predict(ref: ModelRef, pattern: str, output: str, *, workers: int = 1, addre
     replacing = prepare_output(out, output)
     out.check_writable()
     say = note or (lambda text: None)
-    if replacing:
-        say(replacing)
-    say(f"predicting {len(paths)} file(s) with {ref.uri} ({ref.what}, {ref.format}) on "
-        f"{workers} worker(s)")
     summary = None
     try:
+        # The marker first, then the first line: an interrupt once a user saw it leaves the marker.
         out.write_text(json.dumps({"started": time.time(), "model": ref.uri, "inputs": len(paths)}), PARTIAL)
+        if replacing:
+            say(replacing)
+        say(f"predicting {len(paths)} file(s) with {ref.uri} ({ref.what}, {ref.format}) on "
+            f"{workers} worker(s)")
         # One CPU per model replica, and one more for the read tasks (else they wait forever).
         with session.connect(address, workers=workers + 1, cpus_per_worker=1, verbose=verbose):
             seconds = _write_predictions(ref, fs, paths, out, workers, address, verbose, progress)
             summary = _finish(out, len(paths), ref, seconds)
     except KeyboardInterrupt:
         if summary is None and not out.exists(SUCCESS):
-            say(f"the output {out.uri_of()} is unfinished ({PARTIAL}, no {SUCCESS}): the same command replaces it")
+            if out.exists(PARTIAL) or STAGING in out.list_dirs():
+                say(f"the output {out.uri_of()} is unfinished ({PARTIAL}, no {SUCCESS}): the same command "
+                    "replaces it")
+            else:  # interrupted while the marker was being written
+                say(f"nothing was written to the output {out.uri_of()}")
             raise
         summary = summary or _read_summary(out)
     return summary
