@@ -3,6 +3,7 @@ run's job adds, what the processes import. Fast: files, no Ray."""
 
 from __future__ import annotations
 
+import json
 import sys
 
 from launcher import frameworks
@@ -29,8 +30,24 @@ def test_a_refill_counts_only_this_raylets_idle_processes_of_the_same_settings(t
     _process(proc, 16, b"ray::IDLE\0", RAY_RAYLET_PID="100")  # a default worker: no settings of ours
     (proc / "self").mkdir()  # not a process folder
     (proc / "17").mkdir()  # gone before it could be read
-    assert sorted(pool.idle_matching(ours, str(proc))) == [11, 12]
+    assert sorted(pool.idle_matching(ours, str(proc), "100")) == [11, 12]
+    assert sorted(pool.idle_matching(ours, str(proc))) == [11, 12, 14]  # the raylet not known: any
     assert pool.idle_matching(ours, str(tmp_path / "nowhere")) == []
+
+
+def test_the_pool_is_asked_for_in_the_runtime_environment_ray_gives_ray_trains_actors():
+    """The form of the text Ray gives an actor (Ray 2.60: as an actor on the warm head printed its
+    own): the job's runtime environment as the driver's context returns it, the actor's variables
+    merged in, compact with sorted keys. A refill in any other text would start processes that no
+    actor of the next run is given (test_tour checks it on a live head)."""
+    job = ('{"env_vars": {"LAUNCHER_USAGE_S": "2", "__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR": '
+           '"launcher.worker.pool.preload"}, "worker_process_setup_hook": "launcher.worker.pool.preload"}')
+    train = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2", "RAY_WARN_BLOCKING_GET_INSIDE_ASYNC": "0"}
+    assert pool.actor_env(job, train) == (
+        '{"env_vars":{"LAUNCHER_USAGE_S":"2","RAY_TRAIN_HEALTH_CHECK_INTERVAL_S":"0.2",'
+        '"RAY_WARN_BLOCKING_GET_INSIDE_ASYNC":"0","__RAY_WORKER_PROCESS_SETUP_HOOK_ENV_VAR":'
+        '"launcher.worker.pool.preload"},"worker_process_setup_hook":"launcher.worker.pool.preload"}')
+    assert pool.actor_env("", train) == '{"env_vars":' + json.dumps(train, separators=(",", ":")) + "}"
 
 
 def test_a_warm_head_job_runs_the_hook_with_its_framework():
@@ -74,4 +91,4 @@ def test_up_waits_for_pool_processes_that_stand_still_and_finds_its_raylet(tmp_p
     (proc / "300" / "stat").write_text("300 (raylet) S 299 1 1 0")
     assert pool.wait_ready(300, 2, timeout_s=5, proc=str(proc)) == 2
     assert pool.wait_ready(301, 2, timeout_s=0, proc=str(proc)) == 0  # another raylet's: none, at the deadline
-    assert localhead._raylet_of(299, str(proc)) == 300 and localhead._raylet_of(298, str(proc)) is None
+    assert localhead.raylet_of(299, str(proc)) == 300 and localhead.raylet_of(298, str(proc)) is None

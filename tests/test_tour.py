@@ -241,7 +241,10 @@ def warm_tour(tmp_path_factory) -> dict:
             seen["head"] = json.load(open(folder / "state" / "local-head.json"))
             seen["ready"] = _ready_processes(state, 4)
             seen["again"] = _launcher(env, "up", timeout=60)
-            seen["default"] = _launcher(env, "run", "--storage", storage, "--epochs", "1", "--json")
+            # A setting the warm-up did not have: a run's settings travel in its config, not in
+            # the runtime environment an idle process must match.
+            seen["default"] = _launcher({**env, "LAUNCHER_USAGE_S": "2"}, "run", "--storage", storage,
+                                        "--epochs", "1", "--json")
             probe = ("import ray; ray.init(address='127.0.0.1:%s', logging_level='ERROR');"
                      "print(sorted({a['ActorClassName'] for a in ray._private.state.actors().values()}))" % port)
             seen["actors"] = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True,
@@ -279,7 +282,8 @@ def test_after_launcher_up_the_tours_first_run_runs_and_down_stops_the_head_in_s
 def test_the_warm_head_keeps_processes_ready_between_runs_and_refuses_a_run_too_big_for_it(warm_tour):
     """The warm-up was a run like the user's: it left one idle process per actor of a default run
     (2 workers, Ray Train's controller and its synchronisation actor), torch loaded. The next default
-    run started its actors in them (they ended with it) and left as many again."""
+    run, with a setting of its own, started its actors in them (they ended with it) and left as
+    many again."""
     up = warm_tour["up"]
     assert up.returncode == 0, up.stderr[-3000:]
     assert "warming it up" in up.stderr and "processes ready for the next run" in up.stderr

@@ -17,7 +17,7 @@ def add_parsers(sub) -> None:
     up.add_argument("--port", type=int, default=6390, help="the head's GCS port on 127.0.0.1 (default 6390)")
     up.add_argument("--pool-minutes", type=float, default=None,
                     help="after each run, keep worker processes with its framework imported for this long, "
-                    "ready for the next run with the same settings (default 10; 0: none). Each holds memory "
+                    "ready for the next run of the same framework (default 10; 0: none). Each holds memory "
                     "(about 0.4 GB for torch) while it waits")
     sub.add_parser("down", help="stop the warm local Ray head started by `launcher up`")
 

@@ -151,6 +151,8 @@ def _train(spec: JobSpec, storage: Storage, log: RunLog, checkpoints: list[tuple
     resume = [path for _, path in reversed(checkpoints)][:RESUME_CANDIDATES]
     outcome = _fit(spec, storage, tracker, resume, verbose, lock, conn)
     startup.mark("fit_returned")
+    if conn.pool_s:
+        _refill_pool(spec, conn, progress)
     progress.close()
     found = complete_checkpoints(storage, spec.name)
     tracker.reconcile(found)  # before pruning: a checkpoint whose report Ctrl-C cut off gets its metrics row
@@ -202,6 +204,16 @@ def _oserror(exc: OSError) -> str:
     return f"{exc.strerror or type(exc).__name__}{where}"
 
 
+def _refill_pool(spec: JobSpec, conn: session.Connection, progress: Progress) -> None:
+    """On the warm head, once the run's workers are done (whatever the outcome): processes ready
+    for the next run (launcher.worker.pool). Never fails the run: without them the next one only
+    starts slower."""
+    try:
+        pool.refill(spec.workers + pool.RAY_TRAIN_ACTORS, conn.pool_s, conn.pool_raylet)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        progress.note(f"no ready processes kept for the next run ({type(exc).__name__}: {exc})")
+
+
 def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], verbose: bool,
          lock: RunLock, conn: session.Connection) -> trainer.FitOutcome:
     """Run the trainer while the pump hands the controller's events to the tracker."""
@@ -215,13 +227,10 @@ def _fit(spec: JobSpec, storage: Storage, tracker: Tracker, resume: list[str], v
     config = trainer.run_config(spec, storage, max_failures=spec.max_failures,
                                 keep_checkpoints=spec.keep_checkpoints,
                                 callbacks=[channel.forwarder, channel.states])
-    loop_config = {"spec": spec.to_dict(), "resume": resume, "env": {**gcs.worker_env(), **usage.worker_env()},
+    loop_config = {"spec": spec.to_dict(), "resume": resume, "env": {**conn.env, **gcs.worker_env(), **usage.worker_env()},
                    "board": channel.board, "notices": trainer.notices_possible(spec, conn.local),
                    "launch": tracker.log.launch,
-                   "mailbox": channel.mailbox() if spec.replica_groups else None,
-                   # rank 0 refills the warm head's pool for the next run (launcher.worker.pool)
-                   "pool": {"size": spec.workers + pool.RAY_TRAIN_ACTORS, "keep_alive_s": conn.pool_s}
-                   if conn.pool_s else None}
+                   "mailbox": channel.mailbox() if spec.replica_groups else None}
     if workloads.is_ray_train(spec.workload):
         loop_config["user_config"] = workloads.function.ray_config(spec)
     ray_trainer = backends.get(spec.backend).trainer(spec, train_loop_per_worker, loop_config,

@@ -149,14 +149,14 @@ def up(num_cpus: int | None = None, port: int = 6390, timeout_s: float = 60.0,
     note("warming it up with a 1-epoch run of the default workload (about 10 s on 2 cores)"
          + ("; it leaves processes ready for the next run" if state["pool_s"] else ""))
     _warm_up(env, min(2, cpus), 180.0)
-    raylet = _raylet_of(proc.pid)
+    raylet = raylet_of(proc.pid)
     if state["pool_s"] and raylet:
         note("waiting for those processes to finish importing (seconds on 2 cores)")
         pool.wait_ready(raylet, min(2, cpus) + pool.RAY_TRAIN_ACTORS, 90.0)
     return state
 
 
-def _raylet_of(head_pid: int, proc: str = "/proc") -> int | None:
+def raylet_of(head_pid: int, proc: str = "/proc") -> int | None:
     """The pid of the raylet that ``ray start`` (``head_pid``) started, found through /proc
     (None elsewhere, or if it is not found)."""
     try:
@@ -206,7 +206,7 @@ def fit_hint(cpus_asked: float) -> str | None:
 # this process's environment, as the user's next run will be. It settles the head (the first
 # run on a new head took 16-23 s and later ones 12-14 s before there was a warm-up: 2-core
 # machine, 1-epoch digits-mlp) and, like every run on the head, leaves its pool of processes
-# ready (launcher.worker.pool): the user's first run with the same settings starts in them.
+# ready (launcher.worker.pool): the user's first torch run starts in them.
 def _warm_up(env: dict, workers: int, timeout_s: float) -> None:
     """Run the warm-up; a failure is not fatal (the head works, only slower at first)."""
     with tempfile.TemporaryDirectory(prefix="launcher-warm-up-") as folder, \

@@ -67,9 +67,17 @@ class Connection:
     # is preempted and no autoscaler answers resource requests. False on any other cluster, and
     # where Ray was initialised before connect() (a tuning trial inside its search's Ray).
     local: bool = False
-    # The warm head's pool time (launcher.worker.pool): a run's rank 0 refills the pool when it
-    # has trained. 0 anywhere else, or where the head keeps none.
+    # The warm head's pool time (launcher.worker.pool): a run's driver refills the pool when its
+    # workers are done. 0 anywhere else, or where the head keeps none.
     pool_s: int = 0
+    pool_raylet: int | None = None  # the head's raylet, whose idle processes make its pool
+    # A training launch on the warm head: the launch's settings (code.passed_env), which its
+    # workers apply first thing (the run config's "env"). The head's processes were started
+    # before the launch, so the settings must travel with the run; they travel in its config,
+    # not in the job's runtime environment, so that a run's ready processes (launcher.worker.pool)
+    # serve the next run of the framework whatever its settings. Empty anywhere else (a launch's
+    # own local Ray inherits them; a cluster's nodes have their own).
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -96,12 +104,16 @@ def connect(address: str | None, *, workers: int, cpus_per_worker: float, verbos
     if not ray.is_initialized() and not address and not head:
         reaper = Reaper().start()  # a SIGKILLed driver leaves no Ray process of its own behind
     try:
+        from launcher.driver import code
+
         extra = pool.job_env(preload) if pool_s else {}
+        settings = code.passed_env(os.environ) if head and preload else None
         with _ray_started(address, head, workers, cpus_per_worker, workload, verbose, program, lean,
-                          extra) as started:
+                          extra, settings is None) as started:
             # A local Ray this launch started, or the warm head: nothing preempts this machine's node.
             yield Connection(alive_nodes(), local=started and (bool(head) or not address),
-                             pool_s=pool_s if started else 0)
+                             pool_s=pool_s if started else 0, env=settings if started and settings else {},
+                             pool_raylet=localhead.raylet_of(head["pid"]) if started and pool_s else None)
     finally:
         if reaper is not None:
             reaper.done()
@@ -109,7 +121,7 @@ def connect(address: str | None, *, workers: int, cpus_per_worker: float, verbos
 
 @contextlib.contextmanager
 def _ray_started(address, head, workers, cpus_per_worker, workload, verbose, program,
-                 lean: bool = False, extra: dict | None = None) -> Iterator[bool]:
+                 lean: bool = False, extra: dict | None = None, settings_in_job: bool = True) -> Iterator[bool]:
     """Ray initialised for this launch (unless it already was); shut down after, if we started it."""
     import ray
 
@@ -118,7 +130,7 @@ def _ray_started(address, head, workers, cpus_per_worker, workload, verbose, pro
         sigterm = signal.getsignal(signal.SIGTERM)
         with _interrupts_noted() as interrupted:
             try:
-                _init(address, head, workers, cpus_per_worker, workload, verbose, program, extra)
+                _init(address, head, workers, cpus_per_worker, workload, verbose, program, extra, settings_in_job)
             except (KeyboardInterrupt, SystemExit):
                 # Ray's start-up has its own SIGTERM handler, which exits: a signal while Ray
                 # starts ends the launch as Ctrl-C would (exit 130), with Ray shut down.
@@ -158,10 +170,12 @@ def _stop_daemons(*kinds: str) -> None:
 
 
 def _init(address: str | None, head: dict | None, workers: int, cpus_per_worker: float, workload: str | None,
-          verbose: bool, program: dict | None = None, extra: dict | None = None) -> None:
+          verbose: bool, program: dict | None = None, extra: dict | None = None, settings_in_job: bool = True) -> None:
     """ray.init for each way of finding Ray: the warm head, a submitted job's cluster, an
     address, or a new local Ray sized to the request. ``extra``: more of the warm head's job
-    runtime environment (its pool's, launcher.worker.pool)."""
+    runtime environment (its pool's, launcher.worker.pool). ``settings_in_job``: on the warm head,
+    the launch's settings go in the job's runtime environment (a training launch passes them in
+    its run's config instead: :attr:`Connection.env`)."""
     import ray
 
     from launcher.driver import code
@@ -172,8 +186,8 @@ def _init(address: str | None, head: dict | None, workers: int, cpus_per_worker:
         if head:  # `launcher up`'s warm head on this machine: same code, nothing to ship, but the
             # head's processes were started before this launch: its settings go with it
             address = head["address"]
-            env = code.merge(code.runtime_env(workload, False, program), {"env_vars": code.passed_env(os.environ)},
-                             extra or {})
+            settings = {"env_vars": code.passed_env(os.environ)} if settings_in_job else {}
+            env = code.merge(code.runtime_env(workload, False, program), settings, extra or {})
             ray.init(address=address, runtime_env=env, **kwargs)
         elif address and in_ray_job():
             # `launcher submit`: the job's runtime env already carries our code, and Ray

@@ -22,7 +22,6 @@ from typing import Any
 import workloads
 from launcher import backends, faultpoint, frameworks
 from launcher.spec import JobSpec
-from launcher.worker import pool
 from launcher.worker.ranklog import RankLog
 
 
@@ -35,7 +34,6 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     log = _rank_log(spec, config)
     try:
         _train(spec, config, started)
-        _refill_pool(config.get("pool"))
     except Exception:
         if log is not None:
             log.failed()
@@ -54,19 +52,6 @@ def _rank_log(spec: JobSpec, config: dict[str, Any]) -> RankLog | None:
         print(f"launcher: this rank's output is not copied to the run's storage ({type(exc).__name__}: {exc})",
               flush=True)
         return None
-
-
-def _refill_pool(settings: dict[str, int] | None) -> None:
-    """Rank 0 of a warm-head run that has trained: processes ready for the next run
-    (launcher.worker.pool). Never fails the run: without them the next one only starts slower."""
-    import ray.train
-
-    if not settings or ray.train.get_context().get_world_rank() != 0:
-        return
-    try:
-        pool.refill(settings["size"], settings["keep_alive_s"])
-    except Exception as exc:  # noqa: BLE001 - see the docstring
-        print(f"launcher: no ready processes kept for the next run ({type(exc).__name__}: {exc})", flush=True)
 
 
 def _train(spec: JobSpec, config: dict[str, Any], started: float) -> None:

@@ -10,11 +10,14 @@ environments are the same, and its raylet starts such processes on request, kept
 - a run on the warm head adds :func:`job_env` to its job's runtime environment: Ray runs
   :func:`preload` in each new process of the job, which imports what the run's framework trains
   with, before any actor arrives;
-- when the run has trained, its rank 0 calls :func:`refill`: it asks its raylet for as many
-  processes as the run had actors, in its own runtime environment (the job's merged with Ray
-  Train's, exactly as Ray wrote it), kept for the head's pool time (``launcher up
-  --pool-minutes``). The next run with the same settings starts its actors in them, ready; a
-  run with other settings matches none and starts as it would without the pool.
+- when the run's workers are done (whatever the outcome: a run stopped or failed is often
+  launched again at once), its driver calls :func:`refill`: it asks the raylet for as many
+  processes as the run had actors, in the runtime environment Ray Train gives them (the job's,
+  with Ray Train's settings: :func:`actor_env`), kept for the head's pool time (``launcher up
+  --pool-minutes``). The next run of the framework starts its actors in them, ready. The job's
+  runtime environment holds only the framework and the hook: a run's settings travel in its
+  config (launcher.driver.session.Connection.env), so the next run's other settings still find
+  the pool; a user workload's folder, shipped in the runtime environment, does not.
 
 Idle processes hold memory (a torch worker about 0.4 GB) until the pool time ends; a refill
 adds only what its environment's pool lacks, which it sees through /proc: Linux only, no pool
@@ -67,15 +70,34 @@ def preload() -> None:
             pass
 
 
-def refill(size: int, keep_alive_s: int) -> int:
-    """From rank 0 of a warm-head run: have ``size`` idle processes in this worker's runtime
-    environment kept for ``keep_alive_s``; returns how many were asked for."""
-    import ray
+def actor_env(job_env: str, train_env: dict[str, str]) -> str:
+    """The runtime environment Ray Train gives the controller and the workers of a run, serialised
+    as Ray serialises it: the job's (``job_env``, as Ray holds it) with Ray Train's settings
+    (``train_env``, :func:`train_env_vars`) added, as compact JSON with sorted keys. An idle process
+    serves only an actor whose text is the same."""
+    env = json.loads(job_env or "{}")
+    env["env_vars"] = {**env.get("env_vars", {}), **train_env}
+    return json.dumps(env, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
+
+def train_env_vars() -> dict[str, str]:
+    """What Ray Train adds to the runtime environment of a run's actors, from this process's
+    environment (after launcher.driver.trainer.apply_ray_train_env)."""
+    added = dict(_ray.resolve("train_env_vars")())
+    added.setdefault(_ray.resolve("WARN_BLOCKING_ENV"), _ray.resolve("WARN_BLOCKING_DEFAULT"))
+    return added
+
+
+def refill(size: int, keep_alive_s: int, raylet: int | None) -> int:
+    """From the driver of a warm-head run whose workers are done: have ``size`` idle processes
+    in its actors' runtime environment kept for ``keep_alive_s`` (``raylet``: the head's, whose
+    idle processes count); returns how many were asked for."""
     if not os.path.isdir("/proc"):  # it could not see what it already has: no pool (Linux only)
         return 0
-    env = ray.get_runtime_context().get_runtime_env_string()
-    need = size - len(idle_matching(json.loads(env).get("env_vars", {})))
+    import ray
+
+    env = actor_env(ray.get_runtime_context().get_runtime_env_string(), train_env_vars())
+    need = size - len(idle_matching(json.loads(env)["env_vars"], raylet=str(raylet) if raylet else None))
     if need > 0:
         _ray.prestart_workers(env, need, keep_alive_s)
     return max(need, 0)
@@ -106,10 +128,9 @@ def _cpu_ticks(pid: int, proc: str) -> int | None:
 
 
 def idle_matching(env_vars: dict[str, str], proc: str = "/proc", raylet: str | None = None) -> list[int]:
-    """Pids of a raylet's idle worker processes (``raylet``: its pid; this worker's raylet by
-    default) whose environment holds ``env_vars`` (those of a runtime environment: a process
+    """Pids of a raylet's idle worker processes (``raylet``: its pid; any raylet's where it is
+    not known) whose environment holds ``env_vars`` (those of a runtime environment: a process
     started for it has them). Linux only (:func:`refill` asks for none elsewhere)."""
-    raylet = raylet or os.environ.get("RAY_RAYLET_PID")
     found = []
     for pid in (p for p in _listdir(proc) if p.isdigit()):
         try:
@@ -121,7 +142,7 @@ def idle_matching(env_vars: dict[str, str], proc: str = "/proc", raylet: str | N
                              if "=" in item)
         except OSError:  # gone meanwhile, or not ours to read
             continue
-        if pairs.get("RAY_RAYLET_PID") == raylet and all(pairs.get(k) == v for k, v in env_vars.items()):
+        if raylet in (None, pairs.get("RAY_RAYLET_PID")) and all(pairs.get(k) == v for k, v in env_vars.items()):
             found.append(int(pid))
     return found
 
