@@ -55,6 +55,7 @@ class Framework:
     #                                  workload (None: the session trains one itself)
 
     preload: tuple[str, ...] = ()  # modules a warm head's pool imports ahead, besides the session's
+    comm_method: str | None = None  # the Backend method that gives its communicator (None: its own)
 
     def worker_modules(self) -> tuple[str, ...]:
         """What the warm head's pool processes import ahead for a run of this framework
@@ -74,7 +75,9 @@ class Framework:
 
     def communicator(self, spec, backend) -> Any:
         """On the worker: what the session's ranks join and reduce through (not yet set up)."""
-        raise NotImplementedError
+        if self.comm_method is None:
+            raise NotImplementedError
+        return getattr(backend, self.comm_method)(spec)
 
     def train(self, spec, backend, function, config: dict[str, Any], started: float) -> None:
         """On the worker: join the backend's workers and train with our session: the user's
@@ -114,9 +117,7 @@ class Torch(Framework):
     session = "launcher.worker.session:TorchSession"
     managed_loop = "launcher.worker.torch_loop:train_workload"
     preload = ("torch", "ray.train.torch")
-
-    def communicator(self, spec, backend):
-        return backend.torch_comm(spec)
+    comm_method = "torch_comm"
 
     def native_backend(self, spec):
         if spec.replica_groups:  # --strategy ft: a torchft replica group per worker, no process group across
@@ -155,6 +156,7 @@ class TensorFlow(Framework):
     extra = "tensorflow"
     session = "launcher.worker.tf_session:TFSession"
     managed_loop = "launcher.worker.tf_loop:train_workload"
+    comm_method = "tf_comm"
 
     def worker_modules(self) -> tuple[str, ...]:
         # None of TensorFlow's: configure() must run before TensorFlow is imported.
@@ -164,9 +166,6 @@ class TensorFlow(Framework):
         super().configure(spec)
         # The legacy tf.keras, and TensorFlow's thread pools sized to the worker's CPUs.
         _part("launcher.worker.tf_session:configure_tensorflow")(max(1, int(spec.cpus_per_worker)))
-
-    def communicator(self, spec, backend):
-        return backend.tf_comm(spec)
 
     def native_backend(self, spec):
         # Ray's TensorflowTrainer does the same, but importing ray.train.tensorflow imports
