@@ -2,10 +2,10 @@
 schedule; --precision, --grad-clip and --grad-accumulation; exact resume with all of them.
 
 examples/diabetes_regression.py (a regression workload: MSE loss, MAE and R² metrics,
-AdamW, a cosine schedule) and digits-mlp under fp16 autocast with a GradScaler are each
+AdamW, a cosine schedule) under fp16 autocast with a GradScaler and gradient clipping is
 stopped with Ctrl-C right after a mid-epoch checkpoint and launched again: the resumed
 run ends with the uninterrupted run's weights, so the scheduler's and the scaler's states
-were saved and restored with the model and optimizer. The fp16 run also keeps 2 checkpoints
+were saved and restored with the model and optimizer. It also keeps 2 checkpoints
 (--keep-checkpoints 2) across its launches, those Ray Train never registered included.
 """
 
@@ -57,42 +57,26 @@ def test_numerics_flags_parse(capsys):
 
 
 @pytest.mark.integration
-def test_a_regression_workload_learns_and_resumes_exactly(warm_head, tmp_path):
-    # On the native backend only: the managed loop is a training function on the torch session,
-    # whose Horovod path (a mid-epoch stop resumed to the same weights) test_session's char_lm
-    # test and test_backends_horovod cover.
-    backend = "native"
+def test_a_regression_under_fp16_and_clipping_learns_and_resumes_exactly_keeping_2_checkpoints(warm_head, tmp_path):
+    """One launch sequence for the managed loop's state: the workload's cosine schedule and the
+    GradScaler's scale are saved and restored with the model and optimizer (the resumed run ends
+    with the uninterrupted run's weights), and interrupted relaunches with --keep-checkpoints 2 keep
+    at most 2 complete checkpoints. (Two tests once, one per flag: the same three launches each.)
+    On the native backend only: the managed loop is a training function on the torch session,
+    whose Horovod path (a mid-epoch stop resumed to the same weights) test_session's char_lm test
+    and test_backends_horovod cover."""
     storage = str(tmp_path / "runs")
-    # The uninterrupted run keeps no step checkpoints: they change no weight and cost it ~3 s.
-    whole = finish(launch(["--workload", DIABETES, "--storage", storage, "--epochs", "8", "--backend", backend,
-                           "--name", "whole"]))
-    args = ["--workload", DIABETES, "--storage", storage, "--epochs", "8", "--checkpoint-every-steps", "4",
-            "--backend", backend]
+    args = ["--workload", DIABETES, "--storage", storage, "--epochs", "8", "--checkpoint-every-steps", "5",
+            "--backend", "native", "--precision", "fp16", "--grad-clip", "1.0", "--keep-checkpoints", "2"]
+    whole = finish(launch(args + ["--name", "whole"]))
     m = whole["metrics"]
     assert whole["status"] == "succeeded" and whole["steps_completed"] == 8 * 11, whole
     assert {"loss", "mae", "r2", "train_loss"} <= set(m) and "accuracy" not in m, m
     assert m["r2"] > 0.3 and m["mae"] < 60, m  # it learned (predicting the mean scores r2 0, mae ~65)
     model = json.load(open(os.path.join(storage, "whole", "model", "model.json")))
     assert model["num_classes"] is None and model["input_shape"] == [10]
-
-    stopped = stop_after_step_checkpoint(args + ["--name", "stopped"], tmp_path)
-    assert stopped["status"] == "cancelled"
-    resumed = finish(launch(args + ["--name", "stopped"]))
-    assert resumed["resumed_from"] == {"epoch": 0, "step": 4}, resumed
-    assert resumed["weights_sha256"] == whole["weights_sha256"]  # the cosine schedule resumed too
-
-
-@pytest.mark.integration
-def test_fp16_with_clipping_resumes_with_the_scalers_state(warm_head, tmp_path):
-    # Also: interrupted relaunches with --keep-checkpoints 2 keep at most 2 complete checkpoints,
-    # and the run still resumes exactly.
-    storage = str(tmp_path / "runs")
-    args = ["--storage", storage, "--epochs", "2", "--checkpoint-every-steps", "5", "--precision", "fp16",
-            "--grad-clip", "1.0", "--keep-checkpoints", "2"]
-    whole = finish(launch(args + ["--name", "whole"]))
-    assert whole["status"] == "succeeded" and whole["metrics"]["accuracy"] > 0.6, whole
     store = Storage.resolve(storage)
-    assert [m.global_step for m, _ in complete_checkpoints(store, "whole")] == [45, 46]
+    assert [m.global_step for m, _ in complete_checkpoints(store, "whole")] == [85, 88]
 
     run_dir = os.path.join(storage, "stopped")
     # Stopped once Ray Train registered the checkpoint (its list of the run's checkpoints is written then).
@@ -119,12 +103,12 @@ def test_fp16_with_clipping_resumes_with_the_scalers_state(warm_head, tmp_path):
     # The launch deleted the one Ray registered (and Ray's list, which named it) before training ...
     assert "--keep-checkpoints 2: deleted 1 older checkpoint(s) of run stopped (step 5); kept steps 5, 5" in err
     assert resumed["resumed_from"] == {"epoch": 0, "step": 5}, resumed
-    assert resumed["weights_sha256"] == whole["weights_sha256"]
+    assert resumed["weights_sha256"] == whole["weights_sha256"]  # the schedule and the scaler resumed too
     # ... and the unregistered ones after it: 2 remain, as after the uninterrupted run, and Ray's
     # new list names only folders that exist.
     kept = complete_checkpoints(store, "stopped")
-    assert [m.global_step for m, _ in kept] == [45, 46], err[-3000:]
-    assert "deleted 2 older checkpoint(s) of run stopped (steps 5, 5); kept steps 45, 46" in err
+    assert [m.global_step for m, _ in kept] == [85, 88], err[-3000:]
+    assert "deleted 2 older checkpoint(s) of run stopped (steps 5, 5); kept steps 85, 88" in err
     snapshot = open(os.path.join(run_dir, RAY_SNAPSHOT)).read()
     assert _ray.snapshot_names(snapshot, [os.path.basename(p) for _, p in kept]) and \
         not _ray.snapshot_names(snapshot, [os.path.basename(newest), "checkpoint_late_1", "checkpoint_late_2"])
