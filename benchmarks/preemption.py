@@ -22,10 +22,11 @@ step and time):
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import tempfile
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from benchmarks.preemption_report import timeline
 from launcher.driver import stop_running
@@ -82,10 +83,12 @@ STRATEGIES = {"wait": Strategy("a fixed group waits for the replacement node"),
 def run(strategies: list[str], *, workers: int, min_workers: int, every_s: float, preemptions: int,
         boot_s: float, stockout_s: float, notice_s: float, with_notice: bool, epochs: int,
         note: Callable[[str], None], base=None, program=None, program_args: list[str] | None = None,
-        job_dir: bool = False) -> dict:
+        job_dir: bool = False, lab=None) -> dict:
     """Each strategy on a fresh autoscaling lab (``workers`` one-CPU nodes, replacements ready
     ``boot_s`` after the autoscaler asks): ``preemptions`` nodes preempted ``every_s`` apart.
 
+    ``lab``: an :class:`~launcher.lab.AutoscalingLab` already up, with these settings, to use instead
+    of a fresh one per strategy (what it did before the run is left out of the figures).
     ``base``: the run's spec (its code, data and settings; digits-mlp by default) but for the workers,
     epochs, name, storage, address and failure settings, which each strategy sets. ``program``: a --script or --package instead, run to its end under each
     strategy, after an uninterrupted reference run (see :func:`run_program_strategy`)."""
@@ -95,7 +98,7 @@ def run(strategies: list[str], *, workers: int, min_workers: int, every_s: float
     code = program.label if program is not None else (base.workload if base is not None else "digits-mlp")
     settings["code"] = code
     lab_args = dict(workers=workers, every_s=every_s, preemptions=preemptions, boot_s=boot_s, stockout_s=stockout_s,
-                    notice_s=notice_s, with_notice=with_notice, note=note)
+                    notice_s=notice_s, with_notice=with_notice, note=note, lab=lab)
     out = []
     if program is not None:
         note("bench: the program uninterrupted first (the reference for goodput)")
@@ -133,21 +136,37 @@ def _preempt_every(lab, job, every_s: float, preemptions: int, with_notice: bool
             next_at += every_s
 
 
-def _lab_events(lab) -> list[dict[str, Any]]:
+def _lab_events(lab, since: float) -> list[dict[str, Any]]:
     events = [{k: v for k, v in e.items() if k != "node"} for e in lab.events]
     events += [e for e in lab.provider_events() if e["event"] in ("create", "node started", "create failed")]
-    return sorted(events, key=lambda e: e["time"])
+    return sorted((e for e in events if e["time"] >= since), key=lambda e: e["time"])
+
+
+def _removals(lab, since: float) -> list[float]:
+    return [e["time"] for e in lab.events if e["event"].startswith("node removed") and e["time"] >= since]
+
+
+@contextlib.contextmanager
+def _lab_for(lab, *, workers: int, notice_s: float, boot_s: float, stockout_s: float,
+             note: Callable[[str], None]) -> Iterator[tuple[Any, str, float]]:
+    """(the lab, a fresh storage folder, when the run began): ``lab`` if given, else a lab of its own."""
+    from launcher.lab import AutoscalingLab
+
+    own = lab is None
+    with tempfile.TemporaryDirectory(prefix="launcher-bench-preempt-") as root, \
+            (AutoscalingLab(nodes=workers, notice_s=notice_s, margin_s=min(5.0, notice_s / 3), boot_s=boot_s,
+                            stockout_s=stockout_s, note=note) if own else contextlib.nullcontext(lab)) as lab:
+        yield lab, root, time.time()
 
 
 def run_strategy(strategy: str, *, workers: int, min_workers: int, every_s: float, preemptions: int,
                  boot_s: float, stockout_s: float, notice_s: float, with_notice: bool, epochs: int,
-                 note: Callable[[str], None], base=None) -> dict:
-    from launcher.lab import AutoscalingLab, run_in_background
+                 note: Callable[[str], None], base=None, lab=None) -> dict:
+    from launcher.lab import run_in_background
 
     elastic = STRATEGIES[strategy].elastic
-    with tempfile.TemporaryDirectory(prefix="launcher-bench-preempt-") as root, \
-            AutoscalingLab(nodes=workers, notice_s=notice_s, margin_s=min(5.0, notice_s / 3), boot_s=boot_s,
-                           stockout_s=stockout_s, note=note) as lab:
+    with _lab_for(lab, workers=workers, notice_s=notice_s, boot_s=boot_s, stockout_s=stockout_s,
+                  note=note) as (lab, root, since):
         spec = _spec_for(base, strategy, root, lab.address, workers=workers, epochs=epochs,
                          min_workers=min_workers if elastic else None)
         if not spec.checkpoint_every_steps:
@@ -165,8 +184,7 @@ def run_strategy(strategy: str, *, workers: int, min_workers: int, every_s: floa
                                 timeout_s=boot_s + stockout_s + 300)
             stop_running("the benchmark's preemptions are done")
         summary = job.wait(timeout_s=3600)
-        removals = [e["time"] for e in lab.events if e["event"].startswith("node removed")]
-        events = _lab_events(lab)
+        removals, events = _removals(lab, since), _lab_events(lab, since)
         records = RunRecord(Storage.resolve(root), spec.name).metrics()
     attempts = summary.to_json()["attempts"]
     line = timeline(records, attempts, workers, int(spec.batch_size))
@@ -186,24 +204,22 @@ def run_strategy(strategy: str, *, workers: int, min_workers: int, every_s: floa
 
 def run_program(base, program, program_args: list[str], job_dir: bool, strategy: str, *, workers: int,
                 every_s: float, preemptions: int, boot_s: float, stockout_s: float, notice_s: float,
-                with_notice: bool, note: Callable[[str], None], preempt: bool = True) -> dict:
+                with_notice: bool, note: Callable[[str], None], preempt: bool = True, lab=None) -> dict:
     """A --script or --package run to its end on a fresh lab, its nodes preempted every ``every_s``
     (unless not ``preempt``). A program keeps its steps to itself: the figures are the wall time
     (goodput: the uninterrupted run's wall time over this one's), the restarts and, per removed node,
     the seconds until Ray Train started the next group (recovery here: the program's own restart
     and resume come after)."""
-    from launcher.lab import AutoscalingLab, run_in_background
+    from launcher.lab import run_in_background
 
-    with tempfile.TemporaryDirectory(prefix="launcher-bench-preempt-") as root, \
-            AutoscalingLab(nodes=workers, notice_s=notice_s, margin_s=min(5.0, notice_s / 3), boot_s=boot_s,
-                           stockout_s=stockout_s, note=note) as lab:
+    with _lab_for(lab, workers=workers, notice_s=notice_s, boot_s=boot_s, stockout_s=stockout_s,
+                  note=note) as (lab, root, since):
         spec = _spec_for(base, strategy, root, lab.address, workers=workers, min_workers=None)
         job = run_in_background(spec, note, program=program, program_args=program_args, job_dir=job_dir)
         if preempt:
             _preempt_every(lab, job, every_s, preemptions, with_notice)
         summary = job.wait(timeout_s=3600)
-        removals = [e["time"] for e in lab.events if e["event"].startswith("node removed")]
-        events = _lab_events(lab)
+        removals, events = _removals(lab, since), _lab_events(lab, since)
     restarts = summary.to_json()["interruptions"]
     return {"strategy": strategy, "workers": workers, "min_workers": None, "every_s": every_s, "boot_s": boot_s,
             "notice_s": notice_s if with_notice else None, "status": str(summary.status),

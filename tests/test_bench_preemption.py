@@ -5,8 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -172,37 +170,3 @@ def test_bench_preemption_project_writes_the_table_and_plot(capsys, tmp_path):
     assert main(["bench", "preemption", "--project", str(tmp_path / "missing.json"), "--out", str(out)]) == 2
     err = capsys.readouterr().err
     assert "--project" in err and "missing.json" in err and len(err.strip().splitlines()) == 1, err
-
-
-@pytest.mark.integration
-@pytest.mark.chaos
-def test_bench_preemption_runs_the_ft_strategy_and_counts_it_in_samples(tmp_path):
-    """The smallest run of the benchmark with --strategy ft, in a process of its own (the lab is a Ray
-    cluster of its own): one node preempted with a short notice, replaced at once. Its replica
-    leaves the quorum and the replacement joins, no group restarts, nothing is trained twice.
-    This is also the test of --strategy ft under GCE's notice (tests/chaos/test_ft_chaos.py loses a
-    node without one)."""
-    out = tmp_path / "out"
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_MODE")}
-    done = subprocess.run([sys.executable, "-m", "launcher", "bench", "preemption", "--strategies", "ft",
-                           "--workers", "2", "--min-workers", "1", "--preemptions", "1", "--every-s", "8",
-                           "--notice-s", "6", "--boot-s", "0", "--checkpoint-every-steps", "5",
-                           "--preemption-check-steps", "1", "--out", str(out)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
-    r = json.loads((out / "preemption.json").read_text())["strategies"][0]
-    debug = (done.stdout, {k: r.get(k) for k in ("status", "error", "restarts", "quorum_changes",
-                                                  "replicas_replaced", "nodes_removed", "samples_trained",
-                                                  "samples_repeated")})
-    # The leaving replica told the driver of its notice, which asked for the replacement node then
-    # (Ray Train's own notice path is off for replica groups).
-    said = done.stdout + done.stderr
-    assert "preemption notice: Ray is draining" in said and "replacement node(s) now" in said, said[-3000:]
-    assert r["strategy"] == "ft" and r["ft"] and r["nodes_removed"] == 1 and r["goodput"] is None, debug
-    assert r["restarts"] == 0 and r["quorum_changes"] >= 2 and r["replicas_replaced"] >= 1, debug
-    assert r["samples_trained"] > 0 and r["samples_repeated"] == 0 and r["samples_skipped"] == 0, debug
-    assert 0 < r["goodput_samples"] <= 1.05 and len(r["samples_timeline"]) > 3, debug
-    lines = done.stdout.splitlines()  # Ray's own lines may come first
-    header = next(i for i, line in enumerate(lines) if line.startswith("STRATEGY"))
-    assert lines[header + 1].split()[0] == "ft" and "quorum change(s)" in done.stdout, debug
-    assert os.path.getsize(out / "preemption.png") > 10_000
