@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 
 from launcher.errors import UserError
 
@@ -115,6 +116,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
 def missing(extra: str) -> str | None:
     """The first module of ``extra`` that cannot be found here, or None when all can (nothing is imported)."""
     for module in EXTRAS[extra]:
+        if sys.modules.get(module) is not None:  # imported (maybe loading on first use: find_spec would load it)
+            continue
         try:
             if importlib.util.find_spec(module) is None:
                 return module

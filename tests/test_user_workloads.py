@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import textwrap
 
 import numpy as np
@@ -257,3 +258,61 @@ def test_a_memmap_stays_on_disk_and_reads_the_rows_asked_for(tmp_path):
     assert type(train).__name__ == "ArraySplit" and len(train) == 5
     rows, labels = train.take(np.array([4, 1]))
     assert rows.tolist() == [[16, 17], [4, 5]] and labels.tolist() == [2, 2]
+
+
+FRAMEWORK_IN_FUNCTIONS = '''
+import heavyfw
+import workloads
+
+
+@workloads.training_function(epochs=1)
+def train(session):
+    return heavyfw.answer()
+'''
+
+FRAMEWORK_AT_TOP = '''
+import heavyfw
+import workloads
+
+BASE = heavyfw.Base  # used while the file is imported
+
+
+@workloads.training_function(epochs=1)
+def train(session):
+    return BASE
+'''
+
+
+def test_a_driver_loads_a_framework_the_users_file_imports_only_when_the_file_uses_it(tmp_path, monkeypatch):
+    """defer_framework_imports (the driver's `launcher run`): a framework a file imports is loaded at
+    its first use, not at the import line; one used at the file's top is loaded there, as before.
+    A stand-in framework (a package that counts its loads) in place of TensorFlow and torch."""
+    from workloads import user
+
+    (tmp_path / "fw" / "heavyfw").mkdir(parents=True)
+    (tmp_path / "fw" / "heavyfw" / "__init__.py").write_text(
+        "import os\nLOADS = int(os.environ.get('HEAVYFW_LOADS', '0')) + 1\nos.environ['HEAVYFW_LOADS'] = str(LOADS)\n"
+        "class Base: pass\ndef answer(): return 42\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "fw"))
+    monkeypatch.setattr(user, "DEFERRABLE", user.DEFERRABLE + ("heavyfw",))
+    monkeypatch.delenv("HEAVYFW_LOADS", raising=False)
+    monkeypatch.delitem(sys.modules, "heavyfw", raising=False)
+
+    with user.defer_framework_imports():
+        lazy = user.load_reference(write(tmp_path / "a", FRAMEWORK_IN_FUNCTIONS, "lazy_fw.py") + ":train")
+    assert "HEAVYFW_LOADS" not in os.environ and user.not_loaded_yet("heavyfw")
+    assert lazy.fn(None) == 42 and os.environ["HEAVYFW_LOADS"] == "1"  # loaded once, at its first use
+    assert not user.not_loaded_yet("heavyfw")
+
+    monkeypatch.delenv("HEAVYFW_LOADS")
+    monkeypatch.delitem(sys.modules, "heavyfw")
+    with user.defer_framework_imports():
+        eager = user.load_reference(write(tmp_path / "b", FRAMEWORK_AT_TOP, "eager_fw.py") + ":train")
+    assert os.environ["HEAVYFW_LOADS"] == "1" and not user.not_loaded_yet("heavyfw")
+    assert eager.fn(None).__name__ == "Base"
+    monkeypatch.delitem(sys.modules, "heavyfw")
+    # Outside the context (a worker), the import line loads it.
+    monkeypatch.delenv("HEAVYFW_LOADS")
+    user.load_reference(write(tmp_path / "c", FRAMEWORK_IN_FUNCTIONS, "plain_fw.py") + ":train")
+    assert os.environ["HEAVYFW_LOADS"] == "1" and not user.not_loaded_yet("heavyfw")
+    monkeypatch.delitem(sys.modules, "heavyfw")

@@ -27,6 +27,7 @@ one). Nothing here imports the launcher, Ray or a framework.
 from __future__ import annotations
 
 import inspect
+import types
 from typing import Any, Callable, Iterable, Mapping
 
 from workloads.base import Defaults, Param, Workload
@@ -68,8 +69,8 @@ def _imported(fn: Callable) -> set[str]:
     and function it imported by name (``from torch.utils.data import DataLoader``)."""
     found = set()
     for value in getattr(fn, "__globals__", {}).values():
-        if inspect.ismodule(value):
-            found.add(value.__name__)
+        if inspect.ismodule(value):  # its name as ModuleType reads it: a module loaded on first use stays unloaded
+            found.add(types.ModuleType.__getattribute__(value, "__name__"))
         elif inspect.isclass(value) or inspect.isfunction(value):
             found.add(getattr(value, "__module__", "") or "")
     return found

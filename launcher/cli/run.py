@@ -42,8 +42,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if program is not None:
         return cmd_program(args, program)
     from launcher.driver import launch
+    from workloads.user import defer_framework_imports
 
-    spec = spec_from_args(args)
+    with defer_framework_imports():  # the workers load them; the driver seldom needs them
+        spec = spec_from_args(args)
     with sigterm_as_ctrl_c():
         with summary_stream() as out:
             summary = launch.run(spec, verbose=args.verbose)

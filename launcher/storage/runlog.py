@@ -340,17 +340,25 @@ def summary_writer_class():
     tensorboardX's writer imports torch only to accept torch tensors, which the
     driver never passes it; loading torch there took 1.2 of the import's 1.55 s of
     CPU, on the driver, beside the workers. With ``sys.modules["torch"] = None``
-    its ``import torch`` fails fast and it falls back to numpy (0.4 s).
+    its ``import torch`` fails fast and it falls back to numpy (0.4 s). A torch that a user's
+    file imported but has not used yet (:func:`workloads.user.defer_framework_imports`) counts as
+    not loaded, and stays as it was.
     """
-    if "tensorboardX" in sys.modules or "torch" in sys.modules:
+    from workloads.user import not_loaded_yet
+
+    if "tensorboardX" in sys.modules or ("torch" in sys.modules and not not_loaded_yet("torch")):
         from tensorboardX import SummaryWriter
 
         return SummaryWriter
+    saved = sys.modules.get("torch")  # a user's file's torch, not loaded until it is used
     sys.modules["torch"] = None
     try:
         from tensorboardX import SummaryWriter
     finally:
         if sys.modules.get("torch", 0) is None:
-            del sys.modules["torch"]
+            if saved is None:
+                del sys.modules["torch"]
+            else:
+                sys.modules["torch"] = saved
     return SummaryWriter
 
