@@ -3,7 +3,10 @@
 Starting Ray is a fixed cost of every local run (several seconds on a small
 machine, plus its shutdown). With a head kept running, ``launcher run``
 without --address finds it through a small state file and connects instead.
-The head listens on loopback only and has no dashboard.
+The head has no dashboard and takes only clients with Ray's token (``RAY_AUTH_MODE=token``).
+It is not loopback-only: on Linux Ray replaces the loopback node address it is given with this
+machine's own and its GCS and raylet listen on every interface (seen with ``ss -ltn``, Ray 2.60);
+the token is what keeps others out.
 """
 
 from __future__ import annotations
