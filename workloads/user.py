@@ -146,7 +146,7 @@ def defer_framework_imports() -> Iterator[None]:
     gets the module loaded on its first use, not at the ``import`` line (importlib's LazyLoader).
 
     For the driver of a run, which imports the user's file only to find and check its workload:
-    a Keras function's file otherwise loaded TensorFlow there (3.1-3.4 s of the driver's start on
+    a Keras function's file otherwise loaded TensorFlow there (2.9-3.4 s of the driver's start on
     2 cores, against 0.3-0.4 s for a built-in workload), and a file whose torch code is all in its
     functions, torch (~1.5 s); its workers load them anyway. A name the file uses at its top level
     (``class Net(nn.Module)``) loads the framework at once, as before; a framework that is not
@@ -175,6 +175,8 @@ class _Quiet(importlib.abc.Loader):
             self.loader.exec_module(module)
 
     def __getattr__(self, name: str):  # resource readers and the like: the wrapped loader's
+        if name == "loader":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
         return getattr(self.loader, name)
 
 
