@@ -316,3 +316,9 @@ def test_a_driver_loads_a_framework_the_users_file_imports_only_when_the_file_us
     user.load_reference(write(tmp_path / "c", FRAMEWORK_IN_FUNCTIONS, "plain_fw.py") + ":train")
     assert os.environ["HEAVYFW_LOADS"] == "1" and not user.not_loaded_yet("heavyfw")
     monkeypatch.delitem(sys.modules, "heavyfw")
+    # A deferrable framework that is not installed still fails the import, in one line.
+    monkeypatch.setattr(user, "DEFERRABLE", user.DEFERRABLE + ("absentfw",))
+    with user.defer_framework_imports(), pytest.raises(user.WorkloadError) as failed:
+        user.load_reference(write(tmp_path / "d", FRAMEWORK_IN_FUNCTIONS.replace("heavyfw", "absentfw"),
+                                  "absent_fw.py") + ":train")
+    assert "No module named 'absentfw'" in str(failed.value) and "\n" not in str(failed.value)
