@@ -42,7 +42,8 @@ class Var(str):
 
 # -- what a user sets -------------------------------------------------------------------------
 CACHE = Var("LAUNCHER_CACHE", "~/.cache/launcher",
-            "each node's cache of gs:// data, streamed shards and shipped program folders")
+            "each node's cache of gs:// data, streamed shards and shipped program folders, and which "
+            "Horovod builds passed their import check")
 DATA_CACHE_GB = Var("LAUNCHER_DATA_CACHE_GB", "16",
                     "the most GB of streamed shards a node keeps (a run's `--data-cache-gb` sets it on its workers)")
 ENV_CACHE = Var("LAUNCHER_ENV_CACHE", "~/.cache/launcher/envs",

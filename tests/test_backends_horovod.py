@@ -95,6 +95,38 @@ def test_a_first_horovod_run_builds_it_and_a_failed_build_is_refused_in_a_line(m
     assert "backend horovod cannot run torch here: Horovod is not installed" in err[2] and len(err) == 3
 
 
+@needs_horovod
+@pytest.mark.integration  # it starts the probe's interpreter
+def test_a_passed_probe_is_recorded_and_a_changed_build_is_probed_again(monkeypatch, tmp_path):
+    """The first probe imports Horovod's torch extension in a child interpreter and records that
+    it passed; the next launch's probe finds its fingerprint and starts nothing; a different
+    library path (as a rebuild or a reinstall changes the files' fingerprint) is probed again."""
+    from launcher.backends import horovod
+
+    started: list[str] = []
+
+    def audit(event, args):
+        if event == "subprocess.Popen" and started is not None:
+            started.append(" ".join(map(str, args[1] or ())))
+
+    sys.addaudithook(audit)  # hooks cannot be removed: it records only while the list is there
+    monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "cache"))
+    try:
+        horovod.probe.cache_clear()
+        assert horovod.probe("torch") is None and len(started) == 1 and "horovod.torch" in started[0], started
+        record = json.load(open(tmp_path / "cache" / "horovod-probe.json"))
+        assert set(record) == {"torch"} and len(record["torch"]) == 64
+        horovod.probe.cache_clear()  # a later launch
+        assert horovod.probe("torch") is None and len(started) == 1, started
+        monkeypatch.setenv("LD_LIBRARY_PATH", str(tmp_path))
+        horovod.probe.cache_clear()
+        assert horovod.probe("torch") is None and len(started) == 2, started
+        assert json.load(open(tmp_path / "cache" / "horovod-probe.json"))["torch"] != record["torch"]
+    finally:
+        started = None
+        horovod.probe.cache_clear()
+
+
 # -- real Horovod on Ray --------------------------------------------------------------------
 
 def _allreduce_worker(config):

@@ -105,6 +105,10 @@ class Backend:
         """None when usable here; otherwise why not and how to fix it, in one line."""
         return None
 
+    def forget_checks(self) -> None:
+        """Drop what :meth:`unavailable_reason` remembered from earlier checks (``launcher doctor``
+        asks afresh). Most backends remember nothing."""
+
     def prepare(self, framework: str, note: Callable[[str], None]) -> None:
         """Make the backend usable here if it can be done now (before :meth:`unavailable_reason`
         is asked), saying what it does through ``note``. Most backends have nothing to do."""

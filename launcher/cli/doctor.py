@@ -87,6 +87,8 @@ def diagnose() -> list[Check]:
     """Every framework and every backend/framework pair, probed concurrently."""
     from launcher import backends
 
+    for backend in backends.REGISTRY:  # the checks as they stand now, not as a launch last found them
+        backend.forget_checks()
     with ThreadPoolExecutor(max_workers=8) as pool:
         fw_futures = {f: pool.submit(probe_framework, f) for f in FRAMEWORKS}
         # Warm the backends' own (cached) probes in parallel with the framework imports.
