@@ -106,8 +106,8 @@ class Backend:
         return None
 
     def forget_checks(self) -> None:
-        """Drop what :meth:`unavailable_reason` remembered from earlier checks (``launcher doctor``
-        asks afresh). Most backends remember nothing."""
+        """Drop what :meth:`unavailable_reason` kept from earlier processes' checks (``launcher
+        doctor`` asks afresh). Most backends keep nothing."""
 
     def prepare(self, framework: str, note: Callable[[str], None]) -> None:
         """Make the backend usable here if it can be done now (before :meth:`unavailable_reason`

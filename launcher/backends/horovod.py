@@ -201,8 +201,7 @@ class HorovodBackend(Backend):
         return f"{why}; {build_hint()}" if why else None
 
     def forget_checks(self) -> None:
-        probe.cache_clear()
-        try:
+        try:  # this process's own answers (functools' cache) stand: it probed them itself
             os.unlink(_probe_record())
         except OSError:
             pass
