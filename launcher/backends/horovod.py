@@ -116,15 +116,19 @@ def _probed() -> dict:
     return record if isinstance(record, dict) else {}
 
 
+_RECORDING = threading.Lock()  # `launcher doctor` probes the frameworks in threads
+
+
 def _record(framework: str, fingerprint: str) -> None:
     """Add a passed probe to the record, atomically; a cache that cannot be written is skipped."""
     path = _probe_record()
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({**_probed(), framework: fingerprint}, f)
-        os.replace(tmp, path)
+        with _RECORDING:
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump({**_probed(), framework: fingerprint}, f)
+            os.replace(tmp, path)
     except OSError:
         try:
             os.unlink(tmp)
