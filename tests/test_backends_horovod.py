@@ -100,7 +100,8 @@ def test_a_first_horovod_run_builds_it_and_a_failed_build_is_refused_in_a_line(m
 def test_a_passed_probe_is_recorded_and_a_changed_build_is_probed_again(monkeypatch, tmp_path):
     """The first probe imports Horovod's torch extension in a child interpreter and records that
     it passed; the next launch's probe finds its fingerprint and starts nothing; a different
-    library path (as a rebuild or a reinstall changes the files' fingerprint) is probed again."""
+    library path (as a rebuild or a reinstall changes the files' fingerprint) is probed again, and
+    so is every framework after `launcher doctor` has dropped the record."""
     from launcher.backends import horovod
 
     started: list[str] = []
@@ -122,6 +123,11 @@ def test_a_passed_probe_is_recorded_and_a_changed_build_is_probed_again(monkeypa
         horovod.probe.cache_clear()
         assert horovod.probe("torch") is None and len(started) == 2, started
         assert json.load(open(tmp_path / "cache" / "horovod-probe.json"))["torch"] != record["torch"]
+        # `launcher doctor` (diagnose) first drops what earlier processes recorded: a new process probes
+        horovod.HorovodBackend().forget_checks()
+        assert not (tmp_path / "cache" / "horovod-probe.json").exists()
+        horovod.probe.cache_clear()
+        assert horovod.probe("torch") is None and len(started) == 3, started
     finally:
         started = None
         horovod.probe.cache_clear()

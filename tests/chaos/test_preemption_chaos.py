@@ -77,25 +77,25 @@ def test_notices_a_lost_node_and_a_truncated_notice_checkpoint_cost_only_the_ste
         run.wait_for_checkpoint(lambda m, after=last: m.global_step >= after + EVERY)
         lab.preempt(i % 2)
         last = run.wait_for_checkpoint(lambda m: True)[0].global_step  # the notice's checkpoint
-    run.wait_for_checkpoint(lambda m, after=last: m.global_step >= after + EVERY)
+    noticed_at = last
+    run.wait_for_checkpoint(lambda m: m.global_step >= noticed_at + EVERY)
     lab.kill(0)
     # The lost group's newest checkpoint (its survivor completes at most the one under way, an
     # interval on): one 2 intervals past it is the restarted group's, so the notice below finds
     # that group training, with a good checkpoint of its own before the notice's.
     last = run.wait_for_checkpoint(lambda m: True)[0].global_step
-    run.wait_for_checkpoint(lambda m, after=last: m.global_step >= after + 2 * EVERY)
+    run.wait_for_checkpoint(lambda m: m.global_step >= last + 2 * EVERY)
     found = {}
 
     def truncate_notice_checkpoint() -> None:
-        manifest, path = run.wait_for_checkpoint(lambda m: m.metrics.get("held") == 1
-                                                 and m.global_step > found.get("after", 0))
+        # held after `last`: the first two notices' held checkpoints are not this one
+        manifest, path = run.wait_for_checkpoint(lambda m: m.metrics.get("held") == 1 and m.global_step > last)
         found["notice_step"] = manifest.global_step
         model = os.path.join(path, "model.pt")
         size = os.path.getsize(model)
         with open(model, "r+b") as f:
             f.truncate(size // 2)
 
-    found["after"] = last  # the held checkpoints of the first two notices are not this one
     lab.preempt(0, before_removal=truncate_notice_checkpoint)
     s = run.wait()
     assert_completed(s)
@@ -104,7 +104,7 @@ def test_notices_a_lost_node_and_a_truncated_notice_checkpoint_cost_only_the_ste
     noticed, noticed_again, lost, truncated = s.interruptions
     assert noticed.steps_lost == noticed_again.steps_lost == 0 and all(i.time_lost_s > 0 for i in s.interruptions), s
     # The node lost without notice: at most the steps since the last checkpoint are redone.
-    assert lost.resumed_from_step >= EVERY and 0 <= lost.steps_lost <= EVERY, s
+    assert lost.resumed_from_step >= noticed_at + EVERY and 0 <= lost.steps_lost <= EVERY, s
     # The truncated notice checkpoint: the good one before it is the last multiple of EVERY or
     # epoch end before the notice's step.
     notice = found["notice_step"]
