@@ -74,7 +74,7 @@ PRIVATE: dict[str, tuple[str, str]] = {
     "excludes_matcher": ("ray._private.runtime_env.packaging:_get_excludes",
                          "the runtime_env 'excludes' patterns as Ray applies them"),
     # A local Ray this launch started: the daemons it needs not (session.IDLE_DAEMONS), stopped.
-    "global_worker": ("ray._private.worker:global_worker", "the node this driver started (.node.all_processes)"),
+    "global_worker": ("ray._private.worker:global_worker", "the node this driver started (.node.all_processes), and whether it did (.node.ray_init_cluster)"),
     "PROCESS_TYPE_MONITOR": ("ray._private.ray_constants:PROCESS_TYPE_MONITOR",
                              "the autoscaler monitor's key in that node's processes"),
     "PROCESS_TYPE_LOG_MONITOR": ("ray._private.ray_constants:PROCESS_TYPE_LOG_MONITOR",
@@ -223,6 +223,13 @@ def prestart_workers(env: str, count: int, keep_alive_s: int) -> None:
         resolve("NodeManagerServiceStub")(channel).PrestartWorkers(request, timeout=10)
     finally:
         channel.close()
+
+
+def started_by_this_process() -> bool:
+    """Whether the Ray this process is connected to is one that its own ``ray.init()`` started (a
+    single local node: nothing preempts it, no autoscaler scales it), not a cluster it joined."""
+    node = getattr(resolve("global_worker"), "node", None)
+    return bool(getattr(node, "ray_init_cluster", False))
 
 
 def client_connected() -> bool:

@@ -77,6 +77,9 @@ PRELOAD = Var("LAUNCHER_PRELOAD", None, "the framework a warm-head run's ready p
               "their job's runtime environment (launcher.worker.pool)", "internal")
 WORKLOAD_CODE = Var("LAUNCHER_WORKLOAD_CODE", None, "1 where a user workload's folder was shipped with the job: "
                     "workers load that copy (read by workloads/user.py)", "internal")
+LOCAL_RAY = Var("LAUNCHER_LOCAL_RAY", None, "1 on every process of a local Ray the launcher started (a launch's "
+                "own, `launcher up`'s head): a run begun inside one (a tuning trial) knows that no node of it is "
+                "preempted and no autoscaler answers", "internal")
 LAB_ID = Var("LAUNCHER_LAB_ID", None, "on every process of a lab's cluster, so the lab stops only its own", "internal")
 
 # -- what scripts/ reads ---------------------------------------------------------------------

@@ -194,11 +194,20 @@ def test_a_search_over_lr_runs_every_trial_and_picks_the_best(ray_local, tmp_pat
     """Three trials of Optuna's default search, two at a time, each a run of its own; the best
     of them is the summary's. Three tell the best from the worst as four did, with one launch
     less (seeded, Optuna's first samples are the same three lrs either way)."""
+    from ray._private.state import actors
+
     path = write_yaml(tmp_path, LR_LOG.replace("maxTrials: 4", "maxTrials: 3"))
     mlruns = str(tmp_path / "mlruns")
+    before = set(actors())
     code = main(["tune", "--config", path, "--storage", storage, "--name", "lr_search", "--json", "--mlflow", mlruns])
     captured = capsys.readouterr()
     assert code == 0, captured.err[-3000:]
+    # The trials ran on a local Ray (this process's own): each run left out what only a cluster needs,
+    # as a launch on it does (Ray Train's preemption watcher, its autoscaling coordinator, the
+    # progress board of a run that cannot restart), while Ray Train's own actors ran.
+    started = [a["ActorClassName"] for key, a in actors().items() if key not in before]
+    assert started.count("TrainController") == 3, started
+    assert not {"PreemptionWatcher", "_AutoscalingCoordinatorActor", "ProgressBoard"} & set(started), started
     result = json.loads(last_line(captured.out))
     rows, summary = result["trials"], result["summary"]
     assert len(rows) == 3 and all(r["status"] == "succeeded" for r in rows), rows

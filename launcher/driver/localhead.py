@@ -28,7 +28,7 @@ from launcher.errors import UserError
 from launcher.storage.runs import pid_alive
 from launcher.worker import pool
 
-from launcher.settings import STATE_DIR as STATE_ENV
+from launcher.settings import LOCAL_RAY, STATE_DIR as STATE_ENV
 # A launch without a warm head starts a local Ray with as many logical CPUs as its workers ask
 # for, up to this many per core (session.check_local_fit): a laptop runs more workers than it has
 # cores. The warm head is given that many by default, so it takes every run a cold start takes.
@@ -51,6 +51,9 @@ REPORTER_ENV, REPORTER_MS = "REPORTER_UPDATE_INTERVAL_MS", "60000"
 # long as it stayed up (the idle head: 6.1 % of a core with them, 2.9 % without, over 30 s).
 # Off for a local Ray the launcher starts; a value the user set wins.
 PRESTART_ENV = "RAY_prestart_worker_first_driver"
+# On every process of a local Ray the launcher starts (the raylet passes its environment on): a run
+# begun inside one, as a tuning trial is, leaves out what only a cluster needs (session.Connection.local).
+MARK_ENV = {LOCAL_RAY: "1"}
 # How long the head keeps a run's pool of ready worker processes (launcher.worker.pool) by default.
 POOL_S = 600
 # The raylet starts at most this many worker processes at once (Ray's default: the cores, up to
@@ -124,7 +127,7 @@ def up(num_cpus: int | None = None, port: int = 6390, timeout_s: float = 60.0,
     log_path = os.path.join(os.path.dirname(state_file()), "local-head.log")
     cmd = [_ray_cli(), "start", "--head", "--block", f"--port={port}", "--node-ip-address=127.0.0.1",
            f"--num-cpus={cpus}", "--include-dashboard=false", "--disable-usage-stats"]
-    env = {**os.environ, AUTH_ENV: os.environ.get(AUTH_ENV, "token"), DRAIN_ENV: os.environ.get(DRAIN_ENV, "0"),
+    env = {**os.environ, **MARK_ENV, AUTH_ENV: os.environ.get(AUTH_ENV, "token"), DRAIN_ENV: os.environ.get(DRAIN_ENV, "0"),
            REPORTER_ENV: os.environ.get(REPORTER_ENV, REPORTER_MS), PRESTART_ENV: os.environ.get(PRESTART_ENV, "0"),
            STARTUP_ENV: os.environ.get(STARTUP_ENV, str(max(cpus, os.cpu_count() or 1) + pool.RAY_TRAIN_ACTORS))}
     if env[AUTH_ENV] == "token" and not _has_token():

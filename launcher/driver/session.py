@@ -19,7 +19,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Mapping
 
-from launcher import _ray
+from launcher import _ray, settings
 from launcher._ray import JOB_CONFIG_ENV
 from launcher.driver import localhead
 from launcher.driver.reaper import Reaper
@@ -41,7 +41,7 @@ IDLE_DAEMONS = ("PROCESS_TYPE_LOG_MONITOR", "PROCESS_TYPE_DASHBOARD", "PROCESS_T
 # a value the user set wins): no idle workers prestarted for the driver (localhead.PRESTART_ENV:
 # on 2 cores their start also landed on the critical path of a cold launch, beside the
 # controller's), and the dashboard agent's reporter once a minute (see localhead.REPORTER_ENV).
-LOCAL_RAY_ENV = {localhead.PRESTART_ENV: "0", localhead.REPORTER_ENV: localhead.REPORTER_MS}
+LOCAL_RAY_ENV = {localhead.PRESTART_ENV: "0", localhead.REPORTER_ENV: localhead.REPORTER_MS, **localhead.MARK_ENV}
 
 
 @dataclass(frozen=True)
@@ -63,9 +63,11 @@ class Connection:
     """This process's connection to Ray, as :func:`connect` yields it."""
 
     nodes: list[NodeResources]   # the alive nodes when it connected
-    # A local Ray the launcher runs (this launch's own, or `launcher up`'s warm head): no node of it
-    # is preempted and no autoscaler answers resource requests. False on any other cluster, and
-    # where Ray was initialised before connect() (a tuning trial inside its search's Ray).
+    # A local Ray (this launch's own, `launcher up`'s warm head, or one that this process's own
+    # ray.init() started before connect()): no node of it is preempted and no autoscaler answers
+    # resource requests. A tuning trial inside its search's Ray knows from its environment
+    # (settings.LOCAL_RAY, on every process of a local Ray the launcher started). False on any
+    # other cluster.
     local: bool = False
     # The warm head's pool time (launcher.worker.pool): a run's driver refills the pool when its
     # workers are done. 0 anywhere else, or where the head keeps none.
@@ -111,7 +113,8 @@ def connect(address: str | None, *, workers: int, cpus_per_worker: float, verbos
         with _ray_started(address, head, workers, cpus_per_worker, workload, verbose, program, lean,
                           extra, settings is None) as started:
             # A local Ray this launch started, or the warm head: nothing preempts this machine's node.
-            yield Connection(alive_nodes(), local=started and (bool(head) or not address),
+            local = (bool(head) or not address) if started else already_local()
+            yield Connection(alive_nodes(), local=local,
                              pool_s=pool_s if started else 0, env=settings if started and settings else {},
                              pool_raylet=localhead.raylet_of(head["pid"]) if started and pool_s else None)
     finally:
@@ -154,6 +157,13 @@ def _ray_started(address, head, workers, cpus_per_worker, workload, verbose, pro
                 # that it was terminated (measured: 1.0 s of a 1.36 s shutdown). So it goes first.
                 _stop_daemons("PROCESS_TYPE_MONITOR")
             ray.shutdown()
+
+
+def already_local() -> bool:
+    """Whether the Ray that this process was connected to before :func:`connect` is a local one:
+    this process's own ``ray.init()`` started it, or the process runs on a local Ray the launcher
+    started (a tuning trial's actor: its raylet passed on settings.LOCAL_RAY)."""
+    return os.environ.get(settings.LOCAL_RAY) == "1" or _ray.started_by_this_process()
 
 
 def _stop_daemons(*kinds: str) -> None:
