@@ -198,10 +198,13 @@ def test_an_input_bound_run_is_told_it_waits_for_data(comm, elsewhere, tmp_path)
 
 @pytest.mark.integration
 def test_a_slow_run_is_told_why(ray_local, capsys, elsewhere, tmp_path, monkeypatch):
-    """A checkpoint every step: the checkpoints are the largest share of both epochs. Rank 1
-    takes 30 ms more per step in the second epoch only (half the ranks compute, half wait: the
-    rank is what tells): named the straggler of that epoch, not of the first. The input-bound
-    case: test_an_input_bound_run_is_told_it_waits_for_data (no launch)."""
+    """A checkpoint every step: the checkpoints and the wait for them are the largest shares of
+    both epochs (rank 0 writes; whether rank 1's wait for it lands in the hand-over or in the next
+    step's allreduce depends on how far ahead it runs, and the line gives the ranks' mean share:
+    in one run of the whole suite, 52 % checkpointing then 48 % synchronising). Rank 1 takes 30 ms
+    more per step in the second epoch only (half the ranks compute, half wait: the rank is what
+    tells): named the straggler of that epoch, not of the first. The input-bound case:
+    test_an_input_bound_run_is_told_it_waits_for_data (no launch)."""
     monkeypatch.setenv("LAUNCHER_USAGE_S", "0.5")
     path = write(elsewhere, SLOW)
     code, out, err = run_cli(capsys, "run", "--workload", f"{path}:train", "--workers", "2", "--epochs", "2",
@@ -211,11 +214,12 @@ def test_a_slow_run_is_told_why(ray_local, capsys, elsewhere, tmp_path, monkeypa
     first = [line for line in err.splitlines() if line.startswith("epoch 1/2")]
     second = [line for line in err.splitlines() if line.startswith("epoch 2/2")]
     assert first and second, err
-    assert "% checkpointing" in first[0] and "straggler rank 1" not in first[0], err
-    assert "% checkpointing" in second[0] and "straggler rank 1" in second[0], err
+    top = r"\d+% (checkpointing|synchronising gradients)"
+    assert re.search(top, first[0]) and "straggler rank 1" not in first[0], err
+    assert re.search(top, second[0]) and "straggler rank 1" in second[0], err
     # the summary: the phase first among the shares, and rank 1 named the straggler of one epoch
     time_line = next(line for line in out.splitlines() if line.strip().startswith("time: "))
-    assert time_line.strip().startswith("time: checkpoint "), out
+    assert re.match(r"time: (checkpoint|sync) ", time_line.strip()) and "checkpoint " in time_line, out
     assert re.search(r"straggler: rank 1 \([0-9.]+x the median busy time, 1 epoch\)", time_line), out
     # each worker's CPU and memory, sampled every 0.5 s: in the run log and summed up per rank
     from launcher.storage.runlog import read_jsonl

@@ -507,16 +507,16 @@ def train_loop_per_worker(config):
 
 @pytest.mark.integration
 def test_a_ray_train_function_runs_as_it_is_and_resumes_from_its_checkpoint(warm_head, elsewhere, tmp_path):
-    """Its three launches (whole, stopped with Ctrl-C after two epochs, resumed) are `launcher run`
+    """Its two launches (stopped with Ctrl-C after two epochs, resumed) are `launcher run`
     processes on the session's warm head, as the other resume tests here: each would otherwise
-    start and stop a local Ray of its own."""
+    start and stop a local Ray of its own. The function resumes from the checkpoint the launcher
+    hands it (Ray Train's get_checkpoint): the epoch it starts at is read from that checkpoint's
+    own file, saved with the weights. (That a relaunch ends with an uninterrupted run's weights
+    is the function's own business here; for the launcher's sessions it is checked bitwise,
+    test_char_lm_stopped_mid_epoch_resumes_to_the_same_weights.)"""
     path = write(elsewhere, RAY_FUNCTION, "ray_style.py")
     storage = str(tmp_path / "runs")
     args = ["--workload", f"{path}:train_loop_per_worker", "--storage", storage, "--epochs", "4", "--lr", "0.05"]
-    whole = finish(launch(args + ["--name", "whole"]))
-    assert whole["status"] == "succeeded" and whole["epochs_completed"] == 4, whole
-    assert whole["metrics"]["loss"] < 1.0 and whole["metrics"]["started_at_epoch"] == 0  # it learned
-
     proc = launch(args + ["--name", "stopped", "--param", "stop_after=2"])
     deadline = time.time() + 300
     while len([d for d in os.listdir(os.path.join(storage, "stopped")) if d.startswith("checkpoint_")]
@@ -527,8 +527,9 @@ def test_a_ray_train_function_runs_as_it_is_and_resumes_from_its_checkpoint(warm
     proc.send_signal(signal.SIGINT)
     assert finish(proc, expect=130)["status"] == "cancelled"
     resumed = finish(launch(args + ["--name", "stopped", "--param", "stop_after=2"]))
-    assert resumed["status"] == "succeeded" and resumed["metrics"]["started_at_epoch"] == 2, resumed
-    assert resumed["metrics"]["loss"] == pytest.approx(whole["metrics"]["loss"], rel=1e-5)
+    assert resumed["status"] == "succeeded" and resumed["epochs_completed"] == 4, resumed
+    assert resumed["metrics"]["started_at_epoch"] == 2, resumed  # from the second epoch's checkpoint
+    assert resumed["metrics"]["loss"] < 1.0, resumed  # it learned
 
 
 def test_a_ray_train_function_runs_on_the_native_backend_only(capsys, elsewhere, tmp_path):
