@@ -339,7 +339,9 @@ def test_a_streamed_run_resized_mid_epoch_reads_every_sample_once(warm_head, gcs
     it (--data-cache-gb): stopped after 3 steps on 2 workers, resumed on 1 and stopped after 3
     more, resumed on 2; the epoch goes on at the next sample of the run's global order each
     time, and each epoch trains every sample once. The loop is test_session.py's SEEN reading
-    the set instead of a list, so this covers test_session's own 2-1-2 resize as well."""
+    the set instead of a list: a list takes the same loader and global order, less the set's
+    permutation of its shards (that order's resumes on other worker counts are test_order.py's,
+    without Ray), so this is the 2-1-2 resize of a training function's own data too."""
     from test_session import assert_each_sample_once, run_resized_twice
 
     monkeypatch.setenv("LAUNCHER_CACHE", str(tmp_path / "cache"))

@@ -2,9 +2,9 @@
 
 The fast tests check how a function is recognised, described and refused; the
 integration tests train examples/char_lm.py (a causal transformer language model
-written as an ordinary PyTorch loop) with 2 workers, stop it with Ctrl-C right
-after a mid-epoch checkpoint and launch it again: the resumed run must end with the
-uninterrupted run's weights, with DDP and with Horovod. Broken functions (one that
+written as an ordinary PyTorch loop) with 2 workers and resume it from a mid-epoch
+checkpoint: the resumed run must end with the uninterrupted run's weights, with DDP and
+with Horovod. Broken functions (one that
 never steps, one that registers no model, a dataset whose items cannot be batched)
 end as failed runs whose error names the user's file and line.
 """
@@ -163,8 +163,21 @@ def stop_after_step_checkpoint(args: list[str], marks, until=None) -> dict:
     return finish(proc, expect=130)
 
 
+def seed_run_from_step_checkpoint(storage: str, source: str, name: str, step: int) -> None:
+    """Make run ``name`` a run that stopped after its step-``step`` checkpoint: that checkpoint
+    of run ``source`` (an uninterrupted run with step checkpoints, which change no weight), alone
+    in the new run's folder. (A launch stopped by a signal there costs a launch more; the signal
+    paths of a training function's launch are test_data_stream.py's and test_sharded.py's.)"""
+    import shutil
+
+    from launcher.storage import Storage, complete_checkpoints
+
+    (path,) = [p for m, p in complete_checkpoints(Storage.resolve(storage), source) if m.global_step == step]
+    shutil.copytree(path, os.path.join(storage, name, os.path.basename(path)))
+
+
 @pytest.mark.integration
-def test_char_lm_stopped_mid_epoch_resumes_to_the_same_weights(warm_head, tmp_path):
+def test_char_lm_resumed_mid_epoch_ends_with_the_same_weights(warm_head, tmp_path):
     # On Horovod where it is built (CI builds it): the native backend's mid-epoch resume is
     # bitwise-checked by test_session_chaos::test_a_notice_costs_a_training_function_no_steps.
     from launcher.backends import horovod
@@ -172,18 +185,16 @@ def test_char_lm_stopped_mid_epoch_resumes_to_the_same_weights(warm_head, tmp_pa
     backend = "native" if horovod.probe("torch") else "horovod"
     storage = str(tmp_path / "runs")
     args = ["--workload", CHAR_LM, "--data", topics_file(tmp_path / "data"), "--storage", storage,
-            "--backend", backend, "--epochs", "2"]
+            "--backend", backend, "--epochs", "2", "--checkpoint-every-steps", "4", "--keep-checkpoints", "20"]
 
-    whole = finish(launch(args + ["--name", "whole"]))  # no step checkpoints: they change no weight
-    args += ["--checkpoint-every-steps", "4"]
+    whole = finish(launch(args + ["--name", "whole"]))
     assert whole["status"] == "succeeded" and whole["steps_completed"] == 2 * 18, whole
     m = whole["metrics"]
     assert {"train_loss", "val_loss", "perplexity"} <= set(m), m
     vocab = len(set(open(os.path.join(tmp_path, "data", "topics.txt"), encoding="utf-8").read()))
     assert m["val_loss"] < 0.8 * math.log(vocab), m  # it learned: well below guessing among the characters
 
-    stopped = stop_after_step_checkpoint(args + ["--name", "stopped"], tmp_path)
-    assert stopped["status"] == "cancelled" and stopped["steps_completed"] < 2 * 18, stopped
+    seed_run_from_step_checkpoint(storage, "whole", "stopped", 4)
     resumed = finish(launch(args + ["--name", "stopped"]))
     assert resumed["resumed_from"] == {"epoch": 0, "step": 4}, resumed  # in the middle of the first epoch
     assert resumed["status"] == "succeeded" and resumed["steps_completed"] == 2 * 18
@@ -385,16 +396,6 @@ def assert_each_sample_once(phases: list[list[dict]], n: int, epochs: int) -> No
         assert sorted(items) == list(range(n)), (epoch, sorted(items))  # nothing repeated, nothing skipped
 
 
-@pytest.mark.integration
-def test_a_run_resized_2_1_2_mid_epoch_trains_every_sample_once(warm_head, tmp_path):
-    """Stopped after 3 steps on 2 workers (24 of 64 samples), resumed on 1 and stopped after 3
-    more (12 samples), resumed on 2: the epoch goes on at the next sample of the run's global
-    order each time; each epoch trains every sample once."""
-    phases = run_resized_twice(tmp_path, SEEN, "seen.py")
-    assert_each_sample_once(phases, 64, 2)
-    assert {r["epoch"] for r in phases[1]} == {0}  # the shrunk group's steps were mid-epoch
-
-
 UNREGISTERED = '''
 import torch
 import workloads
@@ -513,7 +514,7 @@ def test_a_ray_train_function_runs_as_it_is_and_resumes_from_its_checkpoint(warm
     hands it (Ray Train's get_checkpoint): the epoch it starts at is read from that checkpoint's
     own file, saved with the weights. (That a relaunch ends with an uninterrupted run's weights
     is the function's own business here; for the launcher's sessions it is checked bitwise,
-    test_char_lm_stopped_mid_epoch_resumes_to_the_same_weights.)"""
+    test_char_lm_resumed_mid_epoch_ends_with_the_same_weights.)"""
     path = write(elsewhere, RAY_FUNCTION, "ray_style.py")
     storage = str(tmp_path / "runs")
     args = ["--workload", f"{path}:train_loop_per_worker", "--storage", storage, "--epochs", "4", "--lr", "0.05"]

