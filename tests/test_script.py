@@ -94,8 +94,10 @@ def test_the_torchvision_release_follows_torchs(monkeypatch, torch, torchvision)
 
 
 @pytest.mark.integration
-def test_a_signal_stops_a_script_run_with_exit_130(tmp_path, signum=signal.SIGINT):
-    # SIGINT here, SIGTERM in tests/test_train_local.py: the CLI turns SIGTERM into Ctrl-C for both.
+def test_a_signal_stops_a_script_run_with_exit_130(warm_head, tmp_path, signum=signal.SIGINT):
+    # SIGINT here, on the session's warm head. SIGTERM (the CLI turns it into Ctrl-C) and a launch
+    # that started a Ray of its own, which it then stops: tests/faults/test_signal_moments.py, at
+    # each moment of a launch.
     script = tmp_path / "slow.py"
     script.write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
     cmd = [sys.executable, "-m", "launcher", "run", "--script", str(script), "--workers", "2",
