@@ -62,8 +62,9 @@ def _warm_head_state(tmp_path_factory):
 def warm_head(_warm_head_state, monkeypatch):
     """The session's warm head for this test's launches: each `launcher run` process connects to
     it instead of starting and stopping a Ray of its own. Side by side on a quiet machine
-    (2026-11-28, load 1.2-2.3): test_char_lm_stopped_mid_epoch (3 launches, now 2: test_char_lm_resumed_mid_epoch) took 81 s on it,
-    108 s with LAUNCHER_TEST_COLD=1 (each launch its own Ray; set it to compare). It also runs
+    (2026-11-28, load 1.2-2.3): test_char_lm_stopped_mid_epoch (3 launches; now
+    test_char_lm_resumed_mid_epoch, 2) took 81 s on it, 108 s with LAUNCHER_TEST_COLD=1 (each
+    launch its own Ray; set it to compare). It also runs
     the run's settings through the runtime environment, as a user's warm head does. Not for
     tests of Ray's own start, of a launch's local Ray, or of what a launch leaves behind."""
     from launcher.driver import localhead
