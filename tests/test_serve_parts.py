@@ -141,28 +141,32 @@ def test_the_environment_is_set_for_ray_over_the_users_and_given_back(monkeypatc
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="finds the listener through /proc (Linux)")
-@pytest.mark.parametrize("marked", [False, True])
+@pytest.mark.parametrize("marked", ["never", "before the connection", "while it is open"])
 def test_a_stopped_servers_closing_connections_leave_its_port_to_the_next_one_once_marked(marked):
     """A listener bound as Ray's direct-ingress replica binds it (no SO_REUSEADDR) leaves, after
     the server closes a connection first, a TIME_WAIT entry that keeps every listener off the
-    port; once the replica marks its listener reusable, one with SO_REUSEADDR (the proxy's) can
-    listen there at once, and ``launcher serve`` goes that way."""
+    port. Once the replica marks its sockets reusable, one with SO_REUSEADDR (the proxy's) can
+    listen there at once, and ``launcher serve`` goes that way. The mark reaches a connection
+    accepted before it (the replica marks at its first request, on that request's connection),
+    not only those accepted after."""
     import socket
 
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen()
     port = listener.getsockname()[1]
-    if marked:
-        assert endpoint.reusable_listener(port)  # as the replica does on its first request
+    if marked == "before the connection":
+        assert endpoint.reusable_listener(port)
     client = socket.create_connection(("127.0.0.1", port))
     conn, _ = listener.accept()
+    if marked == "while it is open":
+        assert endpoint.reusable_listener(port)  # as the replica does on its first request
     conn.close()  # the server side closes first: its end goes to TIME_WAIT
     client.recv(1)
     client.close()
     listener.close()
     assert serve._closing("127.0.0.1", port)  # no listener without SO_REUSEADDR gets it
-    if marked:
+    if marked != "never":
         servers._check_port("127.0.0.1", port)  # ... one with it does
         assert serve.ingress(serve.ServeOptions(port=port), joined=False, warm_head=False, ray_running=False,
                              env={}, port_closing=True)[0] == serve.PROXY

@@ -336,33 +336,36 @@ class Endpoint:
 
 
 def reusable_listener(port: int) -> bool:
-    """Set SO_REUSEADDR on this process's socket listening on ``port``, if it has one.
+    """Set SO_REUSEADDR on this process's socket listening on ``port`` and on the connections
+    it has accepted so far; whether it found the listener.
 
-    Ray 2.60 binds a direct-ingress replica's socket without it, and the connections it then
-    accepts (which copy the listener's options) leave TIME_WAIT entries that keep every new
-    listener off the port for 60 s after a stop under load. With the flag set, a server
-    started again at once can listen there (through Ray Serve's proxy, which binds with
-    SO_REUSEADDR; see :func:`launcher.predict.serve.ingress`). Linux only (/proc); elsewhere
-    the next server waits out TIME_WAIT."""
+    Ray 2.60 binds a direct-ingress replica's socket without it. A connection keeps the option
+    its listener had when it was accepted, and one the server closes first leaves a TIME_WAIT
+    entry that keeps every new listener off the port for 60 s, SO_REUSEADDR or not, unless the
+    connection had the option. The replica calls this at its first request, so the connections
+    accepted before then (that request's own among them) are marked here and later ones inherit
+    the mark. A server started again at once can then listen there (through Ray Serve's proxy,
+    which binds with SO_REUSEADDR; see :func:`launcher.predict.serve.ingress`). Linux only
+    (/proc); elsewhere the next server waits out TIME_WAIT."""
     try:
         fds = os.listdir("/proc/self/fd")
     except OSError:
         return False
+    found = False
     for fd in fds:
         try:
             sock = socket.socket(fileno=int(fd))
         except (OSError, ValueError):
             continue  # not a socket
         try:
-            if (sock.type == socket.SOCK_STREAM and sock.getsockname()[1:2] == (port,)
-                    and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)):
+            if sock.type == socket.SOCK_STREAM and sock.getsockname()[1:2] == (port,):
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                return True
+                found = found or bool(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN))
         except (OSError, IndexError, TypeError):
             pass
         finally:
             sock.detach()  # the descriptor stays the server's
-    return False
+    return found
 
 
 def _replica_id() -> str:
