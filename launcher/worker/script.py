@@ -150,17 +150,53 @@ def _preemption_info():
 
 def script_worker(config: dict[str, Any]) -> None:
     """Ray Train's training function for a program: run it, stream its output, pass on a notice."""
-    import ray
     import ray.train
     from ray.train.collective import broadcast_from_rank_zero
 
-    from launcher import backends
-
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    sink = config["sink"]
     os.environ.update(config.get("env", {}))
     attempt = broadcast_from_rank_zero(uuid.uuid4().hex if rank == 0 else None)
+    scratch = tempfile.mkdtemp(prefix=f"launcher-{attempt[:8]}-r{rank}-")
+    try:
+        status, deadline_s = _run_program(config, rank, world, attempt, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)  # the metrics and notice files: read and shipped
+    if deadline_s is not None:
+        _hold(rank, deadline_s)
+    if status != 0:
+        raise ScriptFailed(rank, status)
+
+
+def _run_program(config: dict[str, Any], rank: int, world: int, attempt: str,
+                 scratch: str) -> tuple[int, float | None]:
+    """Run this rank's copy of the program to its end, relaying what it says and passing on a
+    preemption notice; (its exit status, the drain deadline if a notice came)."""
+    notice_path = vertex.notice_file(scratch, attempt, rank)
+    metrics_path = os.path.join(scratch, "hypertune", "output.metrics")
+    proc, address = _start(config, rank, world, attempt, notice_path, metrics_path)
+    relay = _Relay(config["sink"], rank, attempt, metrics_path if rank == 0 else None)
+    relay.send({"started": time.time(), "address": address})
+    relay.follow(proc)
+    deadline_s = None
+    while proc.poll() is None:
+        time.sleep(FLUSH_S)
+        relay.ship()
+        if deadline_s is None:
+            info = _preemption_info()
+            if info is not None:
+                deadline_s = _pass_on_notice(proc, info, notice_path)
+                relay.send({"notice": deadline_s, "time": time.time()})
+    relay.finish({"exit": proc.returncode, "time": time.time(), "preempted": deadline_s is not None})
+    return proc.returncode, deadline_s
+
+
+def _start(config: dict[str, Any], rank: int, world: int, attempt: str, notice_path: str,
+           metrics_path: str) -> tuple[subprocess.Popen, str]:
+    """Start this rank's copy of the program with the backend's and Vertex AI's variables, once
+    every rank's address is known; (the process, this rank's address)."""
+    from launcher import backends
+
     backend = backends.get(config["backend"])
     env = {**os.environ, **backend.script_env(config["framework"])}
     # The thread count the script would get from its own launcher, unless the user set one (Ray
@@ -170,10 +206,7 @@ def script_worker(config: dict[str, Any]) -> None:
         env["OMP_NUM_THREADS"] = threads
     else:
         env.pop("OMP_NUM_THREADS", None)
-    addresses = roster_addresses(sink, attempt, rank, world, config["framework"], env)
-    scratch = tempfile.mkdtemp(prefix=f"launcher-{attempt[:8]}-r{rank}-")
-    notice_path = vertex.notice_file(scratch, attempt, rank)
-    metrics_path = os.path.join(scratch, "hypertune", "output.metrics")
+    addresses = roster_addresses(config["sink"], attempt, rank, world, config["framework"], env)
     env.update(program_env(config, rank, world, attempt, addresses, notice_path, metrics_path))
     program = config["program"]
     folder = program_folder(program)
@@ -184,61 +217,67 @@ def script_worker(config: dict[str, Any]) -> None:
     proc = subprocess.Popen(command(program, folder, args, python), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             stdin=subprocess.DEVNULL, env=env, cwd=_cwd(program, folder, config["cwd"]),
                             preexec_fn=_die_with_parent)
-    sink.put.remote({"rank": rank, "attempt": attempt, "started": time.time(), "address": addresses[rank]})
-    usage = Sampler().start()  # the program is this worker's child: its CPU and memory count
-    lines: list[str] = []
-    lock = threading.Lock()
+    return proc, addresses[rank]
 
-    def read() -> None:
-        for raw in proc.stdout:
-            with lock:
-                lines.append(raw.decode("utf-8", errors="replace").rstrip("\n"))
 
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
-    pending: list = []
-    last_metric = 0.0
+class _Relay:
+    """What a rank sends the driver's mailbox (``sink``) while its program runs, each message
+    tagged with the rank and the group's attempt: the program's output in batches, the CPU and
+    memory of this worker and its children (the program among them: sampled from when the relay
+    is made), rank 0's hypertune metrics (``metrics_path``), and the rank's own events."""
 
-    def ship() -> None:
-        nonlocal last_metric
-        if len(pending) > 1000:  # a long run: forget the messages already delivered
-            pending[:] = ray.wait(pending, num_returns=len(pending), timeout=0)[1]
-        with lock:
-            batch, lines[:] = lines[:MAX_BATCH], lines[MAX_BATCH:]
+    def __init__(self, sink, rank: int, attempt: str, metrics_path: str | None) -> None:
+        self.sink, self.tag, self.metrics_path = sink, {"rank": rank, "attempt": attempt}, metrics_path
+        self.lines: list[str] = []
+        self.lock = threading.Lock()
+        self.pending: list = []
+        self.last_metric = 0.0
+        self.usage = Sampler().start()
+        self.reader: threading.Thread | None = None
+
+    def send(self, message: dict[str, Any]) -> None:
+        self.pending.append(self.sink.put.remote({**self.tag, **message}))
+
+    def follow(self, proc: subprocess.Popen) -> None:
+        """Read the program's output in a thread of its own, keeping the lines until shipped."""
+        def read() -> None:
+            for raw in proc.stdout:
+                with self.lock:
+                    self.lines.append(raw.decode("utf-8", errors="replace").rstrip("\n"))
+
+        self.reader = threading.Thread(target=read, daemon=True)
+        self.reader.start()
+
+    def ship(self) -> None:
+        import ray
+
+        if len(self.pending) > 1000:  # a long run: forget the messages already delivered
+            self.pending = ray.wait(self.pending, num_returns=len(self.pending), timeout=0)[1]
+        with self.lock:
+            batch, self.lines[:] = self.lines[:MAX_BATCH], self.lines[MAX_BATCH:]
         if batch:
-            pending.append(sink.put.remote({"rank": rank, "attempt": attempt, "lines": batch}))
-        samples = usage.take()
+            self.send({"lines": batch})
+        samples = self.usage.take()
         if samples:
-            pending.append(sink.put.remote({"rank": rank, "attempt": attempt, "usage": samples}))
-        if rank == 0:
-            entries = vertex.read_metrics(metrics_path, last_metric)
+            self.send({"usage": samples})
+        if self.metrics_path:
+            entries = vertex.read_metrics(self.metrics_path, self.last_metric)
             if entries:
-                last_metric = entries[-1]["timestamp"]
-                pending.append(sink.put.remote({"rank": rank, "attempt": attempt, "metrics": entries}))
+                self.last_metric = entries[-1]["timestamp"]
+                self.send({"metrics": entries})
 
-    deadline_s = None
-    while proc.poll() is None:
-        time.sleep(FLUSH_S)
-        ship()
-        if deadline_s is None:
-            info = _preemption_info()
-            if info is not None:
-                deadline_s = _pass_on_notice(proc, info, notice_path)
-                pending.append(sink.put.remote({"rank": rank, "attempt": attempt, "notice": deadline_s,
-                                                "time": time.time()}))
-    reader.join()
-    while lines:
-        ship()
-    ship()
-    status = proc.returncode
-    usage.stop()
-    ray.get(pending + [sink.put.remote({"rank": rank, "attempt": attempt, "exit": status, "time": time.time(),
-                                        "preempted": deadline_s is not None})])
-    shutil.rmtree(scratch, ignore_errors=True)  # the metrics and notice files: read and shipped
-    if deadline_s is not None:
-        _hold(rank, deadline_s)
-    if status != 0:
-        raise ScriptFailed(rank, status)
+    def finish(self, message: dict[str, Any]) -> None:
+        """Ship what is left once the program has exited, then ``message``, and wait until the
+        mailbox holds all of it."""
+        import ray
+
+        self.reader.join()
+        while self.lines:
+            self.ship()
+        self.ship()
+        self.usage.stop()
+        self.send(message)
+        ray.get(self.pending)
 
 
 def _cwd(program: dict[str, Any], folder: str, driver_cwd: str) -> str | None:
